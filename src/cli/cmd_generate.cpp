@@ -1,0 +1,115 @@
+#include <chrono>
+#include <cstdio>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "cli/flags.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "executor/model_runner.h"
+#include "model/config.h"
+
+namespace moeserve::cli {
+
+using nlohmann::json;
+
+namespace {
+json logprob_entry(float lp, int32_t id) { return json::array({lp, id, nullptr}); }
+}  // namespace
+
+int cmd_generate(const std::vector<std::string>& args) {
+  std::string model_path, device = "auto", log_level = "warning";
+  std::vector<int64_t> input_ids;
+  int64_t max_new = 16, top_k = -2, top_logprobs = 0, seed = 0, threads = 0, max_total = 0, page_size = 16,
+          chunk = 512;
+  double temperature = -1, top_p = -1, min_p = -1;
+  bool as_json = false, ignore_eos = false;
+  FlagSet f("generate", "Offline generation for scripting and debugging: one request, printed as tokens or as "
+                        "one JSON object shaped like the /generate response.");
+  f.add_string("model-path", &model_path, "Hugging Face checkpoint folder (default: the built-in demo model)");
+  f.add_int_list("input-ids", &input_ids, "prompt token ids, e.g. 1,2,3");
+  f.add_int("max-new-tokens", &max_new, "tokens to generate", 0);
+  f.add_double("temperature", &temperature, "0 = greedy (default: generation_config.json, else 1)", 0, 100);
+  f.add_double("top-p", &top_p, "nucleus sampling (default: generation_config.json, else 1)", 1e-9, 1);
+  f.add_int("top-k", &top_k, "top-k sampling, -1 = off (default: generation_config.json)", -1);
+  f.add_double("min-p", &min_p, "min-p sampling (default: generation_config.json, else 0)", 0, 1);
+  f.add_int("seed", &seed, "sampling seed", 0);
+  f.add_int("top-logprobs", &top_logprobs, "top logprobs to report per output token", 0, 1000);
+  f.add_bool("json", &as_json, "print one JSON object like the /generate response");
+  f.add_bool("ignore-eos", &ignore_eos, "do not stop at end-of-sequence tokens");
+  f.add_string("device", &device, "where to run", {"auto", "cpu", "cuda"});
+  f.add_int("threads", &threads, "CPU threads (0: all cores)", 0);
+  f.add_int("max-total-tokens", &max_total, "KV cache capacity in tokens (0: automatic)", 0);
+  f.add_int("page-size", &page_size, "KV cache page size in tokens", 1, 4096);
+  f.add_int("chunked-prefill-size", &chunk, "prefill chunk in tokens", 1);
+  f.add_string("log-level", &log_level, "log level", {"debug", "info", "warning", "error"});
+  if (!f.parse(args)) return 0;
+  set_log_level(parse_log_level(log_level));
+  if (device == "cuda") throw_user("--device cuda: this build has no CUDA model runner yet; use --device cpu");
+  if (input_ids.empty()) throw_user("generate: give the prompt as --input-ids 1,2,3");
+  if (model_path.empty()) model_path = ensure_demo_model();
+
+  auto t0 = std::chrono::steady_clock::now();
+  RunnerOptions ro;
+  ro.threads = int(threads);
+  ro.max_total_tokens = max_total;
+  ro.page_size = page_size;
+  ro.chunked_prefill_size = chunk;
+  ModelRunner runner(load_model(model_path), ro);
+  GenerationDefaults gd = GenerationDefaults::from_dir(model_path);
+  if (!gd.eos_token_ids.empty()) runner.set_eos_ids(gd.eos_token_ids);
+
+  GenerateRequest req;
+  for (int64_t id : input_ids) {
+    if (id < 0 || id >= runner.config().vocab_size)
+      throw_user("--input-ids: id {} is outside the vocabulary [0, {})", id, runner.config().vocab_size);
+    req.input_ids.push_back(int32_t(id));
+  }
+  req.max_new_tokens = max_new;
+  req.sampling.temperature = float(temperature >= 0 ? temperature : (gd.do_sample ? gd.temperature : 0.0));
+  req.sampling.top_p = float(top_p > 0 ? top_p : gd.top_p);
+  req.sampling.top_k = top_k >= -1 ? top_k : gd.top_k;
+  req.sampling.min_p = float(min_p >= 0 ? min_p : gd.min_p);
+  req.seed = uint64_t(seed);
+  req.top_logprobs = top_logprobs;
+  req.ignore_eos = ignore_eos;
+  GenerateResult r = runner.generate(req);
+  double e2e = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+  if (as_json) {
+    json out_lp = json::array(), out_top = json::array();
+    for (size_t i = 0; i < r.output_ids.size(); ++i) {
+      out_lp.push_back(logprob_entry(r.output_logprobs[i], r.output_ids[i]));
+      if (top_logprobs > 0) {
+        json step = json::array();
+        for (auto& t : r.top_logprobs[i]) step.push_back(logprob_entry(t.logprob, t.id));
+        out_top.push_back(step);
+      }
+    }
+    json finish = {{"type", r.finish_reason}};
+    if (r.finish_reason == "stop") finish["matched"] = r.matched_stop;
+    if (r.finish_reason == "length") finish["length"] = r.output_ids.size();
+    json meta = {{"id", "generate-0"},
+                 {"prompt_tokens", req.input_ids.size()},
+                 {"completion_tokens", r.output_ids.size()},
+                 {"cached_tokens", 0},
+                 {"finish_reason", finish},
+                 {"output_token_logprobs", out_lp},
+                 {"e2e_latency", e2e}};
+    if (top_logprobs > 0) meta["output_top_logprobs"] = out_top;
+    json j = {{"text", nullptr}, {"output_ids", r.output_ids}, {"meta_info", meta}};
+    std::printf("%s\n", j.dump().c_str());
+    return 0;
+  }
+  std::string ids;
+  for (auto id : r.output_ids) ids += (ids.empty() ? "" : " ") + std::to_string(id);
+  std::printf("%s\n", ids.c_str());
+  double tps = r.decode_seconds > 0 && r.output_ids.size() > 1 ? double(r.output_ids.size() - 1) / r.decode_seconds : 0;
+  std::fprintf(stderr, "prompt %zu tokens in %.3f s (%.1f tok/s); %zu new tokens, decode %.2f tok/s; finish: %s\n",
+               req.input_ids.size(), r.prefill_seconds, double(req.input_ids.size()) / r.prefill_seconds,
+               r.output_ids.size(), tps, r.finish_reason.c_str());
+  return 0;
+}
+
+}  // namespace moeserve::cli

@@ -1,0 +1,110 @@
+#include "executor/model_runner.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "core/error.h"
+#include "core/log.h"
+
+namespace moeserve {
+
+namespace {
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+}  // namespace
+
+ModelRunner::ModelRunner(std::unique_ptr<CausalLM> model, const RunnerOptions& opts)
+    : model_(std::move(model)), opts_(opts), pool_(opts.threads) {
+  const ModelConfig& c = model_->config();
+  if (opts_.max_total_tokens <= 0) opts_.max_total_tokens = std::min<int64_t>(c.max_position_embeddings, 65536);
+  if (opts_.page_size <= 0) throw_user("--page-size must be positive, got {}", opts_.page_size);
+  KVPoolShape s;
+  s.num_layers = c.num_layers;
+  s.page_size = opts_.page_size;
+  s.num_pages = (opts_.max_total_tokens + s.page_size - 1) / s.page_size;
+  s.kv_heads = c.num_kv_heads;
+  s.head_dim = c.head_dim;
+  kv_ = std::make_unique<KVPool>(s);
+  eos_ids_ = c.eos_token_ids;
+  log_info("KV cache: {} tokens in {} pages of {} ({:.1f} MiB, f32, CPU); {} threads", s.num_pages * s.page_size,
+           s.num_pages, s.page_size, double(s.bytes()) / (1 << 20), pool_.num_threads());
+}
+
+void ModelRunner::forward(const ForwardBatch& batch, std::vector<float>& logits) {
+  logits.resize(batch.logit_rows.size() * size_t(config().vocab_size));
+  model_->forward(batch, *kv_, logits.data(), pool_);
+}
+
+GenerateResult ModelRunner::generate(const GenerateRequest& req) {
+  const ModelConfig& c = config();
+  const int64_t P = int64_t(req.input_ids.size()), V = c.vocab_size;
+  if (P == 0) throw_user("the prompt is empty: give at least one input id");
+  for (int32_t id : req.input_ids)
+    if (id < 0 || id >= V) throw_user("input id {} is outside the vocabulary [0, {})", id, V);
+  if (req.max_new_tokens < 0) throw_user("max_new_tokens must be >= 0, got {}", req.max_new_tokens);
+  const int64_t total = P + req.max_new_tokens;
+  if (total > c.max_position_embeddings)
+    throw_user("prompt ({} tokens) + max_new_tokens ({}) = {} exceeds the context length {}", P, req.max_new_tokens,
+               total, c.max_position_embeddings);
+  PageAllocator& alloc = kv_->allocator();
+  const int64_t pages = kv_->pages_for(std::max<int64_t>(total, 1));
+  if (!alloc.can_allocate(pages))
+    throw_user("prompt + max_new_tokens needs {} KV tokens but the cache holds {} (raise --max-total-tokens)",
+               total, alloc.num_free() * opts_.page_size);
+  BlockTable table;
+  table.pages = alloc.allocate(pages);
+  struct Release {
+    PageAllocator& a;
+    BlockTable& t;
+    ~Release() { a.free(t.pages); }
+  } release{alloc, table};
+
+  GenerateResult res;
+  std::mt19937_64 rng(req.seed);
+  std::vector<float> logits, logprobs(V);
+  auto emit = [&](const float* lg) -> bool {  // returns true when generation must stop
+    kernels::log_softmax(lg, V, logprobs.data());
+    int32_t tok = kernels::sample_token(lg, V, req.sampling, rng);
+    res.output_ids.push_back(tok);
+    res.output_logprobs.push_back(logprobs[tok]);
+    if (req.top_logprobs > 0) res.top_logprobs.push_back(kernels::top_logprobs(logprobs.data(), V, req.top_logprobs));
+    bool stop = std::find(req.stop_token_ids.begin(), req.stop_token_ids.end(), tok) != req.stop_token_ids.end();
+    if (!req.ignore_eos) stop |= std::find(eos_ids_.begin(), eos_ids_.end(), tok) != eos_ids_.end();
+    if (stop) {
+      res.finish_reason = "stop";
+      res.matched_stop = tok;
+    }
+    return stop;
+  };
+
+  double t0 = now_s();
+  // Prefill in chunks; logits only for the prompt's last token.
+  const int64_t chunk = std::max<int64_t>(1, opts_.chunked_prefill_size);
+  for (int64_t b = 0; b < P; b += chunk) {
+    int64_t e = std::min(P, b + chunk);
+    ForwardBatch fb;
+    fb.tokens.assign(req.input_ids.begin() + b, req.input_ids.begin() + e);
+    for (int64_t p = b; p < e; ++p) fb.positions.push_back(p);
+    fb.seqs.push_back({table.pages.data(), b, e - b, 0});
+    if (e == P) fb.logit_rows.push_back(e - b - 1);
+    forward(fb, logits);
+  }
+  double t1 = now_s();
+  res.prefill_seconds = t1 - t0;
+  if (req.max_new_tokens == 0) return res;
+  bool stop = emit(logits.data());
+  for (int64_t pos = P; !stop && int64_t(res.output_ids.size()) < req.max_new_tokens; ++pos) {
+    ForwardBatch fb;
+    fb.tokens = {res.output_ids.back()};
+    fb.positions = {pos};
+    fb.seqs.push_back({table.pages.data(), pos, 1, 0});
+    fb.logit_rows = {0};
+    forward(fb, logits);
+    stop = emit(logits.data());
+  }
+  res.decode_seconds = now_s() - t1;
+  return res;
+}
+
+}  // namespace moeserve

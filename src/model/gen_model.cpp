@@ -1,0 +1,215 @@
+#include "model/gen_model.h"
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/threadpool.h"
+#include "model/config.h"
+#include "model/safetensors.h"
+
+namespace moeserve {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+std::vector<std::string> gen_model_preset_names() { return {"demo", "q30b8l", "q30b", "tiny-qwen3", "tiny-moe"}; }
+
+GenModelSpec gen_model_preset(const std::string& name) {
+  GenModelSpec s;  // the defaults are the demo model
+  if (name == "demo") return s;
+  if (name == "q30b8l" || name == "q30b") {
+    // Qwen3-30B-A3B shapes.
+    s.hidden_size = 2048;
+    s.num_heads = 32;
+    s.num_kv_heads = 4;
+    s.head_dim = 128;
+    s.num_experts = 128;
+    s.num_experts_per_tok = 8;
+    s.moe_intermediate_size = 768;
+    s.intermediate_size = 6144;
+    s.tie_word_embeddings = false;
+    s.max_position_embeddings = 40960;
+    s.num_layers = name == "q30b" ? 48 : 8;
+    return s;
+  }
+  if (name == "tiny-qwen3" || name == "tiny-moe") {
+    s.model_type = name == "tiny-qwen3" ? "qwen3" : "qwen3_moe";
+    s.vocab_size = 1024;
+    s.hidden_size = 64;
+    s.num_layers = 2;
+    s.num_heads = 4;
+    s.num_kv_heads = 2;
+    s.head_dim = 16;
+    s.intermediate_size = 128;
+    s.moe_intermediate_size = 32;
+    s.num_experts = 8;
+    s.num_experts_per_tok = 2;
+    s.max_position_embeddings = 4096;
+    s.eos_token_ids = {1};
+    s.bos_token_id = 0;
+    return s;
+  }
+  std::string valid;
+  for (auto& n : gen_model_preset_names()) valid += (valid.empty() ? "" : ", ") + n;
+  throw_user("--preset: unknown preset '{}' (valid: {})", name, valid);
+}
+
+json gen_model_config_json(const GenModelSpec& s) {
+  bool moe = s.model_type == "qwen3_moe";
+  json j = {
+      {"architectures", {moe ? "Qwen3MoeForCausalLM" : "Qwen3ForCausalLM"}},
+      {"model_type", s.model_type},
+      {"vocab_size", s.vocab_size},
+      {"hidden_size", s.hidden_size},
+      {"intermediate_size", s.intermediate_size},
+      {"num_hidden_layers", s.num_layers},
+      {"num_attention_heads", s.num_heads},
+      {"num_key_value_heads", s.num_kv_heads},
+      {"head_dim", s.head_dim},
+      {"hidden_act", "silu"},
+      {"max_position_embeddings", s.max_position_embeddings},
+      {"rms_norm_eps", s.rms_norm_eps},
+      {"rope_theta", s.rope_theta},
+      {"rope_scaling", nullptr},
+      {"tie_word_embeddings", s.tie_word_embeddings},
+      {"attention_bias", false},
+      {"use_sliding_window", false},
+      {"torch_dtype", s.dtype},
+      {"bos_token_id", s.bos_token_id},
+      {"eos_token_id", s.eos_token_ids.empty() ? json(nullptr) : json(s.eos_token_ids[0])},
+  };
+  if (moe) {
+    j["num_experts"] = s.num_experts;
+    j["num_experts_per_tok"] = s.num_experts_per_tok;
+    j["moe_intermediate_size"] = s.moe_intermediate_size;
+    j["norm_topk_prob"] = s.norm_topk_prob;
+    j["decoder_sparse_step"] = 1;
+    j["mlp_only_layers"] = json::array();
+  }
+  return j;
+}
+
+uint64_t gen_model_param_count(const GenModelSpec& s) {
+  uint64_t H = s.hidden_size, D = s.head_dim;
+  uint64_t attn = H * s.num_heads * D * 2 + H * s.num_kv_heads * D * 2 + 2 * D + 2 * H;
+  uint64_t mlp = s.model_type == "qwen3_moe"
+                     ? uint64_t(s.num_experts) * 3 * H * s.moe_intermediate_size + uint64_t(s.num_experts) * H
+                     : 3 * H * s.intermediate_size;
+  uint64_t n = uint64_t(s.num_layers) * (attn + mlp) + uint64_t(s.vocab_size) * H + H;
+  if (!s.tie_word_embeddings) n += uint64_t(s.vocab_size) * H;
+  return n;
+}
+
+namespace {
+
+uint64_t splitmix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+uint64_t name_hash(const std::string& n, uint64_t seed) {
+  uint64_t h = 1469598103934665603ull ^ splitmix(seed);
+  for (unsigned char ch : n) h = (h ^ ch) * 1099511628211ull;
+  return splitmix(h);
+}
+
+// Uniform in [center - half_width, center + half_width], element i of a tensor: a pure function.
+TensorSpec make_tensor(const std::string& name, DType dt, Shape shape, uint64_t seed, float center, float half_width) {
+  TensorSpec t{name, dt, std::move(shape), nullptr};
+  uint64_t base = name_hash(name, seed);
+  t.fill = [dt, base, center, half_width](void* dst, int64_t first, int64_t count) {
+    for (int64_t i = 0; i < count; ++i) {
+      uint64_t r = splitmix(base + uint64_t(first + i));
+      float u = float(r >> 40) * (1.0f / float(1 << 24));  // [0, 1)
+      float v = center + half_width * (2.0f * u - 1.0f);
+      if (dt == DType::F32) static_cast<float*>(dst)[i] = v;
+      else if (dt == DType::BF16) static_cast<uint16_t*>(dst)[i] = f32_to_bf16(v);
+      else static_cast<uint16_t*>(dst)[i] = f32_to_f16(v);
+    }
+  };
+  return t;
+}
+
+void write_json(const std::string& path, const json& j) {
+  std::ofstream out(path);
+  out << j.dump(2) << "\n";
+  if (!out) throw_user("cannot write {}", path);
+}
+
+}  // namespace
+
+size_t write_gen_model(const GenModelSpec& s, const std::string& dir, ThreadPool& pool) {
+  json cfg_json = gen_model_config_json(s);
+  ModelConfig cfg = ModelConfig::from_json(cfg_json, "gen-model spec");  // same validation as loading
+  auto dt_opt = dtype_from_torch_name(s.dtype);
+  if (!dt_opt) throw_user("--dtype: '{}' is not supported (float32, bfloat16, float16)", s.dtype);
+  DType dt = *dt_opt;
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw_user("cannot create {}: {}", dir, ec.message());
+
+  const int64_t H = s.hidden_size, D = s.head_dim;
+  const float sqrt3 = std::sqrt(3.0f);
+  auto mat = [&](const std::string& name, int64_t out, int64_t in, float gain = 1.0f) {
+    return make_tensor(name, dt, {out, in}, s.seed, 0.0f, gain * sqrt3 / std::sqrt(float(in)));
+  };
+  auto norm = [&](const std::string& name, int64_t n) { return make_tensor(name, dt, {n}, s.seed, 1.0f, 0.1f); };
+  std::vector<TensorSpec> ts;
+  ts.push_back(make_tensor("model.embed_tokens.weight", dt, {s.vocab_size, H}, s.seed, 0.0f, sqrt3));
+  if (!s.tie_word_embeddings) ts.push_back(mat("lm_head.weight", s.vocab_size, H, 4.0f));
+  ts.push_back(norm("model.norm.weight", H));
+  for (int64_t l = 0; l < s.num_layers; ++l) {
+    std::string p = "model.layers." + std::to_string(l) + ".";
+    ts.push_back(mat(p + "self_attn.q_proj.weight", s.num_heads * D, H));
+    ts.push_back(mat(p + "self_attn.k_proj.weight", s.num_kv_heads * D, H));
+    ts.push_back(mat(p + "self_attn.v_proj.weight", s.num_kv_heads * D, H));
+    ts.push_back(mat(p + "self_attn.o_proj.weight", H, s.num_heads * D));
+    ts.push_back(norm(p + "self_attn.q_norm.weight", D));
+    ts.push_back(norm(p + "self_attn.k_norm.weight", D));
+    ts.push_back(norm(p + "input_layernorm.weight", H));
+    ts.push_back(norm(p + "post_attention_layernorm.weight", H));
+    if (cfg.is_moe_layer(l)) {
+      const int64_t E = s.num_experts, I = s.moe_intermediate_size;
+      ts.push_back(mat(p + "mlp.gate.weight", E, H, 3.0f));
+      if (s.fused_experts) {
+        ts.push_back(make_tensor(p + "mlp.experts.gate_up_proj", dt, {E, 2 * I, H}, s.seed, 0.0f, sqrt3 / std::sqrt(float(H))));
+        ts.push_back(make_tensor(p + "mlp.experts.down_proj", dt, {E, H, I}, s.seed, 0.0f, sqrt3 / std::sqrt(float(I))));
+      } else {
+        for (int64_t e = 0; e < E; ++e) {
+          std::string ep = p + "mlp.experts." + std::to_string(e) + ".";
+          ts.push_back(mat(ep + "gate_proj.weight", I, H));
+          ts.push_back(mat(ep + "up_proj.weight", I, H));
+          ts.push_back(mat(ep + "down_proj.weight", H, I));
+        }
+      }
+    } else {
+      ts.push_back(mat(p + "mlp.gate_proj.weight", s.intermediate_size, H));
+      ts.push_back(mat(p + "mlp.up_proj.weight", s.intermediate_size, H));
+      ts.push_back(mat(p + "mlp.down_proj.weight", H, s.intermediate_size));
+    }
+  }
+  size_t bytes = 0;
+  for (auto& t : ts) bytes += t.nbytes();
+  write_checkpoint_shards(dir, ts, s.max_shard_bytes, pool);
+  write_json(dir + "/config.json", cfg_json);
+  json gen = {{"bos_token_id", s.bos_token_id}, {"eos_token_id", s.eos_token_ids}, {"do_sample", true},
+              {"temperature", 0.6}, {"top_k", 20}, {"top_p", 0.95}};
+  write_json(dir + "/generation_config.json", gen);
+  if (!s.tokenizer_dir.empty()) {
+    for (const char* f : {"tokenizer.json", "tokenizer_config.json"}) {
+      fs::path src = fs::path(s.tokenizer_dir) / f;
+      if (!fs::exists(src)) throw_user("--tokenizer-from {}: no {} there", s.tokenizer_dir, f);
+      fs::copy_file(src, fs::path(dir) / f, fs::copy_options::overwrite_existing, ec);
+      if (ec) throw_user("cannot copy {} into {}: {}", src.string(), dir, ec.message());
+    }
+  }
+  return bytes;
+}
+
+}  // namespace moeserve
