@@ -92,7 +92,7 @@ TEST_P(Parity, SmallPagesAndChunkedPrefill) {
   check_case(c, c["dirs"][0].get<std::string>(), {3, 5});
 }
 
-INSTANTIATE_TEST_SUITE_P(AllCases, Parity, ::testing::Range(0, 10), [](const auto& info) {
+INSTANTIATE_TEST_SUITE_P(AllCases, Parity, ::testing::Range(0, 10), [](const ::testing::TestParamInfo<int>& info) {
   json ref = load_reference();
   return ref["cases"][info.param]["name"].get<std::string>();
 });
