@@ -1,5 +1,8 @@
 #include "core/tensor.h"
 
+#include <sys/mman.h>
+
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -17,8 +20,17 @@ Tensor Tensor::empty(DType dtype, Shape shape) {
   Tensor t;
   t.dtype = dtype;
   t.shape = std::move(shape);
-  size_t bytes = (t.nbytes() + 63) / 64 * 64;
-  void* p = std::aligned_alloc(64, bytes ? bytes : 64);
+  size_t bytes = std::max<size_t>(64, (t.nbytes() + 63) / 64 * 64);
+  if (bytes >= (size_t(1) << 21)) {
+    // Large buffers (KV pools, converted weights) come zeroed from the kernel, page by page on first touch:
+    // no upfront memset of memory that may never be used.
+    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw InternalError(fmt::format("out of host memory mapping {} bytes", bytes));
+    t.data = p;
+    t.owner = std::shared_ptr<void>(p, [bytes](void* q) { ::munmap(q, bytes); });
+    return t;
+  }
+  void* p = std::aligned_alloc(64, bytes);
   if (!p) throw InternalError(fmt::format("out of host memory allocating {} bytes", bytes));
   std::memset(p, 0, bytes);
   t.data = p;

@@ -241,18 +241,27 @@ void write_safetensors(const std::string& path, const std::vector<TensorSpec>& t
   Fd f;
   f.fd = ::open(tmp.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (f.fd < 0) throw_user("cannot create {}: {}", tmp, std::strerror(errno));
-  if (::ftruncate(f.fd, off_t(total)) != 0) throw_user("cannot size {}: {}", tmp, std::strerror(errno));
-  void* m = total ? ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, f.fd, 0) : nullptr;
-  if (m == MAP_FAILED) throw_user("{}: mmap for writing failed: {}", tmp, std::strerror(errno));
-  char* base = static_cast<char*>(m);
+  // pwrite from per-thread buffers: much faster than faulting in pages of a writable mapping.
+  auto write_at = [&](const char* buf, size_t n, uint64_t off) {
+    while (n > 0) {
+      ssize_t w = ::pwrite(f.fd, buf, n, off_t(off));
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) throw_user("cannot write {}: {}", tmp, std::strerror(errno));
+      buf += w;
+      n -= size_t(w);
+      off += uint64_t(w);
+    }
+  };
+  std::string head(8, '\0');
   uint64_t hl = h.size();
-  std::memcpy(base, &hl, 8);
-  std::memcpy(base + 8, h.data(), h.size());
-  char* data = base + 8 + h.size();
+  std::memcpy(head.data(), &hl, 8);
+  head += h;
+  write_at(head.data(), head.size(), 0);
+  const uint64_t data_start = 8 + h.size();
   // Work items of ~4 MiB so that big and small tensors spread evenly over the threads.
   struct Item {
     const TensorSpec* t;
-    char* dst;
+    uint64_t off;
     int64_t first, count;
   };
   std::vector<Item> items;
@@ -262,12 +271,18 @@ void write_safetensors(const std::string& path, const std::vector<TensorSpec>& t
     int64_t esz = int64_t(dtype_size(t->dtype)), numel = int64_t(t->nbytes()) / std::max<int64_t>(esz, 1);
     int64_t per = std::max<int64_t>(1, kItemBytes / esz);
     for (int64_t b = 0; b < numel; b += per)
-      items.push_back({t, data + offsets[i] + b * esz, b, std::min(per, numel - b)});
+      items.push_back({t, data_start + offsets[i] + uint64_t(b * esz), b, std::min(per, numel - b)});
   }
   pool.parallel_for(int64_t(items.size()), 1, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) items[i].t->fill(items[i].dst, items[i].first, items[i].count);
+    std::vector<char> buf;
+    for (int64_t i = b; i < e; ++i) {
+      size_t n = size_t(items[i].count) * dtype_size(items[i].t->dtype);
+      buf.resize(n);
+      items[i].t->fill(buf.data(), items[i].first, items[i].count);
+      write_at(buf.data(), n, items[i].off);
+    }
   });
-  if (m && ::munmap(m, total) != 0) throw_user("{}: munmap failed: {}", tmp, std::strerror(errno));
+  if (::ftruncate(f.fd, off_t(total)) != 0) throw_user("cannot size {}: {}", tmp, std::strerror(errno));
   if (std::rename(tmp.c_str(), path.c_str()) != 0) throw_user("cannot rename {} to {}: {}", tmp, path, std::strerror(errno));
 }
 

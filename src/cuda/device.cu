@@ -1,0 +1,83 @@
+#include "cuda/device.h"
+
+#include <cuda_runtime.h>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+
+namespace moeserve::cuda {
+
+namespace {
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw InternalError(fmt::format("CUDA {} failed: {}", what, cudaGetErrorString(e)));
+}
+
+// One block per row; a block-wide sum of squares in f32.
+__global__ void rmsnorm_kernel(const float* x, const float* w, float eps, int dim, float* out) {
+  extern __shared__ float partial[];
+  const float* xr = x + size_t(blockIdx.x) * dim;
+  float s = 0;
+  for (int i = threadIdx.x; i < dim; i += blockDim.x) s += xr[i] * xr[i];
+  partial[threadIdx.x] = s;
+  __syncthreads();
+  for (int stride = blockDim.x / 2; stride > 0; stride /= 2) {
+    if (threadIdx.x < stride) partial[threadIdx.x] += partial[threadIdx.x + stride];
+    __syncthreads();
+  }
+  float inv = rsqrtf(partial[0] / float(dim) + eps);
+  for (int i = threadIdx.x; i < dim; i += blockDim.x) out[size_t(blockIdx.x) * dim + i] = w[i] * (xr[i] * inv);
+}
+}  // namespace
+
+std::vector<DeviceInfo> list_devices() {
+  std::vector<DeviceInfo> r;
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky "no driver / no device" error
+    return r;
+  }
+  for (int i = 0; i < n; ++i) {
+    cudaDeviceProp p{};
+    if (cudaGetDeviceProperties(&p, i) != cudaSuccess) continue;
+    DeviceInfo d;
+    d.index = i;
+    d.name = p.name;
+    d.sm_major = p.major;
+    d.sm_minor = p.minor;
+    d.multiprocessors = p.multiProcessorCount;
+    d.total_memory = p.totalGlobalMem;
+    if (cudaSetDevice(i) == cudaSuccess) cudaMemGetInfo(&d.free_memory, &d.total_memory);
+    r.push_back(d);
+  }
+  return r;
+}
+
+std::vector<int> compiled_architectures() {
+  cudaFuncAttributes attr{};
+  // The PTX/SASS version of a kernel present in this binary for the current device; 0 when there is none.
+  if (cudaFuncGetAttributes(&attr, rmsnorm_kernel) != cudaSuccess) {
+    cudaGetLastError();
+    return {};
+  }
+  return {attr.binaryVersion};
+}
+
+void rmsnorm_f32(const float* x_host, const float* w_host, float eps, int rows, int dim, float* out_host) {
+  float *x = nullptr, *w = nullptr, *o = nullptr;
+  size_t xb = size_t(rows) * dim * sizeof(float), wb = size_t(dim) * sizeof(float);
+  check(cudaMalloc(&x, xb), "cudaMalloc");
+  check(cudaMalloc(&w, wb), "cudaMalloc");
+  check(cudaMalloc(&o, xb), "cudaMalloc");
+  check(cudaMemcpy(x, x_host, xb, cudaMemcpyHostToDevice), "cudaMemcpy");
+  check(cudaMemcpy(w, w_host, wb, cudaMemcpyHostToDevice), "cudaMemcpy");
+  check(cudaMemset(o, 0xff, xb), "cudaMemset");  // poison: NaN where the kernel writes nothing
+  rmsnorm_kernel<<<rows, 256, 256 * sizeof(float)>>>(x, w, eps, dim, o);
+  check(cudaGetLastError(), "rmsnorm launch");
+  check(cudaMemcpy(out_host, o, xb, cudaMemcpyDeviceToHost), "cudaMemcpy");
+  cudaFree(x);
+  cudaFree(w);
+  cudaFree(o);
+}
+
+}  // namespace moeserve::cuda
