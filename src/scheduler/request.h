@@ -1,0 +1,82 @@
+// A generation request as the scheduler sees it: token ids in, token ids (and logprobs) out. Text, chat
+// templates, stop strings and parsers live in the server layer above.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/sampling/sampling.h"
+#include "kv/prefix_cache.h"
+
+namespace moeserve {
+
+struct SamplingParams {
+  float temperature = 1.0f;
+  float top_p = 1.0f;
+  int64_t top_k = -1;
+  float min_p = 0.0f;
+  float presence_penalty = 0.0f;    // OpenAI semantics, over generated tokens
+  float frequency_penalty = 0.0f;   // OpenAI semantics, over generated tokens
+  float repetition_penalty = 1.0f;  // HF/SGLang semantics, over prompt and generated tokens
+  int64_t max_new_tokens = 128;
+  int64_t min_new_tokens = 0;
+  std::vector<int64_t> stop_token_ids;
+  bool ignore_eos = false;
+  std::optional<uint64_t> seed;
+  int64_t top_logprobs = 0;  // per output token; 0: none
+  bool return_logprob = false;
+};
+
+enum class FinishReason { None, Length, Stop, Abort };
+const char* finish_reason_name(FinishReason r);
+
+// What a request has produced so far; delivered to the request's sink after every step that changed it.
+struct RequestOutput {
+  std::vector<int32_t> new_tokens;                               // tokens added since the last delivery
+  std::vector<float> new_logprobs;                               // one per new token (if asked)
+  std::vector<std::vector<kernels::TokenLogprob>> new_top_logprobs;  // one list per new token (if asked)
+  FinishReason finish = FinishReason::None;
+  int64_t matched_stop_token = -1;
+  std::string abort_message;  // why, for Abort
+  int64_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
+};
+
+// Called on the engine thread; must not block (hand the output to another thread).
+using RequestSink = std::function<void(const RequestOutput&)>;
+
+struct Request {
+  uint64_t id = 0;
+  std::vector<int32_t> prompt;
+  SamplingParams params;
+  RequestSink sink;
+  std::atomic<bool> abort_requested{false};
+
+  // Scheduler state.
+  std::vector<int32_t> output;        // generated tokens
+  std::vector<int32_t> pages;         // block table: KV pages for positions 0 ..
+  PrefixCache::Match prefix;          // the cached prefix it was admitted with (locked)
+  int64_t computed = 0;               // positions whose KV is in the cache
+  int64_t cached_tokens = 0;          // prompt tokens served by the prefix cache
+  int64_t admitted_order = 0;         // for preemption: the newest is preempted first
+  std::mt19937_64 rng;
+  FinishReason finish = FinishReason::None;
+  int64_t matched_stop_token = -1;
+  double arrival_s = 0, first_token_s = 0;
+
+  // Prompt then outputs. Every step computes positions [computed, total_tokens()) or a chunk of them; the
+  // step that reaches total_tokens() yields logits and a new token. Decode is a chunk of one; a preempted
+  // request recomputes prompt and outputs the same way.
+  int64_t total_tokens() const { return int64_t(prompt.size() + output.size()); }
+  int64_t remaining() const { return total_tokens() - computed; }
+  int32_t token_at(int64_t pos) const {
+    return pos < int64_t(prompt.size()) ? prompt[pos] : output[pos - prompt.size()];
+  }
+};
+
+}  // namespace moeserve

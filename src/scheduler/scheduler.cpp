@@ -1,0 +1,325 @@
+#include "scheduler/scheduler.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <unordered_map>
+
+#include "core/error.h"
+#include "core/log.h"
+
+namespace moeserve {
+
+const char* finish_reason_name(FinishReason r) {
+  switch (r) {
+    case FinishReason::Length: return "length";
+    case FinishReason::Stop: return "stop";
+    case FinishReason::Abort: return "abort";
+    default: return "";
+  }
+}
+
+namespace {
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+}  // namespace
+
+Scheduler::Scheduler(ModelRunner& runner, const SchedulerOptions& opts)
+    : runner_(runner),
+      opts_(opts),
+      cache_(runner.kv().allocator(), runner.kv().shape().page_size, opts.enable_prefix_cache) {
+  if (opts_.max_running_requests <= 0) throw_user("--max-running-requests must be positive");
+  if (opts_.chunked_prefill_size <= 0) throw_user("--chunked-prefill-size must be positive");
+}
+
+void Scheduler::validate(const Request& r) const {
+  const ModelConfig& c = runner_.config();
+  const int64_t P = int64_t(r.prompt.size());
+  if (P == 0) throw_user("the prompt is empty");
+  for (int32_t id : r.prompt)
+    if (id < 0 || id >= c.vocab_size) throw_user("token id {} is outside the vocabulary [0, {})", id, c.vocab_size);
+  if (P >= c.max_position_embeddings)
+    throw_user("the prompt has {} tokens, but the context length is {} (at least one token must be generated)", P,
+               c.max_position_embeddings);
+  if (r.params.max_new_tokens < 0) throw_user("max_new_tokens must be >= 0");
+  const int64_t capacity = runner_.kv().shape().num_pages * runner_.kv().shape().page_size;
+  if (P + 1 > capacity)
+    throw_user("the prompt has {} tokens, more than the whole KV cache holds ({} tokens; raise --max-total-tokens)",
+               P, capacity);
+}
+
+void Scheduler::add(std::shared_ptr<Request> r) {
+  if (!r->params.seed) r->rng.seed(std::random_device{}());
+  else r->rng.seed(*r->params.seed);
+  r->arrival_s = now_s();
+  waiting_.push_back(std::move(r));
+}
+
+bool Scheduler::allocate(int64_t n, std::vector<int32_t>& out) {
+  PageAllocator& a = runner_.kv().allocator();
+  if (!a.can_allocate(n)) cache_.evict(n - a.num_free());
+  if (!a.can_allocate(n)) return false;
+  auto pages = a.allocate(n);
+  out.insert(out.end(), pages.begin(), pages.end());
+  return true;
+}
+
+bool Scheduler::ensure_pages(Request& r, int64_t upto_tokens) {
+  int64_t need = runner_.kv().pages_for(upto_tokens) - int64_t(r.pages.size());
+  return need <= 0 || allocate(need, r.pages);
+}
+
+void Scheduler::release_kv(Request& r) {
+  if (r.pages.empty() && r.prefix.nodes.empty()) return;
+  std::vector<int32_t> tokens(size_t(r.computed));
+  for (int64_t i = 0; i < r.computed; ++i) tokens[i] = r.token_at(i);
+  cache_.release(tokens.data(), r.computed, r.pages, r.prefix);
+  r.pages.clear();
+  r.prefix = {};
+  r.computed = 0;
+}
+
+void Scheduler::preempt(std::shared_ptr<Request> victim) {
+  log_info("KV cache full: preempting request {} ({} tokens computed); it will recompute", victim->id,
+           victim->computed);
+  release_kv(*victim);  // its KV goes to the prefix cache, so recomputation is mostly a cache hit
+  running_.erase(std::find(running_.begin(), running_.end(), victim));
+  waiting_.push_front(std::move(victim));
+  ++stats_.preemptions;
+}
+
+void Scheduler::finish(Request& r, FinishReason why, const std::string&) {
+  r.finish = why;
+  release_kv(r);
+}
+
+bool Scheduler::try_admit(const std::shared_ptr<Request>& r) {
+  const int64_t total = r->total_tokens();
+  // At least the last token is computed, so that the step yields logits.
+  std::vector<int32_t> tokens(static_cast<size_t>(total));
+  for (int64_t i = 0; i < total; ++i) tokens[i] = r->token_at(i);
+  PrefixCache::Match m = cache_.match(tokens.data(), total - 1);
+  cache_.lock(m);
+  std::vector<int32_t> pages = m.pages;
+  const int64_t need = runner_.kv().pages_for(total) - int64_t(m.pages.size());
+  if (!allocate(need, pages)) {
+    cache_.unlock(m.nodes);
+    return false;
+  }
+  r->pages = std::move(pages);
+  r->prefix = std::move(m);
+  r->computed = r->prefix.tokens() * cache_.page_size();
+  if (r->output.empty()) {
+    r->cached_tokens = r->computed;
+    stats_.prompt_tokens += int64_t(r->prompt.size());
+    stats_.cached_prompt_tokens += r->cached_tokens;
+  }
+  r->admitted_order = ++admitted_counter_;
+  return true;
+}
+
+void Scheduler::sample_and_deliver(Request& r, const float* logits, std::vector<RequestOutput>& outs) {
+  const ModelConfig& c = runner_.config();
+  const int64_t V = c.vocab_size;
+  const SamplingParams& p = r.params;
+  scratch_.assign(logits, logits + V);
+  float* lg = scratch_.data();
+  if (p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) {
+    std::unordered_map<int32_t, int64_t> counts;
+    for (int32_t t : r.output) counts[t]++;
+    if (p.repetition_penalty != 1.0f) {
+      auto penalise = [&](int32_t t) { lg[t] = lg[t] > 0 ? lg[t] / p.repetition_penalty : lg[t] * p.repetition_penalty; };
+      std::vector<uint8_t> seen(V, 0);
+      for (int32_t t : r.prompt) seen[t] = 1;
+      for (auto& [t, n] : counts) seen[t] = 1;
+      for (int64_t t = 0; t < V; ++t)
+        if (seen[t]) penalise(int32_t(t));
+    }
+    for (auto& [t, n] : counts) lg[t] -= p.presence_penalty + p.frequency_penalty * float(n);
+  }
+  const auto& eos = runner_.eos_ids();
+  if (int64_t(r.output.size()) < p.min_new_tokens) {
+    if (!p.ignore_eos)
+      for (int64_t e : eos)
+        if (e >= 0 && e < V) lg[e] = -INFINITY;
+    for (int64_t e : p.stop_token_ids)
+      if (e >= 0 && e < V) lg[e] = -INFINITY;
+  }
+  kernels::SamplerParams sp{p.temperature, p.top_k, p.top_p, p.min_p};
+  int32_t tok = kernels::sample_token(lg, V, sp, r.rng);
+
+  RequestOutput o;
+  o.new_tokens.push_back(tok);
+  if (p.return_logprob || p.top_logprobs > 0) {
+    logprobs_.resize(V);
+    kernels::log_softmax(logits, V, logprobs_.data());
+    o.new_logprobs.push_back(logprobs_[tok]);
+    if (p.top_logprobs > 0) o.new_top_logprobs.push_back(kernels::top_logprobs(logprobs_.data(), V, p.top_logprobs));
+  }
+  if (r.output.empty()) r.first_token_s = now_s();
+  r.output.push_back(tok);
+  ++stats_.generated_tokens;
+  bool is_stop = std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), tok) != p.stop_token_ids.end();
+  if (!p.ignore_eos) is_stop |= std::find(eos.begin(), eos.end(), int64_t(tok)) != eos.end();
+  if (is_stop && int64_t(r.output.size()) > p.min_new_tokens - 1) {
+    r.matched_stop_token = tok;
+    finish(r, FinishReason::Stop);
+  } else if (int64_t(r.output.size()) >= p.max_new_tokens || r.total_tokens() >= c.max_position_embeddings) {
+    finish(r, FinishReason::Length);
+  }
+  o.finish = r.finish;
+  o.matched_stop_token = r.matched_stop_token;
+  outs.push_back(std::move(o));
+}
+
+bool Scheduler::step() {
+  // Aborts first: they free pages for everyone else.
+  std::vector<std::pair<std::shared_ptr<Request>, RequestOutput>> deliveries;
+  auto abort_out = [&](const std::shared_ptr<Request>& r, const std::string& msg) {
+    RequestOutput o;
+    o.finish = FinishReason::Abort;
+    o.abort_message = msg;
+    deliveries.push_back({r, o});
+  };
+  for (auto it = waiting_.begin(); it != waiting_.end();) {
+    if ((*it)->abort_requested) {
+      (*it)->finish = FinishReason::Abort;
+      abort_out(*it, "aborted by the client");
+      it = waiting_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (auto it = running_.begin(); it != running_.end();) {
+    if ((*it)->abort_requested) {
+      finish(**it, FinishReason::Abort);
+      abort_out(*it, "aborted by the client");
+      it = running_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+
+  // Which requests compute how many tokens this step.
+  int64_t budget = std::max<int64_t>(opts_.chunked_prefill_size, int64_t(running_.size()));
+  std::vector<std::pair<std::shared_ptr<Request>, int64_t>> plan;
+  auto plan_running = [&](bool decodes) {
+    for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
+      auto r = running_[i];
+      if ((r->remaining() == 1) != decodes) continue;
+      int64_t chunk = std::min(r->remaining(), budget);
+      while (!ensure_pages(*r, r->computed + chunk)) {
+        // Out of pages: preempt the newest running request (possibly this one).
+        auto victim = *std::max_element(running_.begin(), running_.end(), [](auto& a, auto& b) {
+          return a->admitted_order < b->admitted_order;
+        });
+        plan.erase(std::remove_if(plan.begin(), plan.end(), [&](auto& pr) { return pr.first == victim; }), plan.end());
+        bool self = victim == r;
+        size_t vi = size_t(std::find(running_.begin(), running_.end(), victim) - running_.begin());
+        preempt(victim);
+        if (vi <= i) --i;  // running_ shifted
+        if (self) {
+          chunk = 0;
+          break;
+        }
+      }
+      if (chunk == 0) continue;
+      plan.push_back({r, chunk});
+      budget -= chunk;
+    }
+  };
+  plan_running(true);
+  plan_running(false);
+  // Recompute the budget from the plan (preemptions may have removed entries).
+  budget = std::max<int64_t>(opts_.chunked_prefill_size, int64_t(running_.size()));
+  for (auto& [r, chunk] : plan) budget -= chunk;
+  while (!waiting_.empty() && budget > 0 && int64_t(running_.size()) < opts_.max_running_requests) {
+    auto r = waiting_.front();
+    if (!try_admit(r)) break;  // FCFS: the head waits for pages, nobody overtakes it
+    waiting_.pop_front();
+    running_.push_back(r);
+    int64_t chunk = std::min(r->remaining(), budget);
+    plan.push_back({r, chunk});
+    budget -= chunk;
+  }
+
+  if (plan.empty()) {
+    for (auto& [r, o] : deliveries) r->sink(o);
+    return !deliveries.empty();
+  }
+
+  ForwardBatch fb;
+  std::vector<int64_t> logit_row_of(plan.size(), -1);
+  for (size_t i = 0; i < plan.size(); ++i) {
+    auto& [r, chunk] = plan[i];
+    int64_t row = int64_t(fb.tokens.size());
+    for (int64_t p = r->computed; p < r->computed + chunk; ++p) {
+      fb.tokens.push_back(r->token_at(p));
+      fb.positions.push_back(p);
+    }
+    fb.seqs.push_back({r->pages.data(), r->computed, chunk, row});
+    if (r->computed + chunk == r->total_tokens()) {
+      logit_row_of[i] = int64_t(fb.logit_rows.size());
+      fb.logit_rows.push_back(row + chunk - 1);
+    }
+  }
+  runner_.forward(fb, logits_);
+  ++stats_.steps;
+
+  std::vector<RequestOutput> outs;
+  for (size_t i = 0; i < plan.size(); ++i) {
+    auto& [r, chunk] = plan[i];
+    r->computed += chunk;
+    if (logit_row_of[i] < 0) continue;
+    outs.clear();
+    sample_and_deliver(*r, logits_.data() + logit_row_of[i] * runner_.config().vocab_size, outs);
+    RequestOutput& o = outs.back();
+    o.prompt_tokens = int64_t(r->prompt.size());
+    o.completion_tokens = int64_t(r->output.size());
+    o.cached_tokens = r->cached_tokens;
+    deliveries.push_back({r, std::move(o)});
+  }
+  running_.erase(std::remove_if(running_.begin(), running_.end(),
+                                [](auto& r) { return r->finish != FinishReason::None; }),
+                 running_.end());
+  for (auto& [r, o] : deliveries) r->sink(o);
+  return true;
+}
+
+void Scheduler::abort_all(const std::string& message) {
+  for (auto& r : running_) finish(*r, FinishReason::Abort);
+  std::vector<std::shared_ptr<Request>> all(running_.begin(), running_.end());
+  all.insert(all.end(), waiting_.begin(), waiting_.end());
+  running_.clear();
+  waiting_.clear();
+  for (auto& r : all) {
+    r->finish = FinishReason::Abort;
+    RequestOutput o;
+    o.finish = FinishReason::Abort;
+    o.abort_message = message;
+    r->sink(o);
+  }
+}
+
+int64_t Scheduler::flush_prefix_cache() { return cache_.flush(); }
+
+SchedulerStats Scheduler::stats() const {
+  SchedulerStats s = stats_;
+  s.running = int64_t(running_.size());
+  s.waiting = int64_t(waiting_.size());
+  const PageAllocator& a = runner_.kv().allocator();
+  s.kv_pages_total = a.num_pages();
+  s.kv_pages_cached = cache_.cached_pages();
+  s.kv_pages_used = a.num_pages() - a.num_free();
+  return s;
+}
+
+void Scheduler::check_integrity() const {
+  int64_t held = 0;
+  for (auto& r : running_) held += int64_t(r->pages.size()) - int64_t(r->prefix.nodes.size());
+  cache_.check_integrity(held);
+  for (auto& r : waiting_) MS_CHECK(r->pages.empty(), "a waiting request holds pages");
+}
+
+}  // namespace moeserve
