@@ -10,8 +10,6 @@
 namespace moeserve::parsers {
 
 using nlohmann::ordered_json;
-using detail::BlockParse;
-using detail::kToolCallStart;
 
 // ---- tools and tool_choice --------------------------------------------------------------------------
 
@@ -129,18 +127,6 @@ constexpr FormatEntry kFormats[] = {
     {"qwen3_coder", detail::make_qwen3_coder_format},
 };
 
-std::string serialize_arguments(const ordered_json& arguments) {
-  // Compact, UTF-8 kept (ensure_ascii=false); invalid UTF-8 from the model is replaced, never thrown on.
-  return arguments.dump(-1, ' ', false, ordered_json::error_handler_t::replace);
-}
-
-bool all_known(const BlockParse& block, const ToolSet& tools) {
-  for (const detail::ParsedCall& c : block.calls) {
-    if (!tools.contains(c.name)) return false;
-  }
-  return true;
-}
-
 }  // namespace
 
 std::vector<std::string> tool_call_parser_names() {
@@ -161,66 +147,80 @@ ToolCallParser::ToolCallParser(std::unique_ptr<detail::ToolFormat> format, ToolS
     : format_(std::move(format)), tools_(std::move(tools)), ids_(std::move(ids)) {
   MS_CHECK(format_ != nullptr, "tool-call parser without a format");
   if (!ids_) ids_ = random_tool_call_id;
+  stream_ = std::make_unique<detail::ToolStream>(*format_, tools_, ids_, streamed_calls_);
 }
 
 ToolCallParser::~ToolCallParser() = default;
 
-ToolParseResult ToolCallParser::parse_full(std::string_view text) {
-  // Text runs between calls; runs.size() == calls + 1.
-  std::vector<std::string> runs(1);
-  ToolParseResult result;
-  size_t cursor = 0;
-  for (;;) {
-    const size_t start = text.find(kToolCallStart, cursor);
-    if (start == std::string_view::npos) {
-      runs.back().append(text.substr(cursor));
-      break;
-    }
-    runs.back().append(text.substr(cursor, start - cursor));
-    BlockParse block = format_->start_block(tools_)->scan(text.substr(start));
-    if (block.status == BlockParse::Status::kComplete) {
-      if (all_known(block, tools_)) {
-        for (detail::ParsedCall& c : block.calls) {
-          result.calls.push_back({ids_(), std::move(c.name), serialize_arguments(c.arguments)});
-        }
-        runs.emplace_back();
-      } else {
-        runs.back().append(text.substr(start, block.length));
-      }
-      cursor = start + block.length;
-    } else {  // malformed, or truncated by the end of the output
-      runs.back().append(kToolCallStart);
-      cursor = start + kToolCallStart.size();
+namespace detail {
+
+// The streaming state: the text not yet emitted, the open block, the whitespace rule. parse_full() uses
+// a fresh one for the whole text, push()/finish() the parser's own.
+class ToolStream {
+ public:
+  ToolStream(const ToolFormat& format, const ToolSet& tools, const ToolCallIdGenerator& ids,
+             std::vector<ToolCall>& calls)
+      : format_(format), tools_(tools), ids_(ids), calls_(calls) {}
+
+  void push(std::string_view chunk, ToolStreamDelta& out) {
+    buffer_.append(chunk);
+    process(false, out);
+  }
+
+  void finish(ToolStreamDelta& out) {
+    process(true, out);
+    MS_CHECK(pending().empty() && mode_ == Mode::kText, "tool-call parser kept {} bytes after finish",
+             pending().size());
+    // A whitespace-only run is dropped next to a call; with no call at all it is the whole (blank) content.
+    if (calls_.empty()) out.content += held_space_;
+    held_space_.clear();
+  }
+
+ private:
+  enum class Mode {
+    kText,     // between blocks
+    kBlock,    // in a block: pending() starts with "<tool_call>"
+    kRemains,  // after a broken block: pending() starts with its remains
+  };
+
+  // The text not yet emitted.
+  std::string_view pending() const { return std::string_view(buffer_).substr(begin_); }
+  // Drops the first n bytes of pending(). The buffer is compacted only once the dropped bytes are most of
+  // it: erasing every block from the front would be quadratic when parse_full() holds a long text with
+  // many blocks.
+  void consume(size_t n) {
+    begin_ += n;
+    if (begin_ == buffer_.size()) {
+      buffer_.clear();
+      begin_ = 0;
+    } else if (begin_ > 4096 && begin_ > buffer_.size() / 2) {
+      buffer_.erase(0, begin_);
+      begin_ = 0;
     }
   }
-  for (const std::string& run : runs) {
-    if (!result.calls.empty() && detail::all_space(run)) continue;
-    result.content += run;
-  }
-  return result;
-}
 
-ToolStreamDelta ToolCallParser::push(std::string_view chunk) {
-  ToolStreamDelta out;
-  pending_.append(chunk);
-  process(false, out);
-  return out;
-}
+  void process(bool final, ToolStreamDelta& out);
+  void emit_content(std::string_view text, ToolStreamDelta& out);
+  void emit_events(std::vector<CallEvent>& events, ToolStreamDelta& out);
 
-ToolStreamDelta ToolCallParser::finish() {
-  ToolStreamDelta out;
-  process(true, out);
-  MS_CHECK(pending_.empty() && !block_, "tool-call parser kept {} bytes after finish", pending_.size());
-  // A whitespace-only run is dropped next to a call; with no call at all it is the whole (blank) content.
-  if (streamed_calls_.empty()) out.content += held_space_;
-  held_space_.clear();
-  return out;
-}
+  const ToolFormat& format_;
+  const ToolSet& tools_;
+  const ToolCallIdGenerator& ids_;
+  std::vector<ToolCall>& calls_;
 
-void ToolCallParser::emit_content(std::string_view text, ToolStreamDelta& out) {
+  Mode mode_ = Mode::kText;
+  std::string buffer_;                   // buffer_[begin_:] is pending()
+  size_t begin_ = 0;
+  std::unique_ptr<BlockScanner> block_;  // kBlock: the open block's scanner
+  size_t search_ = 0;                    // kRemains: bytes before this hold no tag
+  std::string held_space_;               // whitespace-only run, dropped if a call follows it
+  bool run_has_text_ = false;            // the current run between calls has emitted non-space text
+};
+
+void ToolStream::emit_content(std::string_view text, ToolStreamDelta& out) {
   if (text.empty()) return;
   if (!run_has_text_) {
-    if (detail::all_space(text)) {
+    if (all_space(text)) {
       held_space_.append(text);
       return;
     }
@@ -231,41 +231,122 @@ void ToolCallParser::emit_content(std::string_view text, ToolStreamDelta& out) {
   out.content.append(text);
 }
 
-void ToolCallParser::process(bool final, ToolStreamDelta& out) {
-  for (;;) {
-    if (!block_) {
-      const size_t start = pending_.find(kToolCallStart);
-      if (start == std::string::npos) {
-        const size_t keep = final ? 0 : detail::partial_tag_suffix(pending_, kToolCallStart);
-        emit_content(std::string_view(pending_).substr(0, pending_.size() - keep), out);
-        pending_.erase(0, pending_.size() - keep);
-        return;
-      }
-      emit_content(std::string_view(pending_).substr(0, start), out);
-      pending_.erase(0, start);
-      block_ = format_->start_block(tools_);
-    }
-
-    BlockParse block = block_->scan(pending_);
-    if (block.status == BlockParse::Status::kNeedMore && !final) return;
-    block_.reset();
-    if (block.status == BlockParse::Status::kComplete && all_known(block, tools_)) {
+void ToolStream::emit_events(std::vector<CallEvent>& events, ToolStreamDelta& out) {
+  for (CallEvent& e : events) {
+    if (e.kind == CallEvent::Kind::kOpen) {
       held_space_.clear();  // whitespace between content and a call is dropped
       run_has_text_ = false;
-      for (detail::ParsedCall& c : block.calls) {
-        ToolCall call{ids_(), std::move(c.name), serialize_arguments(c.arguments)};
-        out.calls.push_back({static_cast<int>(streamed_calls_.size()), call.id, call.name, call.arguments});
-        streamed_calls_.push_back(std::move(call));
-      }
-      pending_.erase(0, block.length);
-    } else if (block.status == BlockParse::Status::kComplete) {  // a function the request did not declare
-      emit_content(std::string_view(pending_).substr(0, block.length), out);
-      pending_.erase(0, block.length);
-    } else {  // malformed, or truncated by the end of the output
-      emit_content(kToolCallStart, out);
-      pending_.erase(0, kToolCallStart.size());
+      ToolCall call{ids_(), std::move(e.text), ""};
+      out.calls.push_back({static_cast<int>(calls_.size()), call.id, call.name, ""});
+      calls_.push_back(std::move(call));
+      continue;
+    }
+    if (e.text.empty()) continue;
+    MS_CHECK(!calls_.empty(), "tool-call arguments before any call");
+    calls_.back().arguments += e.text;
+    const int index = static_cast<int>(calls_.size()) - 1;
+    if (!out.calls.empty() && out.calls.back().index == index && out.calls.back().id.empty()) {
+      out.calls.back().arguments_fragment += e.text;  // one delta per call and push: the fragments merged
+    } else {
+      out.calls.push_back({index, "", "", std::move(e.text)});
     }
   }
+}
+
+void ToolStream::process(bool final, ToolStreamDelta& out) {
+  for (;;) {
+    const std::string_view text = pending();
+    switch (mode_) {
+      case Mode::kText: {
+        const size_t start = text.find(kToolCallStart);
+        if (start == std::string_view::npos) {
+          const size_t emit = text.size() - (final ? 0 : partial_tag_suffix(text, kToolCallStart));
+          emit_content(text.substr(0, emit), out);
+          consume(emit);
+          return;
+        }
+        emit_content(text.substr(0, start), out);
+        consume(start);
+        block_ = format_.start_block(tools_);
+        mode_ = Mode::kBlock;
+        break;
+      }
+      case Mode::kBlock: {
+        BlockParse block = block_->scan(text, final);
+        emit_events(block.events, out);
+        if (block.status == BlockParse::Status::kNeedMore) {
+          MS_CHECK(!final, "tool-call block undecided at the end of the output");
+          return;
+        }
+        block_.reset();
+        mode_ = Mode::kText;
+        switch (block.status) {
+          case BlockParse::Status::kComplete:
+            consume(block.length);
+            break;
+          case BlockParse::Status::kBroken:
+            consume(block.length);
+            mode_ = Mode::kRemains;
+            search_ = 0;
+            break;
+          case BlockParse::Status::kForeign:  // a function the request did not declare
+            emit_content(text.substr(0, block.length), out);
+            consume(block.length);
+            break;
+          default:  // malformed, or truncated before it was committed
+            emit_content(kToolCallStart, out);
+            consume(kToolCallStart.size());
+        }
+        break;
+      }
+      case Mode::kRemains: {
+        // The first "</tool_call>" or "<tool_call>", in one pass (two find()s would each run to the end
+        // of the text when only the other tag follows).
+        size_t tag = text.find('<', search_);
+        for (; tag != std::string_view::npos; tag = text.find('<', tag + 1)) {
+          const std::string_view rest = text.substr(tag);
+          if (rest.starts_with(kToolCallEnd) || rest.starts_with(kToolCallStart)) break;
+          if (is_proper_prefix(rest, kToolCallEnd) || is_proper_prefix(rest, kToolCallStart)) {
+            if (final) continue;
+            search_ = tag;  // a tag may be starting
+            return;
+          }
+        }
+        if (tag != std::string_view::npos && text.substr(tag).starts_with(kToolCallEnd)) {
+          consume(tag + kToolCallEnd.size());  // dropped with the tag
+        } else if (tag == std::string_view::npos && !final) {
+          search_ = text.size();
+          return;
+        }
+        mode_ = Mode::kText;  // a "<tool_call>" (or the end of the output) came first: ordinary output
+        break;
+      }
+    }
+  }
+}
+
+}  // namespace detail
+
+ToolParseResult ToolCallParser::parse_full(std::string_view text) {
+  ToolParseResult result;
+  ToolStreamDelta out;
+  detail::ToolStream stream(*format_, tools_, ids_, result.calls);
+  stream.push(text, out);
+  stream.finish(out);
+  result.content = std::move(out.content);
+  return result;
+}
+
+ToolStreamDelta ToolCallParser::push(std::string_view chunk) {
+  ToolStreamDelta out;
+  stream_->push(chunk, out);
+  return out;
+}
+
+ToolStreamDelta ToolCallParser::finish() {
+  ToolStreamDelta out;
+  stream_->finish(out);
+  return out;
 }
 
 }  // namespace moeserve::parsers

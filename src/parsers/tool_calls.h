@@ -7,21 +7,42 @@
 //    model forgot to close it, at the next "<parameter=" or "</function>" (as SGLang / vLLM do); a literal
 //    "</tool_call>" inside a value does not end it.
 //  - "hermes", "qwen25": <tool_call>\n{"name": NAME, "arguments": {...}}\n</tool_call>. The JSON object is
-//    matched brace by brace (strings respected), so "</tool_call>" inside a JSON string is harmless.
+//    read by a strict incremental JSON reader, so "</tool_call>" inside a JSON string is harmless.
+//    "parameters" is accepted for "arguments" (the first of the two counts), so is a JSON string holding
+//    the object (OpenAI style), and null or absent arguments are {}.
 //
 // Rules common to all formats:
 //  - Several calls per message. Text outside calls is content, kept verbatim, except that a run of text
 //    that is only whitespace and sits next to a call (the newlines between calls) is dropped.
-//  - A block that is malformed or truncated (the output ended inside it) is content, byte for byte; its
+//  - A block is committed as soon as its (first) function name is complete and declared in the request's
+//    tools: qwen3_coder at the ">" of "<function=NAME>", hermes when the string value of the top-level
+//    "name" key closes. From then on it is a tool call whatever follows (as in SGLang); before that it can
+//    still turn out to be text.
+//  - A block that is malformed or truncated before it was committed is content, byte for byte; its
 //    "<tool_call>" is treated as text and scanning goes on right after it.
-//  - A call to a function that is not in the request's tools is content too (SGLang drops such calls by
-//    default; we keep the text so nothing the model wrote is lost, and the client sees what happened).
-//  - arguments is a JSON object serialized compactly, key order as written, non-ASCII kept as UTF-8.
-//  - Streaming: content is emitted as soon as it cannot be the start of "<tool_call>"; a call is emitted
-//    only once its closing tag has been seen and it parsed, as one ToolCallDelta carrying index, id, name
-//    and the whole arguments string. Emitting a call earlier would mean sending deltas that a later
-//    truncation or syntax error would have to take back, and OpenAI deltas cannot be taken back; waiting
-//    makes streaming output equal parse_full() output for every chunking.
+//  - A committed call truncated by the end of the output is a call with the arguments parsed so far: the
+//    parameters / members whose values were complete; a value cut off is dropped; the object is closed.
+//    The whole rest of the output belongs to it.
+//  - A committed block that stops following its syntax (junk between parameters, invalid JSON, a second
+//    function that is not declared, text after "</function>" or after the JSON object where
+//    "</tool_call>" belongs) ends where its last complete element ended; its calls keep the arguments
+//    parsed so far. What follows is the block's remains: they are dropped up to and including the next
+//    "</tool_call>"; when a "<tool_call>" or the end of the output comes first, nothing is dropped and the
+//    remains are ordinary output (content, further calls).
+//  - A block whose first function is not declared is content too, whole, once it is seen to be
+//    well-formed (SGLang drops such calls by default; we keep the text so nothing the model wrote is
+//    lost, and the client sees what happened).
+//  - arguments is a JSON object serialized compactly, members in the order written, non-ASCII kept as
+//    UTF-8. A key written twice keeps its first value (streamed text cannot be taken back).
+//  - parse_full() is the streaming parser fed the whole text at once, so both modes agree on every case,
+//    truncated and broken calls included.
+//  - Streaming: content is emitted as soon as it cannot be the start of "<tool_call>". A call is emitted
+//    as OpenAI tool-call deltas: once committed, one delta with index, id and name and empty arguments;
+//    then argument fragments (id and name empty) as they become final: qwen3_coder one `"key":value`
+//    member per completed parameter (the first one preceded by "{"), hermes one member per completed
+//    member of the "arguments" object (the whole object at once when it is given as a JSON string), and
+//    the closing "}" (or "{}") when the call ends. For every chunking, the fragments of an index concatenate
+//    to exactly the arguments string parse_full() gives that call.
 #pragma once
 
 #include <functional>
@@ -41,8 +62,9 @@ struct ToolCall {
   std::string arguments;  // JSON object text
 };
 
-// One OpenAI streaming tool_calls entry. The first delta of an index carries id and name; later ones (if
-// any) carry only argument text. Concatenating arguments_fragment over an index gives ToolCall::arguments.
+// One OpenAI streaming tool_calls entry. The first delta of an index carries id and name and no argument
+// text; later ones carry only (non-empty) argument text. Concatenating arguments_fragment over an index
+// gives ToolCall::arguments.
 struct ToolCallDelta {
   int index = 0;
   std::string id;
@@ -101,7 +123,7 @@ std::string random_tool_call_id();
 
 namespace detail {
 class ToolFormat;
-class BlockScanner;
+class ToolStream;
 }
 
 class ToolCallParser {
@@ -119,27 +141,22 @@ class ToolCallParser {
 
   // Streaming: chunks in order, split anywhere. Each call returns what became certain.
   ToolStreamDelta push(std::string_view chunk);
-  // End of output: held-back text is content, an unfinished call is content.
+  // End of output: held-back text is content; an open committed call is closed with the arguments parsed
+  // so far; an uncommitted block is content.
   ToolStreamDelta finish();
 
-  // Calls emitted so far by push()/finish() (for finish_reason "tool_calls" and logging).
+  // Calls emitted so far by push()/finish(), arguments as streamed so far (for finish_reason "tool_calls"
+  // and logging).
   const std::vector<ToolCall>& streamed_calls() const { return streamed_calls_; }
   const ToolSet& tools() const { return tools_; }
 
  private:
-  void process(bool final, ToolStreamDelta& out);
-  void emit_content(std::string_view text, ToolStreamDelta& out);
-
   std::unique_ptr<detail::ToolFormat> format_;
   ToolSet tools_;
   ToolCallIdGenerator ids_;
 
-  // Streaming state.
-  std::string pending_;                          // text not yet emitted
-  std::unique_ptr<detail::BlockScanner> block_;  // open block (pending_ starts with "<tool_call>")
-  std::string held_space_;                       // whitespace-only run, dropped if a call follows it
-  bool run_has_text_ = false;                    // the current run between calls has emitted non-space text
   std::vector<ToolCall> streamed_calls_;
+  std::unique_ptr<detail::ToolStream> stream_;  // push()/finish() state
 };
 
 std::vector<std::string> tool_call_parser_names();

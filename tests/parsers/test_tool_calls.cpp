@@ -38,26 +38,48 @@ std::unique_ptr<ToolCallParser> make(const std::string& name, const ordered_json
   return ToolCallParser::create(name, t, [counter] { return "call_" + std::to_string((*counter)++); });
 }
 
-ToolParseResult stream(ToolCallParser& p, const testing::Chunks& chunks) {
+// Accumulates deltas as an OpenAI client would, checking their shape: the first delta of an index carries
+// id and name and no argument text; later ones carry only (non-empty) argument text, for the newest index.
+struct Collector {
   ToolParseResult total;
-  auto add = [&](const ToolStreamDelta& d) {
+  void add(const ToolStreamDelta& d) {
     total.content += d.content;
     for (const ToolCallDelta& c : d.calls) {
       if (c.index == static_cast<int>(total.calls.size())) {
         EXPECT_FALSE(c.id.empty());  // the first delta of an index opens the call
         EXPECT_FALSE(c.name.empty());
+        EXPECT_EQ(c.arguments_fragment, "") << "name first, arguments after";
         total.calls.push_back({c.id, c.name, ""});
       } else {
         EXPECT_EQ(c.index + 1, static_cast<int>(total.calls.size())) << "deltas out of order";
         EXPECT_TRUE(c.id.empty() && c.name.empty());
+        EXPECT_FALSE(c.arguments_fragment.empty()) << "empty argument delta";
       }
       total.calls.back().arguments += c.arguments_fragment;
     }
-  };
-  for (const std::string& c : chunks) add(p.push(c));
-  add(p.finish());
-  EXPECT_EQ(p.streamed_calls().size(), total.calls.size());
-  return total;
+  }
+};
+
+ToolParseResult stream(ToolCallParser& p, const testing::Chunks& chunks) {
+  Collector col;
+  for (const std::string& c : chunks) col.add(p.push(c));
+  col.add(p.finish());
+  EXPECT_EQ(p.streamed_calls().size(), col.total.calls.size());
+  for (size_t i = 0; i < std::min(p.streamed_calls().size(), col.total.calls.size()); ++i) {
+    EXPECT_EQ(p.streamed_calls()[i].arguments, col.total.calls[i].arguments);
+  }
+  return col.total;
+}
+
+// Streamed result == parse_full result, ids included (both draw from a fresh call_0, call_1, ...).
+void expect_same(const ToolParseResult& got, const ToolParseResult& want, const std::string& where) {
+  ASSERT_EQ(got.content, want.content) << where;
+  ASSERT_EQ(got.calls.size(), want.calls.size()) << where;
+  for (size_t i = 0; i < got.calls.size(); ++i) {
+    ASSERT_EQ(got.calls[i].id, want.calls[i].id) << where;
+    ASSERT_EQ(got.calls[i].name, want.calls[i].name) << where;
+    ASSERT_EQ(got.calls[i].arguments, want.calls[i].arguments) << where;
+  }
 }
 
 struct Call {
@@ -101,13 +123,22 @@ std::vector<Case> coder_cases() {
       {"text_between_and_after_calls_kept", "qwen3_coder", "A" + kWeatherCoder + "\nand then\n" + kCalcCoder + " done",
        "A\nand then\n done",
        {{"get_weather", R"({"location":"Paris, France","days":3})"}, {"calc", R"({"a":1.5,"b":2,"precise":true})"}}},
-      {"truncated_mid_parameter_is_content", "qwen3_coder",
-       "Sure.\n<tool_call>\n<function=get_weather>\n<parameter=location>\nPar",
-       "Sure.\n<tool_call>\n<function=get_weather>\n<parameter=location>\nPar", {}},
-      {"truncated_before_close_tag_is_content", "qwen3_coder", kWeatherCoder.substr(0, kWeatherCoder.size() - 1),
-       kWeatherCoder.substr(0, kWeatherCoder.size() - 1), {}},
-      {"truncated_after_complete_call", "qwen3_coder", kWeatherCoder + "\n<tool_call>\n<function=calc>",
-       "\n<tool_call>\n<function=calc>", {{"get_weather", R"({"location":"Paris, France","days":3})"}}},
+      // Committed at "<function=NAME>": a truncated call keeps the parameters whose values were complete.
+      {"truncated_mid_value_is_call_without_it", "qwen3_coder",
+       "Sure.\n<tool_call>\n<function=get_weather>\n<parameter=location>\nPar", "Sure.\n",
+       {{"get_weather", "{}"}}},
+      {"truncated_after_a_parameter", "qwen3_coder",
+       "<tool_call>\n<function=get_weather>\n<parameter=location>\nParis\n</parameter>\n<parameter=days>\n3\n</par",
+       "", {{"get_weather", R"({"location":"Paris"})"}}},
+      {"truncated_before_close_tag_is_call", "qwen3_coder", kWeatherCoder.substr(0, kWeatherCoder.size() - 1), "",
+       {{"get_weather", R"({"location":"Paris, France","days":3})"}}},
+      {"truncated_after_complete_call", "qwen3_coder", kWeatherCoder + "\n<tool_call>\n<function=calc>", "",
+       {{"get_weather", R"({"location":"Paris, France","days":3})"}, {"calc", "{}"}}},
+      {"truncated_inside_function_name_is_content", "qwen3_coder", "ok\n<tool_call>\n<function=get_weat",
+       "ok\n<tool_call>\n<function=get_weat", {}},
+      {"truncated_undeclared_function_is_content", "qwen3_coder",
+       "<tool_call>\n<function=nope>\n<parameter=x>\n1\n</parameter>\n",
+       "<tool_call>\n<function=nope>\n<parameter=x>\n1\n</parameter>\n", {}},
       {"unknown_parameter_kept_as_string", "qwen3_coder",
        "<tool_call>\n<function=get_weather>\n<parameter=location>\nRome\n</parameter>\n<parameter=extra>\n123\n"
        "</parameter>\n</function>\n</tool_call>",
@@ -160,9 +191,29 @@ std::vector<Case> coder_cases() {
        "", {{"get_weather", R"({"location":"Lima","days":null})"}}},
       {"spaces_in_tag_names", "qwen3_coder",
        "<tool_call>\n<function= ping >\n</function>\n</tool_call>", "", {{"ping", "{}"}}},
-      {"junk_between_parameters_is_content", "qwen3_coder",
-       "<tool_call>\n<function=ping>\nhmm\n</function>\n</tool_call>",
-       "<tool_call>\n<function=ping>\nhmm\n</function>\n</tool_call>", {}},
+      // A committed block that breaks ends at its last complete element; its remains are dropped up to
+      // the next </tool_call>, or are ordinary output when <tool_call> or the end comes first.
+      {"junk_in_committed_call_breaks_it", "qwen3_coder",
+       "<tool_call>\n<function=ping>\nhmm\n</function>\n</tool_call>", "", {{"ping", "{}"}}},
+      {"junk_after_parameter_keeps_it_and_drops_remains", "qwen3_coder",
+       "<tool_call>\n<function=get_weather>\n<parameter=location>\nRome\n</parameter>\nhmm\n<parameter=days>\n3\n"
+       "</parameter>\n</function>\n</tool_call> after",
+       " after", {{"get_weather", R"({"location":"Rome"})"}}},
+      {"text_after_function_without_close_tag", "qwen3_coder",
+       "<tool_call>\n<function=ping>\n</function>\nDone.", "\nDone.", {{"ping", "{}"}}},
+      {"missing_close_tag_then_next_call", "qwen3_coder",
+       kWeatherCoder.substr(0, kWeatherCoder.size() - 12) + "\n" + kCalcCoder,
+       "", {{"get_weather", R"({"location":"Paris, France","days":3})"}, {"calc", R"({"a":1.5,"b":2,"precise":true})"}}},
+      {"undeclared_second_function_breaks_block", "qwen3_coder",
+       "<tool_call>\n<function=ping>\n</function>\n<function=nope>\n</function>\n</tool_call>tail", "tail",
+       {{"ping", "{}"}}},
+      {"bad_parameter_tag_breaks_block", "qwen3_coder",
+       "<tool_call>\n<function=calc>\n<parameter=a>\n1\n</parameter>\n<parameter=b\n>2</function>\n</tool_call>", "",
+       {{"calc", R"({"a":1})"}}},
+      {"duplicate_parameter_keeps_first", "qwen3_coder",
+       "<tool_call>\n<function=calc>\n<parameter=a>\n1\n</parameter>\n<parameter=a>\n2\n</parameter>\n</function>\n"
+       "</tool_call>",
+       "", {{"calc", R"({"a":1})"}}},
       {"whitespace_only_output", "qwen3_coder", "\n\n", "\n\n", {}},
       {"no_calls", "qwen3_coder", "Just an answer.\n", "Just an answer.\n", {}},
   };
@@ -178,10 +229,38 @@ std::vector<Case> hermes_cases() {
        "<tool_call>\n{\"name\": \"write_file\", \"arguments\": {\"path\": \"a}.txt\", \"content\": "
        "\"}{ </tool_call> <tool_call> \\\" \\\\\"}}\n</tool_call>",
        "", {{"write_file", R"({"path":"a}.txt","content":"}{ </tool_call> <tool_call> \" \\"})"}}},
-      {"malformed_json_is_content", "hermes", "<tool_call>\n{\"name\": \"calc\", \"arguments\": {\"a\": 1,}}\n</tool_call>",
-       "<tool_call>\n{\"name\": \"calc\", \"arguments\": {\"a\": 1,}}\n</tool_call>", {}},
-      {"truncated_json_is_content", "hermes", "ok " + kWeatherHermes.substr(0, 40), "ok " + kWeatherHermes.substr(0, 40),
-       {}},
+      // Committed once the "name" string closes on a declared name.
+      {"invalid_json_after_name_keeps_members", "hermes",
+       "<tool_call>\n{\"name\": \"calc\", \"arguments\": {\"a\": 1,}}\n</tool_call>", "", {{"calc", R"({"a":1})"}}},
+      {"invalid_json_before_name_is_content", "hermes",
+       "<tool_call>\n{\"arguments\": {\"a\": 1,}, \"name\": \"calc\"}\n</tool_call>",
+       "<tool_call>\n{\"arguments\": {\"a\": 1,}, \"name\": \"calc\"}\n</tool_call>", {}},
+      {"truncated_after_name_is_call", "hermes", "ok " + kWeatherHermes.substr(0, 40), "ok ", {{"get_weather", "{}"}}},
+      {"truncated_inside_name_is_content", "hermes", "ok " + kWeatherHermes.substr(0, 30),
+       "ok " + kWeatherHermes.substr(0, 30), {}},
+      {"truncated_mid_number_keeps_complete_members", "hermes",
+       kWeatherHermes.substr(0, kWeatherHermes.find("3}}") + 1), "", {{"get_weather", R"({"location":"Paris"})"}}},
+      {"truncated_undeclared_is_content", "hermes", "<tool_call>{\"name\": \"nope\", \"arguments\": {\"a\": 1",
+       "<tool_call>{\"name\": \"nope\", \"arguments\": {\"a\": 1", {}},
+      {"arguments_before_name", "hermes",
+       "<tool_call>{\"arguments\": {\"a\": 1, \"b\": {\"c\": [2]}}, \"name\": \"calc\"}</tool_call>", "",
+       {{"calc", R"({"a":1,"b":{"c":[2]}})"}}},
+      {"duplicate_members_keep_first", "hermes",
+       "<tool_call>{\"name\": \"calc\", \"arguments\": {\"a\": 1, \"a\": 2}, \"name\": \"ping\"}</tool_call>", "",
+       {{"calc", R"({"a":1})"}}},
+      {"null_arguments", "hermes", "<tool_call>{\"name\": \"ping\", \"arguments\": null}</tool_call>", "",
+       {{"ping", "{}"}}},
+      {"numbers_and_literals", "hermes",
+       "<tool_call>{\"name\": \"calc\", \"arguments\": {\"a\": -0.5e+2, \"b\": 0, \"precise\": false, "
+       "\"x\": [true, null, {}, [ ], -0, 1E2]}}</tool_call>",
+       "", {{"calc", R"({"a":-50.0,"b":0,"precise":false,"x":[true,null,{},[],0,100.0]})"}}},
+      {"bad_number_before_name_is_content", "hermes", "<tool_call>{\"arguments\": {\"a\": 01}, \"name\": \"calc\"}",
+       "<tool_call>{\"arguments\": {\"a\": 01}, \"name\": \"calc\"}", {}},
+      {"prose_after_json_without_close_tag", "hermes", "<tool_call>{\"name\": \"ping\"}\nDone.", "\nDone.",
+       {{"ping", "{}"}}},
+      {"broken_call_then_next_call", "hermes",
+       "<tool_call>{\"name\": \"calc\", \"arguments\": {\"a\": 1}\n" + kCalcHermes + " end", " end",
+       {{"calc", R"({"a":1})"}, {"calc", R"({"a":1.5,"b":2})"}}},
       {"parameters_key_and_string_arguments", "hermes",
        "<tool_call>\n{\"name\": \"calc\", \"parameters\": {\"a\": 1}}\n</tool_call><tool_call>{\"name\": \"calc\", "
        "\"arguments\": \"{\\\"b\\\": 2}\"}</tool_call>",
@@ -198,14 +277,24 @@ std::vector<Case> hermes_cases() {
        "<tool_call>\n{ \"name\" : \"search\" , \"arguments\" : { \"query\" : \"x\" , \"filters\" : { \"z\" : [ 1 , "
        "2 ] , \"a\" : { } } } }\n</tool_call>",
        "", {{"search", R"({"query":"x","filters":{"z":[1,2],"a":{}}})"}}},
-      {"junk_after_json_is_content", "hermes", "<tool_call>\n{\"name\": \"ping\"} and more\n</tool_call>",
-       "<tool_call>\n{\"name\": \"ping\"} and more\n</tool_call>", {}},
-      {"arguments_not_object_is_content", "hermes", "<tool_call>{\"name\": \"ping\", \"arguments\": [1]}</tool_call>",
-       "<tool_call>{\"name\": \"ping\", \"arguments\": [1]}</tool_call>", {}},
+      {"junk_after_json_breaks_block", "hermes", "<tool_call>\n{\"name\": \"ping\"} and more\n</tool_call>x", "x",
+       {{"ping", "{}"}}},
+      {"arguments_not_object_breaks_call", "hermes",
+       "<tool_call>{\"name\": \"ping\", \"arguments\": [1]}</tool_call>", "", {{"ping", "{}"}}},
+      {"arguments_not_object_before_name_is_content", "hermes",
+       "<tool_call>{\"arguments\": [1], \"name\": \"ping\"}</tool_call>",
+       "<tool_call>{\"arguments\": [1], \"name\": \"ping\"}</tool_call>", {}},
+      {"name_not_string_is_content", "hermes", "<tool_call>{\"name\": 3}</tool_call>",
+       "<tool_call>{\"name\": 3}</tool_call>", {}},
+      {"missing_name_is_content", "hermes", "<tool_call>{\"arguments\": {}}</tool_call>",
+       "<tool_call>{\"arguments\": {}}</tool_call>", {}},
       {"prose_with_tag_and_brace", "hermes", "Use <tool_call>{like this} or <tool_call> alone.",
        "Use <tool_call>{like this} or <tool_call> alone.", {}},
-      {"raw_newline_in_string_is_content", "hermes", "<tool_call>{\"name\": \"ping\", \"x\": \"a\nb\"}</tool_call>",
-       "<tool_call>{\"name\": \"ping\", \"x\": \"a\nb\"}</tool_call>", {}},
+      {"raw_newline_in_string_breaks_call", "hermes",
+       "<tool_call>{\"name\": \"ping\", \"x\": \"a\nb\"}</tool_call>", "", {{"ping", "{}"}}},
+      {"raw_newline_before_name_is_content", "hermes",
+       "<tool_call>{\"x\": \"a\nb\", \"name\": \"ping\"}</tool_call>",
+       "<tool_call>{\"x\": \"a\nb\", \"name\": \"ping\"}</tool_call>", {}},
   };
 }
 
@@ -230,27 +319,142 @@ TEST(ToolCallParser, StreamingEqualsNonStreamingOverChunkings) {
   }
 }
 
-TEST(ToolCallParser, HoldsBackOnlyWhatCouldBeATag) {
+// Every truncation of every case: a call whose name was complete is a call with what was parsed, in both
+// modes; before that it is content in both modes.
+TEST(ToolCallParser, EveryTruncationStreamsLikeParseFull) {
+  std::mt19937_64 rng(3);
+  for (const auto& cs : {coder_cases(), hermes_cases()}) {
+    for (const Case& c : cs) {
+      for (size_t n = 0; n <= c.text.size(); ++n) {
+        const std::string prefix = c.text.substr(0, n);
+        const ToolParseResult want = make(c.parser)->parse_full(prefix);
+        std::vector<testing::Chunks> tries = {{prefix}, {}};
+        for (char ch : prefix) tries[1].emplace_back(1, ch);
+        for (int i = 0; i < 2; ++i) {
+          auto all = chunkings(prefix, 1, rng());
+          tries.push_back(all.back());                 // a random chunking
+          tries.push_back(all[1 + rng() % (n + 1)]);  // a random 2-split
+        }
+        for (const auto& chunks : tries) {
+          auto p = make(c.parser);
+          expect_same(stream(*p, chunks), want, std::string(c.name) + " " + describe(chunks));
+          if (::testing::Test::HasFailure()) return;
+        }
+      }
+    }
+  }
+}
+
+TEST(ToolCallParser, CallCommitsAtItsName) {
+  const std::string weather = "<tool_call>\n<function=get_weather";
+  ToolParseResult r = make("qwen3_coder")->parse_full(weather);
+  EXPECT_TRUE(r.calls.empty());
+  EXPECT_EQ(r.content, weather);
+  r = make("qwen3_coder")->parse_full(weather + ">");
+  ASSERT_EQ(r.calls.size(), 1u);
+  EXPECT_EQ(r.calls[0].name, "get_weather");
+  EXPECT_EQ(r.calls[0].arguments, "{}");
+  EXPECT_EQ(r.content, "");
+
+  const std::string calc = "<tool_call>{\"name\": \"calc";
+  r = make("hermes")->parse_full(calc);
+  EXPECT_TRUE(r.calls.empty());
+  EXPECT_EQ(r.content, calc);
+  r = make("hermes")->parse_full(calc + "\"");
+  ASSERT_EQ(r.calls.size(), 1u);
+  EXPECT_EQ(r.calls[0].arguments, "{}");
+  EXPECT_EQ(r.content, "");
+}
+
+TEST(ToolCallParser, Qwen3CoderStreamsNameThenParameters) {
   auto p = make("qwen3_coder");
   EXPECT_EQ(p->push("Hello").content, "Hello");
   EXPECT_EQ(p->push(" wor").content, " wor");
   EXPECT_EQ(p->push("ld <tool").content, "ld ");
   EXPECT_EQ(p->push("box>").content, "<toolbox>");
   EXPECT_EQ(p->push("\n<").content, "\n");
-  ToolStreamDelta d = p->push(kWeatherCoder.substr(1, 30));
-  EXPECT_TRUE(d.empty());  // inside a call: nothing is certain until it closes
-  d = p->push(kWeatherCoder.substr(31));
+  EXPECT_TRUE(p->push("tool_call>\n<function=get_weath").empty());  // the name may go on
+  ToolStreamDelta d = p->push("er>");
   EXPECT_EQ(d.content, "");
   ASSERT_EQ(d.calls.size(), 1u);
   EXPECT_EQ(d.calls[0].index, 0);
   EXPECT_EQ(d.calls[0].id, "call_0");
   EXPECT_EQ(d.calls[0].name, "get_weather");
-  EXPECT_EQ(d.calls[0].arguments_fragment, R"({"location":"Paris, France","days":3})");
+  EXPECT_EQ(d.calls[0].arguments_fragment, "");
+  EXPECT_TRUE(p->push("\n<parameter=location>\nParis, France\n</parameter").empty());  // the value may go on
+  d = p->push(">");
+  ASSERT_EQ(d.calls.size(), 1u);
+  EXPECT_EQ(d.calls[0].index, 0);
+  EXPECT_EQ(d.calls[0].id, "");
+  EXPECT_EQ(d.calls[0].name, "");
+  EXPECT_EQ(d.calls[0].arguments_fragment, R"({"location":"Paris, France")");
+  d = p->push("\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>");
+  ASSERT_EQ(d.calls.size(), 1u);  // fragments of one push are merged
+  EXPECT_EQ(d.calls[0].arguments_fragment, R"(,"days":3})");
   EXPECT_EQ(p->push("\n\n").content, "");  // whitespace after a call: dropped unless text follows
   EXPECT_EQ(p->push("Done.").content, "\n\nDone.");
   EXPECT_TRUE(p->finish().empty());
   ASSERT_EQ(p->streamed_calls().size(), 1u);
   EXPECT_EQ(p->streamed_calls()[0].name, "get_weather");
+  EXPECT_EQ(p->streamed_calls()[0].arguments, R"({"location":"Paris, France","days":3})");
+}
+
+TEST(ToolCallParser, Qwen3CoderTruncatedCallIsClosedAtFinish) {
+  auto p = make("qwen3_coder");
+  ToolStreamDelta d = p->push("<tool_call>\n<function=calc>\n<parameter=a>\n1\n</parameter>\n<parameter=b>\n2");
+  ASSERT_EQ(d.calls.size(), 2u);
+  EXPECT_EQ(d.calls[0].name, "calc");
+  EXPECT_EQ(d.calls[1].arguments_fragment, R"({"a":1)");
+  d = p->finish();
+  ASSERT_EQ(d.calls.size(), 1u);
+  EXPECT_EQ(d.calls[0].arguments_fragment, "}");  // b was cut off: dropped
+  EXPECT_EQ(d.content, "");
+}
+
+TEST(ToolCallParser, HermesStreamsNameThenMembers) {
+  auto p = make("hermes");
+  EXPECT_EQ(p->push("Let me see.\n<tool_call>\n{\"name\": \"cal").content, "Let me see.\n");
+  ToolStreamDelta d = p->push("c\", \"arguments\": {\"a\": 1");
+  ASSERT_EQ(d.calls.size(), 1u);
+  EXPECT_EQ(d.calls[0].id, "call_0");
+  EXPECT_EQ(d.calls[0].name, "calc");
+  EXPECT_EQ(d.calls[0].arguments_fragment, "");  // 1 may be the start of 12
+  d = p->push(".5, \"b\": [1, {\"x\": \"}\"}");
+  ASSERT_EQ(d.calls.size(), 1u);
+  EXPECT_EQ(d.calls[0].id, "");
+  EXPECT_EQ(d.calls[0].arguments_fragment, R"({"a":1.5)");
+  d = p->push("]  }");
+  ASSERT_EQ(d.calls.size(), 1u);
+  EXPECT_EQ(d.calls[0].arguments_fragment, R"(,"b":[1,{"x":"}"}]})");
+  EXPECT_TRUE(p->push("}\n</tool_call>").empty());
+  EXPECT_TRUE(p->finish().empty());
+  ASSERT_EQ(p->streamed_calls().size(), 1u);
+  EXPECT_EQ(p->streamed_calls()[0].arguments, R"({"a":1.5,"b":[1,{"x":"}"}]})");
+}
+
+TEST(ToolCallParser, HermesArgumentsBeforeNameComeWithIt) {
+  auto p = make("hermes");
+  EXPECT_TRUE(p->push("<tool_call>{\"arguments\": {\"a\": 1}, ").empty());
+  ToolStreamDelta d = p->push("\"name\": \"calc\"");
+  ASSERT_EQ(d.calls.size(), 2u);
+  EXPECT_EQ(d.calls[0].name, "calc");
+  EXPECT_EQ(d.calls[0].arguments_fragment, "");
+  EXPECT_EQ(d.calls[1].index, 0);
+  EXPECT_EQ(d.calls[1].arguments_fragment, R"({"a":1})");
+}
+
+TEST(ToolCallParser, BrokenBlockRemainsWaitForTheirCloseTag) {
+  auto p = make("hermes");
+  ToolStreamDelta d = p->push("<tool_call>{\"name\": \"ping\"} oops");
+  ASSERT_EQ(d.calls.size(), 2u);  // opened, then closed by the break
+  EXPECT_EQ(d.calls[1].arguments_fragment, "{}");
+  EXPECT_EQ(d.content, "");  // " oops" may be the remains of the block
+  EXPECT_EQ(p->push(" more </tool_call>\nAfter.").content, "\nAfter.");
+  EXPECT_TRUE(p->finish().empty());
+
+  auto q = make("hermes");
+  EXPECT_EQ(q->push("<tool_call>{\"name\": \"ping\"} oops").content, "");
+  EXPECT_EQ(q->finish().content, " oops");  // no close tag came: ordinary output
 }
 
 TEST(ToolCallParser, MalformedBlockIsReleasedWithoutWaitingForTheEnd) {
@@ -260,27 +464,87 @@ TEST(ToolCallParser, MalformedBlockIsReleasedWithoutWaitingForTheEnd) {
   EXPECT_EQ(q->push("<tool_call>\nnot a function").content, "<tool_call>\nnot a function");
 }
 
+// ~1 MB fed 4 bytes at a time, and parse_full on the whole of it (where a search running to the end of
+// the text for every element would show); a quadratic re-scan would take minutes. Generous bound for
+// sanitizer builds. Returns the streamed result after checking it equals parse_full's.
+ToolParseResult stream_by_4(const std::string& parser, const std::string& text, double& secs) {
+  auto p = make(parser);
+  const auto t0 = std::chrono::steady_clock::now();
+  Collector col;
+  for (size_t i = 0; i < text.size(); i += 4) col.add(p->push(std::string_view(text).substr(i, 4)));
+  col.add(p->finish());
+  const ToolParseResult full = make(parser)->parse_full(text);
+  secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  expect_same(col.total, full, "1 MB");
+  return col.total;
+}
+
 TEST(ToolCallParser, LongCallStreamsInLinearTime) {
   std::string body;
   for (int i = 0; i < 20000; ++i) body += "line " + std::to_string(i) + " </tool_call> <parameter x>\n";
   const std::string text = "<tool_call>\n<function=write_file>\n<parameter=content>\n" + body +
                            "</parameter>\n</function>\n</tool_call>";
-  auto p = make("qwen3_coder");
-  const auto t0 = std::chrono::steady_clock::now();
-  ToolParseResult r;
-  for (size_t i = 0; i < text.size(); i += 4) {
-    ToolStreamDelta d = p->push(std::string_view(text).substr(i, 4));
-    r.content += d.content;
-    for (auto& c : d.calls) r.calls.push_back({c.id, c.name, c.arguments_fragment});
-  }
-  ToolStreamDelta d = p->finish();
-  for (auto& c : d.calls) r.calls.push_back({c.id, c.name, c.arguments_fragment});
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  double secs = 0;
+  const ToolParseResult r = stream_by_4("qwen3_coder", text, secs);
   ASSERT_EQ(r.calls.size(), 1u);
   EXPECT_EQ(r.content, "");
   EXPECT_EQ(ordered_json::parse(r.calls[0].arguments)["content"], body.substr(0, body.size() - 1));
   EXPECT_EQ(r.calls[0].arguments, make("qwen3_coder")->parse_full(text).calls[0].arguments);
-  // ~1 MB in 250k chunks; a quadratic re-scan would take minutes. Generous bound for sanitizer builds.
+  EXPECT_LT(secs, 20.0);
+
+  // Truncated: the one value is cut off; the call still closes.
+  const ToolParseResult t = stream_by_4("qwen3_coder", text.substr(0, text.size() / 2), secs);
+  ASSERT_EQ(t.calls.size(), 1u);
+  EXPECT_EQ(t.calls[0].arguments, "{}");
+  EXPECT_LT(secs, 20.0);
+}
+
+TEST(ToolCallParser, ManyBrokenBlocksParseInLinearTime) {
+  // Each block breaks; its remains run to a "<tool_call>" while the only "</tool_call>" is at the very end.
+  std::string text;
+  for (int i = 0; i < 30000; ++i) text += "<tool_call>{\"name\": \"ping\"} x ";
+  text += "</tool_call>";
+  double secs = 0;
+  const ToolParseResult r = stream_by_4("hermes", text, secs);
+  EXPECT_EQ(r.calls.size(), 30000u);
+  // Each " x " is followed by a "<tool_call>": ordinary output; the last one goes with the "</tool_call>".
+  std::string want;
+  for (int i = 0; i < 29999; ++i) want += " x ";
+  EXPECT_TRUE(r.content == want) << r.content.size();
+  EXPECT_LT(secs, 20.0);
+}
+
+TEST(ToolCallParser, ManyParametersStreamInLinearTime) {
+  std::string text = "<tool_call>\n<function=search>\n";
+  std::string want;  // (ordered_json's operator[] is a linear search: too slow to build this)
+  for (int i = 0; i < 40000; ++i) {
+    const std::string n = std::to_string(i);
+    text += "<parameter=p" + n + ">\nv" + n + (i % 2 ? "\n</parameter>\n" : "\n");  // some left unclosed
+    want += (i ? ",\"p" : "{\"p") + n + "\":\"v" + n + "\"";
+  }
+  text += "</function>\n</tool_call>";
+  double secs = 0;
+  const ToolParseResult r = stream_by_4("qwen3_coder", text, secs);
+  ASSERT_EQ(r.calls.size(), 1u);
+  EXPECT_EQ(r.calls[0].arguments, want + "}");
+  EXPECT_LT(secs, 20.0);
+}
+
+TEST(ToolCallParser, LongHermesCallStreamsInLinearTime) {
+  ordered_json args = ordered_json::object();
+  std::string content;
+  for (int i = 0; i < 25000; ++i) content += "line \"" + std::to_string(i) + "\" </tool_call> {[\\\n";
+  args["path"] = "big.txt";
+  args["content"] = content;
+  for (int i = 0; i < 3000; ++i) args["k" + std::to_string(i)] = ordered_json::array({i, "x", nullptr});
+  const std::string text =
+      "<tool_call>\n{\"name\": \"write_file\", \"arguments\": " + args.dump(1) + "}\n</tool_call>";
+  ASSERT_GT(text.size(), 900000u);
+  double secs = 0;
+  const ToolParseResult r = stream_by_4("hermes", text, secs);
+  ASSERT_EQ(r.calls.size(), 1u);
+  EXPECT_EQ(r.content, "");
+  EXPECT_EQ(r.calls[0].arguments, args.dump());
   EXPECT_LT(secs, 20.0);
 }
 
@@ -401,15 +665,22 @@ void fuzz(const std::string& parser, const std::vector<std::string>& valid, cons
 }
 
 TEST(ToolCallParser, FuzzQwen3CoderStreamingEqualsNonStreaming) {
-  fuzz("qwen3_coder", {kWeatherCoder, kCalcCoder, "<tool_call>\n<function=ping>\n</function>\n</tool_call>"},
+  fuzz("qwen3_coder",
+       {kWeatherCoder, kCalcCoder, "<tool_call>\n<function=ping>\n</function>\n</tool_call>",
+        "<tool_call>\n<function=ping>\n</function>\n<function=calc>\n<parameter=a>\n1\n</function>\n</tool_call>"},
        {"<tool_call>", "</tool_call>", "<function=calc>", "<function=nope>", "<parameter=a>", "</parameter>",
-        "</function>", "\n", " ", "abc", "42", "<", ">", "=", "東", "<parameter=", "</tool_"});
+        "</function>", "\n", " ", "abc", "42", "<", ">", "=", "東", "<parameter=", "</tool_", "</function>\n<function="});
 }
 
 TEST(ToolCallParser, FuzzHermesStreamingEqualsNonStreaming) {
-  fuzz("hermes", {kWeatherHermes, kCalcHermes, "<tool_call>{\"name\":\"ping\"}</tool_call>"},
+  fuzz("hermes",
+       {kWeatherHermes, kCalcHermes, "<tool_call>{\"name\":\"ping\"}</tool_call>",
+        "<tool_call>{\"arguments\": \"{\\\"b\\\": 2}\", \"name\": \"calc\"}</tool_call>",
+        "<tool_call>{\"name\": \"calc\", \"parameters\": {\"a\": -1.5e+3, \"b\": [true, false, null, 0.25E-1], "
+        "\"c\": \"\\u00e9\\n\"}}</tool_call>",
+        "<tool_call>{\"name\": \"ping\", \"arguments\": null}</tool_call>"},
        {"<tool_call>", "</tool_call>", "{", "}", "\"name\"", ":", "\"calc\"", ",", "\"arguments\"", "\"x\"", "1",
-        "\n", " ", "\\", "\"", "[", "]", "<", "东"});
+        "\n", " ", "\\", "\"", "[", "]", "<", "东", "true", "null", "-2.5e-1", "\\u00e9", "\"parameters\"", "e"});
 }
 
 }  // namespace
