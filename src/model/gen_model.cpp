@@ -161,7 +161,9 @@ size_t write_gen_model(const GenModelSpec& s, const std::string& dir, ThreadPool
   };
   auto norm = [&](const std::string& name, int64_t n) { return make_tensor(name, dt, {n}, s.seed, 1.0f, 0.1f); };
   std::vector<TensorSpec> ts;
-  ts.push_back(make_tensor("model.embed_tokens.weight", dt, {s.vocab_size, H}, s.seed, 0.0f, sqrt3));
+  // Embedding rows of norm ~2: as a tied lm_head this gives logits of std ~2 (varied, not degenerate output);
+  // as an input the first RMSNorm rescales them anyway.
+  ts.push_back(make_tensor("model.embed_tokens.weight", dt, {s.vocab_size, H}, s.seed, 0.0f, 2.0f * sqrt3 / std::sqrt(float(H))));
   if (!s.tie_word_embeddings) ts.push_back(mat("lm_head.weight", s.vocab_size, H, 4.0f));
   ts.push_back(norm("model.norm.weight", H));
   for (int64_t l = 0; l < s.num_layers; ++l) {

@@ -21,7 +21,9 @@ class Engine {
 
   const ModelConfig& config() const { return runner_->config(); }
   ModelRunner& runner() { return *runner_; }
-  // Validates (UserError for a request that can never run) and queues. Thread-safe.
+  // UserError for a request that can never run here. Thread-safe (reads only the immutable configuration).
+  void validate(const Request& r) const { scheduler_.validate(r); }
+  // Validates and queues. Thread-safe.
   void submit(std::shared_ptr<Request> r);
   // Marks a request to be aborted at the next step (client disconnect). Thread-safe, cheap.
   void abort(const std::shared_ptr<Request>& r);

@@ -245,7 +245,7 @@ bool Scheduler::step() {
   }
 
   if (plan.empty()) {
-    for (auto& [r, o] : deliveries) r->sink(o);
+    deliver(deliveries);
     return !deliveries.empty();
   }
 
@@ -283,23 +283,36 @@ bool Scheduler::step() {
   running_.erase(std::remove_if(running_.begin(), running_.end(),
                                 [](auto& r) { return r->finish != FinishReason::None; }),
                  running_.end());
-  for (auto& [r, o] : deliveries) r->sink(o);
+  deliver(deliveries);
   return true;
+}
+
+void Scheduler::deliver(std::vector<std::pair<std::shared_ptr<Request>, RequestOutput>>& deliveries) {
+  // A sink that throws is a bug in the layer above: that request is aborted, the engine and the other
+  // requests carry on.
+  for (auto& [r, o] : deliveries) {
+    try {
+      r->sink(o);
+    } catch (const std::exception& e) {
+      log_error("request {}: output handler failed: {}; aborting the request", r->id, e.what());
+      r->abort_requested = true;
+    }
+  }
 }
 
 void Scheduler::abort_all(const std::string& message) {
   for (auto& r : running_) finish(*r, FinishReason::Abort);
-  std::vector<std::shared_ptr<Request>> all(running_.begin(), running_.end());
-  all.insert(all.end(), waiting_.begin(), waiting_.end());
+  std::vector<std::pair<std::shared_ptr<Request>, RequestOutput>> deliveries;
+  for (auto* list : {&running_}) for (auto& r : *list) deliveries.push_back({r, {}});
+  for (auto& r : waiting_) deliveries.push_back({r, {}});
   running_.clear();
   waiting_.clear();
-  for (auto& r : all) {
+  for (auto& [r, o] : deliveries) {
     r->finish = FinishReason::Abort;
-    RequestOutput o;
     o.finish = FinishReason::Abort;
     o.abort_message = message;
-    r->sink(o);
   }
+  deliver(deliveries);
 }
 
 int64_t Scheduler::flush_prefix_cache() { return cache_.flush(); }

@@ -52,6 +52,7 @@ class Scheduler {
   void finish(Request& r, FinishReason why, const std::string& message = "");
   void release_kv(Request& r);
   bool try_admit(const std::shared_ptr<Request>& r);
+  void deliver(std::vector<std::pair<std::shared_ptr<Request>, RequestOutput>>& deliveries);
   void sample_and_deliver(Request& r, const float* logits, std::vector<RequestOutput>& outs);
 
   ModelRunner& runner_;

@@ -1,0 +1,342 @@
+#include "server/api_server.h"
+
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <csignal>
+#include <filesystem>
+#include <future>
+#include <thread>
+
+#include "core/log.h"
+#include "http/server.h"
+#include "model/config.h"
+#include "server/generation.h"
+#include "server/metrics.h"
+#include "server/protocol.h"
+#include "server/text.h"
+
+namespace moeserve::server {
+
+using json = nlohmann::ordered_json;
+
+namespace {
+
+enum class Phase { Starting, Ready, Failed };
+
+// Everything the routes share. Routes are registered before the model loads, so they check the phase.
+struct App {
+  ServeOptions opts;
+  std::atomic<Phase> phase{Phase::Starting};
+  std::string starting_what = "loading the model";
+  std::mutex mu;  // guards starting_what / failure
+  std::string failure;
+  std::unique_ptr<TextLayer> text;
+  std::unique_ptr<Engine> engine;
+  Metrics metrics;
+  ServerContext ctx;
+  json server_info;
+  json model_info;
+  int64_t page_size = 0;
+
+  void set_stage(const std::string& s) {
+    std::lock_guard<std::mutex> lk(mu);
+    starting_what = s;
+  }
+  std::string not_ready_message() {
+    std::lock_guard<std::mutex> lk(mu);
+    if (engine && engine->failed()) return "the engine has failed: " + engine->failure();
+    if (phase == Phase::Failed) return "the engine has failed: " + failure;
+    return "the server is starting (" + starting_what + ")";
+  }
+  bool engine_ok() const { return phase == Phase::Ready && engine && !engine->failed(); }
+};
+
+std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+void reply(const std::shared_ptr<http::Responder>& r, int status, const json& j) {
+  r->respond(status, "application/json", dump(j));
+}
+
+// Runs a handler body, turning errors into OpenAI error objects.
+template <typename F>
+void guarded(const std::shared_ptr<http::Responder>& r, F&& body) {
+  try {
+    body();
+  } catch (const ApiError& e) {
+    r->respond_error(e.status, e.what(), e.status >= 500 ? "server_error" : "invalid_request_error", e.param);
+  } catch (const UserError& e) {
+    r->respond_error(400, e.what(), "invalid_request_error");
+  } catch (const std::exception& e) {
+    log_error("request failed: {}", e.what());
+    r->respond_error(500, std::string("internal error: ") + e.what(), "server_error");
+  }
+}
+
+// Requests that need the engine wait for readiness: 503 before.
+bool require_ready(App& app, const std::shared_ptr<http::Responder>& r) {
+  if (app.engine_ok()) return true;
+  if (app.engine && app.engine->failed()) app.phase = Phase::Failed;
+  r->respond_error(503, app.not_ready_message(), "server_error");
+  return false;
+}
+
+// A one-token greedy generation through the scheduler; `done(ok)` runs on the engine thread.
+void probe_generation(App& app, std::function<void(bool, std::string)> done) {
+  auto r = std::make_shared<Request>();
+  r->id = app.ctx.next_id.fetch_add(1);
+  r->prompt = {0};
+  r->params.max_new_tokens = 1;
+  r->params.temperature = 0;
+  r->params.ignore_eos = true;
+  auto called = std::make_shared<std::atomic<bool>>(false);
+  r->sink = [done, called](const RequestOutput& o) {
+    if (o.finish == FinishReason::None || called->exchange(true)) return;
+    done(o.finish != FinishReason::Abort && !o.new_tokens.empty(), o.abort_message);
+  };
+  app.engine->submit(r);
+}
+
+void add_routes(http::Server& srv, App& app) {
+  srv.route("GET", "/health", [&app](const http::Request&, std::shared_ptr<http::Responder> r) {
+    if (app.engine_ok()) return (void)r->respond(200, "text/plain", "");
+    if (app.engine && app.engine->failed()) app.phase = Phase::Failed;
+    r->respond_error(503, app.not_ready_message(), "server_error");
+  });
+  srv.route("GET", "/health_generate", [&app](const http::Request&, std::shared_ptr<http::Responder> r) {
+    if (!require_ready(app, r)) return;
+    guarded(r, [&] {
+      probe_generation(app, [r](bool ok, std::string why) {
+        if (ok) r->respond(200, "text/plain", "");
+        else r->respond_error(503, "generation failed: " + why, "server_error");
+      });
+    });
+  });
+  srv.route("GET", "/v1/models", [&app](const http::Request&, std::shared_ptr<http::Responder> r) {
+    int64_t ctx = app.ctx.parse.context_length;
+    reply(r, 200, json{{"object", "list"},
+                       {"data", json::array({json{{"id", app.ctx.parse.served_model_name},
+                                                  {"object", "model"},
+                                                  {"created", 0},
+                                                  {"owned_by", "moeserve"},
+                                                  {"root", app.ctx.parse.model_path},
+                                                  {"max_model_len", ctx}}})}});
+  });
+  srv.route("GET", "/get_model_info", [&app](const http::Request&, std::shared_ptr<http::Responder> r) {
+    if (!require_ready(app, r)) return;
+    reply(r, 200, app.model_info);
+  });
+  srv.route("GET", "/get_server_info", [&app](const http::Request&, std::shared_ptr<http::Responder> r) {
+    json info = app.server_info;
+    info["status"] = app.engine_ok() ? "ready" : app.not_ready_message();
+    reply(r, 200, info);
+  });
+  srv.route("GET", "/metrics", [&app](const http::Request&, std::shared_ptr<http::Responder> r) {
+    SchedulerStats s = app.engine ? app.engine->stats() : SchedulerStats{};
+    r->respond(200, "text/plain; version=0.0.4", app.metrics.render(s, app.page_size, false));
+  });
+  srv.route("POST", "/flush_cache", [&app](const http::Request&, std::shared_ptr<http::Responder> r) {
+    if (!require_ready(app, r)) return;
+    app.engine->post([r](Scheduler& s) {
+      int64_t freed = s.flush_prefix_cache();
+      r->respond(200, "text/plain", fmt::format("Cache flushed ({} pages freed).\n", freed));
+    });
+  });
+  auto generation_route = [&app](ApiRequest (*parse)(const json&, const ParseContext&)) {
+    return [&app, parse](const http::Request& hr, std::shared_ptr<http::Responder> r) {
+      if (!require_ready(app, r)) return;
+      guarded(r, [&] {
+        json body = parse_body(hr.body);
+        start_generation(app.ctx, parse(body, app.ctx.parse), r);
+      });
+    };
+  };
+  srv.route("POST", "/v1/chat/completions", generation_route(&parse_chat_request));
+  srv.route("POST", "/v1/completions", generation_route(&parse_completion_request));
+  srv.route("POST", "/generate", generation_route(&parse_generate_request));
+  srv.route("POST", "/tokenize", [&app](const http::Request& hr, std::shared_ptr<http::Responder> r) {
+    if (!require_ready(app, r)) return;
+    guarded(r, [&] {
+      json body = parse_body(hr.body);
+      bool add_special = body.contains("add_special_tokens") && body["add_special_tokens"].is_boolean()
+                             ? body["add_special_tokens"].get<bool>()
+                             : true;
+      std::vector<int32_t> ids;
+      if (body.contains("messages")) {
+        json messages = normalize_messages(body["messages"]);
+        json tools = body.contains("tools") ? body["tools"] : json(nullptr);
+        bool agp = body.contains("add_generation_prompt") && body["add_generation_prompt"].is_boolean()
+                       ? body["add_generation_prompt"].get<bool>()
+                       : true;
+        json kwargs = body.contains("chat_template_kwargs") ? body["chat_template_kwargs"] : json::object();
+        // As apply_chat_template(tokenize=True): the rendered text is encoded without extra special tokens.
+        std::string prompt = app.text->render_chat(messages, tools, agp, kwargs);
+        add_special = body.contains("add_special_tokens") && body["add_special_tokens"].is_boolean()
+                          ? body["add_special_tokens"].get<bool>()
+                          : false;
+        ids = app.text->encode(prompt, add_special);
+      } else if (body.contains("prompt") && body["prompt"].is_string()) {
+        ids = app.text->encode(body["prompt"].get<std::string>(), add_special);
+      } else {
+        throw ApiError(400, "give 'prompt' (a string) or 'messages'", "prompt");
+      }
+      reply(r, 200, json{{"tokens", ids}, {"count", ids.size()}, {"max_model_len", app.ctx.parse.context_length}});
+    });
+  });
+  srv.route("POST", "/detokenize", [&app](const http::Request& hr, std::shared_ptr<http::Responder> r) {
+    if (!require_ready(app, r)) return;
+    guarded(r, [&] {
+      json body = parse_body(hr.body);
+      if (!body.contains("tokens") || !body["tokens"].is_array())
+        throw ApiError(400, "'tokens' must be a list of token ids", "tokens");
+      std::vector<int32_t> ids;
+      for (auto& t : body["tokens"]) {
+        if (!t.is_number_integer()) throw ApiError(400, "'tokens' must hold integers", "tokens");
+        int64_t id = t.get<int64_t>();
+        if (id < 0 || id >= app.ctx.parse.vocab_size)
+          throw ApiError(400, fmt::format("token id {} is outside the vocabulary [0, {})", id, app.ctx.parse.vocab_size), "tokens");
+        ids.push_back(int32_t(id));
+      }
+      reply(r, 200, json{{"prompt", app.text->decode(ids, false)}});
+    });
+  });
+}
+
+// Loads everything, then warms up through the scheduler; throws on failure.
+void bring_up(App& app) {
+  ServeOptions& o = app.opts;
+  RunnerOptions ro;
+  ro.threads = int(o.threads);
+  ro.page_size = o.page_size > 0 ? o.page_size : 16;
+  ro.chunked_prefill_size = o.chunked_prefill_size > 0 ? o.chunked_prefill_size : 512;
+  ro.max_total_tokens = o.max_total_tokens;
+  auto model = load_model(o.model_path);
+  ModelConfig cfg = model->config();
+  int64_t ctx_len = cfg.max_position_embeddings;
+  if (o.context_length > 0) {
+    if (o.context_length > ctx_len)
+      log_warn("--context-length {} exceeds the model's max_position_embeddings {}", o.context_length, ctx_len);
+    ctx_len = o.context_length;
+  }
+  if (ro.max_total_tokens <= 0) ro.max_total_tokens = std::min<int64_t>(std::max<int64_t>(ctx_len, 4096), 65536);
+  app.set_stage("loading the tokenizer");
+  app.text = std::make_unique<TextLayer>(o.model_path, o.tokenizer_path, o.chat_template, o.skip_tokenizer_init);
+  auto runner = std::make_unique<ModelRunner>(std::move(model), ro);
+  GenerationDefaults gd = GenerationDefaults::from_dir(o.model_path);
+  if (!gd.eos_token_ids.empty()) runner->set_eos_ids(gd.eos_token_ids);
+  SchedulerOptions so;
+  so.max_running_requests = o.max_running_requests > 0 ? o.max_running_requests : 64;
+  so.chunked_prefill_size = ro.chunked_prefill_size;
+  so.enable_prefix_cache = !o.disable_radix_cache;
+  app.page_size = ro.page_size;
+  app.engine = std::make_unique<Engine>(std::move(runner), so);
+
+  app.ctx.engine = app.engine.get();
+  app.ctx.text = app.text.get();
+  app.ctx.metrics = &app.metrics;
+  app.ctx.parse.text = app.text.get();
+  app.ctx.parse.served_model_name = o.served_model_name.empty() ? o.model_path : o.served_model_name;
+  app.ctx.parse.model_path = o.model_path;
+  app.ctx.parse.context_length = ctx_len;
+  app.ctx.parse.vocab_size = cfg.vocab_size;
+  app.ctx.reasoning_parser = o.reasoning_parser;
+  app.ctx.tool_call_parser = o.tool_call_parser;
+  app.model_info = {{"model_path", o.model_path},
+                    {"tokenizer_path", o.tokenizer_path.empty() ? o.model_path : o.tokenizer_path},
+                    {"served_model_name", app.ctx.parse.served_model_name},
+                    {"is_generation", true},
+                    {"max_context_length", ctx_len},
+                    {"config", json::parse(cfg.to_json().dump())}};
+  json backend_reason = "CPU device: the reference kernels (AVX2 when available) are the only backend";
+  app.server_info["model_path"] = o.model_path;
+  app.server_info["device"] = "cpu";
+  app.server_info["context_length"] = ctx_len;
+  app.server_info["max_total_tokens"] = ro.max_total_tokens;
+  app.server_info["page_size"] = ro.page_size;
+  app.server_info["chunked_prefill_size"] = so.chunked_prefill_size;
+  app.server_info["max_running_requests"] = so.max_running_requests;
+  app.server_info["disable_radix_cache"] = o.disable_radix_cache;
+  app.server_info["skip_tokenizer_init"] = o.skip_tokenizer_init;
+  app.server_info["reasoning_parser"] = o.reasoning_parser.empty() ? json(nullptr) : json(o.reasoning_parser);
+  app.server_info["tool_call_parser"] = o.tool_call_parser.empty() ? json(nullptr) : json(o.tool_call_parser);
+  app.server_info["kernel_backends"] = {
+      {"attention", {{"backend", "cpu"}, {"reason", backend_reason}}},
+      {"moe", {{"backend", "cpu"}, {"reason", backend_reason}}},
+      {"gemm", {{"backend", "cpu"}, {"reason", backend_reason}}}};
+  app.server_info["cuda_graphs"] = {{"enabled", false}, {"reason", "CPU device"}};
+
+  app.set_stage("warm-up generation");
+  std::promise<std::pair<bool, std::string>> warm;
+  probe_generation(app, [&warm](bool ok, std::string why) { warm.set_value({ok, why}); });
+  auto res = warm.get_future().get();
+  if (!res.first) throw InternalError("warm-up generation failed: " + res.second);
+  app.phase = Phase::Ready;
+}
+
+}  // namespace
+
+int run_server(ServeOptions opts) {
+  // Signals go to the thread that waits for them, not to whichever thread they hit.
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGTERM);
+  sigaddset(&sigs, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);
+  // Thousands of streaming connections need more descriptors than the usual soft limit of 1024.
+  rlimit nofile{};
+  if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < nofile.rlim_max) {
+    nofile.rlim_cur = std::min<rlim_t>(nofile.rlim_max, 65535);
+    setrlimit(RLIMIT_NOFILE, &nofile);
+  }
+
+  App app;
+  app.opts = std::move(opts);
+  app.ctx.parse.served_model_name = app.opts.served_model_name.empty() ? app.opts.model_path : app.opts.served_model_name;
+  app.ctx.parse.model_path = app.opts.model_path;
+  app.server_info = {{"version", "moeserve 0.1"}, {"host", app.opts.host}, {"port", app.opts.port}};
+  http::ServerOptions ho;
+  ho.host = app.opts.host;
+  ho.port = uint16_t(app.opts.port);
+  ho.api_key = app.opts.api_key;
+  ho.max_body_bytes = size_t(app.opts.max_body_bytes);
+  http::Server srv(ho);
+  add_routes(srv, app);
+  srv.start();  // /health answers 503 while the model loads
+  log_info("listening on http://{}:{} (starting)", app.opts.host, srv.port());
+
+  std::thread loader([&app] {
+    try {
+      bring_up(app);
+      log_info("ready: {} on http://{}:{}", app.ctx.parse.served_model_name, app.opts.host, app.opts.port);
+    } catch (const std::exception& e) {
+      {
+        std::lock_guard<std::mutex> lk(app.mu);
+        app.failure = e.what();
+      }
+      app.phase = Phase::Failed;
+      log_error("startup failed: {}", e.what());
+      kill(getpid(), SIGTERM);  // wake the main thread: a server that cannot serve exits non-zero
+    }
+  });
+
+  int sig = 0;
+  sigwait(&sigs, &sig);
+  loader.join();
+  bool failed_start = app.phase == Phase::Failed && !app.engine;
+  log_info("{}: shutting down (in-flight requests get {} s)", sig == SIGTERM ? "SIGTERM" : "SIGINT",
+           app.opts.shutdown_timeout_s);
+  srv.stop_accepting();
+  if (!srv.wait_idle(std::chrono::seconds(app.opts.shutdown_timeout_s)))
+    log_warn("shutdown: {} responses still open; aborting them", srv.outstanding_responses());
+  if (app.engine) app.engine->stop();  // what is left gets a clean error
+  srv.wait_idle(std::chrono::seconds(2));
+  srv.stop();
+  if (failed_start) {
+    std::lock_guard<std::mutex> lk(app.mu);
+    throw UserError(app.failure);
+  }
+  return 0;
+}
+
+}  // namespace moeserve::server

@@ -1,0 +1,357 @@
+#include "server/protocol.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "server/text.h"
+
+namespace moeserve::server {
+
+using nlohmann::ordered_json;
+using json = nlohmann::ordered_json;
+
+namespace {
+
+[[noreturn]] void bad(const std::string& param, const std::string& msg) { throw ApiError(400, msg, param); }
+
+// Typed optional fields. null counts as absent, as OpenAI's API treats it.
+struct Body {
+  const json& j;
+  bool has(const char* k) const { return j.contains(k) && !j[k].is_null(); }
+  double number(const char* k, double def, double lo, double hi) const {
+    if (!has(k)) return def;
+    if (!j[k].is_number()) bad(k, fmt::format("'{}' must be a number, got {}", k, j[k].dump()));
+    double v = j[k].get<double>();
+    if (!(v >= lo && v <= hi)) bad(k, fmt::format("'{}' must be between {} and {}, got {}", k, lo, hi, v));
+    return v;
+  }
+  int64_t integer(const char* k, int64_t def, int64_t lo, int64_t hi) const {
+    if (!has(k)) return def;
+    const json& v = j[k];
+    bool integral = v.is_number_integer() || (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>());
+    if (!integral) bad(k, fmt::format("'{}' must be an integer, got {}", k, v.dump()));
+    double d = v.get<double>();
+    if (d < double(lo) || d > double(hi)) bad(k, fmt::format("'{}' must be between {} and {}, got {}", k, lo, hi, v.dump()));
+    return v.is_number_integer() ? v.get<int64_t>() : int64_t(d);
+  }
+  bool boolean(const char* k, bool def) const {
+    if (!has(k)) return def;
+    if (!j[k].is_boolean()) bad(k, fmt::format("'{}' must be true or false, got {}", k, j[k].dump()));
+    return j[k].get<bool>();
+  }
+  std::string str(const char* k, const std::string& def) const {
+    if (!has(k)) return def;
+    if (!j[k].is_string()) bad(k, fmt::format("'{}' must be a string, got {}", k, j[k].dump()));
+    return j[k].get<std::string>();
+  }
+};
+
+std::vector<int32_t> token_list(const json& v, const char* param, int64_t vocab) {
+  std::vector<int32_t> r;
+  for (auto& t : v) {
+    if (!t.is_number_integer()) bad(param, fmt::format("'{}' must hold token ids (integers), got {}", param, t.dump()));
+    int64_t id = t.get<int64_t>();
+    if (id < 0 || id >= vocab) bad(param, fmt::format("token id {} is outside the vocabulary [0, {})", id, vocab));
+    r.push_back(int32_t(id));
+  }
+  return r;
+}
+
+std::vector<std::string> stop_list(const Body& b, const char* k) {
+  std::vector<std::string> r;
+  if (!b.has(k)) return r;
+  const json& v = b.j[k];
+  if (v.is_string()) {
+    r.push_back(v.get<std::string>());
+  } else if (v.is_array()) {
+    for (auto& s : v) {
+      if (!s.is_string()) bad(k, fmt::format("'{}' must be a string or a list of strings", k));
+      r.push_back(s.get<std::string>());
+    }
+  } else {
+    bad(k, fmt::format("'{}' must be a string or a list of strings", k));
+  }
+  if (r.size() > 64) bad(k, "at most 64 stop strings");
+  r.erase(std::remove(r.begin(), r.end(), std::string()), r.end());
+  return r;
+}
+
+std::vector<int64_t> id_list(const Body& b, const char* k) {
+  std::vector<int64_t> r;
+  if (!b.has(k)) return r;
+  if (!b.j[k].is_array()) bad(k, fmt::format("'{}' must be a list of token ids", k));
+  for (auto& t : b.j[k]) {
+    if (!t.is_number_integer()) bad(k, fmt::format("'{}' must hold integers", k));
+    r.push_back(t.get<int64_t>());
+  }
+  return r;
+}
+
+void check_model(const Body& b, const ParseContext& ctx, ApiRequest& r) {
+  r.model = b.str("model", ctx.served_model_name);
+  if (r.model != ctx.served_model_name && r.model != ctx.model_path && !r.model.empty())
+    throw ApiError(404, fmt::format("The model `{}` does not exist (this server serves `{}`)", r.model,
+                                    ctx.served_model_name), "model");
+  r.model = ctx.served_model_name;
+}
+
+// Sampling fields shared by the OpenAI endpoints (and their common extensions).
+void openai_sampling(const Body& b, ApiRequest& r) {
+  SamplingParams& s = r.sampling;
+  s.temperature = float(b.number("temperature", 1.0, 0.0, 2.0));
+  s.top_p = float(b.number("top_p", 1.0, 1e-9, 1.0));
+  s.top_k = b.integer("top_k", -1, -1, 1 << 30);
+  if (s.top_k == 0) s.top_k = -1;
+  s.min_p = float(b.number("min_p", 0.0, 0.0, 1.0));
+  s.presence_penalty = float(b.number("presence_penalty", 0.0, -2.0, 2.0));
+  s.frequency_penalty = float(b.number("frequency_penalty", 0.0, -2.0, 2.0));
+  s.repetition_penalty = float(b.number("repetition_penalty", 1.0, 1e-6, 10.0));
+  s.ignore_eos = b.boolean("ignore_eos", false);
+  s.min_new_tokens = b.integer("min_tokens", 0, 0, 1 << 30);
+  s.stop_token_ids = id_list(b, "stop_token_ids");
+  if (b.has("seed")) s.seed = uint64_t(b.integer("seed", 0, INT64_MIN, INT64_MAX));
+  r.stop = stop_list(b, "stop");
+  r.n = b.integer("n", 1, 1, 128);
+  r.stream = b.boolean("stream", false);
+  if (b.has("stream_options")) {
+    if (!b.j["stream_options"].is_object()) bad("stream_options", "'stream_options' must be an object");
+    Body so{b.j["stream_options"]};
+    r.include_usage = so.boolean("include_usage", false);
+  }
+  r.skip_special_tokens = b.boolean("skip_special_tokens", true);
+}
+
+void set_max_tokens(const Body& b, const ParseContext& ctx, ApiRequest& r) {
+  int64_t longest = 0;
+  for (auto& p : r.prompts) longest = std::max<int64_t>(longest, int64_t(p.size()));
+  if (longest >= ctx.context_length)
+    bad("messages", fmt::format("This model's maximum context length is {} tokens, but the prompt has {} tokens",
+                                ctx.context_length, longest));
+  const char* key = b.has("max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+  r.max_tokens_given = b.has(key);
+  int64_t room = ctx.context_length - longest;
+  int64_t v = b.integer(key, room, 0, INT64_MAX / 2);
+  r.sampling.max_new_tokens = std::min(v, room);  // clamped to what fits, like SGLang
+}
+
+std::string text_of_content(const json& content, size_t index) {
+  if (content.is_null()) return "";
+  if (content.is_string()) return content.get<std::string>();
+  if (!content.is_array())
+    bad("messages", fmt::format("messages[{}].content must be a string or a list of content parts", index));
+  std::string out;
+  for (auto& part : content) {
+    if (!part.is_object() || !part.contains("type") || !part["type"].is_string())
+      bad("messages", fmt::format("messages[{}].content parts need a 'type'", index));
+    std::string type = part["type"];
+    if (type != "text")
+      bad("messages", fmt::format("messages[{}]: content part type '{}' is not supported (text only)", index, type));
+    if (!part.contains("text") || !part["text"].is_string())
+      bad("messages", fmt::format("messages[{}]: a text part needs a string 'text'", index));
+    if (!out.empty()) out += "\n";
+    out += part["text"].get<std::string>();
+  }
+  return out;
+}
+
+}  // namespace
+
+json parse_body(const std::string& body) {
+  json j;
+  try {
+    j = json::parse(body);
+  } catch (const json::exception& e) {
+    throw ApiError(400, fmt::format("the request body is not valid JSON: {}", e.what()));
+  }
+  if (!j.is_object()) throw ApiError(400, "the request body must be a JSON object");
+  return j;
+}
+
+json normalize_messages(const json& messages) {
+  if (!messages.is_array()) bad("messages", "'messages' must be a list");
+  if (messages.empty()) bad("messages", "'messages' must not be empty");
+  static const char* kRoles[] = {"system", "developer", "user", "assistant", "tool", "function"};
+  json out = json::array();
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const json& m = messages[i];
+    if (!m.is_object()) bad("messages", fmt::format("messages[{}] must be an object", i));
+    if (!m.contains("role") || !m["role"].is_string()) bad("messages", fmt::format("messages[{}] needs a 'role'", i));
+    std::string role = m["role"];
+    if (std::none_of(std::begin(kRoles), std::end(kRoles), [&](const char* r) { return role == r; }))
+      bad("messages", fmt::format("messages[{}]: unknown role '{}' (valid: system, developer, user, assistant, tool)",
+                                  i, role));
+    json n = m;
+    if (m.contains("content")) n["content"] = text_of_content(m["content"], i);
+    else if (role != "assistant") bad("messages", fmt::format("messages[{}] ({}) needs 'content'", i, role));
+    else n["content"] = "";
+    if (m.contains("tool_calls") && !m["tool_calls"].is_null()) {
+      if (!m["tool_calls"].is_array()) bad("messages", fmt::format("messages[{}].tool_calls must be a list", i));
+      for (auto& tc : n["tool_calls"]) {
+        // Templates read arguments as a mapping; OpenAI sends a JSON string. Give them the object when it parses.
+        if (tc.is_object() && tc.contains("function") && tc["function"].is_object() &&
+            tc["function"].contains("arguments") && tc["function"]["arguments"].is_string()) {
+          try {
+            json a = json::parse(tc["function"]["arguments"].get<std::string>());
+            if (a.is_object()) tc["function"]["arguments"] = a;
+          } catch (const json::exception&) {
+          }
+        }
+      }
+    }
+    out.push_back(std::move(n));
+  }
+  return out;
+}
+
+ApiRequest parse_chat_request(const json& body, const ParseContext& ctx) {
+  Body b{body};
+  ApiRequest r;
+  r.kind = ApiKind::Chat;
+  check_model(b, ctx, r);
+  if (!b.has("messages")) bad("messages", "'messages' is required");
+  json messages = normalize_messages(body["messages"]);
+  openai_sampling(b, r);
+  r.logprobs = b.boolean("logprobs", false);
+  r.top_logprobs = b.integer("top_logprobs", 0, 0, 20);
+  if (r.top_logprobs > 0 && !r.logprobs) bad("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+  r.separate_reasoning = b.boolean("separate_reasoning", true);
+  json kwargs = json::object();
+  if (b.has("chat_template_kwargs")) {
+    if (!body["chat_template_kwargs"].is_object()) bad("chat_template_kwargs", "'chat_template_kwargs' must be an object");
+    kwargs = body["chat_template_kwargs"];
+  }
+  if (kwargs.contains("enable_thinking") && kwargs["enable_thinking"].is_boolean())
+    r.thinking_enabled = kwargs["enable_thinking"].get<bool>();
+  if (b.has("tools")) {
+    if (!body["tools"].is_array()) bad("tools", "'tools' must be a list");
+    for (auto& t : body["tools"])
+      if (!t.is_object() || !t.contains("function") || !t["function"].is_object() || !t["function"].contains("name") ||
+          !t["function"]["name"].is_string())
+        bad("tools", "each tool must be {\"type\": \"function\", \"function\": {\"name\": ..., \"parameters\": ...}}");
+    r.tools = body["tools"];
+  }
+  if (b.has("tool_choice")) {
+    const json& tc = body["tool_choice"];
+    if (tc.is_string()) {
+      r.tool_choice = tc.get<std::string>();
+      if (r.tool_choice != "none" && r.tool_choice != "auto" && r.tool_choice != "required")
+        bad("tool_choice", "'tool_choice' must be none, auto, required or {\"type\": \"function\", ...}");
+    } else if (tc.is_object() && tc.contains("function") && tc["function"].is_object() &&
+               tc["function"].contains("name") && tc["function"]["name"].is_string()) {
+      r.tool_choice = "function";
+      r.tool_choice_function = tc["function"]["name"];
+    } else {
+      bad("tool_choice", "'tool_choice' must be none, auto, required or {\"type\": \"function\", \"function\": {\"name\": ...}}");
+    }
+    if (r.tool_choice != "none" && r.tool_choice != "auto" && (r.tools.is_null() || r.tools.empty()))
+      bad("tool_choice", "'tool_choice' names a tool, but no 'tools' were given");
+    if (r.tool_choice == "function") {
+      bool found = false;
+      for (auto& t : r.tools) found |= t["function"]["name"] == r.tool_choice_function;
+      if (!found) bad("tool_choice", fmt::format("'tool_choice' names '{}', which is not in 'tools'", r.tool_choice_function));
+    }
+  }
+  bool add_generation_prompt = b.boolean("add_generation_prompt", true);
+  std::string prompt = ctx.text->render_chat(messages, r.tools, add_generation_prompt, kwargs);
+  // A template that opened <think> at the end of the prompt means the output starts inside reasoning.
+  std::string tail = prompt.substr(prompt.size() > 16 ? prompt.size() - 16 : 0);
+  while (!tail.empty() && (tail.back() == '\n' || tail.back() == ' ')) tail.pop_back();
+  r.starts_in_reasoning = tail.size() >= 7 && tail.compare(tail.size() - 7, 7, "<think>") == 0;
+  r.prompts.push_back(ctx.text->encode(prompt, false));
+  r.prompt_texts.push_back(prompt);
+  set_max_tokens(b, ctx, r);
+  return r;
+}
+
+ApiRequest parse_completion_request(const json& body, const ParseContext& ctx) {
+  Body b{body};
+  ApiRequest r;
+  r.kind = ApiKind::Completion;
+  check_model(b, ctx, r);
+  if (!b.has("prompt")) bad("prompt", "'prompt' is required");
+  const json& p = body["prompt"];
+  auto add_text = [&](const std::string& s) {
+    r.prompts.push_back(ctx.text->encode(s, true));
+    r.prompt_texts.push_back(s);
+  };
+  if (p.is_string()) {
+    add_text(p.get<std::string>());
+  } else if (p.is_array() && !p.empty() && p[0].is_number_integer()) {
+    r.prompts.push_back(token_list(p, "prompt", ctx.vocab_size));
+  } else if (p.is_array() && !p.empty()) {
+    for (auto& e : p) {
+      if (e.is_string()) add_text(e.get<std::string>());
+      else if (e.is_array()) r.prompts.push_back(token_list(e, "prompt", ctx.vocab_size));
+      else bad("prompt", "'prompt' must be a string, a list of strings, token ids or lists of token ids");
+    }
+  } else {
+    bad("prompt", "'prompt' must be a string, a list of strings, token ids or lists of token ids (and not empty)");
+  }
+  for (auto& pr : r.prompts)
+    if (pr.empty()) bad("prompt", "a prompt is empty");
+  if (r.prompts.size() > 256) bad("prompt", "at most 256 prompts per request");
+  openai_sampling(b, r);
+  r.echo = b.boolean("echo", false);
+  r.top_logprobs = b.integer("logprobs", 0, 0, 20);
+  r.logprobs = b.has("logprobs");
+  set_max_tokens(b, ctx, r);
+  if (!r.max_tokens_given) r.sampling.max_new_tokens = std::min<int64_t>(r.sampling.max_new_tokens, 16);  // OpenAI's default
+  return r;
+}
+
+ApiRequest parse_generate_request(const json& body, const ParseContext& ctx) {
+  Body b{body};
+  ApiRequest r;
+  r.kind = ApiKind::Generate;
+  r.model = ctx.served_model_name;
+  if (b.has("input_ids")) {
+    const json& ids = body["input_ids"];
+    if (!ids.is_array() || ids.empty()) bad("input_ids", "'input_ids' must be a non-empty list of token ids");
+    if (ids[0].is_array()) bad("input_ids", "batched input_ids are not supported: send one request per prompt");
+    r.prompts.push_back(token_list(ids, "input_ids", ctx.vocab_size));
+  } else if (b.has("text")) {
+    if (!body["text"].is_string()) bad("text", "'text' must be a string (send one request per prompt)");
+    r.prompt_texts.push_back(body["text"]);
+    r.prompts.push_back(ctx.text->encode(body["text"].get<std::string>(), true));
+    if (r.prompts[0].empty()) bad("text", "'text' is empty");
+  } else {
+    bad("text", "give 'text' or 'input_ids'");
+  }
+  json sp = json::object();
+  if (b.has("sampling_params")) {
+    if (!body["sampling_params"].is_object()) bad("sampling_params", "'sampling_params' must be an object");
+    sp = body["sampling_params"];
+  }
+  Body s{sp};
+  SamplingParams& p = r.sampling;
+  p.temperature = float(s.number("temperature", 1.0, 0.0, 100.0));
+  p.top_p = float(s.number("top_p", 1.0, 1e-9, 1.0));
+  p.top_k = s.integer("top_k", -1, -1, 1 << 30);
+  if (p.top_k == 0) p.top_k = -1;
+  p.min_p = float(s.number("min_p", 0.0, 0.0, 1.0));
+  p.presence_penalty = float(s.number("presence_penalty", 0.0, -2.0, 2.0));
+  p.frequency_penalty = float(s.number("frequency_penalty", 0.0, -2.0, 2.0));
+  p.repetition_penalty = float(s.number("repetition_penalty", 1.0, 1e-6, 10.0));
+  p.ignore_eos = s.boolean("ignore_eos", false);
+  p.min_new_tokens = s.integer("min_new_tokens", 0, 0, 1 << 30);
+  p.stop_token_ids = id_list(s, "stop_token_ids");
+  if (s.has("seed")) p.seed = uint64_t(s.integer("seed", 0, INT64_MIN, INT64_MAX));
+  if (b.has("seed")) p.seed = uint64_t(b.integer("seed", 0, INT64_MIN, INT64_MAX));
+  r.stop = stop_list(s, "stop");
+  r.skip_special_tokens = s.boolean("skip_special_tokens", true);
+  r.n = s.integer("n", 1, 1, 128);
+  r.stream = b.boolean("stream", false);
+  r.logprobs = b.boolean("return_logprob", false);
+  r.top_logprobs = b.integer("top_logprobs_num", 0, 0, 100);
+  if (r.top_logprobs > 0) r.logprobs = true;
+  r.return_text_in_logprobs = b.boolean("return_text_in_logprobs", false);
+  int64_t P = int64_t(r.prompts[0].size());
+  if (P >= ctx.context_length)
+    bad(r.prompt_texts.empty() ? "input_ids" : "text",
+        fmt::format("The prompt has {} tokens, but the context length is {}", P, ctx.context_length));
+  int64_t v = s.integer("max_new_tokens", 128, 0, INT64_MAX / 2);
+  p.max_new_tokens = std::min(v, ctx.context_length - P);
+  return r;
+}
+
+}  // namespace moeserve::server

@@ -1,0 +1,67 @@
+// The HTTP API's request shapes, parsed from JSON into one typed request at the edge. Everything invalid is
+// an ApiError carrying the HTTP status and the offending parameter, turned into an OpenAI error object.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "scheduler/request.h"
+
+namespace moeserve::server {
+
+class TextLayer;
+
+class ApiError : public UserError {
+ public:
+  ApiError(int status, const std::string& msg, std::string param = "")
+      : UserError(msg), status(status), param(std::move(param)) {}
+  int status;
+  std::string param;
+};
+
+enum class ApiKind { Chat, Completion, Generate };
+
+struct ApiRequest {
+  ApiKind kind = ApiKind::Chat;
+  std::string model;
+  std::vector<std::vector<int32_t>> prompts;  // completions may carry several; the others exactly one
+  std::vector<std::string> prompt_texts;      // for echo (empty when the prompt was token ids)
+  SamplingParams sampling;
+  bool max_tokens_given = false;
+  std::vector<std::string> stop;
+  int64_t n = 1;
+  bool stream = false, include_usage = false;
+  bool logprobs = false;        // OpenAI logprobs / native return_logprob
+  int64_t top_logprobs = 0;
+  bool return_text_in_logprobs = false;  // native
+  bool echo = false;
+  bool skip_special_tokens = true;
+  bool separate_reasoning = true;
+  bool thinking_enabled = true, starts_in_reasoning = false;
+  nlohmann::ordered_json tools;  // null or a list
+  std::string tool_choice = "auto";  // none | auto | required | function
+  std::string tool_choice_function;
+};
+
+struct ParseContext {
+  const TextLayer* text = nullptr;
+  std::string served_model_name, model_path;
+  int64_t context_length = 0;
+  int64_t vocab_size = 0;
+};
+
+ApiRequest parse_chat_request(const nlohmann::ordered_json& body, const ParseContext& ctx);
+ApiRequest parse_completion_request(const nlohmann::ordered_json& body, const ParseContext& ctx);
+ApiRequest parse_generate_request(const nlohmann::ordered_json& body, const ParseContext& ctx);
+
+// Parses a body as JSON (400 with the parser's message otherwise); the top level must be an object.
+nlohmann::ordered_json parse_body(const std::string& body);
+
+// Chat messages normalised for the template: roles checked, text parts joined, tool call arguments kept.
+nlohmann::ordered_json normalize_messages(const nlohmann::ordered_json& messages);
+
+}  // namespace moeserve::server

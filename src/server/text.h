@@ -1,0 +1,44 @@
+// The model's text side for the server: its tokenizer, chat template and special tokens. Absent pieces
+// (--skip-tokenizer-init, no template) make the endpoints that need them answer 400 with the reason.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "template/jinja.h"
+#include "tokenizer/tokenizer.h"
+
+namespace moeserve::server {
+
+class TextLayer {
+ public:
+  // Loads tokenizer.json from tokenizer_dir and the chat template (override file, chat_template.jinja or
+  // tokenizer_config.json). skip: no tokenizer at all.
+  TextLayer(const std::string& model_dir, const std::string& tokenizer_dir, const std::string& chat_template_file,
+            bool skip);
+
+  bool has_tokenizer() const { return tok_ != nullptr; }
+  const tok::Tokenizer& tokenizer() const;  // UserError when there is none
+  std::vector<int32_t> encode(const std::string& text, bool add_special_tokens) const;
+  std::string decode(const std::vector<int32_t>& ids, bool skip_special_tokens) const;
+
+  // The prompt text the model's chat template renders (as Python jinja2 would).
+  std::string render_chat(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
+                          bool add_generation_prompt, const nlohmann::ordered_json& template_kwargs) const;
+  // Special token strings (eos etc.) for stop handling; ids of tokens by content.
+  std::optional<int32_t> token_id(const std::string& content) const;
+
+ private:
+  const tpl::Template& chat_template(bool has_tools) const;
+  std::string model_dir_, override_file_;
+  std::unique_ptr<tok::Tokenizer> tok_;
+  std::optional<tpl::Template> template_, tool_template_;
+  std::string template_error_;
+  nlohmann::ordered_json special_tokens_;
+};
+
+}  // namespace moeserve::server

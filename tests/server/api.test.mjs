@@ -1,0 +1,255 @@
+// The real server on the demo model, driven by the official OpenAI client and by raw HTTP.
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import OpenAI from 'openai';
+import { startServer, rawRequest, postJson, metrics, greedyGenerate } from './helpers.mjs';
+
+let srv;
+let client;
+const MODEL = 'moeserve-demo';
+
+before(async () => {
+  srv = await startServer(['--reasoning-parser', 'qwen3', '--tool-call-parser', 'qwen3_coder',
+    '--max-body-bytes', '1048576']);
+  client = new OpenAI({ baseURL: `${srv.base}/v1`, apiKey: 'unused', maxRetries: 0 });
+});
+
+after(async () => {
+  const { code } = await srv.stop();
+  assert.equal(code, 0, `SIGTERM must exit 0; log:\n${srv.log()}`);
+});
+
+test('health is 503 while starting, then 200; health_generate works', async () => {
+  assert.ok(srv.sawStarting, '/health should have answered 503 before the model was ready');
+  assert.equal((await fetch(`${srv.base}/health`)).status, 200);
+  assert.equal((await fetch(`${srv.base}/health_generate`)).status, 200);
+});
+
+test('models, model info, server info', async () => {
+  const models = await client.models.list();
+  assert.equal(models.data[0].id, MODEL);
+  const info = await (await fetch(`${srv.base}/get_model_info`)).json();
+  assert.equal(info.served_model_name, MODEL);
+  const sinfo = await (await fetch(`${srv.base}/get_server_info`)).json();
+  assert.ok(sinfo.kernel_backends.moe.reason.length > 0);
+});
+
+test('chat: non-streaming and streaming give the same greedy text', async () => {
+  const req = { model: MODEL, messages: [{ role: 'system', content: 'Be brief.' }, { role: 'user', content: 'Hello!' }],
+    max_tokens: 12, temperature: 0 };
+  const full = await client.chat.completions.create(req);
+  assert.equal(full.object, 'chat.completion');
+  assert.equal(full.choices[0].finish_reason, 'length');
+  assert.equal(full.usage.completion_tokens, 12);
+  assert.ok(full.usage.prompt_tokens > 5);
+  const stream = await client.chat.completions.create({ ...req, stream: true, stream_options: { include_usage: true } });
+  let text = '';
+  let finish = null;
+  let usage = null;
+  for await (const chunk of stream) {
+    if (chunk.usage) usage = chunk.usage;
+    for (const ch of chunk.choices) {
+      text += ch.delta.content ?? '';
+      if (ch.finish_reason) finish = ch.finish_reason;
+    }
+  }
+  assert.equal(text, full.choices[0].message.content);
+  assert.equal(finish, 'length');
+  assert.equal(usage.completion_tokens, 12);
+});
+
+test('chat: logprobs and top_logprobs', async () => {
+  const r = await client.chat.completions.create({ model: MODEL, messages: [{ role: 'user', content: 'Hi' }],
+    max_tokens: 4, temperature: 0, logprobs: true, top_logprobs: 3 });
+  const lp = r.choices[0].logprobs.content;
+  assert.equal(lp.length, 4);
+  for (const e of lp) {
+    assert.equal(e.top_logprobs.length, 3);
+    assert.ok(e.logprob <= 0);
+    // Greedy: the chosen token is the most likely one.
+    assert.ok(Math.abs(e.logprob - e.top_logprobs[0].logprob) < 1e-6);
+  }
+});
+
+test('completions with token ids, logprobs and echo', async () => {
+  const r = await client.completions.create({ model: MODEL, prompt: [9707, 11, 1879], max_tokens: 5, temperature: 0,
+    logprobs: 2 });
+  assert.equal(r.choices[0].logprobs.token_logprobs.length, 5);
+  assert.equal(Object.keys(r.choices[0].logprobs.top_logprobs[0]).length <= 2, true);
+  const e = await client.completions.create({ model: MODEL, prompt: 'Hello', max_tokens: 3, temperature: 0, echo: true });
+  assert.ok(e.choices[0].text.startsWith('Hello'));
+  const batch = await client.completions.create({ model: MODEL, prompt: ['a b', 'c d'], max_tokens: 2, temperature: 0 });
+  assert.equal(batch.choices.length, 2);
+});
+
+test('n and seed: n choices, same seed same samples', async () => {
+  const req = { model: MODEL, messages: [{ role: 'user', content: 'Tell me a story' }], max_tokens: 8, n: 3, seed: 42,
+    temperature: 1.0 };
+  const a = await client.chat.completions.create(req);
+  const b = await client.chat.completions.create(req);
+  assert.equal(a.choices.length, 3);
+  assert.deepEqual(a.choices.map((c) => c.message.content), b.choices.map((c) => c.message.content));
+  assert.equal(new Set(a.choices.map((c) => c.index)).size, 3);
+});
+
+test('stop strings are matched across tokens and not emitted', async () => {
+  const base = { model: MODEL, prompt: 'The quick brown fox', max_tokens: 24, temperature: 0 };
+  const full = (await client.completions.create(base)).choices[0].text;
+  assert.ok(full.length > 12, `need some text, got ${JSON.stringify(full)}`);
+  const stop = full.slice(6, 10);
+  const cut = full.slice(0, full.indexOf(stop));
+  const r = await client.completions.create({ ...base, stop: [stop] });
+  assert.equal(r.choices[0].text, cut);
+  assert.equal(r.choices[0].finish_reason, 'stop');
+  // Streaming cuts at the same place.
+  const s = await client.completions.create({ ...base, stop: [stop], stream: true });
+  let text = '';
+  for await (const c of s) text += c.choices[0]?.text ?? '';
+  assert.equal(text, cut);
+});
+
+test('tools are accepted; tool_choice is validated', async () => {
+  const tools = [{ type: 'function', function: { name: 'get_weather', description: 'Weather for a city',
+    parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] } } }];
+  const r = await client.chat.completions.create({ model: MODEL, messages: [{ role: 'user', content: 'Weather in Paris?' }],
+    tools, tool_choice: 'auto', max_tokens: 6, temperature: 0 });
+  assert.ok(['length', 'stop', 'tool_calls'].includes(r.choices[0].finish_reason));
+  await assert.rejects(
+    client.chat.completions.create({ model: MODEL, messages: [{ role: 'user', content: 'x' }], tools,
+      tool_choice: { type: 'function', function: { name: 'nope' } }, max_tokens: 2 }),
+    (e) => e.status === 400);
+  // A conversation with a tool call and its result renders and runs.
+  const r2 = await client.chat.completions.create({ model: MODEL, tools, max_tokens: 3, temperature: 0, messages: [
+    { role: 'user', content: 'Weather in Paris?' },
+    { role: 'assistant', content: null, tool_calls: [{ id: 'call_1', type: 'function',
+      function: { name: 'get_weather', arguments: '{"city": "Paris"}' } }] },
+    { role: 'tool', tool_call_id: 'call_1', content: '18C, sunny' }] });
+  assert.equal(r2.choices.length, 1);
+});
+
+test('errors use the OpenAI shape with the right status', async () => {
+  await assert.rejects(client.chat.completions.create({ model: 'nope', messages: [{ role: 'user', content: 'x' }] }),
+    (e) => e.status === 404);
+  const cases = [
+    ['POST', '/v1/chat/completions', '{not json', 400],
+    ['POST', '/v1/chat/completions', JSON.stringify({ messages: [] }), 400],
+    ['POST', '/v1/chat/completions', JSON.stringify({ messages: [{ role: 'wizard', content: 'x' }] }), 400],
+    ['POST', '/v1/chat/completions', JSON.stringify({ messages: 'hi' }), 400],
+    ['POST', '/v1/chat/completions', JSON.stringify({ messages: [{ role: 'user', content: 'x' }], temperature: 'hot' }), 400],
+    ['POST', '/v1/chat/completions', JSON.stringify({ messages: [{ role: 'user', content: 'x' }], temperature: 7 }), 400],
+    ['POST', '/v1/chat/completions', JSON.stringify({ messages: [{ role: 'user', content: 'x' }], max_tokens: -1 }), 400],
+    ['POST', '/v1/chat/completions', JSON.stringify({ messages: [{ role: 'user', content: 'x' }], n: 0 }), 400],
+    ['POST', '/v1/completions', JSON.stringify({ prompt: [1, 2, 99999999] }), 400],
+    ['POST', '/v1/completions', JSON.stringify({ prompt: [] }), 400],
+    ['POST', '/generate', JSON.stringify({ input_ids: [-1] }), 400],
+    ['POST', '/generate', JSON.stringify({ input_ids: new Array(40000).fill(5) }), 400],
+    ['POST', '/generate', JSON.stringify({ text: 'x', sampling_params: { top_p: 0 } }), 400],
+    ['POST', '/detokenize', JSON.stringify({ tokens: [1, 'a'] }), 400],
+    ['GET', '/v1/nothing', undefined, 404],
+    ['GET', '/v1/chat/completions', undefined, 405],
+  ];
+  for (const [method, p, body, status] of cases) {
+    const r = await rawRequest(srv.port, method, p, body, body ? { 'content-type': 'application/json' } : {});
+    assert.equal(r.status, status, `${method} ${p} ${String(body).slice(0, 80)} -> ${r.status} ${r.text}`);
+    assert.ok(r.json && r.json.error && typeof r.json.error.message === 'string', r.text);
+  }
+  // Invalid UTF-8 in the body.
+  const bad = Buffer.concat([Buffer.from('{"prompt": "a'), Buffer.from([0xff, 0xfe]), Buffer.from('"}')]);
+  const r = await rawRequest(srv.port, 'POST', '/v1/completions', bad, { 'content-type': 'application/json' });
+  assert.equal(r.status, 400, r.text);
+  // Too large a body.
+  const big = await rawRequest(srv.port, 'POST', '/v1/completions', 'x'.repeat(1100000), { 'content-type': 'application/json' });
+  assert.equal(big.status, 413);
+  assert.equal((await fetch(`${srv.base}/health`)).status, 200, 'still healthy after bad input');
+});
+
+test('bad input does not harm a request in flight', async () => {
+  const ids = [9707, 11, 1879, 0, 42];
+  const solo = await greedyGenerate(srv.base, ids, 32);
+  const inflight = greedyGenerate(srv.base, ids, 32);
+  for (let i = 0; i < 20; ++i) {
+    await rawRequest(srv.port, 'POST', '/v1/chat/completions', '{"messages": [', { 'content-type': 'application/json' });
+    await rawRequest(srv.port, 'POST', '/generate', JSON.stringify({ input_ids: [1e9] }), { 'content-type': 'application/json' });
+  }
+  const r = await inflight;
+  assert.equal(r.status, 200);
+  assert.deepEqual(r.json.output_ids, solo.json.output_ids);
+});
+
+test('tokenize and detokenize round trip; chat messages tokenize', async () => {
+  const t = await postJson(srv.base, '/tokenize', { prompt: 'Hello world! 123' });
+  assert.equal(t.status, 200);
+  assert.equal(t.json.count, t.json.tokens.length);
+  const d = await postJson(srv.base, '/detokenize', { tokens: t.json.tokens });
+  assert.equal(d.json.prompt, 'Hello world! 123');
+  const m = await postJson(srv.base, '/tokenize', { messages: [{ role: 'user', content: 'Hi' }], add_generation_prompt: true });
+  const text = (await postJson(srv.base, '/detokenize', { tokens: m.json.tokens })).json.prompt;
+  assert.equal(text, '<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n');
+});
+
+test('native /generate with logprobs; streaming events', async () => {
+  const r = await postJson(srv.base, '/generate', { text: 'Hello', sampling_params: { max_new_tokens: 4, temperature: 0 },
+    return_logprob: true, top_logprobs_num: 2 });
+  assert.equal(r.status, 200);
+  assert.equal(r.json.output_ids.length, 4);
+  assert.equal(r.json.meta_info.output_token_logprobs.length, 4);
+  assert.equal(r.json.meta_info.output_top_logprobs[0].length, 2);
+  assert.equal(r.json.meta_info.finish_reason.type, 'length');
+  const s = await fetch(`${srv.base}/generate`, { method: 'POST', body: JSON.stringify({ text: 'Hello',
+    sampling_params: { max_new_tokens: 4, temperature: 0 }, stream: true }) });
+  const body = await s.text();
+  const events = body.split('\n\n').filter((e) => e.startsWith('data: ')).map((e) => e.slice(6));
+  assert.equal(events.at(-1), '[DONE]');
+  const last = JSON.parse(events.at(-2));
+  assert.deepEqual(last.output_ids, r.json.output_ids);
+  assert.equal(last.text, r.json.text);
+});
+
+test('prefix cache: a repeated prompt reports cached tokens; flush_cache empties it', async () => {
+  const ids = Array.from({ length: 70 }, (_, i) => (i * 37) % 5000);
+  await greedyGenerate(srv.base, ids, 2);
+  const again = await greedyGenerate(srv.base, ids, 2);
+  assert.ok(again.json.meta_info.cached_tokens >= 64, JSON.stringify(again.json.meta_info));
+  assert.equal((await fetch(`${srv.base}/flush_cache`, { method: 'POST' })).status, 200);
+  const m = await metrics(srv.base);
+  assert.ok(m.values.moeserve_prefix_cache_hit_rate > 0);
+  assert.equal(m.values.moeserve_kv_cache_used_tokens, 0);
+});
+
+test('64 simultaneous greedy requests equal their solo results', async () => {
+  const prompts = Array.from({ length: 64 }, (_, i) => Array.from({ length: 3 + (i % 7) }, (_, k) => (i * 131 + k * 17) % 150000));
+  const solo = [];
+  for (const p of prompts) solo.push((await greedyGenerate(srv.base, p, 4)).json.output_ids);
+  const together = await Promise.all(prompts.map((p) => greedyGenerate(srv.base, p, 4)));
+  together.forEach((r, i) => assert.deepEqual(r.json.output_ids, solo[i], `request ${i}`));
+});
+
+test('a client that disconnects mid-stream frees its KV at once', async () => {
+  const ctrl = new AbortController();
+  const r = await fetch(`${srv.base}/v1/completions`, { method: 'POST', signal: ctrl.signal,
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ prompt: 'Once upon a time', max_tokens: 5000, ignore_eos: true, stream: true }) });
+  const reader = r.body.getReader();
+  for (let i = 0; i < 3; ++i) await reader.read();
+  let m = await metrics(srv.base);
+  assert.ok(m.values.moeserve_kv_cache_request_tokens > 0, 'the request holds KV while streaming');
+  ctrl.abort();
+  const deadline = Date.now() + 10000;
+  for (;;) {
+    m = await metrics(srv.base);
+    if (m.values.moeserve_kv_cache_request_tokens === 0 && m.values.moeserve_num_running_requests === 0) break;
+    assert.ok(Date.now() < deadline, `KV not freed: ${m.text}`);
+    await new Promise((res) => setTimeout(res, 50));
+  }
+  assert.ok(m.values.moeserve_requests_aborted_total >= 1);
+});
+
+test('metrics are Prometheus text', async () => {
+  const m = await metrics(srv.base);
+  for (const name of ['moeserve_num_running_requests', 'moeserve_num_queued_requests', 'moeserve_prompt_tokens_total',
+    'moeserve_generation_tokens_total', 'moeserve_kv_cache_usage_ratio', 'moeserve_prefix_cache_hit_rate']) {
+    assert.ok(name in m.values, `${name} missing`);
+  }
+  assert.match(m.text, /moeserve_time_to_first_token_seconds_bucket\{le="\+Inf"\} \d+/);
+  assert.match(m.text, /moeserve_e2e_request_latency_seconds_count \d+/);
+});

@@ -1,0 +1,109 @@
+// Starting and stopping a real moeserve server for the end-to-end tests.
+import { spawn } from 'node:child_process';
+import net from 'node:net';
+import http from 'node:http';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+const here = path.dirname(fileURLToPath(import.meta.url));
+export const SOURCE_DIR = path.resolve(here, '../..');
+export const BIN = process.env.MOESERVE_BIN || path.join(SOURCE_DIR, 'build/bin/moeserve');
+export const CACHE = process.env.MOESERVE_CACHE || path.join(SOURCE_DIR, 'build/cache');
+
+export async function freePort() {
+  return new Promise((resolve, reject) => {
+    const s = net.createServer();
+    s.once('error', reject);
+    s.listen(0, '127.0.0.1', () => {
+      const { port } = s.address();
+      s.close(() => resolve(port));
+    });
+  });
+}
+
+// Starts `moeserve serve` on a free port and waits until /health answers 200.
+export async function startServer(args = [], { timeoutMs = 180000 } = {}) {
+  const port = await freePort();
+  const proc = spawn(BIN, ['serve', '--port', String(port), '--log-level', 'warning', ...args], {
+    env: { ...process.env, MOESERVE_CACHE: CACHE },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  let log = '';
+  proc.stdout.on('data', (d) => { log += d; });
+  proc.stderr.on('data', (d) => { log += d; });
+  const exited = new Promise((resolve) => proc.on('exit', (code, signal) => resolve({ code, signal })));
+  const base = `http://127.0.0.1:${port}`;
+  const deadline = Date.now() + timeoutMs;
+  let sawStarting = false;
+  for (;;) {
+    if (proc.exitCode !== null) throw new Error(`server exited early (${proc.exitCode}):\n${log}`);
+    try {
+      const r = await fetch(`${base}/health`);
+      if (r.status === 200) break;
+      if (r.status === 503) sawStarting = true;
+    } catch { /* not listening yet */ }
+    if (Date.now() > deadline) {
+      proc.kill('SIGKILL');
+      throw new Error(`server not healthy after ${timeoutMs} ms:\n${log}`);
+    }
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  return {
+    port, base, proc, sawStarting,
+    log: () => log,
+    async stop() {
+      proc.kill('SIGTERM');
+      return exited;
+    },
+  };
+}
+
+// Raw HTTP with full control of the bytes (for bad-input tests).
+export function rawRequest(port, method, pathName, body, headers = {}) {
+  return new Promise((resolve, reject) => {
+    const req = http.request({ host: '127.0.0.1', port, method, path: pathName, headers }, (res) => {
+      const chunks = [];
+      res.on('data', (c) => chunks.push(c));
+      res.on('end', () => {
+        const text = Buffer.concat(chunks).toString('utf8');
+        let json = null;
+        try { json = JSON.parse(text); } catch { /* not JSON */ }
+        resolve({ status: res.statusCode, text, json });
+      });
+    });
+    req.on('error', reject);
+    if (body !== undefined) req.write(body);
+    req.end();
+  });
+}
+
+export async function postJson(base, pathName, body, headers = {}) {
+  const r = await fetch(base + pathName, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', ...headers },
+    body: JSON.stringify(body),
+  });
+  const text = await r.text();
+  let json = null;
+  try { json = JSON.parse(text); } catch { /* not JSON */ }
+  return { status: r.status, json, text };
+}
+
+export async function metrics(base) {
+  const text = await (await fetch(`${base}/metrics`)).text();
+  const values = {};
+  for (const line of text.split('\n')) {
+    const m = line.match(/^([a-z_]+) ([-0-9.e+]+)$/);
+    if (m) values[m[1]] = Number(m[2]);
+  }
+  return { text, values };
+}
+
+export function greedyGenerate(base, inputIds, maxNew, extra = {}) {
+  return postJson(base, '/generate', {
+    input_ids: inputIds,
+    sampling_params: { max_new_tokens: maxNew, temperature: 0, ignore_eos: true },
+    return_logprob: true,
+    ...extra,
+  });
+}
