@@ -9,6 +9,9 @@
 #include "core/log.h"
 #include "executor/model_runner.h"
 #include "model/config.h"
+#include "tokenizer/tokenizer.h"
+
+#include <filesystem>
 
 namespace moeserve::cli {
 
@@ -21,6 +24,7 @@ json logprob_entry(float lp, int32_t id) { return json::array({lp, id, nullptr})
 int cmd_generate(const std::vector<std::string>& args) {
   std::string model_path, device = "auto", log_level = "warning";
   std::vector<int64_t> input_ids;
+  std::string prompt;
   int64_t max_new = 16, top_k = -2, top_logprobs = 0, seed = 0, threads = 0, max_total = 0, page_size = 16,
           chunk = 512;
   double temperature = -1, top_p = -1, min_p = -1;
@@ -29,6 +33,7 @@ int cmd_generate(const std::vector<std::string>& args) {
                         "one JSON object shaped like the /generate response.");
   f.add_string("model-path", &model_path, "Hugging Face checkpoint folder (default: the built-in demo model)");
   f.add_int_list("input-ids", &input_ids, "prompt token ids, e.g. 1,2,3");
+  f.add_string("prompt", &prompt, "prompt text (needs the model's tokenizer.json)");
   f.add_int("max-new-tokens", &max_new, "tokens to generate", 0);
   f.add_double("temperature", &temperature, "0 = greedy (default: generation_config.json, else 1)", 0, 100);
   f.add_double("top-p", &top_p, "nucleus sampling (default: generation_config.json, else 1)", 1e-9, 1);
@@ -47,8 +52,23 @@ int cmd_generate(const std::vector<std::string>& args) {
   if (!f.parse(args)) return 0;
   set_log_level(parse_log_level(log_level));
   if (device == "cuda") throw_user("--device cuda: this build has no CUDA model runner yet; use --device cpu");
-  if (input_ids.empty()) throw_user("generate: give the prompt as --input-ids 1,2,3");
+  if (input_ids.empty() == prompt.empty())
+    throw_user("generate: give the prompt as --input-ids 1,2,3 or as --prompt TEXT (one of them)");
   if (model_path.empty()) model_path = ensure_demo_model();
+  // The tokenizer is optional: without one, output is token ids only.
+  std::unique_ptr<tok::Tokenizer> tokenizer;
+  if (std::filesystem::exists(model_path + "/tokenizer.json")) tokenizer = tok::Tokenizer::from_file(model_path + "/tokenizer.json");
+  if (!prompt.empty()) {
+    if (!tokenizer) throw_user("--prompt needs {}/tokenizer.json; use --input-ids", model_path);
+    for (int32_t id : tokenizer->encode(prompt, true)) input_ids.push_back(id);
+  }
+  auto text_of = [&](const std::vector<int32_t>& ids) -> nlohmann::json {
+    if (!tokenizer) return nullptr;
+    std::vector<int32_t> known;
+    for (int32_t id : ids)
+      if (id < tokenizer->vocab_size()) known.push_back(id);
+    return tokenizer->decode(known, true);
+  };
 
   auto t0 = std::chrono::steady_clock::now();
   RunnerOptions ro;
@@ -98,13 +118,14 @@ int cmd_generate(const std::vector<std::string>& args) {
                  {"output_token_logprobs", out_lp},
                  {"e2e_latency", e2e}};
     if (top_logprobs > 0) meta["output_top_logprobs"] = out_top;
-    json j = {{"text", nullptr}, {"output_ids", r.output_ids}, {"meta_info", meta}};
+    json j = {{"text", text_of(r.output_ids)}, {"output_ids", r.output_ids}, {"meta_info", meta}};
     std::printf("%s\n", j.dump().c_str());
     return 0;
   }
   std::string ids;
   for (auto id : r.output_ids) ids += (ids.empty() ? "" : " ") + std::to_string(id);
   std::printf("%s\n", ids.c_str());
+  if (tokenizer) std::printf("%s\n", text_of(r.output_ids).get<std::string>().c_str());
   double tps = r.decode_seconds > 0 && r.output_ids.size() > 1 ? double(r.output_ids.size() - 1) / r.decode_seconds : 0;
   std::fprintf(stderr, "prompt %zu tokens in %.3f s (%.1f tok/s); %zu new tokens, decode %.2f tok/s; finish: %s\n",
                req.input_ids.size(), r.prefill_seconds, double(req.input_ids.size()) / r.prefill_seconds,

@@ -239,6 +239,13 @@ void bring_up(App& app) {
   app.ctx.parse.model_path = o.model_path;
   app.ctx.parse.context_length = ctx_len;
   app.ctx.parse.vocab_size = cfg.vocab_size;
+  if (gd.present) {
+    app.ctx.parse.default_temperature = float(gd.do_sample ? gd.temperature : 0.0);
+    app.ctx.parse.default_top_p = float(gd.top_p);
+    app.ctx.parse.default_top_k = gd.top_k > 0 ? gd.top_k : -1;
+    app.ctx.parse.default_min_p = float(gd.min_p);
+    app.ctx.parse.default_repetition_penalty = float(gd.repetition_penalty);
+  }
   app.ctx.reasoning_parser = o.reasoning_parser;
   app.ctx.tool_call_parser = o.tool_call_parser;
   app.model_info = {{"model_path", o.model_path},

@@ -96,16 +96,16 @@ void check_model(const Body& b, const ParseContext& ctx, ApiRequest& r) {
 }
 
 // Sampling fields shared by the OpenAI endpoints (and their common extensions).
-void openai_sampling(const Body& b, ApiRequest& r) {
+void openai_sampling(const Body& b, const ParseContext& ctx, ApiRequest& r) {
   SamplingParams& s = r.sampling;
-  s.temperature = float(b.number("temperature", 1.0, 0.0, 2.0));
-  s.top_p = float(b.number("top_p", 1.0, 1e-9, 1.0));
-  s.top_k = b.integer("top_k", -1, -1, 1 << 30);
+  s.temperature = float(b.number("temperature", ctx.default_temperature, 0.0, 2.0));
+  s.top_p = float(b.number("top_p", ctx.default_top_p, 1e-9, 1.0));
+  s.top_k = b.integer("top_k", ctx.default_top_k, -1, 1 << 30);
   if (s.top_k == 0) s.top_k = -1;
-  s.min_p = float(b.number("min_p", 0.0, 0.0, 1.0));
+  s.min_p = float(b.number("min_p", ctx.default_min_p, 0.0, 1.0));
   s.presence_penalty = float(b.number("presence_penalty", 0.0, -2.0, 2.0));
   s.frequency_penalty = float(b.number("frequency_penalty", 0.0, -2.0, 2.0));
-  s.repetition_penalty = float(b.number("repetition_penalty", 1.0, 1e-6, 10.0));
+  s.repetition_penalty = float(b.number("repetition_penalty", ctx.default_repetition_penalty, 1e-6, 10.0));
   s.ignore_eos = b.boolean("ignore_eos", false);
   s.min_new_tokens = b.integer("min_tokens", 0, 0, 1 << 30);
   s.stop_token_ids = id_list(b, "stop_token_ids");
@@ -210,7 +210,7 @@ ApiRequest parse_chat_request(const json& body, const ParseContext& ctx) {
   check_model(b, ctx, r);
   if (!b.has("messages")) bad("messages", "'messages' is required");
   json messages = normalize_messages(body["messages"]);
-  openai_sampling(b, r);
+  openai_sampling(b, ctx, r);
   r.logprobs = b.boolean("logprobs", false);
   r.top_logprobs = b.integer("top_logprobs", 0, 0, 20);
   if (r.top_logprobs > 0 && !r.logprobs) bad("top_logprobs", "'top_logprobs' needs 'logprobs': true");
@@ -290,7 +290,7 @@ ApiRequest parse_completion_request(const json& body, const ParseContext& ctx) {
   for (auto& pr : r.prompts)
     if (pr.empty()) bad("prompt", "a prompt is empty");
   if (r.prompts.size() > 256) bad("prompt", "at most 256 prompts per request");
-  openai_sampling(b, r);
+  openai_sampling(b, ctx, r);
   r.echo = b.boolean("echo", false);
   r.top_logprobs = b.integer("logprobs", 0, 0, 20);
   r.logprobs = b.has("logprobs");
@@ -324,14 +324,14 @@ ApiRequest parse_generate_request(const json& body, const ParseContext& ctx) {
   }
   Body s{sp};
   SamplingParams& p = r.sampling;
-  p.temperature = float(s.number("temperature", 1.0, 0.0, 100.0));
-  p.top_p = float(s.number("top_p", 1.0, 1e-9, 1.0));
-  p.top_k = s.integer("top_k", -1, -1, 1 << 30);
+  p.temperature = float(s.number("temperature", ctx.default_temperature, 0.0, 100.0));
+  p.top_p = float(s.number("top_p", ctx.default_top_p, 1e-9, 1.0));
+  p.top_k = s.integer("top_k", ctx.default_top_k, -1, 1 << 30);
   if (p.top_k == 0) p.top_k = -1;
-  p.min_p = float(s.number("min_p", 0.0, 0.0, 1.0));
+  p.min_p = float(s.number("min_p", ctx.default_min_p, 0.0, 1.0));
   p.presence_penalty = float(s.number("presence_penalty", 0.0, -2.0, 2.0));
   p.frequency_penalty = float(s.number("frequency_penalty", 0.0, -2.0, 2.0));
-  p.repetition_penalty = float(s.number("repetition_penalty", 1.0, 1e-6, 10.0));
+  p.repetition_penalty = float(s.number("repetition_penalty", ctx.default_repetition_penalty, 1e-6, 10.0));
   p.ignore_eos = s.boolean("ignore_eos", false);
   p.min_new_tokens = s.integer("min_new_tokens", 0, 0, 1 << 30);
   p.stop_token_ids = id_list(s, "stop_token_ids");

@@ -52,6 +52,9 @@ struct ParseContext {
   std::string served_model_name, model_path;
   int64_t context_length = 0;
   int64_t vocab_size = 0;
+  // generation_config.json: the sampling defaults when a request is silent (SGLang's behaviour).
+  float default_temperature = 1.0f, default_top_p = 1.0f, default_min_p = 0.0f, default_repetition_penalty = 1.0f;
+  int64_t default_top_k = -1;
 };
 
 ApiRequest parse_chat_request(const nlohmann::ordered_json& body, const ParseContext& ctx);

@@ -1,0 +1,47 @@
+// Transformers checkpoints served with --skip-tokenizer-init: many copies of each request at once through
+// /generate with logprobs must all match the transformers reference (tests/data/parity).
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import path from 'node:path';
+import { startServer, postJson, SOURCE_DIR } from './helpers.mjs';
+
+const dataDir = path.join(SOURCE_DIR, 'tests/data/parity');
+const reference = JSON.parse(fs.readFileSync(path.join(dataDir, 'reference.json'), 'utf8'));
+
+for (const name of ['moe_basic', 'qwen3_odd_heads', 'moe_top4_mlp_only']) {
+  test(`${name}: 8 concurrent copies of each prompt match transformers`, async () => {
+    const c = reference.cases.find((x) => x.name === name);
+    const srv = await startServer(['--model-path', path.join(dataDir, name), '--skip-tokenizer-init']);
+    try {
+      // Text endpoints say why they cannot work.
+      const chat = await postJson(srv.base, '/v1/chat/completions', { messages: [{ role: 'user', content: 'hi' }] });
+      assert.equal(chat.status, 400);
+      assert.match(chat.json.error.message, /skip-tokenizer-init/);
+      const jobs = [];
+      for (const p of c.prompts)
+        for (let k = 0; k < 8; ++k)
+          jobs.push(postJson(srv.base, '/generate', {
+            input_ids: p.input_ids, return_logprob: true, top_logprobs_num: 5,
+            sampling_params: { max_new_tokens: p.steps.length, temperature: 0, ignore_eos: true },
+          }).then((r) => ({ r, p })));
+      for (const { r, p } of await Promise.all(jobs)) {
+        assert.equal(r.status, 200, r.text);
+        assert.equal(r.json.text, '');
+        const tops = r.json.meta_info.output_top_logprobs;
+        for (let i = 0; i < p.steps.length; ++i) {
+          const s = p.steps[i];
+          const ours = new Map(tops[i].map(([lp, id]) => [id, lp]));
+          s.top_ids.forEach((id, k) => {
+            if (ours.has(id)) assert.ok(Math.abs(ours.get(id) - s.top_logprobs[k]) < 1e-3, `${name} step ${i} token ${id}`);
+            else assert.ok(Math.abs(s.top_logprobs[k] - tops[i][4][0]) < 1e-3, `${name} step ${i}: ${id} missing`);
+          });
+          if (s.top2_gap > 1e-3) assert.equal(r.json.output_ids[i], s.token, `${name} step ${i}`);
+          if (r.json.output_ids[i] !== s.token) break;
+        }
+      }
+    } finally {
+      assert.equal((await srv.stop()).code, 0);
+    }
+  });
+}
