@@ -9,6 +9,7 @@ namespace moeserve::cli {
 int cmd_generate(const std::vector<std::string>& args);
 int cmd_gen_model(const std::vector<std::string>& args);
 int cmd_serve(const std::vector<std::string>& args);
+int cmd_bench(const std::vector<std::string>& args);
 
 // The built-in demo model (a small synthetic Qwen3-MoE with the real Qwen3 tokenizer): made on first use
 // in the cache folder ($MOESERVE_CACHE, else $XDG_CACHE_HOME/moeserve, else ~/.cache/moeserve) and reused.

@@ -39,10 +39,10 @@ void Engine::abort(const std::shared_ptr<Request>& r) {
   cv_.notify_one();
 }
 
-void Engine::post(std::function<void(Scheduler&)> fn) {
+void Engine::post(std::function<void(Scheduler&)> fn, std::function<void()> after) {
   {
     std::lock_guard<std::mutex> lk(mu_);
-    tasks_.push_back(std::move(fn));
+    tasks_.push_back({std::move(fn), std::move(after)});
   }
   cv_.notify_one();
 }
@@ -60,7 +60,7 @@ std::string Engine::failure() const {
 void Engine::loop() {
   for (;;) {
     std::vector<std::shared_ptr<Request>> incoming;
-    std::vector<std::function<void(Scheduler&)>> tasks;
+    std::vector<std::pair<std::function<void(Scheduler&)>, std::function<void()>>> tasks;
     {
       std::unique_lock<std::mutex> lk(mu_);
       cv_.wait(lk, [&] { return stop_ || !inbox_.empty() || !tasks_.empty() || !scheduler_.idle(); });
@@ -70,7 +70,15 @@ void Engine::loop() {
     }
     try {
       for (auto& r : incoming) scheduler_.add(std::move(r));
-      for (auto& t : tasks) t(scheduler_);
+      if (!tasks.empty()) {
+        for (auto& t : tasks) t.first(scheduler_);
+        {
+          std::lock_guard<std::mutex> lk(mu_);
+          stats_ = scheduler_.stats();
+        }
+        for (auto& t : tasks)
+          if (t.second) t.second();
+      }
       scheduler_.step();
     } catch (const std::exception& e) {
       // A failure inside a step is a bug or a device fault: fail every request cleanly, report unhealthy.

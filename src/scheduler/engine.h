@@ -27,8 +27,9 @@ class Engine {
   void submit(std::shared_ptr<Request> r);
   // Marks a request to be aborted at the next step (client disconnect). Thread-safe, cheap.
   void abort(const std::shared_ptr<Request>& r);
-  // Runs on the engine thread at the next step (e.g. /flush_cache). Thread-safe.
-  void post(std::function<void(Scheduler&)> fn);
+  // Runs fn on the engine thread before the next step (e.g. /flush_cache), then `after` once stats() reflects
+  // what fn did. Thread-safe.
+  void post(std::function<void(Scheduler&)> fn, std::function<void()> after = {});
   SchedulerStats stats() const;
   bool failed() const { return failed_; }
   std::string failure() const;
@@ -42,7 +43,7 @@ class Engine {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::vector<std::shared_ptr<Request>> inbox_;
-  std::vector<std::function<void(Scheduler&)>> tasks_;
+  std::vector<std::pair<std::function<void(Scheduler&)>, std::function<void()>>> tasks_;
   bool stop_ = false;
   std::atomic<bool> failed_{false};
   std::string failure_;

@@ -137,10 +137,9 @@ void add_routes(http::Server& srv, App& app) {
   });
   srv.route("POST", "/flush_cache", [&app](const http::Request&, std::shared_ptr<http::Responder> r) {
     if (!require_ready(app, r)) return;
-    app.engine->post([r](Scheduler& s) {
-      int64_t freed = s.flush_prefix_cache();
-      r->respond(200, "text/plain", fmt::format("Cache flushed ({} pages freed).\n", freed));
-    });
+    auto freed = std::make_shared<int64_t>(0);
+    app.engine->post([freed](Scheduler& s) { *freed = s.flush_prefix_cache(); },
+                     [r, freed] { r->respond(200, "text/plain", fmt::format("Cache flushed ({} pages freed).\n", *freed)); });
   });
   auto generation_route = [&app](ApiRequest (*parse)(const json&, const ParseContext&)) {
     return [&app, parse](const http::Request& hr, std::shared_ptr<http::Responder> r) {

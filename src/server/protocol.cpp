@@ -95,10 +95,12 @@ void check_model(const Body& b, const ParseContext& ctx, ApiRequest& r) {
   r.model = ctx.served_model_name;
 }
 
-// Sampling fields shared by the OpenAI endpoints (and their common extensions).
-void openai_sampling(const Body& b, const ParseContext& ctx, ApiRequest& r) {
+// The sampling fields every endpoint shares, with generation_config.json's defaults. OpenAI bodies carry them
+// at the top level (temperature up to 2, "min_tokens"); SGLang's in sampling_params ("min_new_tokens").
+void sampling_fields(const Body& b, const ParseContext& ctx, double max_temperature, const char* min_tokens_key,
+                     ApiRequest& r) {
   SamplingParams& s = r.sampling;
-  s.temperature = float(b.number("temperature", ctx.default_temperature, 0.0, 2.0));
+  s.temperature = float(b.number("temperature", ctx.default_temperature, 0.0, max_temperature));
   s.top_p = float(b.number("top_p", ctx.default_top_p, 1e-9, 1.0));
   s.top_k = b.integer("top_k", ctx.default_top_k, -1, 1 << 30);
   if (s.top_k == 0) s.top_k = -1;
@@ -107,18 +109,23 @@ void openai_sampling(const Body& b, const ParseContext& ctx, ApiRequest& r) {
   s.frequency_penalty = float(b.number("frequency_penalty", 0.0, -2.0, 2.0));
   s.repetition_penalty = float(b.number("repetition_penalty", ctx.default_repetition_penalty, 1e-6, 10.0));
   s.ignore_eos = b.boolean("ignore_eos", false);
-  s.min_new_tokens = b.integer("min_tokens", 0, 0, 1 << 30);
+  s.min_new_tokens = b.integer(min_tokens_key, 0, 0, 1 << 30);
   s.stop_token_ids = id_list(b, "stop_token_ids");
   if (b.has("seed")) s.seed = uint64_t(b.integer("seed", 0, INT64_MIN, INT64_MAX));
   r.stop = stop_list(b, "stop");
   r.n = b.integer("n", 1, 1, 128);
+  r.skip_special_tokens = b.boolean("skip_special_tokens", true);
+}
+
+// Sampling and streaming fields shared by the OpenAI endpoints (and their common extensions).
+void openai_sampling(const Body& b, const ParseContext& ctx, ApiRequest& r) {
+  sampling_fields(b, ctx, 2.0, "min_tokens", r);
   r.stream = b.boolean("stream", false);
   if (b.has("stream_options")) {
     if (!b.j["stream_options"].is_object()) bad("stream_options", "'stream_options' must be an object");
     Body so{b.j["stream_options"]};
     r.include_usage = so.boolean("include_usage", false);
   }
-  r.skip_special_tokens = b.boolean("skip_special_tokens", true);
 }
 
 void set_max_tokens(const Body& b, const ParseContext& ctx, ApiRequest& r) {
@@ -324,22 +331,8 @@ ApiRequest parse_generate_request(const json& body, const ParseContext& ctx) {
   }
   Body s{sp};
   SamplingParams& p = r.sampling;
-  p.temperature = float(s.number("temperature", ctx.default_temperature, 0.0, 100.0));
-  p.top_p = float(s.number("top_p", ctx.default_top_p, 1e-9, 1.0));
-  p.top_k = s.integer("top_k", ctx.default_top_k, -1, 1 << 30);
-  if (p.top_k == 0) p.top_k = -1;
-  p.min_p = float(s.number("min_p", ctx.default_min_p, 0.0, 1.0));
-  p.presence_penalty = float(s.number("presence_penalty", 0.0, -2.0, 2.0));
-  p.frequency_penalty = float(s.number("frequency_penalty", 0.0, -2.0, 2.0));
-  p.repetition_penalty = float(s.number("repetition_penalty", ctx.default_repetition_penalty, 1e-6, 10.0));
-  p.ignore_eos = s.boolean("ignore_eos", false);
-  p.min_new_tokens = s.integer("min_new_tokens", 0, 0, 1 << 30);
-  p.stop_token_ids = id_list(s, "stop_token_ids");
-  if (s.has("seed")) p.seed = uint64_t(s.integer("seed", 0, INT64_MIN, INT64_MAX));
+  sampling_fields(s, ctx, 100.0, "min_new_tokens", r);
   if (b.has("seed")) p.seed = uint64_t(b.integer("seed", 0, INT64_MIN, INT64_MAX));
-  r.stop = stop_list(s, "stop");
-  r.skip_special_tokens = s.boolean("skip_special_tokens", true);
-  r.n = s.integer("n", 1, 1, 128);
   r.stream = b.boolean("stream", false);
   r.logprobs = b.boolean("return_logprob", false);
   r.top_logprobs = b.integer("top_logprobs_num", 0, 0, 100);
