@@ -40,7 +40,7 @@ std::string ensure_demo_model() {
   else if (const char* x = std::getenv("XDG_CACHE_HOME")) cache = fs::path(x) / "moeserve";
   else if (const char* h = std::getenv("HOME")) cache = fs::path(h) / ".cache" / "moeserve";
   else cache = "/tmp/moeserve-cache";
-  fs::path dir = cache / "demo-v2";
+  fs::path dir = cache / "demo-v3";
   if (fs::exists(dir / "config.json") && fs::exists(dir / "tokenizer.json")) return dir.string();
   GenModelSpec spec = gen_model_preset("demo");
   spec.tokenizer_dir = find_qwen3_tokenizer_dir();
@@ -50,7 +50,7 @@ std::string ensure_demo_model() {
   log_info("making the demo model in {} (first use)", dir.string());
   ThreadPool pool;
   // Write beside and rename, so an interrupted run never leaves a half-made model in the cache.
-  fs::path tmp = cache / fmt::format("demo-v2.tmp{}", ::getpid());
+  fs::path tmp = cache / fmt::format("demo-v3.tmp{}", ::getpid());
   fs::remove_all(tmp);
   write_gen_model(spec, tmp.string(), pool);
   // Another process may have finished first: keep its copy (it may be serving from it already).

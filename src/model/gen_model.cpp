@@ -1,6 +1,8 @@
 #include "model/gen_model.h"
 
+#include <array>
 #include <cmath>
+#include <memory>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -119,18 +121,29 @@ uint64_t name_hash(const std::string& n, uint64_t seed) {
   return splitmix(h);
 }
 
-// Uniform in [center - half_width, center + half_width], element i of a tensor: a pure function.
+// Uniform over 256 levels in [center - half_width, center + half_width]; element i of a tensor is byte i % 8 of
+// splitmix(base + i / 8): a pure function of (seed, name, i), so any split across threads writes the same bytes.
+// One hash per 8 elements keeps generation well below disk speed (bf16 has 8 bits of mantissa anyway).
 TensorSpec make_tensor(const std::string& name, DType dt, Shape shape, uint64_t seed, float center, float half_width) {
   TensorSpec t{name, dt, std::move(shape), nullptr};
   uint64_t base = name_hash(name, seed);
-  t.fill = [dt, base, center, half_width](void* dst, int64_t first, int64_t count) {
-    for (int64_t i = 0; i < count; ++i) {
-      uint64_t r = splitmix(base + uint64_t(first + i));
-      float u = float(r >> 40) * (1.0f / float(1 << 24));  // [0, 1)
-      float v = center + half_width * (2.0f * u - 1.0f);
-      if (dt == DType::F32) static_cast<float*>(dst)[i] = v;
-      else if (dt == DType::BF16) static_cast<uint16_t*>(dst)[i] = f32_to_bf16(v);
-      else static_cast<uint16_t*>(dst)[i] = f32_to_f16(v);
+  auto levels = std::make_shared<std::array<uint16_t, 256>>();
+  auto levels_f32 = std::make_shared<std::array<float, 256>>();
+  for (int b = 0; b < 256; ++b) {
+    float v = center + half_width * ((2.0f * float(b) + 1.0f) / 256.0f - 1.0f);
+    (*levels_f32)[b] = v;
+    (*levels)[b] = dt == DType::BF16 ? f32_to_bf16(v) : dt == DType::F16 ? f32_to_f16(v) : 0;
+  }
+  t.fill = [dt, base, levels, levels_f32](void* dst, int64_t first, int64_t count) {
+    int64_t i = 0;
+    while (i < count) {
+      uint64_t idx = uint64_t(first + i);
+      uint64_t word = splitmix(base + idx / 8);
+      for (unsigned k = unsigned(idx % 8); k < 8 && i < count; ++k, ++i) {
+        unsigned b = unsigned(word >> (8 * k)) & 255u;
+        if (dt == DType::F32) static_cast<float*>(dst)[i] = (*levels_f32)[b];
+        else static_cast<uint16_t*>(dst)[i] = (*levels)[b];
+      }
     }
   };
   return t;
