@@ -7,4 +7,4 @@ jobs=${JOBS:-$(nproc)}
 if [[ ! -f $BUILD_DIR/CMakeCache.txt ]]; then
   cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release "$@"
 fi
-cmake --build "$BUILD_DIR" -j "$jobs"
+cmake --build "$BUILD_DIR" -j "$jobs" ${BUILD_TARGET:+--target "$BUILD_TARGET"}

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds, and runs moeserve on the built-in demo model (made on first use).
-# Until the HTTP server lands this runs an offline generation on the demo model; extra arguments are passed on.
+# Extra arguments are passed on to `moeserve serve` (e.g. --model-path DIR --port 30001).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/install-deps.sh
-./scripts/build.sh
+BUILD_TARGET=moeserve ./scripts/build.sh
 if ./build/bin/moeserve serve --help >/dev/null 2>&1; then
   exec ./build/bin/moeserve serve --host 127.0.0.1 --port 30000 "$@"
 fi

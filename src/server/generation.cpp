@@ -45,7 +45,9 @@ class Generation : public std::enable_shared_from_this<Generation> {
       : ctx_(ctx), req_(std::move(req)), resp_(std::move(resp)), created_(std::time(nullptr)), t0_(now_s()) {
     uint64_t n = ctx_.next_id.fetch_add(1);
     const char* prefix = req_.kind == ApiKind::Chat ? "chatcmpl-" : req_.kind == ApiKind::Completion ? "cmpl-" : "";
-    id_ = fmt::format("{}{:016x}", prefix, n * 0x9e3779b97f4a7c15ull);
+    // Unique across restarts too: the process start time salts the counter.
+    static const uint64_t salt = uint64_t(std::chrono::system_clock::now().time_since_epoch().count());
+    id_ = fmt::format("{}{:016x}", prefix, (n + salt) * 0x9e3779b97f4a7c15ull);
   }
 
   void start();
