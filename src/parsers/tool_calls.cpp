@@ -129,6 +129,15 @@ constexpr FormatEntry kFormats[] = {
 
 }  // namespace
 
+std::string forced_tool_call_prefix(const std::string& parser, const std::string& function) {
+  if (parser == "qwen3_coder")
+    return function.empty() ? "<tool_call>\n<function=" : "<tool_call>\n<function=" + function + ">\n";
+  if (parser == "hermes" || parser == "qwen25")
+    return function.empty() ? "<tool_call>\n{\"name\": \""
+                            : "<tool_call>\n{\"name\": " + nlohmann::ordered_json(function).dump() + ", \"arguments\": ";
+  throw_user("unknown tool-call parser '{}'; valid tool-call parsers: {}", parser, join(tool_call_parser_names()));
+}
+
 std::vector<std::string> tool_call_parser_names() {
   std::vector<std::string> names;
   for (const FormatEntry& f : kFormats) names.emplace_back(f.name);

@@ -161,4 +161,9 @@ class ToolCallParser {
 
 std::vector<std::string> tool_call_parser_names();
 
+// The text that starts a call in `parser`'s format, for tool_choice "required" (function empty: the model
+// names the function) or a named function. The server appends it to the prompt so the model continues
+// inside a call (no constrained decoding needed), and feeds it to the parser ahead of the output.
+std::string forced_tool_call_prefix(const std::string& parser, const std::string& function);
+
 }  // namespace moeserve::parsers

@@ -70,7 +70,7 @@ class Generation : public std::enable_shared_from_this<Generation> {
     double last_token_s = 0;
     std::unique_ptr<parsers::ReasoningParser> reasoning;
     std::unique_ptr<parsers::ToolCallParser> tools;
-    bool sent_role = false, had_tool_calls = false;
+    bool sent_role = false, had_tool_calls = false, forced_fed = false;
     int tool_calls_seen = 0;
   };
 
@@ -330,6 +330,10 @@ void Generation::stream_piece(Choice& c, const std::string& piece) {
   }
   std::vector<parsers::ToolCallDelta> calls;
   if (c.tools) {
+    if (!c.forced_fed) {
+      content = req_.forced_prefix + content;
+      c.forced_fed = true;
+    }
     auto t = c.tools->push(content);
     content = t.content;
     calls = t.calls;
@@ -455,7 +459,7 @@ void Generation::finish_all() {
     std::string reason = c.finish_reason;
     if (want_tools()) {
       auto p = parsers::ToolCallParser::create(ctx_.tool_call_parser, req_.tools);
-      auto t = p->parse_full(content);
+      auto t = p->parse_full(req_.forced_prefix + content);
       if (!t.calls.empty()) {
         json calls = json::array();
         for (auto& tc : t.calls)

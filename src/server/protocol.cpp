@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "parsers/tool_calls.h"
 #include "server/text.h"
 
 namespace moeserve::server {
@@ -260,6 +261,12 @@ ApiRequest parse_chat_request(const json& body, const ParseContext& ctx) {
   }
   bool add_generation_prompt = b.boolean("add_generation_prompt", true);
   std::string prompt = ctx.text->render_chat(messages, r.tools, add_generation_prompt, kwargs);
+  if ((r.tool_choice == "required" || r.tool_choice == "function") && !ctx.tool_call_parser.empty()) {
+    // The model continues inside a call of the right function (or some function): no thinking first.
+    r.forced_prefix = parsers::forced_tool_call_prefix(ctx.tool_call_parser, r.tool_choice_function);
+    prompt += r.forced_prefix;
+    r.thinking_enabled = false;
+  }
   // A template that opened <think> at the end of the prompt means the output starts inside reasoning.
   std::string tail = prompt.substr(prompt.size() > 16 ? prompt.size() - 16 : 0);
   while (!tail.empty() && (tail.back() == '\n' || tail.back() == ' ')) tail.pop_back();

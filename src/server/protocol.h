@@ -45,6 +45,9 @@ struct ApiRequest {
   nlohmann::ordered_json tools;  // null or a list
   std::string tool_choice = "auto";  // none | auto | required | function
   std::string tool_choice_function;
+  // tool_choice required / named with a tool-call parser: the call's opening, already in the prompt; the
+  // output continues it, so parsers see forced_prefix + output.
+  std::string forced_prefix;
 };
 
 struct ParseContext {
@@ -55,6 +58,7 @@ struct ParseContext {
   // generation_config.json: the sampling defaults when a request is silent (SGLang's behaviour).
   float default_temperature = 1.0f, default_top_p = 1.0f, default_min_p = 0.0f, default_repetition_penalty = 1.0f;
   int64_t default_top_k = -1;
+  std::string tool_call_parser;  // "" when none
 };
 
 ApiRequest parse_chat_request(const nlohmann::ordered_json& body, const ParseContext& ctx);

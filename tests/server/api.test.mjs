@@ -118,6 +118,27 @@ test('tools are accepted; tool_choice is validated', async () => {
     client.chat.completions.create({ model: MODEL, messages: [{ role: 'user', content: 'x' }], tools,
       tool_choice: { type: 'function', function: { name: 'nope' } }, max_tokens: 2 }),
     (e) => e.status === 400);
+  // A named tool_choice: the model continues inside a call of that function (the prompt opens the call).
+  const named = { model: MODEL, messages: [{ role: 'user', content: 'Weather in Paris?' }], tools,
+    tool_choice: { type: 'function', function: { name: 'get_weather' } }, max_tokens: 24, temperature: 0 };
+  const n1 = await client.chat.completions.create(named);
+  const calls = n1.choices[0].message.tool_calls;
+  assert.ok(calls && calls.length >= 1, JSON.stringify(n1.choices[0]));
+  assert.equal(calls[0].function.name, 'get_weather');
+  assert.ok(calls[0].id.startsWith('call_'));
+  JSON.parse(calls[0].function.arguments);
+  // Streaming gives the same call: name first, then argument fragments that concatenate to the same JSON.
+  const s = await client.chat.completions.create({ ...named, stream: true });
+  let name = null;
+  let args = '';
+  for await (const chunk of s)
+    for (const ch of chunk.choices)
+      for (const tc of ch.delta.tool_calls ?? []) {
+        if (tc.function?.name) name = tc.function.name;
+        args += tc.function?.arguments ?? '';
+      }
+  assert.equal(name, 'get_weather');
+  assert.equal(args, calls[0].function.arguments);
   // A conversation with a tool call and its result renders and runs.
   const r2 = await client.chat.completions.create({ model: MODEL, tools, max_tokens: 3, temperature: 0, messages: [
     { role: 'user', content: 'Weather in Paris?' },
