@@ -16,7 +16,12 @@ test('KV exhaustion: a tiny cache queues and preempts, results stay exact', asyn
       assert.equal(r.status, 200, r.text);
       assert.deepEqual(r.json.output_ids, solo[i], `request ${i}`);
     });
-    const m = await metrics(srv.base);
+    // /metrics reads a snapshot taken after each engine step: wait for the step that finished the last request.
+    let m = await metrics(srv.base);
+    for (let i = 0; i < 100 && m.values.moeserve_kv_cache_request_tokens !== 0; ++i) {
+      await new Promise((res) => setTimeout(res, 20));
+      m = await metrics(srv.base);
+    }
     assert.ok(m.values.moeserve_preemptions_total > 0, 'the tiny cache should have forced preemption');
     assert.equal(m.values.moeserve_kv_cache_request_tokens, 0);
     // A prompt that can never fit is refused, not queued forever.
