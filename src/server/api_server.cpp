@@ -331,8 +331,9 @@ int run_server(ServeOptions opts) {
   sigwait(&sigs, &sig);
   loader.join();
   bool failed_start = app.phase == Phase::Failed && !app.engine;
-  log_info("{}: shutting down (in-flight requests get {} s)", sig == SIGTERM ? "SIGTERM" : "SIGINT",
-           app.opts.shutdown_timeout_s);
+  if (!failed_start)
+    log_info("{}: shutting down (in-flight requests get {} s)", sig == SIGTERM ? "SIGTERM" : "SIGINT",
+             app.opts.shutdown_timeout_s);
   srv.stop_accepting();
   if (!srv.wait_idle(std::chrono::seconds(app.opts.shutdown_timeout_s)))
     log_warn("shutdown: {} responses still open; aborting them", srv.outstanding_responses());
