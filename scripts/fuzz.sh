@@ -110,16 +110,18 @@ for t in "${TARGETS[@]}"; do
   echo "=== fuzz_$t: ${SECONDS_PER_TARGET}s (log: $log)"
   dict=()
   [[ -f $ROOT/fuzz/dicts/$t.dict ]] && dict=(-dict="$ROOT/fuzz/dicts/$t.dict")
+  start=$SECONDS
   set +e
   "$BUILD/fuzz_$t" "$BUILD/corpus/$t" "${dict[@]}" \
     -max_total_time="$SECONDS_PER_TARGET" -timeout="$TIMEOUT" -rss_limit_mb="$RSS_MB" -max_len="${MAX_LEN[$t]}" \
     -artifact_prefix="$BUILD/crashes/$t/" -print_final_stats=1 >"$log" 2>&1
   rc=$?
   set -e
+  took=$((SECONDS - start))
   runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1 || true)
   eps=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -1 || true)
   cov=$({ grep -oE 'cov: [0-9]+' "$log" || true; } | tail -1 | cut -d' ' -f2)
-  line=$(printf '%-17s %6ss  runs %-10s exec/s %-7s cov %-6s' "$t" "$SECONDS_PER_TARGET" "${runs:-?}" "${eps:-?}" "${cov:-?}")
+  line=$(printf '%-17s %5ss  runs %-10s exec/s %-7s cov %-6s' "$t" "$took" "${runs:-?}" "${eps:-?}" "${cov:-?}")
   if [[ $rc -ne 0 ]]; then
     failed+=("$t")
     line+="  CRASHED (rc $rc): $(ls -t "$BUILD/crashes/$t" | head -1)"

@@ -79,8 +79,11 @@ std::unique_ptr<BpeModel> BpeModel::from_json(const nlohmann::json& j, Tokenizer
   m->vocab_.reserve(data.vocab.size());
   int64_t max_id = -1;
   for (auto& [tok, id] : data.vocab) {
-    if (id < 0 || id > std::numeric_limits<int32_t>::max() / 2) {
-      throw_user("{}: vocab entry '{}' has id {} out of range", w, tok, id);
+    // Real vocabularies are dense; an id far past the number of entries is a corrupt file, and would make
+    // the id table absurdly large (found by fuzzing).
+    if (id < 0 || id >= int64_t(data.vocab.size()) * 2 + 65536) {
+      throw_user("{}: vocab entry '{}' has id {} out of range for a vocabulary of {} entries", w, tok, id,
+                 data.vocab.size());
     }
     m->vocab_[std::move(tok)] = static_cast<int32_t>(id);
     max_id = std::max(max_id, id);

@@ -122,6 +122,11 @@ void Tokenizer::Impl::load(TokenizerJson& data) {
   int32_t max_id = model->max_id();
   for (const AddedToken& t : added.tokens()) max_id = std::max(max_id, t.id);
   vocab_size = max_id + 1;
+  // Ids the post-processor inserts must exist, or encode() would return ids no decoder knows (found by fuzzing).
+  for (const auto* ids : {&wrap.prefix, &wrap.suffix})
+    for (int32_t id : *ids)
+      if (id < 0 || id >= vocab_size)
+        throw_user("{}: post_processor inserts token id {}, outside the vocabulary [0, {})", source, id, vocab_size);
   token_of_id.assign(size_t(vocab_size), nullptr);
   special.assign(size_t(vocab_size), 0);
   for (int32_t id = 0; id <= model->max_id(); ++id) token_of_id[id] = model->id_to_token(id);

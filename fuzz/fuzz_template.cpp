@@ -1,0 +1,7 @@
+// libFuzzer target: template (see fuzz_checks.h for the input layout).
+#include "fuzz_main.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  moeserve::fuzz::run_or_abort("template", [&] { moeserve::fuzz::check_template(moeserve::fuzz::as_view(data, size)); });
+  return 0;
+}
