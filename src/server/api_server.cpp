@@ -196,7 +196,11 @@ void add_routes(http::Server& srv, App& app) {
           throw ApiError(400, fmt::format("token id {} is outside the vocabulary [0, {})", id, app.ctx.parse.vocab_size), "tokens");
         ids.push_back(int32_t(id));
       }
-      reply(r, 200, json{{"prompt", app.text->decode(ids, false)}});
+      // Ids past the tokenizer's vocabulary (models pad theirs) decode to nothing, as Hugging Face's decode does.
+      std::vector<int32_t> known;
+      for (int32_t id : ids)
+        if (id < app.text->tokenizer().vocab_size()) known.push_back(id);
+      reply(r, 200, json{{"prompt", app.text->decode(known, false)}});
     });
   });
 }
