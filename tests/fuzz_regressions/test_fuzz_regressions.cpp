@@ -112,7 +112,18 @@ TEST(FuzzRegressions, TokenizerDecode) {
   replay("tokenizer_decode", [&](std::string_view d) { check_tokenizer_decode(*t, d); });
 }
 
-TEST(FuzzRegressions, TokenizerJson) { replay("tokenizer_json", check_tokenizer_json); }
+// tokenizer_json files named reject_* must moreover fail to load with a UserError: that is how a fix for
+// undefined behaviour (which only the sanitizers of the fuzz build see) or for a silently misread value shows
+// here.
+TEST(FuzzRegressions, TokenizerJson) {
+  replay("tokenizer_json", check_tokenizer_json);
+  for (const fs::path& f : inputs_of("tokenizer_json")) {
+    if (f.filename().string().rfind("reject_", 0) != 0) continue;
+    const std::string data = read_bytes(f);
+    const AddressSpaceCap cap(size_t{2} << 30);
+    EXPECT_THROW(tok::Tokenizer::from_json_string(data), UserError) << "input " << f.filename();
+  }
+}
 
 TEST(FuzzRegressions, Template) { replay("template", check_template); }
 
