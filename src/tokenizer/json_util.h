@@ -39,7 +39,9 @@ T convert(const nlohmann::json& v, const char* key, const std::string& where) {
                                          v.get<int64_t>() <= int64_t(std::numeric_limits<T>::max());
     else if (v.is_number_float()) {
       double d = v.get<double>();
-      ok = d == std::floor(d) && d >= double(std::numeric_limits<T>::min()) && d <= double(std::numeric_limits<T>::max());
+      // Upper bound 2^digits, exact as a double: double(max()) of a 64-bit T rounds up to 2^64 (UB for T(d)).
+      ok = d == std::floor(d) && d >= double(std::numeric_limits<T>::min()) &&
+           d < std::ldexp(1.0, std::numeric_limits<T>::digits);
       if (ok) return T(d);
     }
     if (!ok) throw_user("{}: field '{}' must be an integer in range, got {}", where, key, v.dump());
