@@ -89,7 +89,7 @@ void Scheduler::preempt(std::shared_ptr<Request> victim) {
   ++stats_.preemptions;
 }
 
-void Scheduler::finish(Request& r, FinishReason why, const std::string&) {
+void Scheduler::finish(Request& r, FinishReason why) {
   r.finish = why;
   release_kv(r);
 }
@@ -303,7 +303,7 @@ void Scheduler::deliver(std::vector<std::pair<std::shared_ptr<Request>, RequestO
 void Scheduler::abort_all(const std::string& message) {
   for (auto& r : running_) finish(*r, FinishReason::Abort);
   std::vector<std::pair<std::shared_ptr<Request>, RequestOutput>> deliveries;
-  for (auto* list : {&running_}) for (auto& r : *list) deliveries.push_back({r, {}});
+  for (auto& r : running_) deliveries.push_back({r, {}});
   for (auto& r : waiting_) deliveries.push_back({r, {}});
   running_.clear();
   waiting_.clear();

@@ -49,7 +49,7 @@ class Scheduler {
   bool ensure_pages(Request& r, int64_t upto_tokens);
   bool allocate(int64_t n, std::vector<int32_t>& out);
   void preempt(std::shared_ptr<Request> victim);
-  void finish(Request& r, FinishReason why, const std::string& message = "");
+  void finish(Request& r, FinishReason why);
   void release_kv(Request& r);
   bool try_admit(const std::shared_ptr<Request>& r);
   void deliver(std::vector<std::pair<std::shared_ptr<Request>, RequestOutput>>& deliveries);

@@ -157,11 +157,13 @@ void add_routes(http::Server& srv, App& app) {
     if (!require_ready(app, r)) return;
     guarded(r, [&] {
       json body = parse_body(hr.body);
+      // HF defaults: encode() adds special tokens; apply_chat_template(tokenize=True) does not.
+      bool has_messages = body.contains("messages");
       bool add_special = body.contains("add_special_tokens") && body["add_special_tokens"].is_boolean()
                              ? body["add_special_tokens"].get<bool>()
-                             : true;
+                             : !has_messages;
       std::vector<int32_t> ids;
-      if (body.contains("messages")) {
+      if (has_messages) {
         json messages = normalize_messages(body["messages"]);
         json tools = body.contains("tools") ? body["tools"] : json(nullptr);
         bool agp = body.contains("add_generation_prompt") && body["add_generation_prompt"].is_boolean()
@@ -170,9 +172,6 @@ void add_routes(http::Server& srv, App& app) {
         json kwargs = body.contains("chat_template_kwargs") ? body["chat_template_kwargs"] : json::object();
         // As apply_chat_template(tokenize=True): the rendered text is encoded without extra special tokens.
         std::string prompt = app.text->render_chat(messages, tools, agp, kwargs);
-        add_special = body.contains("add_special_tokens") && body["add_special_tokens"].is_boolean()
-                          ? body["add_special_tokens"].get<bool>()
-                          : false;
         ids = app.text->encode(prompt, add_special);
       } else if (body.contains("prompt") && body["prompt"].is_string()) {
         ids = app.text->encode(body["prompt"].get<std::string>(), add_special);

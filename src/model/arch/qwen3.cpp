@@ -127,9 +127,13 @@ void Qwen3Model::forward(const ForwardBatch& batch, KVPool& kv, float* logits, T
     int32_t id = batch.tokens[t];
     MS_CHECK(id >= 0 && id < c.vocab_size, "token id {} outside the vocabulary", id);
     const char* row = static_cast<const char*>(embed.data) + size_t(id) * H * dtype_size(embed.dtype);
-    Tensor view{embed.dtype, {H}, const_cast<char*>(row), nullptr};
-    if (embed.dtype == DType::F32) std::memcpy(&h[t * H], row, H * sizeof(float));
-    else std::memcpy(&h[t * H], to_f32(view).data, H * sizeof(float));
+    float* dst = &h[t * H];
+    // Widen in place: no allocation per token on the decode path.
+    if (embed.dtype == DType::F32) std::memcpy(dst, row, H * sizeof(float));
+    else if (embed.dtype == DType::BF16)
+      for (int64_t i = 0; i < H; ++i) dst[i] = bf16_to_f32(reinterpret_cast<const uint16_t*>(row)[i]);
+    else
+      for (int64_t i = 0; i < H; ++i) dst[i] = f16_to_f32(reinterpret_cast<const uint16_t*>(row)[i]);
   }
   std::vector<float> mlp_a, mlp_b;
   const float scale = 1.0f / std::sqrt(float(D));
