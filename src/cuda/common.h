@@ -1,0 +1,30 @@
+// Shared by every CUDA source: the BF16 type, error checks that throw (never abort), small device helpers.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "core/error.h"
+
+namespace moeserve::cuda {
+
+using bf16 = __nv_bfloat16;
+
+// Throws InternalError naming the call, file and line when a CUDA runtime call fails.
+void throw_cuda_error(cudaError_t e, const char* what, const char* file, int line);
+
+#define MS_CUDA_CHECK(call)                                                              \
+  do {                                                                                  \
+    cudaError_t ms_cuda_err_ = (call);                                                  \
+    if (ms_cuda_err_ != cudaSuccess) ::moeserve::cuda::throw_cuda_error(ms_cuda_err_, #call, __FILE__, __LINE__); \
+  } while (0)
+
+// After a kernel launch: a bad configuration shows up here, not later.
+#define MS_CUDA_LAUNCH_CHECK() MS_CUDA_CHECK(cudaGetLastError())
+
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace moeserve::cuda

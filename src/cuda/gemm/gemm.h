@@ -1,0 +1,33 @@
+// Dense GEMM on the GPU: y[M, N] = x[M, K] . W[N, K]^T, x and W BF16 row-major (W as stored in the
+// checkpoint: [out_features, in_features]), y BF16 or F32, f32 accumulation. Backends: cuBLAS (cublasGemmEx)
+// and cuBLASLt (heuristic algorithm per shape, cached). Graph-capturable: the workspace is fixed at creation.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cuda/common.h"
+#include "cuda/registry.h"
+
+namespace moeserve::cuda {
+
+enum class OutType { BF16, F32 };
+
+class GemmBackend {
+ public:
+  virtual ~GemmBackend() = default;
+  virtual const BackendSpec& spec() const = 0;
+  // "" when usable here, else why not; `code` says what was found (library version).
+  virtual std::string prepare(const DeviceInfo& dev, std::string& code) = 0;
+  // y = x W^T. Strides in elements (ldx >= K, ldy >= N). Never synchronizes.
+  virtual void run(const bf16* x, int64_t ldx, int M, int K, const bf16* W, int N, void* y, int64_t ldy,
+                   OutType out, cudaStream_t stream) = 0;
+};
+
+std::vector<std::unique_ptr<GemmBackend>> make_gemm_backends();
+
+// Against a CPU reference on random shapes (odd M, N, K included). "" on pass.
+std::string gemm_self_test(GemmBackend& b, double& max_err);
+
+}  // namespace moeserve::cuda

@@ -1,0 +1,81 @@
+// The CUDA kernels of a transformer layer other than GEMM and MoE, with BF16 activations, an f32 residual
+// stream and a BF16 paged KV cache. Every function launches on `stream`, never synchronizes, never allocates:
+// all of them can be captured in a CUDA graph. Pointers are device pointers unless a comment says otherwise.
+#pragma once
+
+#include "cuda/common.h"
+
+namespace moeserve::cuda {
+
+// residual[t, :] = float(table[ids[t], :]) for t < T (ids are checked by the host before the step).
+void embedding(const int32_t* ids, const bf16* table, int T, int H, float* residual, cudaStream_t stream);
+
+// out[r, :] = bf16(x[r, :] * rsqrt(mean(x[r]^2) + eps) * w), the norm computed in f32.
+void rmsnorm(const float* x, const bf16* w, float eps, int rows, int dim, bf16* out, cudaStream_t stream);
+
+// Fused residual add then norm: residual[r] += float(x[r]); out[r] = bf16(rmsnorm(residual[r]) * w).
+// x may be bf16 (the o_proj / MoE outputs).
+void add_rmsnorm(float* residual, const bf16* x, const bf16* w, float eps, int rows, int dim, bf16* out,
+                 cudaStream_t stream);
+
+// SwiGLU for dense MLPs: out[t, i] = bf16(silu(g) * u) with g = gate_up[t, i], u = gate_up[t, I + i].
+void silu_mul(const bf16* gate_up, int T, int I, bf16* out, cudaStream_t stream);
+
+// Rotary embedding tables (rotate-half form, as transformers' Qwen models): inv_freq[rotary_dim / 2] on the
+// device; cos/sin are computed per position in f32 as (position * inv_freq) then * attention_scaling.
+struct RopeArgs {
+  const float* inv_freq = nullptr;
+  int rotary_dim = 0;  // <= head_dim, even
+  float attention_scaling = 1.0f;
+};
+
+// The attention input stage, fused. qkv: [T, (heads + 2 * kv_heads) * head_dim] rows (q heads, then k heads,
+// then v heads), row stride qkv_stride elements. For each token t:
+//  - q heads: per-head RMSNorm with q_norm (skipped when q_norm == nullptr), then RoPE at positions[t]; in place;
+//  - k heads: the same with k_norm, in place, and also stored into the cache;
+//  - v heads: stored into the cache unchanged.
+// The cache slot of token t is slots[t] = page * page_size + offset (slots[t] < 0: not stored). Caches are
+// [num_pages, page_size, kv_heads, head_dim] bf16 for one layer.
+void qk_norm_rope_store_kv(bf16* qkv, int64_t qkv_stride, int T, int heads, int kv_heads, int head_dim,
+                           const bf16* q_norm, const bf16* k_norm, float eps, const int32_t* positions,
+                           const RopeArgs& rope, const int32_t* slots, bf16* k_cache, bf16* v_cache,
+                           cudaStream_t stream);
+
+// Paged attention metadata for one step, built on the host and copied to the device before the step (for a
+// captured decode graph: copied into the graph's fixed buffers before replay).
+struct AttnMeta {
+  const int32_t* block_tables = nullptr;  // [num_seqs, max_pages] page ids of each sequence, position order
+  int max_pages = 0;                      // row stride of block_tables
+  const int32_t* kv_lens = nullptr;       // [num_seqs] tokens in the cache after this step (start + new)
+  const int32_t* new_lens = nullptr;      // [num_seqs] new (query) tokens this step; 0: padding, skipped
+  const int32_t* q_rows = nullptr;        // [num_seqs] first row of the sequence in q / out
+  int num_seqs = 0;
+  int page_size = 16;
+};
+
+// Query token i of a sequence (row q_rows[s] + i) sits at position kv_lens[s] - new_lens[s] + i and attends
+// causally to positions 0 .. that position. GQA: head h uses kv head h / (heads / kv_heads).
+// q: row stride q_stride elements, head h at column h * head_dim; out: [rows, heads * head_dim] with
+// row stride out_stride. scale = 1 / sqrt(head_dim) for Qwen models. Rows not covered by any sequence are
+// left untouched.
+struct AttnShape {
+  int heads = 0, kv_heads = 0, head_dim = 0;
+  float scale = 1.0f;
+};
+
+// Prefill / chunked prefill / mixed batches: flash-attention style over query tiles. max_new_lens: an upper
+// bound of new_lens (host-known; sets the grid).
+void paged_attention_prefill(const bf16* q, int64_t q_stride, const bf16* k_cache, const bf16* v_cache,
+                             const AttnMeta& meta, const AttnShape& shape, int max_new_lens, bf16* out,
+                             int64_t out_stride, cudaStream_t stream);
+
+// Decode (one new token per sequence), split-KV: each sequence's keys are cut into up to `num_splits` parts
+// processed by separate blocks, then merged. The grid depends only on (num_seqs, num_splits), so a graph
+// captured for a batch size replays for any lengths <= max_pages * page_size.
+// workspace: decode_workspace_bytes(num_seqs, heads, head_dim, num_splits) bytes.
+size_t decode_workspace_bytes(int num_seqs, int heads, int head_dim, int num_splits);
+void paged_attention_decode(const bf16* q, int64_t q_stride, const bf16* k_cache, const bf16* v_cache,
+                            const AttnMeta& meta, const AttnShape& shape, int num_splits, void* workspace,
+                            bf16* out, int64_t out_stride, cudaStream_t stream);
+
+}  // namespace moeserve::cuda

@@ -1,0 +1,66 @@
+// Mixture-of-Experts on the GPU: routing (softmax, top-k, renormalisation) shared by all backends, and the
+// backend interface for the expert computation (gate/up grouped GEMM with fused SwiGLU, down grouped GEMM,
+// weighted combine). Weight formats other than BF16 (FP8 block-scale, NVFP4) join through MoeWeights' scale
+// fields and BackendSpec::formats.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cuda/common.h"
+#include "cuda/registry.h"
+
+namespace moeserve::cuda {
+
+enum class WeightFormat { BF16, FP8Block128, NVFP4 };
+const char* weight_format_name(WeightFormat f);  // "bf16", "fp8_block128", "nvfp4"
+
+struct MoeShape {
+  int num_experts = 0, hidden = 0, inter = 0, top_k = 0;
+  WeightFormat format = WeightFormat::BF16;
+  int max_tokens = 0;  // largest T a step will pass (sizes workspaces)
+};
+
+// One layer's expert weights on the device.
+struct MoeWeights {
+  WeightFormat format = WeightFormat::BF16;
+  const void* gate_up = nullptr;  // [E, 2 * I, H]: rows 0..I-1 gate, I..2I-1 up (transformers' fused layout)
+  const void* down = nullptr;     // [E, H, I]
+  // Per-group scales for quantized formats (unused for BF16): FP8 128x128 blocks, NVFP4 16-element groups.
+  const void* gate_up_scale = nullptr;
+  const void* down_scale = nullptr;
+  float gate_up_global_scale = 1.0f, down_global_scale = 1.0f;
+};
+
+// Router: logits [T, E] f32 -> softmax over experts -> top-k (descending probability, ties: lower expert
+// index first, as torch.topk) -> weights renormalised to sum 1 when `renormalize`. ids/weights: [T, k].
+void moe_route_topk(const float* logits, int T, int E, int k, bool renormalize, int32_t* ids, float* weights,
+                    cudaStream_t stream);
+
+class MoeBackend {
+ public:
+  virtual ~MoeBackend() = default;
+  virtual const BackendSpec& spec() const = 0;
+  // Checks the architecture claim and the code for this device (present in the binary, or JIT-compiled for
+  // the device's exact architecture for these shapes). Returns "" when ready, else the reason it cannot run
+  // here (the backend is then never used). Fills `code` with what was found ("sm_90a in binary",
+  // "JIT sm_90a in 0.41 s", "JIT sm_90a from disk cache").
+  virtual std::string prepare(const DeviceInfo& dev, const MoeShape& shape, std::string& code) = 0;
+  virtual size_t workspace_bytes(const MoeShape& shape) const = 0;
+  // out[T, H] = bf16(sum over j < k of topk_weights[t, j] * expert_{topk_ids[t, j]}(x[t])), where
+  // expert(x) = down(silu(gate(x)) * up(x)). x: [T, H] bf16. workspace: workspace_bytes(shape) bytes.
+  // T <= shape.max_tokens. Capturable backends never synchronize with the host.
+  virtual void run(const bf16* x, int T, const int32_t* topk_ids, const float* topk_weights, const MoeWeights& w,
+                   bf16* out, void* workspace, cudaStream_t stream) = 0;
+};
+
+// Every MoE backend this binary knows, in preference order for ties.
+std::vector<std::unique_ptr<MoeBackend>> make_moe_backends();
+
+// Self-test on a small random problem with the hidden / inter sizes of `shape` (few experts, odd token
+// count) against the CPU reference (kernels::moe_forward in f32 on the same BF16 values). Returns "" on
+// pass, else what went wrong; max_err gets the largest relative error seen.
+std::string moe_self_test(MoeBackend& b, const MoeShape& shape, double& max_err);
+
+}  // namespace moeserve::cuda
