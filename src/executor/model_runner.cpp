@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "executor/cpu_executor.h"
 
 namespace moeserve {
 
@@ -14,26 +15,27 @@ double now_s() {
 }
 }  // namespace
 
-ModelRunner::ModelRunner(std::unique_ptr<CausalLM> model, const RunnerOptions& opts)
-    : model_(std::move(model)), opts_(opts), pool_(opts.threads) {
-  const ModelConfig& c = model_->config();
-  if (opts_.max_total_tokens <= 0) opts_.max_total_tokens = std::min<int64_t>(c.max_position_embeddings, 65536);
-  if (opts_.page_size <= 0) throw_user("--page-size must be positive, got {}", opts_.page_size);
-  KVPoolShape s;
-  s.num_layers = c.num_layers;
-  s.page_size = opts_.page_size;
-  s.num_pages = (opts_.max_total_tokens + s.page_size - 1) / s.page_size;
-  s.kv_heads = c.num_kv_heads;
-  s.head_dim = c.head_dim;
-  kv_ = std::make_unique<KVPool>(s);
-  eos_ids_ = c.eos_token_ids;
-  log_info("KV cache: {} tokens in {} pages of {} ({:.1f} MiB, f32, CPU); {} threads", s.num_pages * s.page_size,
-           s.num_pages, s.page_size, double(s.bytes()) / (1 << 20), pool_.num_threads());
+// Default KV capacity when none is given: the context length, at most 65,536 tokens.
+static int64_t default_kv_tokens(const ModelConfig& c, int64_t requested) {
+  return requested > 0 ? requested : std::min<int64_t>(c.max_position_embeddings, 65536);
 }
 
-void ModelRunner::forward(const ForwardBatch& batch, std::vector<float>& logits) {
-  logits.resize(batch.logit_rows.size() * size_t(config().vocab_size));
-  model_->forward(batch, *kv_, logits.data(), pool_);
+ModelRunner::ModelRunner(std::unique_ptr<CausalLM> model, const RunnerOptions& opts) : opts_(opts) {
+  if (opts_.page_size <= 0) throw_user("--page-size must be positive, got {}", opts_.page_size);
+  opts_.max_total_tokens = default_kv_tokens(model->config(), opts_.max_total_tokens);
+  exec_ = std::make_unique<CpuExecutor>(std::move(model), opts_.max_total_tokens, opts_.page_size, opts_.threads);
+  init();
+}
+
+ModelRunner::ModelRunner(std::unique_ptr<Executor> executor, const RunnerOptions& opts)
+    : exec_(std::move(executor)), opts_(opts) {
+  init();
+}
+
+void ModelRunner::init() {
+  opts_.page_size = exec_->kv().shape().page_size;
+  opts_.max_total_tokens = exec_->kv().shape().num_pages * opts_.page_size;
+  eos_ids_ = exec_->config().eos_token_ids;
 }
 
 GenerateResult ModelRunner::generate(const GenerateRequest& req) {
@@ -47,8 +49,8 @@ GenerateResult ModelRunner::generate(const GenerateRequest& req) {
   if (total > c.max_position_embeddings)
     throw_user("prompt ({} tokens) + max_new_tokens ({}) = {} exceeds the context length {}", P, req.max_new_tokens,
                total, c.max_position_embeddings);
-  PageAllocator& alloc = kv_->allocator();
-  const int64_t pages = kv_->pages_for(std::max<int64_t>(total, 1));
+  PageAllocator& alloc = kv().allocator();
+  const int64_t pages = kv().pages_for(std::max<int64_t>(total, 1));
   if (!alloc.can_allocate(pages))
     throw_user("prompt + max_new_tokens needs {} KV tokens but the cache holds {} (raise --max-total-tokens)",
                total, alloc.num_free() * opts_.page_size);
@@ -62,13 +64,17 @@ GenerateResult ModelRunner::generate(const GenerateRequest& req) {
 
   GenerateResult res;
   std::mt19937_64 rng(req.seed);
-  std::vector<float> logits, logprobs(V);
-  auto emit = [&](const float* lg) -> bool {  // returns true when generation must stop
-    kernels::log_softmax(lg, V, logprobs.data());
-    int32_t tok = kernels::sample_token(lg, V, req.sampling, rng);
+  std::vector<SampleSpec> specs(1);
+  specs[0].sampler = req.sampling;
+  specs[0].rng = &rng;
+  specs[0].logprob = true;
+  specs[0].top_logprobs = req.top_logprobs;
+  std::vector<Sampled> sampled;
+  auto emit = [&]() -> bool {  // returns true when generation must stop
+    int32_t tok = sampled.at(0).token;
     res.output_ids.push_back(tok);
-    res.output_logprobs.push_back(logprobs[tok]);
-    if (req.top_logprobs > 0) res.top_logprobs.push_back(kernels::top_logprobs(logprobs.data(), V, req.top_logprobs));
+    res.output_logprobs.push_back(sampled[0].logprob);
+    if (req.top_logprobs > 0) res.top_logprobs.push_back(sampled[0].top);
     bool stop = std::find(req.stop_token_ids.begin(), req.stop_token_ids.end(), tok) != req.stop_token_ids.end();
     if (!req.ignore_eos) stop |= std::find(eos_ids_.begin(), eos_ids_.end(), tok) != eos_ids_.end();
     if (stop) {
@@ -87,21 +93,25 @@ GenerateResult ModelRunner::generate(const GenerateRequest& req) {
     fb.tokens.assign(req.input_ids.begin() + b, req.input_ids.begin() + e);
     for (int64_t p = b; p < e; ++p) fb.positions.push_back(p);
     fb.seqs.push_back({table.pages.data(), b, e - b, 0});
-    if (e == P) fb.logit_rows.push_back(e - b - 1);
-    forward(fb, logits);
+    if (e == P) {
+      fb.logit_rows.push_back(e - b - 1);
+      step(fb, specs, sampled);
+    } else {
+      step(fb, {}, sampled);
+    }
   }
   double t1 = now_s();
   res.prefill_seconds = t1 - t0;
   if (req.max_new_tokens == 0) return res;
-  bool stop = emit(logits.data());
+  bool stop = emit();
   for (int64_t pos = P; !stop && int64_t(res.output_ids.size()) < req.max_new_tokens; ++pos) {
     ForwardBatch fb;
     fb.tokens = {res.output_ids.back()};
     fb.positions = {pos};
     fb.seqs.push_back({table.pages.data(), pos, 1, 0});
     fb.logit_rows = {0};
-    forward(fb, logits);
-    stop = emit(logits.data());
+    step(fb, specs, sampled);
+    stop = emit();
   }
   res.decode_seconds = now_s() - t1;
   return res;

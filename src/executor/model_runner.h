@@ -1,16 +1,13 @@
-// The model runner owns the model, the KV pool and the threads, and runs forward steps. It also offers a
-// single-request generate() loop (prefill in chunks, then decode) for `moeserve generate` and the tests;
-// the server's scheduler drives forward() directly with batches of many requests.
+// The model runner owns an executor (CPU or CUDA: the model, its KV storage, its sampler) and runs steps.
+// It also offers a single-request generate() loop (prefill in chunks, then decode) for `moeserve generate`
+// and the tests; the server's scheduler drives step() directly with batches of many requests.
 #pragma once
 
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "core/threadpool.h"
-#include "kernels/sampling/sampling.h"
-#include "kv/kv_pool.h"
-#include "model/model.h"
+#include "executor/executor.h"
 
 namespace moeserve {
 
@@ -42,28 +39,31 @@ struct GenerateResult {
 
 class ModelRunner {
  public:
+  // The CPU executor.
   ModelRunner(std::unique_ptr<CausalLM> model, const RunnerOptions& opts);
-  CausalLM& model() { return *model_; }
-  const ModelConfig& config() const { return model_->config(); }
-  KVPool& kv() { return *kv_; }
-  ThreadPool& pool() { return pool_; }
+  ModelRunner(std::unique_ptr<Executor> executor, const RunnerOptions& opts);
+  Executor& executor() { return *exec_; }
+  const ModelConfig& config() const { return exec_->config(); }
+  KVPool& kv() { return exec_->kv(); }
   const RunnerOptions& options() const { return opts_; }
   // eos ids: generation_config.json's, else config.json's.
   void set_eos_ids(std::vector<int64_t> ids) { eos_ids_ = std::move(ids); }
   const std::vector<int64_t>& eos_ids() const { return eos_ids_; }
 
   // logits: [batch.logit_rows.size(), vocab].
-  void forward(const ForwardBatch& batch, std::vector<float>& logits);
+  void forward(const ForwardBatch& batch, std::vector<float>& logits) { exec_->forward_logits(batch, logits); }
+  void step(const ForwardBatch& batch, const std::vector<SampleSpec>& specs, std::vector<Sampled>& out) {
+    exec_->step(batch, specs, out);
+  }
 
   // UserError for ids outside the vocabulary, an empty prompt, or a prompt + max_new_tokens beyond the
   // context or the KV capacity.
   GenerateResult generate(const GenerateRequest& req);
 
  private:
-  std::unique_ptr<CausalLM> model_;
+  void init();
+  std::unique_ptr<Executor> exec_;
   RunnerOptions opts_;
-  ThreadPool pool_;
-  std::unique_ptr<KVPool> kv_;
   std::vector<int64_t> eos_ids_;
 };
 

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <unordered_map>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -119,43 +118,39 @@ bool Scheduler::try_admit(const std::shared_ptr<Request>& r) {
   return true;
 }
 
-void Scheduler::sample_and_deliver(Request& r, const float* logits, std::vector<RequestOutput>& outs) {
-  const ModelConfig& c = runner_.config();
-  const int64_t V = c.vocab_size;
+SampleSpec Scheduler::sample_spec(Request& r) const {
   const SamplingParams& p = r.params;
-  scratch_.assign(logits, logits + V);
-  float* lg = scratch_.data();
-  if (p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) {
-    std::unordered_map<int32_t, int64_t> counts;
-    for (int32_t t : r.output) counts[t]++;
-    if (p.repetition_penalty != 1.0f) {
-      auto penalise = [&](int32_t t) { lg[t] = lg[t] > 0 ? lg[t] / p.repetition_penalty : lg[t] * p.repetition_penalty; };
-      std::vector<uint8_t> seen(V, 0);
-      for (int32_t t : r.prompt) seen[t] = 1;
-      for (auto& [t, n] : counts) seen[t] = 1;
-      for (int64_t t = 0; t < V; ++t)
-        if (seen[t]) penalise(int32_t(t));
-    }
-    for (auto& [t, n] : counts) lg[t] -= p.presence_penalty + p.frequency_penalty * float(n);
-  }
-  const auto& eos = runner_.eos_ids();
+  SampleSpec s;
+  s.sampler = kernels::SamplerParams{p.temperature, p.top_k, p.top_p, p.min_p};
+  s.presence_penalty = p.presence_penalty;
+  s.frequency_penalty = p.frequency_penalty;
+  s.repetition_penalty = p.repetition_penalty;
+  s.prompt = &r.prompt;
+  s.output = &r.output;
+  const int64_t V = runner_.config().vocab_size;
   if (int64_t(r.output.size()) < p.min_new_tokens) {
     if (!p.ignore_eos)
-      for (int64_t e : eos)
-        if (e >= 0 && e < V) lg[e] = -INFINITY;
+      for (int64_t e : runner_.eos_ids())
+        if (e >= 0 && e < V) s.banned.push_back(int32_t(e));
     for (int64_t e : p.stop_token_ids)
-      if (e >= 0 && e < V) lg[e] = -INFINITY;
+      if (e >= 0 && e < V) s.banned.push_back(int32_t(e));
   }
-  kernels::SamplerParams sp{p.temperature, p.top_k, p.top_p, p.min_p};
-  int32_t tok = kernels::sample_token(lg, V, sp, r.rng);
+  s.rng = &r.rng;
+  s.logprob = p.return_logprob || p.top_logprobs > 0;
+  s.top_logprobs = p.top_logprobs;
+  return s;
+}
 
+void Scheduler::accept_token(Request& r, const Sampled& smp, std::vector<RequestOutput>& outs) {
+  const ModelConfig& c = runner_.config();
+  const SamplingParams& p = r.params;
+  const auto& eos = runner_.eos_ids();
+  const int32_t tok = smp.token;
   RequestOutput o;
   o.new_tokens.push_back(tok);
   if (p.return_logprob || p.top_logprobs > 0) {
-    logprobs_.resize(V);
-    kernels::log_softmax(logits, V, logprobs_.data());
-    o.new_logprobs.push_back(logprobs_[tok]);
-    if (p.top_logprobs > 0) o.new_top_logprobs.push_back(kernels::top_logprobs(logprobs_.data(), V, p.top_logprobs));
+    o.new_logprobs.push_back(smp.logprob);
+    if (p.top_logprobs > 0) o.new_top_logprobs.push_back(smp.top);
   }
   if (r.output.empty()) r.first_token_s = now_s();
   r.output.push_back(tok);
@@ -264,7 +259,10 @@ bool Scheduler::step() {
       fb.logit_rows.push_back(row + chunk - 1);
     }
   }
-  runner_.forward(fb, logits_);
+  std::vector<SampleSpec> specs;
+  for (size_t i = 0; i < plan.size(); ++i)
+    if (logit_row_of[i] >= 0) specs.push_back(sample_spec(*plan[i].first));
+  runner_.step(fb, specs, sampled_);
   ++stats_.steps;
 
   std::vector<RequestOutput> outs;
@@ -273,7 +271,7 @@ bool Scheduler::step() {
     r->computed += chunk;
     if (logit_row_of[i] < 0) continue;
     outs.clear();
-    sample_and_deliver(*r, logits_.data() + logit_row_of[i] * runner_.config().vocab_size, outs);
+    accept_token(*r, sampled_.at(size_t(logit_row_of[i])), outs);
     RequestOutput& o = outs.back();
     o.prompt_tokens = int64_t(r->prompt.size());
     o.completion_tokens = int64_t(r->output.size());

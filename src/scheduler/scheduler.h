@@ -53,7 +53,8 @@ class Scheduler {
   void release_kv(Request& r);
   bool try_admit(const std::shared_ptr<Request>& r);
   void deliver(std::vector<std::pair<std::shared_ptr<Request>, RequestOutput>>& deliveries);
-  void sample_and_deliver(Request& r, const float* logits, std::vector<RequestOutput>& outs);
+  SampleSpec sample_spec(Request& r) const;
+  void accept_token(Request& r, const Sampled& s, std::vector<RequestOutput>& outs);
 
   ModelRunner& runner_;
   SchedulerOptions opts_;
@@ -62,7 +63,7 @@ class Scheduler {
   std::vector<std::shared_ptr<Request>> running_;
   int64_t admitted_counter_ = 0;
   SchedulerStats stats_;
-  std::vector<float> logits_, logprobs_, scratch_;
+  std::vector<Sampled> sampled_;
 };
 
 }  // namespace moeserve

@@ -30,6 +30,13 @@ class Qwen3Model : public CausalLM {
   void forward(const ForwardBatch& batch, KVPool& kv, float* logits, ThreadPool& pool) override;
   size_t active_weight_bytes() const override;
 
+  // Read access for device backends that copy the weights (the CUDA model uploads from these views).
+  const Tensor& embed_weight() const { return embed; }
+  const kernels::LinearWeight& lm_head_weight() const { return lm_head; }
+  const Tensor& final_norm_weight() const { return final_norm; }
+  const std::vector<Qwen3Layer>& layer_weights() const { return layers; }
+  const kernels::RopeTable& rope_table() const { return rope; }
+
  private:
   ModelConfig cfg_;
   Checkpoint ckpt_;  // keeps the mappings alive

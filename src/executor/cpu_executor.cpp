@@ -1,0 +1,67 @@
+#include "executor/cpu_executor.h"
+
+#include <cmath>
+#include <unordered_map>
+
+#include "core/log.h"
+
+namespace moeserve {
+
+Sampled sample_on_cpu(const float* logits, int64_t V, const SampleSpec& s, std::vector<float>& scratch,
+                      std::vector<float>& logprobs) {
+  scratch.assign(logits, logits + V);
+  float* lg = scratch.data();
+  if (s.penalized()) {
+    std::unordered_map<int32_t, int64_t> counts;
+    if (s.output)
+      for (int32_t t : *s.output) counts[t]++;
+    if (s.repetition_penalty != 1.0f) {
+      std::vector<uint8_t> seen(size_t(V), 0);
+      if (s.prompt)
+        for (int32_t t : *s.prompt) seen[t] = 1;
+      for (auto& [t, n] : counts) seen[t] = 1;
+      for (int64_t t = 0; t < V; ++t)
+        if (seen[t]) lg[t] = lg[t] > 0 ? lg[t] / s.repetition_penalty : lg[t] * s.repetition_penalty;
+    }
+    for (auto& [t, n] : counts) lg[t] -= s.presence_penalty + s.frequency_penalty * float(n);
+  }
+  for (int32_t b : s.banned)
+    if (b >= 0 && b < V) lg[b] = -INFINITY;
+  Sampled out;
+  out.token = kernels::sample_token(lg, V, s.sampler, *s.rng);
+  if (s.logprob || s.top_logprobs > 0) {
+    logprobs.resize(size_t(V));
+    kernels::log_softmax(logits, V, logprobs.data());
+    out.logprob = logprobs[out.token];
+    if (s.top_logprobs > 0) out.top = kernels::top_logprobs(logprobs.data(), V, s.top_logprobs);
+  }
+  return out;
+}
+
+CpuExecutor::CpuExecutor(std::unique_ptr<CausalLM> model, int64_t kv_tokens, int64_t page_size, int threads)
+    : model_(std::move(model)), pool_(threads) {
+  const ModelConfig& c = model_->config();
+  KVPoolShape s;
+  s.num_layers = c.num_layers;
+  s.page_size = page_size;
+  s.num_pages = (kv_tokens + page_size - 1) / page_size;
+  s.kv_heads = c.num_kv_heads;
+  s.head_dim = c.head_dim;
+  kv_ = std::make_unique<KVPool>(s);
+  log_info("KV cache: {} tokens in {} pages of {} ({:.1f} MiB, f32, CPU); {} threads", s.num_pages * s.page_size,
+           s.num_pages, s.page_size, double(s.bytes()) / (1 << 20), pool_.num_threads());
+}
+
+void CpuExecutor::forward_logits(const ForwardBatch& batch, std::vector<float>& logits) {
+  logits.resize(batch.logit_rows.size() * size_t(config().vocab_size));
+  model_->forward(batch, *kv_, logits.data(), pool_);
+}
+
+void CpuExecutor::step(const ForwardBatch& batch, const std::vector<SampleSpec>& specs, std::vector<Sampled>& out) {
+  forward_logits(batch, logits_);
+  const int64_t V = config().vocab_size;
+  out.resize(specs.size());
+  for (size_t i = 0; i < specs.size(); ++i) out[i] = sample_on_cpu(logits_.data() + i * V, V, specs[i], scratch_, logprobs_);
+}
+
+}  // namespace moeserve

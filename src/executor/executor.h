@@ -1,0 +1,57 @@
+// The device-specific half of the model runner: runs a forward step over a batch and picks one token per
+// logit row. The CPU executor samples on the host; the CUDA executor samples on the GPU and copies back only
+// the sampled ids (and logprobs when asked). The KV page bookkeeping (KVPool's allocator) is shared with the
+// scheduler; where the pages' storage lives is the executor's business.
+#pragma once
+
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/sampling/sampling.h"
+#include "kv/kv_pool.h"
+#include "model/model.h"
+
+namespace moeserve {
+
+// How to pick the next token of one logit row.
+struct SampleSpec {
+  kernels::SamplerParams sampler;
+  float presence_penalty = 0.0f, frequency_penalty = 0.0f;  // over generated tokens
+  float repetition_penalty = 1.0f;                          // over prompt and generated tokens
+  const std::vector<int32_t>* prompt = nullptr;             // for the penalties (may be null when none apply)
+  const std::vector<int32_t>* output = nullptr;
+  std::vector<int32_t> banned;                              // ids that may not be picked (eos under min_tokens)
+  std::mt19937_64* rng = nullptr;                           // the request's generator
+  bool logprob = false;                                     // logprob of the chosen token
+  int64_t top_logprobs = 0;                                 // top-n logprobs of the raw distribution
+  bool penalized() const {
+    return presence_penalty != 0.0f || frequency_penalty != 0.0f || repetition_penalty != 1.0f;
+  }
+};
+
+struct Sampled {
+  int32_t token = -1;
+  float logprob = 0.0f;                      // when asked: log_softmax(raw logits)[token]
+  std::vector<kernels::TokenLogprob> top;    // when asked
+};
+
+class Executor {
+ public:
+  virtual ~Executor() = default;
+  virtual const ModelConfig& config() const = 0;
+  virtual KVPool& kv() = 0;
+  // Forward over the batch, then one token per logit row (specs[i] for batch.logit_rows[i]).
+  virtual void step(const ForwardBatch& batch, const std::vector<SampleSpec>& specs, std::vector<Sampled>& out) = 0;
+  // The logit rows' logits on the host, [rows, vocab] f32 (tests and parity checks).
+  virtual void forward_logits(const ForwardBatch& batch, std::vector<float>& logits) = 0;
+  virtual std::string device_name() const = 0;
+  virtual size_t active_weight_bytes() const = 0;
+};
+
+// The CPU sampler: penalties, bans, then kernels::sample_token with the request's generator. `scratch` and
+// `logprobs` are reused buffers.
+Sampled sample_on_cpu(const float* logits, int64_t V, const SampleSpec& s, std::vector<float>& scratch,
+                      std::vector<float>& logprobs);
+
+}  // namespace moeserve
