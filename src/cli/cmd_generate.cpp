@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "executor/model_runner.h"
+#include "launch/launch.h"
 #include "model/config.h"
 #include "tokenizer/tokenizer.h"
 
@@ -28,7 +29,9 @@ int cmd_generate(const std::vector<std::string>& args) {
   int64_t max_new = 16, top_k = -2, top_logprobs = 0, seed = 0, threads = 0, max_total = 0, page_size = 16,
           chunk = 512;
   double temperature = -1, top_p = -1, min_p = -1;
-  bool as_json = false, ignore_eos = false;
+  bool as_json = false, ignore_eos = false, disable_graphs = false;
+  double mem_fraction = 0;
+  std::string moe_backend = "auto";
   FlagSet f("generate", "Offline generation for scripting and debugging: one request, printed as tokens or as "
                         "one JSON object shaped like the /generate response.");
   f.add_string("model-path", &model_path, "Hugging Face checkpoint folder (default: the built-in demo model)");
@@ -45,13 +48,15 @@ int cmd_generate(const std::vector<std::string>& args) {
   f.add_bool("ignore-eos", &ignore_eos, "do not stop at end-of-sequence tokens");
   f.add_string("device", &device, "where to run", {"auto", "cpu", "cuda"});
   f.add_int("threads", &threads, "CPU threads (0: all cores)", 0);
+  f.add_double("mem-fraction-static", &mem_fraction, "GPU memory fraction for weights + KV (0: 0.85)", 0, 1);
+  f.add_bool("disable-cuda-graph", &disable_graphs, "no CUDA graphs");
+  f.add_string("moe-runner-backend", &moe_backend, "MoE kernel backend (auto, or a name from `moeserve backends`)");
   f.add_int("max-total-tokens", &max_total, "KV cache capacity in tokens (0: automatic)", 0);
   f.add_int("page-size", &page_size, "KV cache page size in tokens", 1, 4096);
   f.add_int("chunked-prefill-size", &chunk, "prefill chunk in tokens", 1);
   f.add_string("log-level", &log_level, "log level", {"debug", "info", "warning", "error"});
   if (!f.parse(args)) return 0;
   set_log_level(parse_log_level(log_level));
-  if (device == "cuda") throw_user("--device cuda: this build has no CUDA model runner yet; use --device cpu");
   if (input_ids.empty() == prompt.empty())
     throw_user("generate: give the prompt as --input-ids 1,2,3 or as --prompt TEXT (one of them)");
   if (model_path.empty()) model_path = ensure_demo_model();
@@ -71,12 +76,19 @@ int cmd_generate(const std::vector<std::string>& args) {
   };
 
   auto t0 = std::chrono::steady_clock::now();
-  RunnerOptions ro;
-  ro.threads = int(threads);
-  ro.max_total_tokens = max_total;
-  ro.page_size = page_size;
-  ro.chunked_prefill_size = chunk;
-  ModelRunner runner(load_model(model_path), ro);
+  LaunchOptions lo;
+  lo.model_path = model_path;
+  lo.device = device;
+  lo.runner.threads = int(threads);
+  lo.runner.max_total_tokens = max_total;
+  lo.runner.page_size = page_size;
+  lo.runner.chunked_prefill_size = chunk;
+  lo.max_running_requests = 1;
+  lo.mem_fraction_static = mem_fraction;
+  lo.disable_cuda_graph = disable_graphs;
+  lo.moe_backend = moe_backend;
+  auto runner_ptr = make_runner(lo);
+  ModelRunner& runner = *runner_ptr;
   GenerationDefaults gd = GenerationDefaults::from_dir(model_path);
   if (!gd.eos_token_ids.empty()) runner.set_eos_ids(gd.eos_token_ids);
 

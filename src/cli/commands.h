@@ -8,6 +8,7 @@ namespace moeserve::cli {
 
 int cmd_generate(const std::vector<std::string>& args);
 int cmd_gen_model(const std::vector<std::string>& args);
+int cmd_backends(const std::vector<std::string>& args);
 int cmd_serve(const std::vector<std::string>& args);
 int cmd_bench(const std::vector<std::string>& args);
 

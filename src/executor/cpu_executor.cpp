@@ -52,6 +52,13 @@ CpuExecutor::CpuExecutor(std::unique_ptr<CausalLM> model, int64_t kv_tokens, int
            s.num_pages, s.page_size, double(s.bytes()) / (1 << 20), pool_.num_threads());
 }
 
+nlohmann::json CpuExecutor::info() const {
+  const std::string why = "CPU device: the reference kernels (AVX2 when available) are the only backend";
+  nlohmann::json b = nlohmann::json::object();
+  for (const char* f : {"attention", "moe", "gemm", "sampling"}) b[f] = {{"backend", "cpu"}, {"reason", why}};
+  return {{"device", "cpu"}, {"kernel_backends", b}, {"cuda_graphs", {{"enabled", false}, {"reason", "CPU device"}}}};
+}
+
 void CpuExecutor::forward_logits(const ForwardBatch& batch, std::vector<float>& logits) {
   logits.resize(batch.logit_rows.size() * size_t(config().vocab_size));
   model_->forward(batch, *kv_, logits.data(), pool_);

@@ -18,6 +18,7 @@ class CpuExecutor : public Executor {
   void forward_logits(const ForwardBatch& batch, std::vector<float>& logits) override;
   std::string device_name() const override { return "cpu"; }
   size_t active_weight_bytes() const override { return model_->active_weight_bytes(); }
+  nlohmann::json info() const override;
 
  private:
   std::unique_ptr<CausalLM> model_;

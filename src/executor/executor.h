@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "kernels/sampling/sampling.h"
 #include "kv/kv_pool.h"
 #include "model/model.h"
@@ -47,6 +49,8 @@ class Executor {
   virtual void forward_logits(const ForwardBatch& batch, std::vector<float>& logits) = 0;
   virtual std::string device_name() const = 0;
   virtual size_t active_weight_bytes() const = 0;
+  // For /get_server_info: {"device", "kernel_backends": {family: {backend, reason}}, "cuda_graphs": {...}}.
+  virtual nlohmann::json info() const = 0;
 };
 
 // The CPU sampler: penalties, bans, then kernels::sample_token with the request's generator. `scratch` and

@@ -29,7 +29,8 @@ void PageAllocator::free(const std::vector<int32_t>& pages) {
   }
 }
 
-KVPool::KVPool(const KVPoolShape& s) : shape_(s), alloc_(s.num_pages) {
+KVPool::KVPool(const KVPoolShape& s, bool host_storage) : shape_(s), alloc_(s.num_pages) {
+  if (!host_storage) return;
   Shape shape = {s.num_layers, s.num_pages, s.page_size, s.kv_heads, s.head_dim};
   k_ = Tensor::empty(DType::F32, shape);
   v_ = Tensor::empty(DType::F32, shape);

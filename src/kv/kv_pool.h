@@ -32,10 +32,11 @@ struct KVPoolShape {
   size_t bytes() const { return size_t(num_layers) * num_pages * page_size * kv_heads * head_dim * 2 * sizeof(float); }
 };
 
-// CPU storage: f32 keys and values, one contiguous block per layer.
+// CPU storage: f32 keys and values, one contiguous block per layer. Without host storage the pool only
+// keeps the page bookkeeping (the CUDA executor stores the pages on the GPU).
 class KVPool {
  public:
-  explicit KVPool(const KVPoolShape& shape);
+  explicit KVPool(const KVPoolShape& shape, bool host_storage = true);
   const KVPoolShape& shape() const { return shape_; }
   kernels::PagedKV layer(int64_t l) const;
   PageAllocator& allocator() { return alloc_; }

@@ -10,6 +10,7 @@
 
 #include "core/log.h"
 #include "http/server.h"
+#include "launch/launch.h"
 #include "model/config.h"
 #include "server/generation.h"
 #include "server/metrics.h"
@@ -37,6 +38,7 @@ struct App {
   ServerContext ctx;
   json server_info;
   json model_info;
+  json engine_info;  // the executor's device, kernel backends and CUDA graphs
   int64_t page_size = 0;
 
   void set_stage(const std::string& s) {
@@ -212,25 +214,45 @@ void bring_up(App& app) {
   ro.page_size = o.page_size > 0 ? o.page_size : 16;
   ro.chunked_prefill_size = o.chunked_prefill_size > 0 ? o.chunked_prefill_size : 512;
   ro.max_total_tokens = o.max_total_tokens;
-  auto model = load_model(o.model_path);
-  ModelConfig cfg = model->config();
+  if (!std::filesystem::is_directory(o.model_path))
+    throw_user("--model-path '{}' is not a directory (expected a Hugging Face checkpoint folder)", o.model_path);
+  ModelConfig cfg = ModelConfig::from_file(o.model_path + "/config.json");
+  const std::string device = resolve_device(o.device);
   int64_t ctx_len = cfg.max_position_embeddings;
   if (o.context_length > 0) {
     if (o.context_length > ctx_len)
       log_warn("--context-length {} exceeds the model's max_position_embeddings {}", o.context_length, ctx_len);
     ctx_len = o.context_length;
   }
-  if (ro.max_total_tokens <= 0) ro.max_total_tokens = std::min<int64_t>(std::max<int64_t>(ctx_len, 4096), 65536);
+  if (device == "cpu" && ro.max_total_tokens <= 0)
+    ro.max_total_tokens = std::min<int64_t>(std::max<int64_t>(ctx_len, 4096), 65536);
+  if (device == "cuda" && o.chunked_prefill_size <= 0) ro.chunked_prefill_size = 8192;
+  const int64_t max_running = o.max_running_requests > 0 ? o.max_running_requests : (device == "cuda" ? 160 : 64);
   app.set_stage("loading the tokenizer");
   app.text = std::make_unique<TextLayer>(o.model_path, o.tokenizer_path, o.chat_template, o.skip_tokenizer_init);
-  auto runner = std::make_unique<ModelRunner>(std::move(model), ro);
+  app.set_stage(device == "cuda" ? "loading the model onto the GPU, self-testing kernels, capturing CUDA graphs"
+                                  : "loading the model");
+  LaunchOptions lo;
+  lo.model_path = o.model_path;
+  lo.device = device;
+  lo.runner = ro;
+  lo.max_running_requests = max_running;
+  lo.mem_fraction_static = o.mem_fraction_static;
+  lo.cuda_graph_bs = o.cuda_graph_bs;
+  lo.cuda_graph_max_bs = o.cuda_graph_max_bs;
+  lo.disable_cuda_graph = o.disable_cuda_graph;
+  lo.attention_backend = o.attention_backend;
+  lo.moe_backend = o.moe_runner_backend;
+  auto runner = make_runner(lo);
+  ro = runner->options();
   GenerationDefaults gd = GenerationDefaults::from_dir(o.model_path);
   if (!gd.eos_token_ids.empty()) runner->set_eos_ids(gd.eos_token_ids);
   SchedulerOptions so;
-  so.max_running_requests = o.max_running_requests > 0 ? o.max_running_requests : 64;
+  so.max_running_requests = max_running;
   so.chunked_prefill_size = ro.chunked_prefill_size;
   so.enable_prefix_cache = !o.disable_radix_cache;
   app.page_size = ro.page_size;
+  app.engine_info = runner->executor().info();
   app.engine = std::make_unique<Engine>(std::move(runner), so);
 
   app.ctx.engine = app.engine.get();
@@ -257,9 +279,9 @@ void bring_up(App& app) {
                     {"is_generation", true},
                     {"max_context_length", ctx_len},
                     {"config", json::parse(cfg.to_json().dump())}};
-  json backend_reason = "CPU device: the reference kernels (AVX2 when available) are the only backend";
+  const json exec_info = app.engine_info;
   app.server_info["model_path"] = o.model_path;
-  app.server_info["device"] = "cpu";
+  app.server_info["device"] = exec_info.value("device", device);
   app.server_info["context_length"] = ctx_len;
   app.server_info["max_total_tokens"] = ro.max_total_tokens;
   app.server_info["page_size"] = ro.page_size;
@@ -269,12 +291,8 @@ void bring_up(App& app) {
   app.server_info["skip_tokenizer_init"] = o.skip_tokenizer_init;
   app.server_info["reasoning_parser"] = o.reasoning_parser.empty() ? json(nullptr) : json(o.reasoning_parser);
   app.server_info["tool_call_parser"] = o.tool_call_parser.empty() ? json(nullptr) : json(o.tool_call_parser);
-  app.server_info["kernel_backends"] = {
-      {"attention", {{"backend", "cpu"}, {"reason", backend_reason}}},
-      {"moe", {{"backend", "cpu"}, {"reason", backend_reason}}},
-      {"gemm", {{"backend", "cpu"}, {"reason", backend_reason}}}};
-  app.server_info["cuda_graphs"] = {{"enabled", false}, {"reason", "CPU device"}};
-
+  app.server_info["kernel_backends"] = exec_info.at("kernel_backends");
+  app.server_info["cuda_graphs"] = exec_info.at("cuda_graphs");
   app.set_stage("warm-up generation");
   std::promise<std::pair<bool, std::string>> warm;
   probe_generation(app, [&warm](bool ok, std::string why) { warm.set_value({ok, why}); });

@@ -24,8 +24,10 @@ void register_serve_flags(cli::FlagSet& f, ServeOptions& o) {
                {"", "fp8", "modelopt_fp4", "modelopt"});
   f.add_string("device", &o.device, "where to run", {"auto", "cuda", "cpu"});
   f.add_string("kv-cache-dtype", &o.kv_cache_dtype, "KV cache dtype", {"auto", "bfloat16", "float32"});
-  f.add_string("attention-backend", &o.attention_backend, "attention kernel backend", {"auto", "cpu"});
-  f.add_string("moe-runner-backend", &o.moe_runner_backend, "MoE kernel backend", {"auto", "cpu"});
+  f.add_string("attention-backend", &o.attention_backend, "attention kernel backend", {"auto", "cpu", "flash_paged", "reference_paged"});
+  f.add_string("moe-runner-backend", &o.moe_runner_backend,
+               "MoE kernel backend (`moeserve backends` shows which can run here)",
+               {"auto", "cpu", "cublas_ref", "fused_sm90", "jit", "fused_sm100_build"});
   f.add_string("fp4-gemm-backend", &o.fp4_gemm_backend, "FP4 GEMM kernel backend", {"auto"});
   f.add_string("reasoning-parser", &o.reasoning_parser, "split reasoning from content",
                {"", "qwen3", "qwen3-thinking", "deepseek-r1"});
@@ -58,8 +60,6 @@ void register_serve_flags(cli::FlagSet& f, ServeOptions& o) {
 }
 
 void validate_serve_options(const ServeOptions& o) {
-  if (o.device == "cuda")
-    throw_user("--device cuda: this build's CUDA model runner is not ready yet; use --device cpu (or auto)");
   if (o.tp_size > 1 || o.ep_size > 1)
     throw_user("--tp-size {} / --ep-size {}: tensor and expert parallelism need the CUDA backend, which this build "
                "cannot run yet; use --tp-size 1", o.tp_size, o.ep_size);

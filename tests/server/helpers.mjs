@@ -24,7 +24,10 @@ export async function freePort() {
 // Starts `moeserve serve` on a free port and waits until /health answers 200.
 export async function startServer(args = [], { timeoutMs = 180000 } = {}) {
   const port = await freePort();
-  const proc = spawn(BIN, ['serve', '--port', String(port), '--log-level', 'warning', ...args], {
+  // MOESERVE_E2E_ARGS: extra serve flags for every server of the suite (the GPU check shares one GPU
+  // among the suite's servers with a small --mem-fraction-static).
+  const extra = (process.env.MOESERVE_E2E_ARGS || '').split(' ').filter(Boolean);
+  const proc = spawn(BIN, ['serve', '--port', String(port), '--log-level', 'warning', ...extra, ...args], {
     env: { ...process.env, MOESERVE_CACHE: CACHE },
     stdio: ['ignore', 'pipe', 'pipe'],
   });
@@ -83,6 +86,14 @@ export async function postJson(base, pathName, body, headers = {}) {
     headers: { 'content-type': 'application/json', ...headers },
     body: JSON.stringify(body),
   });
+  const text = await r.text();
+  let json = null;
+  try { json = JSON.parse(text); } catch { /* not JSON */ }
+  return { status: r.status, json, text };
+}
+
+export async function getJson(base, pathName) {
+  const r = await fetch(base + pathName);
   const text = await r.text();
   let json = null;
   try { json = JSON.parse(text); } catch { /* not JSON */ }

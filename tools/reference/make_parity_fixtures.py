@@ -168,12 +168,15 @@ def convert_expert_layout(src_dir, dst_dir, cfg):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                    help="checkpoint dtype; bfloat16 rounds the weights first and computes the reference in fp32 "
+                         "on those exact values, so a BF16 engine is measured by its arithmetic alone")
     args = ap.parse_args()
     torch.manual_seed(0)
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(4)
     os.makedirs(args.out, exist_ok=True)
-    reference = {"transformers": transformers.__version__, "torch": torch.__version__,
+    reference = {"transformers": transformers.__version__, "torch": torch.__version__, "dtype": args.dtype,
                  "new_tokens": NEW_TOKENS, "cases": []}
     for i, (name, kw) in enumerate(CASES):
         cfg = make_config(kw)
@@ -181,18 +184,26 @@ def main():
         model = cls(cfg).float().eval()
         model.config.use_cache = False
         perturb(model, 1000 + i)
+        if args.dtype == "bfloat16":
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.copy_(p.to(torch.bfloat16).float())
         if cfg.tie_word_embeddings:
             assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
         d = os.path.join(args.out, name)
         # Sharded on purpose for some cases so the index path is exercised.
         shard = "60KB" if i % 3 == 1 else "50MB"
-        model.save_pretrained(d, max_shard_size=shard)
+        if args.dtype == "bfloat16":
+            model.to(torch.bfloat16).save_pretrained(d, max_shard_size=shard)
+            model.float()
+        else:
+            model.save_pretrained(d, max_shard_size=shard)
         keys = []
         for f in sorted(os.listdir(d)):
             if f.endswith(".safetensors"):
                 keys += list(load_file(os.path.join(d, f)).keys())
         case = {"name": name, "dirs": [name], "keys": sorted(keys), "prompts": []}
-        if kw["model_type"] == "qwen3_moe" and name == "moe_basic":
+        if kw["model_type"] == "qwen3_moe" and name == "moe_basic" and args.dtype == "float32":
             alt = name + "_other_layout"
             case["alt_keys"] = convert_expert_layout(d, os.path.join(args.out, alt), cfg)
             case["dirs"].append(alt)

@@ -21,7 +21,7 @@ struct SampleRowParams {
 };
 
 struct SampleArgs {
-  const float* logits = nullptr;  // [rows, vocab] f32; modified in place (penalties, temperature)
+  const float* logits = nullptr;  // [rows, vocab] f32; read only (the logprobs need the raw values)
   int rows = 0, vocab = 0;
   const SampleRowParams* params = nullptr;  // [rows] device
   const int32_t* pen_ids = nullptr;    // token ids seen (prompt or output), unique per row
@@ -30,13 +30,19 @@ struct SampleArgs {
   int max_top = 0;                     // row stride of top_ids / top_logprobs
   // Outputs, device:
   int32_t* out_ids = nullptr;          // [rows]
-  float* out_logprobs = nullptr;       // [rows] logprob of the chosen token (raw logits)
+  float* out_logprobs = nullptr;       // [rows] logprob of the chosen token (raw logits); may be null
   int32_t* top_ids = nullptr;          // [rows, max_top], most likely first (ties: lower id)
   float* top_logprobs = nullptr;       // [rows, max_top]
-  void* workspace = nullptr;           // sample_workspace_bytes(rows, vocab)
+  void* workspace = nullptr;           // sample_workspace_bytes(rows, vocab): penalised / banned values
 };
 
+// rows * vocab f32 slots, of which only the penalised and banned tokens' are written (a sparse copy of
+// the modified logits; the rest of each row is read from `logits`).
 size_t sample_workspace_bytes(int rows, int vocab);
+// One launch for all rows, no host synchronisation, no allocation: capturable in a CUDA graph. The
+// sampled token is drawn in vocabulary order (see sampling.cu): the same distribution as the CPU sampler,
+// not the same token for the same random bits. vocab < 2^24; max_top <= 64; ids in pen_ids / ban_ids
+// outside [0, vocab) are ignored.
 void sample(const SampleArgs& a, cudaStream_t stream);
 
 }  // namespace moeserve::cuda

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# The serving benchmark on the GPU machine, in one run: makes the benchmark models with `moeserve gen-model`
+# on local disk, starts the server on each, measures start to /health 200, runs `moeserve bench` for
+# 1 request (512 in / 128 out), 64 and 128 concurrent (512 / 128) and prefill-heavy (512 in / 1 out), and
+# prints one table with SPEC.md's targets beside the figures.
+# Env: MODELS (default "q30b8l"; "q30b8l q30b" for both: q30b needs ~57 GiB of disk, the q30b8l copy is removed
+# first), BENCH_DIR (models; default /tmp/moeserve-bench), SERVE_ARGS (extra serve flags), OUT (logs).
+set -uo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+BUILD=${MOESERVE_BUILD:-$ROOT/build}
+BIN=$BUILD/bin/moeserve
+LOGS=${OUT:-/tmp/gpu-bench}
+DIR=${BENCH_DIR:-/tmp/moeserve-bench}
+MODELS=${MODELS:-q30b8l}
+PORT=${PORT:-30123}
+mkdir -p "$LOGS" "$DIR"
+export MOESERVE_CACHE=${MOESERVE_CACHE:-/tmp/moeserve-cache}
+rows=()
+
+target() {  # model scenario -> target figure
+  case "$1/$2" in
+    q30b8l/decode1) echo 1900 ;; q30b/decode1) echo 450 ;;
+    q30b8l/conc64) echo 20000 ;; q30b8l/conc128) echo 28000 ;;
+    q30b8l/prefill) echo 60000 ;; */startup) echo "<20 s" ;; *) echo "-" ;;
+  esac
+}
+
+bench() {  # model name num_prompts concurrency in out field
+  local m=$1 name=$2 n=$3 c=$4 in=$5 out=$6 field=$7
+  rm -f "$LOGS/$m-$name.json"
+  "$BIN" bench --port "$PORT" --dataset-name random-ids --num-prompts "$n" --max-concurrency "$c" \
+    --random-input-len "$in" --random-output-len "$out" --random-range-ratio 1 --warmup-requests 2 \
+    --disable-tqdm --output-file "$LOGS/$m-$name.json" >"$LOGS/$m-$name.log" 2>&1
+  local v
+  v=$(python3 -c "import json,sys; d=json.loads(open(sys.argv[1]).readline()); print(f\"{d['$field']:.0f} tok/s  (TTFT p50 {d.get('median_ttft_ms',0):.1f} ms, TPOT p50 {d.get('median_tpot_ms',0):.2f} ms, ok {d.get('completed',0)})\")" "$LOGS/$m-$name.json" 2>/dev/null || echo "failed (see $m-$name.log)")
+  rows+=("$(printf '%-8s %-9s %-62s %s' "$m" "$name" "$v" "$(target "$m" "$name")")")
+}
+
+for m in $MODELS; do
+  path=$DIR/$m
+  if [[ ! -f $path/config.json ]]; then
+    [[ $m == q30b ]] && rm -rf "$DIR/q30b8l"  # the disk holds one of them at a time
+    t0=$(date +%s%N)
+    "$BIN" gen-model --preset "$m" --output "$path" >"$LOGS/gen-$m.log" 2>&1 || { echo "gen-model $m failed"; tail "$LOGS/gen-$m.log"; continue; }
+    echo "gen-model $m: $(( ($(date +%s%N) - t0) / 1000000 )) ms, $(du -sh "$path" | cut -f1)"
+  fi
+  cat "$path"/*.safetensors >/dev/null  # from page cache, as the target says
+  t0=$(date +%s%N)
+  "$BIN" serve --model-path "$path" --port "$PORT" --log-level info ${SERVE_ARGS:-} >"$LOGS/serve-$m.log" 2>&1 &
+  pid=$!
+  until curl -sf "http://127.0.0.1:$PORT/health" >/dev/null; do
+    if ! kill -0 $pid 2>/dev/null; then echo "server on $m exited:"; tail -20 "$LOGS/serve-$m.log"; break; fi
+    sleep 0.2
+  done
+  kill -0 $pid 2>/dev/null || continue
+  st=$(( ($(date +%s%N) - t0) / 1000000 ))
+  rows+=("$(printf '%-8s %-9s %-62s %s' "$m" startup "$st ms to /health 200" "$(target "$m" startup)")")
+  bench "$m" decode1 8 1 512 128 output_throughput
+  if [[ $m == q30b8l ]]; then
+    bench "$m" conc64 256 64 512 128 output_throughput
+    bench "$m" conc128 512 128 512 128 output_throughput
+    bench "$m" prefill 512 128 512 1 input_throughput
+  fi
+  grep -E 'backend |KV cache|CUDA graphs|weights:|GPU ready' "$LOGS/serve-$m.log" | cut -c1-220
+  kill $pid; wait $pid 2>/dev/null
+done
+echo
+printf '%-8s %-9s %-62s %s\n' model scenario measured target
+printf '%s\n' "${rows[@]}"

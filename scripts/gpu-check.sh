@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Every GPU check in one run on the GPU machine, a short table last:
+#   - the binary's dynamic libraries (everything but CUDA static or header-only);
+#   - every GPU test binary (kernels, GEMM, sampling, MoE backends, GPU parity against transformers);
+#   - `moeserve backends`, and the refusal of a backend compiled for another architecture;
+#   - the server end-to-end suite on the GPU (--device auto picks the GPU there).
+# Build on the development machine (./scripts/build.sh), then run this there with build/ carried along.
+# Env: MOESERVE_BUILD (default build), GPU_CHECK_E2E=0 to skip the node suite, OUT for logs.
+set -uo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+BUILD=${MOESERVE_BUILD:-$ROOT/build}
+LOGS=${OUT:-/tmp/gpu-check}
+mkdir -p "$LOGS"
+export MOESERVE_TEST_DATA=$ROOT/tests/data
+export MOESERVE_CACHE=${MOESERVE_CACHE:-/tmp/moeserve-cache}
+export NCCL_NVLS_ENABLE=0
+BIN=$BUILD/bin/moeserve
+rows=()
+
+# run NAME EXPECT CMD...: EXPECT is "ok" (exit 0) or "fail" (must exit non-zero).
+run() {
+  local name=$1 expect=$2
+  shift 2
+  local t0=$(date +%s%N)
+  "$@" >"$LOGS/$name.log" 2>&1
+  local rc=$? t1=$(date +%s%N)
+  local verdict=PASS
+  if [[ $expect == ok && $rc -ne 0 ]] || [[ $expect == fail && $rc -eq 0 ]]; then verdict=FAIL; fi
+  local summary
+  summary=$(grep -E '^\[  (PASSED|FAILED|SKIPPED) |^# (pass|fail) |^error:' "$LOGS/$name.log" | tr '\n' ' ' | cut -c1-90)
+  rows+=("$(printf '%-34s %-5s %7.1f s  %s' "$name" "$verdict" "$(( (t1 - t0) / 1000000 ))e-3" "$summary")")
+  if [[ $verdict == FAIL ]]; then
+    echo "----- $name (rc $rc) -----"
+    grep -E 'FAILED|Failure|error|Error|expected|Which is|Expected|actual' "$LOGS/$name.log" | head -40
+  fi
+}
+
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+echo "non-system dynamic libraries of moeserve:"
+ldd "$BIN" | grep -v -E 'linux-vdso|libc\.so|libm\.so|ld-linux|libpthread|libdl|librt' || true
+
+# BF16 parity fixtures (reference computed by transformers on the exact BF16 weights), made here if missing.
+if [[ ! -f $ROOT/tests/data/parity_bf16/reference.json ]] && python3 -c 'import transformers' 2>/dev/null; then
+  python3 "$ROOT/tools/reference/make_parity_fixtures.py" --dtype bfloat16 --out "$ROOT/tests/data/parity_bf16" \
+    >"$LOGS/make_bf16_fixtures.log" 2>&1 && tar czf "$LOGS/parity_bf16.tgz" -C "$ROOT/tests/data" parity_bf16
+fi
+
+for t in "$BUILD"/tests/test_cuda*  "$BUILD"/tests/test_gpu_parity; do
+  [[ -x $t ]] || continue
+  run "$(basename "$t")" ok "$t" --gtest_brief=1
+done
+run backends ok "$BIN" backends
+grep -E 'moe|attention|gemm|sampling' "$LOGS/backends.log" | cut -c1-200
+run refuse_sm100_backend fail "$BIN" serve --moe-runner-backend fused_sm100_build --port 39999
+grep -h 'error' "$LOGS/refuse_sm100_backend.log" | head -2
+
+if [[ ${GPU_CHECK_E2E:-1} != 0 ]] && command -v node >/dev/null; then
+  for t in api limits parity; do
+    run "e2e_$t" ok env MOESERVE_BIN="$BIN" MOESERVE_E2E_ARGS="--mem-fraction-static 0.08" MOESERVE_E2E_GPU=1 node --test --test-reporter=tap "$ROOT/tests/server/$t.test.mjs"
+  done
+fi
+
+tar czf /tmp/gpu-check-logs.tgz -C "$LOGS" --exclude='*.tgz' . 2>/dev/null && mv /tmp/gpu-check-logs.tgz "$LOGS/logs.tgz"
+echo
+printf '%-34s %-5s %9s  %s\n' check result time summary
+printf '%s\n' "${rows[@]}"

@@ -1,0 +1,275 @@
+// The cuBLAS and cuBLASLt backends. Row-major y[M, N] = x[M, K] . W[N, K]^T is, seen column-major,
+// y^T[N, M] = W^T' . x^T where W's storage is the column-major [K, N] matrix (op T) and x's the [K, M] one
+// (op N): no copies, the checkpoint layout is used as is.
+#include <cublasLt.h>
+#include <cublas_v2.h>
+
+#include <algorithm>
+#include <map>
+#include <tuple>
+
+#include <fmt/format.h>
+
+#include "cuda/gemm/backends.h"
+
+namespace moeserve::cuda {
+namespace {
+
+// Fixed at prepare(): cuBLAS must not allocate while a CUDA graph is being captured. 32 MiB covers the
+// split-K and stream-K workspaces cuBLAS asks for on Hopper.
+constexpr size_t kWorkspaceBytes = size_t(32) << 20;
+
+const char* out_name(OutType t) { return t == OutType::BF16 ? "bf16" : "f32"; }
+
+std::string shape_text(int M, int N, int K, int64_t ldx, int64_t ldy, OutType out) {
+  return fmt::format("M={} N={} K={} ldx={} ldy={} out={}", M, N, K, ldx, ldy, out_name(out));
+}
+
+std::string status_text(cublasStatus_t st) {
+  return fmt::format("{} ({})", cublasGetStatusName(st), cublasGetStatusString(st));
+}
+
+void check_cublas(cublasStatus_t st, const char* what, const std::string& shape) {
+  if (st != CUBLAS_STATUS_SUCCESS)
+    throw InternalError(fmt::format("{} failed for {}: {}", what, shape, status_text(st)));
+}
+
+void check_args(int M, int K, int N, int64_t ldx, int64_t ldy) {
+  MS_CHECK(M >= 0 && N >= 0 && K >= 0, "negative GEMM size M={} N={} K={}", M, N, K);
+  MS_CHECK(ldx >= K && ldy >= N, "GEMM strides too small: ldx={} < K={} or ldy={} < N={}", ldx, K, ldy, N);
+}
+
+// K = 0 makes y zero; the libraries reject zero-sized layouts, so this path never reaches them.
+void zero_output(void* y, int64_t ldy, int M, int N, OutType out, cudaStream_t stream) {
+  const size_t elt = out == OutType::BF16 ? 2 : 4;
+  MS_CUDA_CHECK(cudaMemset2DAsync(y, size_t(ldy) * elt, 0, size_t(N) * elt, size_t(M), stream));
+}
+
+class CublasBackend final : public GemmBackend {
+ public:
+  CublasBackend() {
+    spec_.name = "cublas";
+    spec_.family = OpFamily::Gemm;
+    spec_.formats = {"bf16"};
+    spec_.capturable = true;
+    spec_.summary = "cublasGemmEx, BF16 inputs, f32 accumulation, BF16 or F32 output";
+  }
+  ~CublasBackend() override {
+    if (workspace_) cudaFree(workspace_);
+    if (handle_) cublasDestroy(handle_);
+  }
+  const BackendSpec& spec() const override { return spec_; }
+
+  std::string prepare(const DeviceInfo& dev, std::string& code) override {
+    int major = 0, minor = 0, patch = 0;
+    cublasGetProperty(MAJOR_VERSION, &major);
+    cublasGetProperty(MINOR_VERSION, &minor);
+    cublasGetProperty(PATCH_LEVEL, &patch);
+    code = fmt::format("cuBLAS {}.{}.{}", major, minor, patch);
+    if (handle_) return "";
+    if (std::string why = check_arch_claim(spec_, dev); !why.empty()) return why;
+    cublasHandle_t h = nullptr;
+    if (cublasStatus_t st = cublasCreate(&h); st != CUBLAS_STATUS_SUCCESS)
+      return "cublasCreate failed: " + status_text(st);
+    // f32 accumulation all the way: split-K partial sums must not be reduced in BF16.
+    cublasSetMathMode(h, cublasMath_t(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION));
+    void* ws = nullptr;
+    if (cudaError_t e = cudaMalloc(&ws, kWorkspaceBytes); e != cudaSuccess) {
+      cudaGetLastError();
+      cublasDestroy(h);
+      return fmt::format("cannot allocate the {} MiB cuBLAS workspace: {}", kWorkspaceBytes >> 20,
+                         cudaGetErrorString(e));
+    }
+    handle_ = h;
+    workspace_ = ws;
+    return "";
+  }
+
+  void run(const bf16* x, int64_t ldx, int M, int K, const bf16* W, int N, void* y, int64_t ldy, OutType out,
+           cudaStream_t stream) override {
+    MS_CHECK(handle_ != nullptr, "GEMM backend cublas used before prepare()");
+    check_args(M, K, N, ldx, ldy);
+    if (M == 0 || N == 0) return;
+    if (K == 0) return zero_output(y, ldy, M, N, out, stream);
+    if (!bound_ || stream != stream_) {
+      // cublasSetStream resets the workspace to cuBLAS's own pool, which allocates during capture: set ours
+      // again after it.
+      const std::string shape = shape_text(M, N, K, ldx, ldy, out);
+      check_cublas(cublasSetStream(handle_, stream), "cublasSetStream", shape);
+      check_cublas(cublasSetWorkspace(handle_, workspace_, kWorkspaceBytes), "cublasSetWorkspace", shape);
+      stream_ = stream;
+      bound_ = true;
+    }
+    const float alpha = 1.0f, beta = 0.0f;
+    cublasStatus_t st = cublasGemmEx(handle_, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &alpha, W, CUDA_R_16BF, K, x,
+                                     CUDA_R_16BF, int(ldx), &beta, y,
+                                     out == OutType::BF16 ? CUDA_R_16BF : CUDA_R_32F, int(ldy), CUBLAS_COMPUTE_32F,
+                                     CUBLAS_GEMM_DEFAULT);
+    if (st != CUBLAS_STATUS_SUCCESS)
+      throw InternalError(fmt::format("cublasGemmEx failed for {}: {}", shape_text(M, N, K, ldx, ldy, out),
+                                      status_text(st)));
+  }
+
+ private:
+  BackendSpec spec_;
+  cublasHandle_t handle_ = nullptr;
+  void* workspace_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  bool bound_ = false;
+};
+
+// Largest power of two (<= 256) dividing the address: cuBLASLt's heuristic assumes 256-byte aligned
+// buffers unless told otherwise, and an algorithm chosen under that assumption may reject a row view.
+uint32_t pointer_alignment(const void* p) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  if (a == 0) return 256;
+  return uint32_t(std::min<uintptr_t>(256, a & (~a + 1)));
+}
+
+class CublasLtBackend final : public GemmBackend {
+ public:
+  CublasLtBackend() {
+    spec_.name = "cublaslt";
+    spec_.family = OpFamily::Gemm;
+    spec_.formats = {"bf16"};
+    spec_.capturable = true;
+    spec_.summary = "cublasLtMatmul, BF16 inputs, f32 accumulation, heuristic algorithm cached per shape";
+  }
+  ~CublasLtBackend() override {
+    for (auto& [key, p] : plans_) destroy(p);
+    if (workspace_) cudaFree(workspace_);
+    if (handle_) cublasLtDestroy(handle_);
+  }
+  const BackendSpec& spec() const override { return spec_; }
+
+  std::string prepare(const DeviceInfo& dev, std::string& code) override {
+    const size_t v = cublasLtGetVersion();
+    code = fmt::format("cuBLASLt {}.{}.{}", v / 10000, v / 100 % 100, v % 100);
+    if (handle_) return "";
+    if (std::string why = check_arch_claim(spec_, dev); !why.empty()) return why;
+    cublasLtHandle_t h = nullptr;
+    if (cublasStatus_t st = cublasLtCreate(&h); st != CUBLAS_STATUS_SUCCESS)
+      return "cublasLtCreate failed: " + status_text(st);
+    void* ws = nullptr;
+    if (cudaError_t e = cudaMalloc(&ws, kWorkspaceBytes); e != cudaSuccess) {
+      cudaGetLastError();
+      cublasLtDestroy(h);
+      return fmt::format("cannot allocate the {} MiB cuBLASLt workspace: {}", kWorkspaceBytes >> 20,
+                         cudaGetErrorString(e));
+    }
+    handle_ = h;
+    workspace_ = ws;
+    return "";
+  }
+
+  void run(const bf16* x, int64_t ldx, int M, int K, const bf16* W, int N, void* y, int64_t ldy, OutType out,
+           cudaStream_t stream) override {
+    MS_CHECK(handle_ != nullptr, "GEMM backend cublaslt used before prepare()");
+    check_args(M, K, N, ldx, ldy);
+    if (M == 0 || N == 0) return;
+    if (K == 0) return zero_output(y, ldy, M, N, out, stream);
+    const Key key{M, N, K, ldx, ldy, int(out), pointer_alignment(x), pointer_alignment(W), pointer_alignment(y)};
+    auto it = plans_.find(key);
+    if (it == plans_.end()) it = plans_.emplace(key, make_plan(key)).first;
+    const Plan& p = it->second;
+    const float alpha = 1.0f, beta = 0.0f;
+    cublasStatus_t st = cublasLtMatmul(handle_, p.op, &alpha, W, p.a, x, p.b, &beta, y, p.c, y, p.c, &p.algo,
+                                       workspace_, kWorkspaceBytes, stream);
+    if (st != CUBLAS_STATUS_SUCCESS)
+      throw InternalError(fmt::format("cublasLtMatmul failed for {}: {}", shape_text(M, N, K, ldx, ldy, out),
+                                      status_text(st)));
+  }
+
+ private:
+  // Shape, strides, output type and buffer alignments: everything the heuristic's choice depends on.
+  using Key = std::tuple<int, int, int, int64_t, int64_t, int, uint32_t, uint32_t, uint32_t>;
+  // FP8 / NVFP4 plans will add the A/B scale-pointer attributes (CUBLASLT_MATMUL_DESC_A_SCALE_POINTER...)
+  // to `op`; the scale pointers then become part of run()'s arguments, not of the key.
+  struct Plan {
+    cublasLtMatmulDesc_t op = nullptr;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+  };
+
+  static void destroy(Plan& p) {
+    if (p.c) cublasLtMatrixLayoutDestroy(p.c);
+    if (p.b) cublasLtMatrixLayoutDestroy(p.b);
+    if (p.a) cublasLtMatrixLayoutDestroy(p.a);
+    if (p.op) cublasLtMatmulDescDestroy(p.op);
+    p = Plan{};
+  }
+
+  Plan make_plan(const Key& key) {
+    const auto [M, N, K, ldx, ldy, out_i, align_x, align_w, align_y] = key;
+    const OutType out = OutType(out_i);
+    const std::string shape = shape_text(M, N, K, ldx, ldy, out);
+    Plan p;
+    cublasLtMatmulPreference_t pref = nullptr;
+    try {
+      check_cublas(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate",
+                   shape);
+      const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+      check_cublas(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)),
+                   "cublasLtMatmulDescSetAttribute(TRANSA)", shape);
+      check_cublas(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)),
+                   "cublasLtMatmulDescSetAttribute(TRANSB)", shape);
+      check_cublas(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, uint64_t(K), uint64_t(N), int64_t(K)),
+                   "cublasLtMatrixLayoutCreate(W)", shape);
+      check_cublas(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, uint64_t(K), uint64_t(M), ldx),
+                   "cublasLtMatrixLayoutCreate(x)", shape);
+      check_cublas(cublasLtMatrixLayoutCreate(&p.c, out == OutType::BF16 ? CUDA_R_16BF : CUDA_R_32F, uint64_t(N),
+                                              uint64_t(M), ldy),
+                   "cublasLtMatrixLayoutCreate(y)", shape);
+      check_cublas(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate", shape);
+      const uint64_t ws = kWorkspaceBytes;
+      // Split-K partial sums reduced in f32 only, never in the BF16 output type.
+      const uint32_t reduction = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+      const auto set_pref = [&](cublasLtMatmulPreferenceAttributes_t attr, const void* v, size_t n) {
+        check_cublas(cublasLtMatmulPreferenceSetAttribute(pref, attr, v, n), "cublasLtMatmulPreferenceSetAttribute",
+                     shape);
+      };
+      set_pref(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+      set_pref(CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &reduction, sizeof(reduction));
+      set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_w, sizeof(align_w));
+      set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_x, sizeof(align_x));
+      set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_y, sizeof(align_y));
+      set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_y, sizeof(align_y));
+      cublasLtMatmulHeuristicResult_t result{};
+      int found = 0;
+      check_cublas(cublasLtMatmulAlgoGetHeuristic(handle_, p.op, p.a, p.b, p.c, p.c, pref, 1, &result, &found),
+                   "cublasLtMatmulAlgoGetHeuristic", shape);
+      if (found == 0)
+        throw InternalError(fmt::format("cuBLASLt has no algorithm for {} (buffer alignment x {} W {} y {} bytes)",
+                                        shape, align_x, align_w, align_y));
+      p.algo = result.algo;
+    } catch (...) {
+      if (pref) cublasLtMatmulPreferenceDestroy(pref);
+      destroy(p);
+      throw;
+    }
+    cublasLtMatmulPreferenceDestroy(pref);
+    return p;
+  }
+
+  BackendSpec spec_;
+  cublasLtHandle_t handle_ = nullptr;
+  void* workspace_ = nullptr;
+  // Filled on first use of a shape (a host-only call, so also allowed while capturing); never evicted: a
+  // model has a handful of shapes times the token counts its graphs are captured for.
+  std::map<Key, Plan> plans_;
+};
+
+}  // namespace
+
+std::unique_ptr<GemmBackend> make_cublas_backend() { return std::make_unique<CublasBackend>(); }
+std::unique_ptr<GemmBackend> make_cublaslt_backend() { return std::make_unique<CublasLtBackend>(); }
+
+std::vector<std::unique_ptr<GemmBackend>> make_gemm_backends() {
+  std::vector<std::unique_ptr<GemmBackend>> r;
+  r.push_back(make_cublas_backend());
+  r.push_back(make_cublaslt_backend());
+  r.push_back(make_gemv_backend());
+  return r;
+}
+
+}  // namespace moeserve::cuda

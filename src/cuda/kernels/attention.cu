@@ -1,0 +1,198 @@
+// Paged attention launchers: prefill (flash-attention tiles over the new tokens) and decode (split-KV over the
+// cached keys, then a merge). Both run the tensor-core kernel of attention_mma.cuh; see there for the tiling.
+#include <cmath>
+#include <limits>
+
+#include "cuda/kernels/attention_mma.cuh"
+#include "cuda/kernels/kernel_utils.cuh"
+#include "cuda/kernels/ops.h"
+
+namespace moeserve::cuda {
+
+namespace {
+
+using detail::AttnParams;
+
+// Split-KV merge: one warp per (sequence, q head); out = sum_z 2^(lse_z - M) o_z / sum_z 2^(lse_z - M).
+template <int D>
+__global__ void __launch_bounds__(128)
+    merge_splits_kernel(const float* ws_o, const float* ws_lse, const int32_t* new_lens, const int32_t* q_rows,
+                        int num_splits, int heads, bf16* out, int64_t out_stride) {
+  constexpr int VPL = D / 32;
+  constexpr float kNegInf = -INFINITY;
+  const int s = blockIdx.y;
+  const int h = blockIdx.x * 4 + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (h >= heads || new_lens[s] <= 0) return;
+  const int64_t base = int64_t(s) * num_splits * heads + h;  // part z of this head: base + z * heads
+  float M = kNegInf;
+  for (int z = lane; z < num_splits; z += 32) M = fmaxf(M, ws_lse[base + int64_t(z) * heads]);
+  M = detail::warp_max(M);
+  float acc[VPL];
+#pragma unroll
+  for (int j = 0; j < VPL; ++j) acc[j] = 0.0f;
+  float W = 0.0f;
+  if (M != kNegInf) {
+    for (int z = 0; z < num_splits; ++z) {
+      const float lse = ws_lse[base + int64_t(z) * heads];
+      if (lse == kNegInf) continue;  // an empty part: its partial output was never written
+      const float w = exp2f(lse - M);
+      W += w;
+      const float* o = ws_o + (base + int64_t(z) * heads) * D + lane * VPL;
+      if constexpr (VPL == 2) {
+        const float2 v = *reinterpret_cast<const float2*>(o);
+        acc[0] += w * v.x;
+        acc[1] += w * v.y;
+      } else {
+#pragma unroll
+        for (int j = 0; j < VPL; j += 4) {
+          const float4 v = *reinterpret_cast<const float4*>(o + j);
+          acc[j] += w * v.x;
+          acc[j + 1] += w * v.y;
+          acc[j + 2] += w * v.z;
+          acc[j + 3] += w * v.w;
+        }
+      }
+    }
+  }
+  const float inv = W > 0.0f ? 1.0f / W : 0.0f;
+#pragma unroll
+  for (int j = 0; j < VPL; ++j) acc[j] *= inv;
+  detail::store_bf16<VPL>(out + int64_t(q_rows[s]) * out_stride + int64_t(h) * D + lane * VPL, acc);
+}
+
+template <int D, int WARPS_M, int WARPS_N, int BLOCK_N, bool DECODE, bool SPLIT>
+void launch_attention(dim3 grid, const AttnParams& p, cudaStream_t stream) {
+  constexpr size_t smem = detail::attn_smem_bytes<D, WARPS_M, WARPS_N, BLOCK_N>();
+  auto kernel = detail::paged_attention_mma_kernel<D, WARPS_M, WARPS_N, BLOCK_N, DECODE, SPLIT>;
+  // A host-side attribute, not a stream operation: allowed while a graph is being captured.
+  MS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  kernel<<<grid, 128, smem, stream>>>(p);
+  MS_CUDA_LAUNCH_CHECK();
+}
+
+// Prefill: 64 rows (4 warps x 16) per block; 64-key tiles (32 for head_dim 256, to bound registers and smem).
+template <int D>
+void launch_prefill(dim3 grid, const AttnParams& p, cudaStream_t stream) {
+  launch_attention<D, 4, 1, (D == 256 ? 32 : 64), false, false>(grid, p, stream);
+}
+
+// Decode: 16 rows (the heads of a group) per block, each warp a quarter of every 64-key tile.
+template <int D>
+void launch_decode(dim3 grid, const AttnParams& p, bool split, cudaStream_t stream) {
+  if (split) {
+    launch_attention<D, 1, 4, 64, true, true>(grid, p, stream);
+  } else {
+    launch_attention<D, 1, 4, 64, true, false>(grid, p, stream);
+  }
+}
+
+AttnParams make_params(const char* op, const bf16* q, int64_t q_stride, const bf16* k_cache, const bf16* v_cache,
+                       const AttnMeta& meta, const AttnShape& shape, bf16* out, int64_t out_stride) {
+  MS_CHECK(shape.heads > 0 && shape.kv_heads > 0 && shape.heads % shape.kv_heads == 0,
+           "{}: {} heads over {} kv heads", op, shape.heads, shape.kv_heads);
+  MS_CHECK(shape.head_dim == 64 || shape.head_dim == 128 || shape.head_dim == 256,
+           "{}: head_dim {} is not supported (64, 128, 256)", op, shape.head_dim);
+  MS_CHECK(meta.page_size > 0, "{}: page_size {}", op, meta.page_size);
+  MS_CHECK(meta.num_seqs >= 0 && meta.num_seqs <= 65535, "{}: num_seqs {} (grid limit 65535)", op, meta.num_seqs);
+  MS_CHECK(shape.kv_heads <= 65535, "{}: kv_heads {}", op, shape.kv_heads);
+  MS_CHECK(meta.num_seqs == 0 || (meta.block_tables != nullptr && meta.kv_lens != nullptr &&
+                                  meta.new_lens != nullptr && meta.q_rows != nullptr && meta.max_pages > 0),
+           "{}: incomplete metadata", op);
+  // 16-byte cp.async of q, K and V rows; bf16x2 / vector stores of out rows.
+  MS_CHECK(detail::aligned_to(q, 16) && q_stride % 8 == 0 && q_stride >= int64_t(shape.heads) * shape.head_dim,
+           "{}: q must be 16-byte aligned with a row stride that is a multiple of 8 (stride {})", op, q_stride);
+  MS_CHECK(detail::aligned_to(out, 16) && out_stride % 8 == 0 &&
+               out_stride >= int64_t(shape.heads) * shape.head_dim,
+           "{}: out must be 16-byte aligned with a row stride that is a multiple of 8 (stride {})", op, out_stride);
+  MS_CHECK(detail::aligned_to(k_cache, 16) && detail::aligned_to(v_cache, 16), "{}: caches must be 16-byte aligned",
+           op);
+  AttnParams p{};
+  p.q = q;
+  p.q_stride = q_stride;
+  p.k_cache = k_cache;
+  p.v_cache = v_cache;
+  p.block_tables = meta.block_tables;
+  p.max_pages = meta.max_pages;
+  p.kv_lens = meta.kv_lens;
+  p.new_lens = meta.new_lens;
+  p.q_rows = meta.q_rows;
+  p.page_size = meta.page_size;
+  p.heads = shape.heads;
+  p.kv_heads = shape.kv_heads;
+  p.group = shape.heads / shape.kv_heads;
+  p.scale_log2 = shape.scale * 1.4426950408889634f;
+  p.out = out;
+  p.out_stride = out_stride;
+  p.num_splits = 1;
+  return p;
+}
+
+constexpr size_t round_up_256(size_t n) { return (n + 255) / 256 * 256; }
+
+}  // namespace
+
+void paged_attention_prefill(const bf16* q, int64_t q_stride, const bf16* k_cache, const bf16* v_cache,
+                             const AttnMeta& meta, const AttnShape& shape, int max_new_lens, bf16* out,
+                             int64_t out_stride, cudaStream_t stream) {
+  AttnParams p =
+      make_params("paged_attention_prefill", q, q_stride, k_cache, v_cache, meta, shape, out, out_stride);
+  if (meta.num_seqs == 0 || max_new_lens <= 0) return;
+  const int64_t rows = int64_t(max_new_lens) * p.group;
+  MS_CHECK(rows <= std::numeric_limits<int32_t>::max() / 2, "paged_attention_prefill: {} rows", rows);
+  const dim3 grid(unsigned(ceil_div(rows, 64)), unsigned(shape.kv_heads), unsigned(meta.num_seqs));
+  switch (shape.head_dim) {
+    case 64: launch_prefill<64>(grid, p, stream); break;
+    case 128: launch_prefill<128>(grid, p, stream); break;
+    default: launch_prefill<256>(grid, p, stream); break;
+  }
+}
+
+size_t decode_workspace_bytes(int num_seqs, int heads, int head_dim, int num_splits) {
+  if (num_splits <= 1 || num_seqs <= 0) return 0;  // one part: written straight to out
+  const size_t parts = size_t(num_seqs) * size_t(num_splits) * size_t(heads);
+  return round_up_256(parts * size_t(head_dim) * sizeof(float)) + round_up_256(parts * sizeof(float));
+}
+
+void paged_attention_decode(const bf16* q, int64_t q_stride, const bf16* k_cache, const bf16* v_cache,
+                            const AttnMeta& meta, const AttnShape& shape, int num_splits, void* workspace,
+                            bf16* out, int64_t out_stride, cudaStream_t stream) {
+  AttnParams p = make_params("paged_attention_decode", q, q_stride, k_cache, v_cache, meta, shape, out, out_stride);
+  MS_CHECK(num_splits >= 1 && num_splits <= 1024, "paged_attention_decode: num_splits {}", num_splits);
+  if (meta.num_seqs == 0) return;
+  const bool split = num_splits > 1;
+  if (split) {
+    MS_CHECK(workspace != nullptr && detail::aligned_to(workspace, 16), "paged_attention_decode: workspace");
+    const size_t parts = size_t(meta.num_seqs) * size_t(num_splits) * size_t(shape.heads);
+    p.num_splits = num_splits;
+    p.ws_o = static_cast<float*>(workspace);
+    p.ws_lse = reinterpret_cast<float*>(static_cast<char*>(workspace) +
+                                        round_up_256(parts * size_t(shape.head_dim) * sizeof(float)));
+  }
+  const int m_tiles = int(ceil_div(p.group, 16));
+  const dim3 grid(unsigned(m_tiles * num_splits), unsigned(shape.kv_heads), unsigned(meta.num_seqs));
+  switch (shape.head_dim) {
+    case 64: launch_decode<64>(grid, p, split, stream); break;
+    case 128: launch_decode<128>(grid, p, split, stream); break;
+    default: launch_decode<256>(grid, p, split, stream); break;
+  }
+  if (!split) return;
+  const dim3 mgrid(unsigned(ceil_div(shape.heads, 4)), unsigned(meta.num_seqs));
+  switch (shape.head_dim) {
+    case 64:
+      merge_splits_kernel<64><<<mgrid, 128, 0, stream>>>(p.ws_o, p.ws_lse, meta.new_lens, meta.q_rows, num_splits,
+                                                          shape.heads, out, out_stride);
+      break;
+    case 128:
+      merge_splits_kernel<128><<<mgrid, 128, 0, stream>>>(p.ws_o, p.ws_lse, meta.new_lens, meta.q_rows,
+                                                           num_splits, shape.heads, out, out_stride);
+      break;
+    default:
+      merge_splits_kernel<256><<<mgrid, 128, 0, stream>>>(p.ws_o, p.ws_lse, meta.new_lens, meta.q_rows,
+                                                           num_splits, shape.heads, out, out_stride);
+      break;
+  }
+  MS_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace moeserve::cuda

@@ -1,0 +1,349 @@
+// The tensor-core paged attention kernel behind paged_attention_prefill and paged_attention_decode
+// (internal header, included by attention.cu only).
+//
+// A block owns one (sequence, kv head) pair and a tile of BLOCK_M "rows", where a row is a (query token,
+// q head of the GQA group) pair: row r is query r / group, head kv_head * group + r % group. Packing the
+// heads of a group into the rows lets every K/V byte loaded into shared memory serve the whole group, and
+// makes decode (one query, group heads) an ordinary tile.
+//
+// K/V tiles of BLOCK_N keys are gathered from the pages with cp.async (16-byte chunks, zero-filled past the
+// block's key range) into a two-stage shared-memory ring, read back with ldmatrix (XOR-swizzled rows: no bank
+// conflicts), and multiplied with mma.m16n8k16 (bf16 in, f32 out). Softmax is the online (flash-attention 2)
+// form in the exp2 domain, so a row's state is (m, l, acc) and tiles can be merged in any order.
+//
+// Two shapes of block (4 warps each):
+//  - prefill: WARPS_M = 4, WARPS_N = 1: each warp owns 16 rows and all keys of a tile;
+//  - decode:  WARPS_M = 1, WARPS_N = 4: 16 rows shared by all warps, each warp takes a quarter of every key
+//    tile; the four partial states are merged through shared memory at the end.
+// With SPLIT, the block handles only its part (a contiguous range of pages) of the keys and writes the
+// normalized partial output and its log2-sum-exp to the workspace; a merge kernel combines the parts.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "cuda/kernels/mma_sm80.cuh"
+
+namespace moeserve::cuda::detail {
+
+struct AttnParams {
+  const bf16* q;
+  int64_t q_stride;
+  const bf16* k_cache;
+  const bf16* v_cache;
+  const int32_t* block_tables;
+  int max_pages;
+  const int32_t* kv_lens;
+  const int32_t* new_lens;
+  const int32_t* q_rows;
+  int page_size;
+  int heads, kv_heads, group;
+  float scale_log2;  // scale * log2(e): scores are kept in the exp2 domain
+  bf16* out;
+  int64_t out_stride;
+  int num_splits;  // SPLIT only: key parts per sequence; grid.x = row tiles * num_splits
+  float* ws_o;     // SPLIT only: [num_seqs, num_splits, heads, D] normalized partial outputs
+  float* ws_lse;   // SPLIT only: [num_seqs, num_splits, heads] log2-sum-exp of the part (-inf: empty)
+};
+
+template <int D, int WARPS_M, int WARPS_N, int BLOCK_N>
+constexpr size_t attn_smem_bytes() {
+  return size_t(16 * WARPS_M * D + 2 * 2 * BLOCK_N * D) * sizeof(bf16);
+}
+
+// Element offset of 16-byte chunk `ch` of row `r` in a [rows, D] bf16 tile: chunks are XOR-swizzled by
+// (row mod 8), so eight rows read at the same column by ldmatrix fall in eight different bank groups.
+template <int D>
+__device__ __forceinline__ int swz(int r, int ch) {
+  return r * D + ((ch ^ (r & 7)) << 3);
+}
+
+template <int D, int WARPS_M, int WARPS_N, int BLOCK_N, bool DECODE, bool SPLIT>
+__global__ void __launch_bounds__(128) paged_attention_mma_kernel(const AttnParams p) {
+  constexpr int kThreads = 128;
+  static_assert(WARPS_M * WARPS_N == 4, "4 warps");
+  static_assert(WARPS_M == 1 || WARPS_N == 1, "rows or keys split over warps, not both");
+  static_assert(!SPLIT || DECODE, "split-KV is a decode feature");
+  constexpr int BLOCK_M = 16 * WARPS_M;
+  constexpr int WARP_N = BLOCK_N / WARPS_N;  // keys of a tile handled by one warp
+  static_assert(WARP_N % 16 == 0, "whole k16 steps of P V per warp");
+  constexpr int CPR = D / 8;  // 16-byte chunks per row
+  static_assert(CPR % 8 == 0, "the swizzle needs at least 8 chunks per row");
+  constexpr int KSTEPS = D / 16, DTILES = D / 8, NTILES = WARP_N / 8;
+  constexpr int ROW_GROUPS = kThreads / CPR;  // K/V rows loaded side by side
+  static_assert(kThreads % CPR == 0 && BLOCK_N % ROW_GROUPS == 0, "K/V load mapping");
+  constexpr int RPT = BLOCK_N / ROW_GROUPS;  // consecutive K/V rows loaded by one thread
+  constexpr float kNegInf = -INFINITY;
+
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  bf16* sQ = reinterpret_cast<bf16*>(smem_raw);  // [BLOCK_M, D]
+  bf16* sK = sQ + BLOCK_M * D;                   // [2][BLOCK_N, D]
+  bf16* sV = sK + 2 * BLOCK_N * D;               // [2][BLOCK_N, D]
+
+  const int s = blockIdx.z, kvh = blockIdx.y;
+  const int split = SPLIT ? int(blockIdx.x % unsigned(p.num_splits)) : 0;
+  // Prefill takes the row tiles last-first: the late (longest) causal tiles start early.
+  const int m_tile = SPLIT ? int(blockIdx.x / unsigned(p.num_splits)) : DECODE ? int(blockIdx.x)
+                                                                               : int(gridDim.x - 1 - blockIdx.x);
+  const int new_len = p.new_lens[s];
+  if (new_len <= 0) return;  // padding sequence
+  const int G = p.group;
+  const int rows_total = DECODE ? G : new_len * G;  // decode: the first (only) new token
+  const int row0 = m_tile * BLOCK_M;
+  if (row0 >= rows_total) return;
+  const int kv_len = p.kv_lens[s];
+  const int start = kv_len - new_len;  // position of query 0
+  const int last_row = min(row0 + BLOCK_M, rows_total) - 1;
+  const int key_end = max(start + last_row / G + 1, 0);  // keys [0, key_end) are visible to some row
+  int k_begin = 0, k_end = key_end;
+  if constexpr (SPLIT) {
+    const int P = p.page_size;
+    const int n_pages = (key_end + P - 1) / P;
+    const int pages_per_split = (n_pages + p.num_splits - 1) / p.num_splits;
+    k_begin = min(split * pages_per_split, n_pages) * P;
+    k_end = min(k_begin + pages_per_split * P, key_end);
+  }
+  const int n_keys = k_end - k_begin;
+  const int n_tiles = n_keys > 0 ? (n_keys + BLOCK_N - 1) / BLOCK_N : 0;
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int warp_m = warp / WARPS_N, warp_n = warp % WARPS_N;
+  const int q_row_base = p.q_rows[s];
+
+  // ---- Q tile -> shared (zeros past the last row).
+  for (int c = tid; c < BLOCK_M * CPR; c += kThreads) {
+    const int r = c / CPR, ch = c % CPR, row = row0 + r;
+    const bool valid = row < rows_total;
+    const bf16* src = p.q;
+    if (valid) {
+      const int i = row / G, g = row - i * G;
+      src = p.q + int64_t(q_row_base + i) * p.q_stride + int64_t(kvh * G + g) * D + ch * 8;
+    }
+    cp_async_16(sQ + swz<D>(r, ch), src, valid);
+  }
+  cp_async_commit();
+
+  // ---- K/V tile loader: thread (ld_rg, ld_ch) copies chunk ld_ch of RPT consecutive keys, following the
+  // block table page by page (one division per tile).
+  const int P = p.page_size;
+  const int32_t* table = p.block_tables + int64_t(s) * p.max_pages;
+  const int64_t kv_row_stride = int64_t(p.kv_heads) * D;
+  const bf16* k_head = p.k_cache + int64_t(kvh) * D;
+  const bf16* v_head = p.v_cache + int64_t(kvh) * D;
+  const int ld_ch = tid % CPR, ld_rg = tid / CPR;
+  auto load_kv = [&](int tile_start, int stage) {
+    int key = tile_start + ld_rg * RPT;
+    int page_idx = key / P;
+    int off = key - page_idx * P;
+    int page = key < k_end ? table[page_idx] : 0;
+    bf16* dk = sK + stage * BLOCK_N * D;
+    bf16* dv = sV + stage * BLOCK_N * D;
+#pragma unroll
+    for (int j = 0; j < RPT; ++j) {
+      const int r = ld_rg * RPT + j;
+      const bool valid = key < k_end;
+      const int64_t o = valid ? (int64_t(page) * P + off) * kv_row_stride + ld_ch * 8 : 0;
+      cp_async_16(dk + swz<D>(r, ld_ch), k_head + o, valid);
+      cp_async_16(dv + swz<D>(r, ld_ch), v_head + o, valid);
+      ++key;
+      if (++off == P) {
+        off = 0;
+        ++page_idx;
+        if (key < k_end) page = table[page_idx];
+      }
+    }
+  };
+  if (n_tiles > 0) load_kv(k_begin, 0);
+  cp_async_commit();
+
+  // ---- Per-thread rows (lane / 4 and lane / 4 + 8 of the warp's 16) and their causal limits. Rows past the
+  // end borrow the last row's limit: their Q is zero, nothing of them is stored, and they never see -inf only.
+  const int wr0 = row0 + warp_m * 16;
+  const bool warp_active = wr0 < rows_total;
+  const int rA = min(wr0 + (lane >> 2), rows_total - 1), rB = min(wr0 + (lane >> 2) + 8, rows_total - 1);
+  const int limA = start + rA / G, limB = start + rB / G;  // last visible key, inclusive
+  const int warp_lim_lo = start + min(wr0, rows_total - 1) / G;
+  const int warp_lim_hi = start + min(wr0 + 15, rows_total - 1) / G;
+  const int warp_kend = warp_active ? min(k_end, warp_lim_hi + 1) : k_begin;  // no key of the warp past this
+  const int mask_from = min(k_end, warp_lim_lo + 1);  // keys from here on need the per-element check
+
+  float m_r[2] = {kNegInf, kNegInf};  // running max (exp2 domain), rows A and B
+  float l_r[2] = {0.0f, 0.0f};        // running sum, partial over the thread's columns until the end
+  float acc[DTILES][4];
+#pragma unroll
+  for (int i = 0; i < DTILES; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+
+  cp_async_wait<1>();  // the Q group
+  __syncthreads();
+  uint32_t qf[KSTEPS][4];
+#pragma unroll
+  for (int ks = 0; ks < KSTEPS; ++ks)
+    ldmatrix_x4(qf[ks], sQ + swz<D>(warp_m * 16 + (lane & 7) + (((lane >> 3) & 1) << 3), ks * 2 + (lane >> 4)));
+
+  for (int t = 0; t < n_tiles; ++t) {
+    if (t + 1 < n_tiles) load_kv(k_begin + (t + 1) * BLOCK_N, (t + 1) & 1);
+    cp_async_commit();
+    cp_async_wait<1>();  // tile t has landed (for this thread) ...
+    __syncthreads();     // ... and for every thread
+    const int wk0 = k_begin + t * BLOCK_N + warp_n * WARP_N;  // first key of this warp's part of the tile
+    if (wk0 < warp_kend) {
+      const bf16* k_s = sK + (t & 1) * BLOCK_N * D;
+      const bf16* v_s = sV + (t & 1) * BLOCK_N * D;
+      // S = Q K^T for the warp's 16 rows x WARP_N keys.
+      float sacc[NTILES][4];
+#pragma unroll
+      for (int i = 0; i < NTILES; ++i) sacc[i][0] = sacc[i][1] = sacc[i][2] = sacc[i][3] = 0.0f;
+#pragma unroll
+      for (int ks = 0; ks < KSTEPS; ++ks) {
+#pragma unroll
+        for (int n2 = 0; n2 < NTILES / 2; ++n2) {
+          uint32_t b[4];
+          const int kr = warp_n * WARP_N + n2 * 16 + (lane & 7) + ((lane >> 4) << 3);
+          ldmatrix_x4(b, k_s + swz<D>(kr, ks * 2 + ((lane >> 3) & 1)));
+          mma_bf16_16816(sacc[2 * n2], qf[ks], b[0], b[1]);
+          mma_bf16_16816(sacc[2 * n2 + 1], qf[ks], b[2], b[3]);
+        }
+      }
+      const bool need_mask = wk0 + WARP_N > mask_from;
+#pragma unroll
+      for (int nt = 0; nt < NTILES; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float x = sacc[nt][e] * p.scale_log2;
+          if (need_mask) {
+            const int key = wk0 + nt * 8 + ((lane & 3) << 1) + (e & 1);
+            if (key >= k_end || key > (e < 2 ? limA : limB)) x = kNegInf;
+          }
+          sacc[nt][e] = x;
+        }
+      }
+      // Online softmax; a quad (4 lanes) holds one row's WARP_N scores.
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        float mx = kNegInf;
+#pragma unroll
+        for (int nt = 0; nt < NTILES; ++nt) mx = fmaxf(mx, fmaxf(sacc[nt][2 * i], sacc[nt][2 * i + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(m_r[i], mx);
+        const float m_use = m_new == kNegInf ? 0.0f : m_new;  // a row with nothing visible yet stays at 0
+        const float alpha = exp2f(m_r[i] - m_use);
+        m_r[i] = m_new;
+        float rs = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < NTILES; ++nt) {
+          const float p0 = exp2f(sacc[nt][2 * i] - m_use), p1 = exp2f(sacc[nt][2 * i + 1] - m_use);
+          sacc[nt][2 * i] = p0;
+          sacc[nt][2 * i + 1] = p1;
+          rs += p0 + p1;
+        }
+        l_r[i] = l_r[i] * alpha + rs;
+#pragma unroll
+        for (int dt = 0; dt < DTILES; ++dt) {
+          acc[dt][2 * i] *= alpha;
+          acc[dt][2 * i + 1] *= alpha;
+        }
+      }
+      // acc += P V: the S accumulators of two n8 tiles are exactly the A fragment of one k16 step.
+#pragma unroll
+      for (int kk = 0; kk < WARP_N / 16; ++kk) {
+        uint32_t a[4];
+        a[0] = pack_bf16x2(sacc[2 * kk][0], sacc[2 * kk][1]);
+        a[1] = pack_bf16x2(sacc[2 * kk][2], sacc[2 * kk][3]);
+        a[2] = pack_bf16x2(sacc[2 * kk + 1][0], sacc[2 * kk + 1][1]);
+        a[3] = pack_bf16x2(sacc[2 * kk + 1][2], sacc[2 * kk + 1][3]);
+        const int vr = warp_n * WARP_N + kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
+#pragma unroll
+        for (int d2 = 0; d2 < DTILES / 2; ++d2) {
+          uint32_t b[4];
+          ldmatrix_x4_trans(b, v_s + swz<D>(vr, d2 * 2 + (lane >> 4)));
+          mma_bf16_16816(acc[2 * d2], a, b[0], b[1]);
+          mma_bf16_16816(acc[2 * d2 + 1], a, b[2], b[3]);
+        }
+      }
+    }
+    __syncthreads();  // the stage read here is overwritten by the next iteration's loads
+  }
+
+  // ---- Output. emit(): two adjacent elements of one row; emit_lse(): the row's log2-sum-exp (SPLIT).
+  auto emit = [&](int row, int d, float o0, float o1) {
+    const int i = row / G, h = kvh * G + (row - i * G);
+    if constexpr (SPLIT) {
+      float* dst = p.ws_o + ((int64_t(s) * p.num_splits + split) * p.heads + h) * D + d;
+      *reinterpret_cast<float2*>(dst) = make_float2(o0, o1);
+    } else {
+      bf16* dst = p.out + int64_t(q_row_base + i) * p.out_stride + int64_t(h) * D + d;
+      *reinterpret_cast<__nv_bfloat162*>(dst) = __floats2bfloat162_rn(o0, o1);
+    }
+  };
+  auto emit_lse = [&](int row, float m, float l) {
+    if constexpr (SPLIT) {
+      const int h = kvh * G + row;  // decode: row < G
+      p.ws_lse[(int64_t(s) * p.num_splits + split) * p.heads + h] = l > 0.0f ? m + log2f(l) : kNegInf;
+    }
+  };
+
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    l_r[i] += __shfl_xor_sync(0xffffffffu, l_r[i], 1);
+    l_r[i] += __shfl_xor_sync(0xffffffffu, l_r[i], 2);
+  }
+
+  if constexpr (WARPS_N == 1) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int row = wr0 + (lane >> 2) + 8 * i;
+      if (row >= rows_total) continue;
+      const float inv = l_r[i] > 0.0f ? 1.0f / l_r[i] : 0.0f;
+#pragma unroll
+      for (int dt = 0; dt < DTILES; ++dt)
+        emit(row, dt * 8 + ((lane & 3) << 1), acc[dt][2 * i] * inv, acc[dt][2 * i + 1] * inv);
+      if ((lane & 3) == 0) emit_lse(row, m_r[i], l_r[i]);
+    }
+  } else {
+    // Merge the key-parts of the four warps through shared memory (the K/V ring is free now).
+    static_assert((2 * WARPS_N * 16 + WARPS_N * 16 * D) * sizeof(float) <= 2 * 2 * BLOCK_N * D * sizeof(bf16),
+                  "merge scratch fits in the K/V ring");
+    cp_async_wait<0>();
+    __syncthreads();
+    float* red_m = reinterpret_cast<float*>(sK);  // [WARPS_N][16]
+    float* red_l = red_m + WARPS_N * 16;          // [WARPS_N][16]
+    float* red_o = red_l + WARPS_N * 16;          // [WARPS_N][16][D]
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int r = (lane >> 2) + 8 * i;
+      if ((lane & 3) == 0) {
+        red_m[warp_n * 16 + r] = m_r[i];
+        red_l[warp_n * 16 + r] = l_r[i];
+      }
+#pragma unroll
+      for (int dt = 0; dt < DTILES; ++dt)
+        *reinterpret_cast<float2*>(red_o + (warp_n * 16 + r) * D + dt * 8 + ((lane & 3) << 1)) =
+            make_float2(acc[dt][2 * i], acc[dt][2 * i + 1]);
+    }
+    __syncthreads();
+    for (int e = tid; e < 16 * (D / 2); e += kThreads) {
+      const int r = e / (D / 2), d = (e % (D / 2)) * 2, row = row0 + r;
+      if (row >= rows_total) continue;
+      float M = kNegInf;
+#pragma unroll
+      for (int w = 0; w < WARPS_N; ++w) M = fmaxf(M, red_m[w * 16 + r]);
+      float L = 0.0f, o0 = 0.0f, o1 = 0.0f;
+#pragma unroll
+      for (int w = 0; w < WARPS_N; ++w) {
+        const float mw = red_m[w * 16 + r];
+        if (mw == kNegInf) continue;  // this warp saw no visible key of the row
+        const float wt = exp2f(mw - M);
+        const float2 ov = *reinterpret_cast<const float2*>(red_o + (w * 16 + r) * D + d);
+        L += wt * red_l[w * 16 + r];
+        o0 += wt * ov.x;
+        o1 += wt * ov.y;
+      }
+      const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+      emit(row, d, o0 * inv, o1 * inv);
+      if (d == 0) emit_lse(row, M, L);
+    }
+  }
+}
+
+}  // namespace moeserve::cuda::detail

@@ -1,0 +1,253 @@
+// The attention input stage: per-head RMSNorm of q and k (Qwen3's q_norm / k_norm), rotary embedding, and the
+// store of k and v into the paged cache. One block per token: the cos/sin table of the token's position is
+// computed once into shared memory, then each warp takes whole heads (D / 32 consecutive elements a lane for
+// head_dim 64 / 128 / 256; any other head_dim up to 256 takes a scalar path).
+#include <algorithm>
+
+#include "cuda/kernels/kernel_utils.cuh"
+#include "cuda/kernels/ops.h"
+
+namespace moeserve::cuda {
+
+namespace {
+
+constexpr int kWarps = 8;
+
+struct QkNormRopeParams {
+  bf16* qkv;
+  int64_t qkv_stride;
+  int heads, kv_heads;
+  const bf16* q_norm;
+  const bf16* k_norm;
+  float eps;
+  const int32_t* positions;
+  const float* inv_freq;
+  int rotary_dim;
+  float attention_scaling;
+  const int32_t* slots;
+  bf16* k_cache;
+  bf16* v_cache;
+};
+
+template <int N, bool VEC>
+__device__ __forceinline__ void load_n(const bf16* p, float* v) {
+  if constexpr (VEC) {
+    detail::load_bf16<N>(p, v);
+  } else {
+#pragma unroll
+    for (int j = 0; j < N; ++j) v[j] = __bfloat162float(p[j]);
+  }
+}
+
+template <int N, bool VEC>
+__device__ __forceinline__ void store_n(bf16* p, const float* v) {
+  if constexpr (VEC) {
+    detail::store_bf16<N>(p, v);
+  } else {
+#pragma unroll
+    for (int j = 0; j < N; ++j) p[j] = __float2bfloat16(v[j]);
+  }
+}
+
+template <int D, bool VEC>
+__global__ void __launch_bounds__(kWarps * 32) qk_norm_rope_store_kv_kernel(const QkNormRopeParams p) {
+  constexpr int VPL = D / 32;  // elements per lane
+  __shared__ float cos_s[D / 2], sin_s[D / 2];
+  __shared__ float buf[kWarps][D];
+  const int64_t t = blockIdx.x;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int half = p.rotary_dim / 2;
+  if (half > 0) {
+    // As transformers (and the CPU reference): the angle in f32, then cos / sin, then the scaling.
+    const float pos = float(p.positions[t]);
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+      float sn, cs;
+      sincosf(p.inv_freq[i] * pos, &sn, &cs);
+      cos_s[i] = cs * p.attention_scaling;
+      sin_s[i] = sn * p.attention_scaling;
+    }
+  }
+  __syncthreads();
+  const int32_t slot = p.slots != nullptr ? p.slots[t] : -1;
+  const int64_t cache_row = int64_t(slot) * p.kv_heads * D;
+  bf16* row = p.qkv + t * p.qkv_stride;
+  const int nh = p.heads + 2 * p.kv_heads;
+  for (int h = warp; h < nh; h += kWarps) {  // h is warp-uniform
+    bf16* x = row + int64_t(h) * D + lane * VPL;
+    if (h >= p.heads + p.kv_heads) {  // v head: stored unchanged
+      if (slot >= 0) {
+        bf16* dst = p.v_cache + cache_row + int64_t(h - p.heads - p.kv_heads) * D + lane * VPL;
+        if constexpr (VEC) {
+          detail::copy_bf16<VPL>(dst, x);
+        } else {
+#pragma unroll
+          for (int j = 0; j < VPL; ++j) dst[j] = x[j];
+        }
+      }
+      continue;
+    }
+    const bool is_q = h < p.heads;
+    float v[VPL];
+    load_n<VPL, VEC>(x, v);
+    const bf16* w = is_q ? p.q_norm : p.k_norm;
+    if (w != nullptr) {
+      float ss = 0.0f;
+#pragma unroll
+      for (int j = 0; j < VPL; ++j) ss += v[j] * v[j];
+      const float inv = rsqrtf(detail::warp_sum(ss) / float(D) + p.eps);
+      float wv[VPL];
+      load_n<VPL, VEC>(w + lane * VPL, wv);
+#pragma unroll
+      for (int j = 0; j < VPL; ++j) v[j] = wv[j] * (v[j] * inv);
+    }
+    if (half > 0) {
+      float* b = buf[warp];
+#pragma unroll
+      for (int j = 0; j < VPL; ++j) b[lane * VPL + j] = v[j];
+      __syncwarp();
+#pragma unroll
+      for (int j = 0; j < VPL; ++j) {
+        const int i = lane * VPL + j;
+        if (i < half) {
+          v[j] = v[j] * cos_s[i] - b[i + half] * sin_s[i];
+        } else if (i < 2 * half) {
+          const int k = i - half;
+          v[j] = v[j] * cos_s[k] + b[k] * sin_s[k];
+        }
+      }
+      __syncwarp();  // buf is rewritten by this warp's next head
+    }
+    store_n<VPL, VEC>(x, v);
+    if (!is_q && slot >= 0) store_n<VPL, VEC>(p.k_cache + cache_row + int64_t(h - p.heads) * D + lane * VPL, v);
+  }
+}
+
+// Any head_dim up to kMaxGenericDim (the small test models): lane j holds elements j, j + 32, ...; scalar
+// accesses. Same math as the kernel above.
+constexpr int kMaxGenericDim = 256;
+
+__global__ void __launch_bounds__(kWarps * 32) qk_norm_rope_store_kv_generic_kernel(const QkNormRopeParams p, int D) {
+  constexpr int kMaxPerLane = kMaxGenericDim / 32;
+  __shared__ float cos_s[kMaxGenericDim / 2], sin_s[kMaxGenericDim / 2];
+  __shared__ float buf[kWarps][kMaxGenericDim];
+  const int64_t t = blockIdx.x;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int half = p.rotary_dim / 2;
+  if (half > 0) {
+    const float pos = float(p.positions[t]);
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+      float sn, cs;
+      sincosf(p.inv_freq[i] * pos, &sn, &cs);
+      cos_s[i] = cs * p.attention_scaling;
+      sin_s[i] = sn * p.attention_scaling;
+    }
+  }
+  __syncthreads();
+  const int32_t slot = p.slots != nullptr ? p.slots[t] : -1;
+  const int64_t cache_row = int64_t(slot) * p.kv_heads * D;
+  bf16* row = p.qkv + t * p.qkv_stride;
+  const int nh = p.heads + 2 * p.kv_heads;
+  for (int h = warp; h < nh; h += kWarps) {
+    bf16* x = row + int64_t(h) * D;
+    if (h >= p.heads + p.kv_heads) {
+      if (slot >= 0) {
+        bf16* dst = p.v_cache + cache_row + int64_t(h - p.heads - p.kv_heads) * D;
+        for (int i = lane; i < D; i += 32) dst[i] = x[i];
+      }
+      continue;
+    }
+    const bool is_q = h < p.heads;
+    float v[kMaxPerLane];
+#pragma unroll
+    for (int j = 0; j < kMaxPerLane; ++j) {
+      const int i = lane + 32 * j;
+      v[j] = i < D ? __bfloat162float(x[i]) : 0.0f;
+    }
+    const bf16* w = is_q ? p.q_norm : p.k_norm;
+    if (w != nullptr) {
+      float ss = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kMaxPerLane; ++j) ss += v[j] * v[j];
+      const float inv = rsqrtf(detail::warp_sum(ss) / float(D) + p.eps);
+#pragma unroll
+      for (int j = 0; j < kMaxPerLane; ++j) {
+        const int i = lane + 32 * j;
+        if (i < D) v[j] = __bfloat162float(w[i]) * (v[j] * inv);
+      }
+    }
+    if (half > 0) {
+      float* b = buf[warp];
+#pragma unroll
+      for (int j = 0; j < kMaxPerLane; ++j) {
+        const int i = lane + 32 * j;
+        if (i < D) b[i] = v[j];
+      }
+      __syncwarp();
+#pragma unroll
+      for (int j = 0; j < kMaxPerLane; ++j) {
+        const int i = lane + 32 * j;
+        if (i < half) {
+          v[j] = v[j] * cos_s[i] - b[i + half] * sin_s[i];
+        } else if (i < 2 * half) {
+          const int k = i - half;
+          v[j] = v[j] * cos_s[k] + b[k] * sin_s[k];
+        }
+      }
+      __syncwarp();
+    }
+    bf16* kdst = (!is_q && slot >= 0) ? p.k_cache + cache_row + int64_t(h - p.heads) * D : nullptr;
+#pragma unroll
+    for (int j = 0; j < kMaxPerLane; ++j) {
+      const int i = lane + 32 * j;
+      if (i < D) {
+        x[i] = __float2bfloat16(v[j]);
+        if (kdst != nullptr) kdst[i] = x[i];
+      }
+    }
+  }
+}
+
+template <int D>
+void launch(const QkNormRopeParams& p, int T, bool vec, cudaStream_t stream) {
+  if (vec) {
+    qk_norm_rope_store_kv_kernel<D, true><<<T, kWarps * 32, 0, stream>>>(p);
+  } else {
+    qk_norm_rope_store_kv_kernel<D, false><<<T, kWarps * 32, 0, stream>>>(p);
+  }
+}
+
+}  // namespace
+
+void qk_norm_rope_store_kv(bf16* qkv, int64_t qkv_stride, int T, int heads, int kv_heads, int head_dim,
+                           const bf16* q_norm, const bf16* k_norm, float eps, const int32_t* positions,
+                           const RopeArgs& rope, const int32_t* slots, bf16* k_cache, bf16* v_cache,
+                           cudaStream_t stream) {
+  MS_CHECK(head_dim > 0 && head_dim <= kMaxGenericDim, "qk_norm_rope_store_kv: head_dim {} is not supported (1..{})",
+           head_dim, kMaxGenericDim);
+  MS_CHECK(T >= 0 && heads > 0 && kv_heads > 0, "qk_norm_rope_store_kv: T {} heads {} kv_heads {}", T, heads,
+           kv_heads);
+  MS_CHECK(qkv_stride >= int64_t(heads + 2 * kv_heads) * head_dim, "qk_norm_rope_store_kv: qkv_stride {} < {}",
+           qkv_stride, int64_t(heads + 2 * kv_heads) * head_dim);
+  MS_CHECK(rope.rotary_dim >= 0 && rope.rotary_dim % 2 == 0 && rope.rotary_dim <= head_dim,
+           "qk_norm_rope_store_kv: rotary_dim {} (head_dim {})", rope.rotary_dim, head_dim);
+  MS_CHECK(rope.rotary_dim == 0 || rope.inv_freq != nullptr, "qk_norm_rope_store_kv: no inv_freq");
+  MS_CHECK(slots == nullptr || (k_cache != nullptr && v_cache != nullptr), "qk_norm_rope_store_kv: no cache");
+  if (T == 0) return;
+  QkNormRopeParams p{qkv,       qkv_stride,     heads, kv_heads,          q_norm, k_norm,  eps,    positions,
+                     rope.inv_freq, rope.rotary_dim, rope.attention_scaling, slots,  k_cache, v_cache};
+  // Vector accesses of D / 32 elements a lane need every head start aligned to that many bf16.
+  const int per_lane = std::max(head_dim / 32, 1);
+  const uintptr_t vec_bytes = uintptr_t(per_lane) * sizeof(bf16);
+  const bool vec = qkv_stride % per_lane == 0 && detail::aligned_to(qkv, vec_bytes) &&
+                   detail::aligned_to(q_norm, vec_bytes) && detail::aligned_to(k_norm, vec_bytes) &&
+                   detail::aligned_to(k_cache, vec_bytes) && detail::aligned_to(v_cache, vec_bytes);
+  switch (head_dim) {
+    case 64: launch<64>(p, T, vec, stream); break;
+    case 128: launch<128>(p, T, vec, stream); break;
+    case 256: launch<256>(p, T, vec, stream); break;
+    default: qk_norm_rope_store_kv_generic_kernel<<<T, kWarps * 32, 0, stream>>>(p, head_dim); break;
+  }
+  MS_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace moeserve::cuda

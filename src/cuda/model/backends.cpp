@@ -1,0 +1,439 @@
+#include "cuda/model/backends.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "core/dtype.h"
+#include "core/log.h"
+#include "core/threadpool.h"
+#include "cuda/kernels/ops.h"
+#include "cuda/model/attention_ref.h"
+#include "cuda/sampling/sampling.h"
+#include "kernels/attention/attention.h"
+#include "kernels/sampling/sampling.h"
+
+namespace moeserve::cuda {
+
+namespace {
+
+double now_ms() {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Scoped device buffer for self-tests and trials (these run once at startup, outside the step loop).
+struct Scratch {
+  void* p = nullptr;
+  explicit Scratch(size_t bytes) { MS_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(bytes, 16))); }
+  ~Scratch() { cudaFree(p); }
+  template <class T>
+  T* as() const { return static_cast<T*>(p); }
+};
+
+std::string no_code_reason(const std::string& what, const DeviceInfo& dev) {
+  if (what.find("NoKernelImage") != std::string::npos || what.find("no kernel image") != std::string::npos ||
+      what.find("InvalidDeviceFunction") != std::string::npos)
+    return fmt::format("no code for {} in this binary", sm_name(sm_version(dev)));
+  return what;
+}
+
+std::vector<uint16_t> random_bf16(size_t n, std::mt19937& g, float scale) {
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<uint16_t> v(n);
+  for (auto& x : v) x = f32_to_bf16(d(g));
+  return v;
+}
+
+// Attention: prefill (with a cached prefix) and split-KV decode against kernels::paged_attention.
+std::string attention_self_test(bool reference, int D, double& max_err) {
+  const int heads = 8, kv_heads = 2, page = 16, pages = 24;
+  std::mt19937 g(7);
+  struct Seq {
+    int start, n;
+  };
+  const std::vector<Seq> prefill{{0, 37}, {21, 5}, {64, 1}};
+  const std::vector<Seq> decode{{40, 1}, {0, 1}, {100, 1}};
+  const size_t cache_elems = size_t(pages) * page * kv_heads * D;
+  std::vector<uint16_t> kc = random_bf16(cache_elems, g, 1.0f), vc = random_bf16(cache_elems, g, 1.0f);
+  std::vector<float> kf(cache_elems), vf(cache_elems);
+  for (size_t i = 0; i < cache_elems; ++i) kf[i] = bf16_to_f32(kc[i]), vf[i] = bf16_to_f32(vc[i]);
+  Scratch dk(cache_elems * 2), dv(cache_elems * 2);
+  MS_CUDA_CHECK(cudaMemcpy(dk.p, kc.data(), cache_elems * 2, cudaMemcpyHostToDevice));
+  MS_CUDA_CHECK(cudaMemcpy(dv.p, vc.data(), cache_elems * 2, cudaMemcpyHostToDevice));
+  // Each sequence gets 8 pages in a scrambled order.
+  std::vector<int32_t> perm(pages);
+  for (int i = 0; i < pages; ++i) perm[i] = (i * 7 + 3) % pages;
+  max_err = 0;
+  ThreadPool pool(1);
+  for (int mode = 0; mode < 2; ++mode) {
+    const auto& seqs = mode == 0 ? prefill : decode;
+    const int S = int(seqs.size()), max_pages = 8;
+    int T = 0, max_new = 0;
+    std::vector<int32_t> bt(size_t(S) * max_pages), kv_lens(S), new_lens(S), q_rows(S);
+    std::vector<kernels::AttnSeq> cpu_seqs;
+    for (int s = 0; s < S; ++s) {
+      for (int p = 0; p < max_pages; ++p) bt[size_t(s) * max_pages + p] = perm[(s * max_pages + p) % pages];
+      kv_lens[s] = seqs[s].start + seqs[s].n;
+      new_lens[s] = seqs[s].n;
+      q_rows[s] = T;
+      cpu_seqs.push_back({&bt[size_t(s) * max_pages], seqs[s].start, seqs[s].n, T});
+      T += seqs[s].n;
+      max_new = std::max(max_new, seqs[s].n);
+    }
+    const int QS = (heads + 2 * kv_heads) * D;  // q inside a qkv row, as the model passes it
+    std::vector<uint16_t> q = random_bf16(size_t(T) * QS, g, 1.0f);
+    std::vector<float> qf(q.size());
+    for (size_t i = 0; i < q.size(); ++i) qf[i] = bf16_to_f32(q[i]);
+    std::vector<float> want(size_t(T) * heads * D);
+    kernels::PagedKV pkv{kf.data(), vf.data(), int64_t(page) * kv_heads * D, page, kv_heads, D};
+    const float scale = 1.0f / std::sqrt(float(D));
+    kernels::paged_attention(qf.data(), QS, heads, pkv, cpu_seqs, scale, want.data(), heads * D, pool);
+
+    std::vector<int32_t> meta;
+    for (auto* v : {&bt, &kv_lens, &new_lens, &q_rows}) meta.insert(meta.end(), v->begin(), v->end());
+    Scratch dmeta(meta.size() * 4), dq(q.size() * 2), dout(want.size() * 2);
+    MS_CUDA_CHECK(cudaMemcpy(dmeta.p, meta.data(), meta.size() * 4, cudaMemcpyHostToDevice));
+    MS_CUDA_CHECK(cudaMemcpy(dq.p, q.data(), q.size() * 2, cudaMemcpyHostToDevice));
+    MS_CUDA_CHECK(cudaMemset(dout.p, 0xff, want.size() * 2));  // poison: NaN unless written
+    AttnMeta m;
+    m.block_tables = dmeta.as<int32_t>();
+    m.max_pages = max_pages;
+    m.kv_lens = m.block_tables + bt.size();
+    m.new_lens = m.kv_lens + S;
+    m.q_rows = m.new_lens + S;
+    m.num_seqs = S;
+    m.page_size = page;
+    AttnShape sh{heads, kv_heads, D, scale};
+    const int splits = 4;
+    Scratch ws(decode_workspace_bytes(S, heads, D, splits));
+    if (reference)
+      paged_attention_reference(dq.as<bf16>(), QS, dk.as<bf16>(), dv.as<bf16>(), m, sh, max_new, dout.as<bf16>(),
+                                heads * D, nullptr);
+    else if (mode == 0)
+      paged_attention_prefill(dq.as<bf16>(), QS, dk.as<bf16>(), dv.as<bf16>(), m, sh, max_new, dout.as<bf16>(),
+                              heads * D, nullptr);
+    else
+      paged_attention_decode(dq.as<bf16>(), QS, dk.as<bf16>(), dv.as<bf16>(), m, sh, splits, ws.p, dout.as<bf16>(),
+                             heads * D, nullptr);
+    MS_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<uint16_t> got(want.size());
+    MS_CUDA_CHECK(cudaMemcpy(got.data(), dout.p, got.size() * 2, cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < got.size(); ++i) {
+      float x = bf16_to_f32(got[i]);
+      double err = std::fabs(double(x) - want[i]);
+      if (!std::isfinite(x) || err > 3e-2 + 3e-2 * std::fabs(want[i]))
+        return fmt::format("{} element {}: got {}, want {}", mode == 0 ? "prefill" : "decode", i, x, want[i]);
+      max_err = std::max(max_err, err);
+    }
+  }
+  return "";
+}
+
+// Sampling: greedy ids and raw logprobs against the CPU sampler.
+std::string sampling_self_test(double& max_err) {
+  const int rows = 3, V = 1000;
+  std::mt19937 g(11);
+  std::normal_distribution<float> d(0, 3);
+  std::vector<float> lg(size_t(rows) * V);
+  for (auto& x : lg) x = d(g);
+  std::vector<SampleRowParams> params(rows);
+  for (auto& p : params) p.temperature = 0.0f;
+  Scratch dl(lg.size() * 4), dp(rows * sizeof(SampleRowParams)), dids(rows * 4), dlp(rows * 4),
+      ws(sample_workspace_bytes(rows, V));
+  MS_CUDA_CHECK(cudaMemcpy(dl.p, lg.data(), lg.size() * 4, cudaMemcpyHostToDevice));
+  MS_CUDA_CHECK(cudaMemcpy(dp.p, params.data(), rows * sizeof(SampleRowParams), cudaMemcpyHostToDevice));
+  SampleArgs a;
+  a.logits = dl.as<float>();
+  a.rows = rows;
+  a.vocab = V;
+  a.params = dp.as<SampleRowParams>();
+  a.out_ids = dids.as<int32_t>();
+  a.out_logprobs = dlp.as<float>();
+  a.workspace = ws.p;
+  sample(a, nullptr);
+  MS_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<int32_t> ids(rows);
+  std::vector<float> lps(rows), ref(V);
+  MS_CUDA_CHECK(cudaMemcpy(ids.data(), dids.p, rows * 4, cudaMemcpyDeviceToHost));
+  MS_CUDA_CHECK(cudaMemcpy(lps.data(), dlp.p, rows * 4, cudaMemcpyDeviceToHost));
+  max_err = 0;
+  for (int r = 0; r < rows; ++r) {
+    const float* row = lg.data() + size_t(r) * V;
+    int32_t want = kernels::argmax(row, V);
+    if (ids[r] != want) return fmt::format("row {}: greedy picked {}, want {}", r, ids[r], want);
+    kernels::log_softmax(row, V, ref.data());
+    double err = std::fabs(double(lps[r]) - ref[want]);
+    if (!(err < 1e-3)) return fmt::format("row {}: logprob {}, want {}", r, lps[r], ref[want]);
+    max_err = std::max(max_err, err);
+  }
+  return "";
+}
+
+// Times fn (already warmed) with CUDA events: median-free mean over `iters` launches, in microseconds.
+template <class F>
+double time_us(F&& fn, int iters = 10) {
+  fn();
+  fn();
+  cudaEvent_t a, b;
+  MS_CUDA_CHECK(cudaEventCreate(&a));
+  MS_CUDA_CHECK(cudaEventCreate(&b));
+  MS_CUDA_CHECK(cudaEventRecord(a, nullptr));
+  for (int i = 0; i < iters; ++i) fn();
+  MS_CUDA_CHECK(cudaEventRecord(b, nullptr));
+  MS_CUDA_CHECK(cudaEventSynchronize(b));
+  float ms = 0;
+  MS_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return 1000.0 * ms / iters;
+}
+
+// Trial timings cached on disk: key -> microseconds.
+class TrialCache {
+ public:
+  TrialCache() {
+    const char* c = std::getenv("MOESERVE_CACHE");
+    const char* home = std::getenv("HOME");
+    dir_ = c && *c ? std::string(c) : std::string(home ? home : "/tmp") + "/.cache/moeserve";
+    path_ = dir_ + "/backend_trials.json";
+    std::ifstream f(path_);
+    if (f) {
+      try {
+        f >> j_;
+      } catch (...) {
+        j_ = nlohmann::json::object();
+      }
+    }
+    if (!j_.is_object()) j_ = nlohmann::json::object();
+  }
+  bool get(const std::string& key, double& us) const {
+    auto it = j_.find(key);
+    if (it == j_.end() || !it->is_number()) return false;
+    us = it->get<double>();
+    return true;
+  }
+  void put(const std::string& key, double us) {
+    j_[key] = us;
+    std::error_code ec;
+    std::filesystem::create_directories(dir_, ec);
+    std::string tmp = path_ + ".tmp" + std::to_string(::getpid());
+    std::ofstream f(tmp);
+    if (!f) return;  // an unwritable cache only costs the trial next time
+    f << j_.dump(1);
+    f.close();
+    std::filesystem::rename(tmp, path_, ec);
+  }
+
+ private:
+  std::string dir_, path_;
+  nlohmann::json j_;
+};
+
+std::string trial_key(const DeviceInfo& dev, const std::string& family, const std::string& name,
+                      const std::string& shape) {
+  int drv = 0;
+  cudaDriverGetVersion(&drv);
+  return fmt::format("{}|{}|{}|{}|{}", dev.name, drv, family, name, shape);
+}
+
+void run_self_test(BackendStatus& st, const std::function<std::string(double&)>& test, const DeviceInfo& dev) {
+  double t0 = now_ms(), err = 0;
+  std::string r;
+  try {
+    r = test(err);
+  } catch (const std::exception& e) {
+    r = no_code_reason(e.what(), dev);
+    cudaGetLastError();
+  }
+  st.self_test_ms = now_ms() - t0;
+  st.self_test_passed = r.empty();
+  st.self_test = r.empty() ? fmt::format("pass (max err {:.1e})", err) : "FAIL: " + r;
+  if (!r.empty() && r.rfind("no code for", 0) == 0) {
+    st.runnable = false;
+    st.reason = r;
+  }
+}
+
+}  // namespace
+
+SelectedBackends select_backends(const DeviceInfo& dev, const ModelShapes& shapes, const BackendRequest& req) {
+  SelectedBackends out;
+  TrialCache cache;
+  const bool trials = req.timed_trials && !req.report_only;
+
+  // Attention: the tensor-core kernels for the common head sizes, the plain kernel for any other (listed
+  // second: auto takes it only where the first cannot run).
+  {
+    std::vector<BackendReport> reps;
+    for (bool reference : {false, true}) {
+      BackendReport r;
+      r.spec = reference ? BackendSpec{"reference_paged", OpFamily::Attention, {}, {"bf16"}, false, true,
+                                       "one warp per query row; any head_dim <= 256"}
+                         : BackendSpec{"flash_paged", OpFamily::Attention, {}, {"bf16"}, false, true,
+                                       "tensor-core flash prefill, split-KV decode; head_dim 64/128/256"};
+      r.status.reason = check_arch_claim(r.spec, dev);
+      if (r.status.reason.empty() && !reference && shapes.head_dim != 64 && shapes.head_dim != 128 &&
+          shapes.head_dim != 256)
+        r.status.reason = fmt::format("head_dim {} not supported (64, 128 or 256)", shapes.head_dim);
+      r.status.runnable = r.status.reason.empty();
+      r.status.code = fmt::format("{} in binary", sm_name(90, true));
+      const int D = reference ? (shapes.head_dim <= 256 ? shapes.head_dim : 24) : shapes.head_dim;
+      if (r.status.runnable)
+        run_self_test(r.status, [&](double& err) { return attention_self_test(reference, D, err); }, dev);
+      else r.status.self_test = "not run";
+      reps.push_back(r);
+    }
+    if (!req.report_only) out.attention = reps[choose_backend(reps, req.attention, "--attention-backend")].spec.name;
+    for (auto& r : reps) out.reports.push_back(r);
+  }
+  // Sampling.
+  {
+    BackendReport r;
+    r.spec = {"gpu_sampler", OpFamily::Sampling, {}, {"f32"}, false, true,
+              "penalties, greedy / top-k / top-p / min-p on the GPU; only ids go back"};
+    r.status.reason = check_arch_claim(r.spec, dev);
+    r.status.runnable = r.status.reason.empty();
+    r.status.code = fmt::format("{} in binary", sm_name(90, true));
+    if (r.status.runnable) run_self_test(r.status, sampling_self_test, dev);
+    else r.status.self_test = "not run";
+    std::vector<BackendReport> one{r};
+    if (!req.report_only) choose_backend(one, "auto", "sampling");
+    out.reports.push_back(one[0]);
+  }
+  // Dense GEMM.
+  {
+    out.gemms = make_gemm_backends();
+    std::vector<BackendReport> reps;
+    for (auto& b : out.gemms) {
+      BackendReport r;
+      r.spec = b->spec();
+      r.status.reason = check_arch_claim(r.spec, dev);
+      if (r.status.reason.empty()) {
+        try {
+          r.status.reason = b->prepare(dev, r.status.code);
+        } catch (const std::exception& e) {
+          r.status.reason = no_code_reason(e.what(), dev);
+        }
+      }
+      r.status.runnable = r.status.reason.empty();
+      if (r.status.runnable) run_self_test(r.status, [&](double& err) { return gemm_self_test(*b, err); }, dev);
+      else r.status.self_test = "not run";
+      if (trials && r.status.runnable && r.status.self_test_passed) {
+        // The decode and prefill shapes of the model's biggest per-layer GEMM.
+        const std::string shape = fmt::format("M1,64,{}|N{}|K{}", shapes.max_tokens, shapes.qkv_out, shapes.hidden);
+        const std::string key = trial_key(dev, "gemm", r.spec.name, shape);
+        if (!cache.get(key, r.status.trial_us)) {
+          Scratch x(size_t(shapes.max_tokens) * shapes.hidden * 2), w(size_t(shapes.qkv_out) * shapes.hidden * 2),
+              y(size_t(shapes.max_tokens) * shapes.qkv_out * 2);
+          MS_CUDA_CHECK(cudaMemset(x.p, 0x3c, size_t(shapes.max_tokens) * shapes.hidden * 2));
+          MS_CUDA_CHECK(cudaMemset(w.p, 0x3c, size_t(shapes.qkv_out) * shapes.hidden * 2));
+          double us = 0;
+          for (int M : {1, 64, shapes.max_tokens})
+            us += time_us([&] {
+              b->run(x.as<bf16>(), shapes.hidden, M, shapes.hidden, w.as<bf16>(), shapes.qkv_out, y.p, shapes.qkv_out,
+                     OutType::BF16, nullptr);
+            });
+          r.status.trial_us = us;
+          cache.put(key, us);
+        }
+      }
+      reps.push_back(r);
+    }
+    if (!req.report_only) out.gemm = out.gemms[choose_backend(reps, req.gemm, "--gemm-backend")].get();
+    for (auto& r : reps) out.reports.push_back(r);
+  }
+  // MoE.
+  {
+    out.moes = make_moe_backends();
+    std::vector<BackendReport> reps;
+    MoeShape ms = shapes.moe_shape;
+    for (auto& b : out.moes) {
+      BackendReport r;
+      r.spec = b->spec();
+      r.status.reason = check_arch_claim(r.spec, dev);
+      if (r.status.reason.empty()) {
+        try {
+          r.status.reason = b->prepare(dev, ms, r.status.code);
+        } catch (const std::exception& e) {
+          r.status.reason = no_code_reason(e.what(), dev);
+        }
+      }
+      if (r.status.code.empty()) r.status.code = r.spec.jit ? "JIT not compiled" : "absent";
+      r.status.runnable = r.status.reason.empty();
+      if (r.status.runnable) run_self_test(r.status, [&](double& err) { return moe_self_test(*b, ms, err); }, dev);
+      else r.status.self_test = "not run";
+      if (trials && shapes.moe && r.status.runnable && r.status.self_test_passed) {
+        const std::string shape = fmt::format("E{}|H{}|I{}|k{}|T1,64,{}", ms.num_experts, ms.hidden, ms.inter,
+                                              ms.top_k, ms.max_tokens);
+        const std::string key = trial_key(dev, "moe", r.spec.name, shape);
+        if (!cache.get(key, r.status.trial_us)) {
+          const size_t E = size_t(ms.num_experts), H = size_t(ms.hidden), I = size_t(ms.inter);
+          Scratch gu(E * 2 * I * H * 2), dn(E * H * I * 2), x(size_t(ms.max_tokens) * H * 2),
+              o(size_t(ms.max_tokens) * H * 2), ids(size_t(ms.max_tokens) * ms.top_k * 4),
+              wts(size_t(ms.max_tokens) * ms.top_k * 4), ws(b->workspace_bytes(ms));
+          MS_CUDA_CHECK(cudaMemset(gu.p, 0x3c, E * 2 * I * H * 2));
+          MS_CUDA_CHECK(cudaMemset(dn.p, 0x3c, E * H * I * 2));
+          MS_CUDA_CHECK(cudaMemset(x.p, 0x3c, size_t(ms.max_tokens) * H * 2));
+          // Spread routing: token t uses experts (t * k + j) mod E, as balanced as real routers aim for.
+          std::vector<int32_t> hid(size_t(ms.max_tokens) * ms.top_k);
+          std::vector<float> hw(hid.size(), 1.0f / float(ms.top_k));
+          std::mt19937 g(3);
+          for (size_t i = 0; i < hid.size(); ++i) hid[i] = int32_t(g() % E);
+          for (int t = 0; t < ms.max_tokens; ++t)  // distinct experts within a token
+            for (int j = 0; j < ms.top_k; ++j) hid[size_t(t) * ms.top_k + j] = int32_t((size_t(t) * 37 + j * (E / ms.top_k)) % E);
+          MS_CUDA_CHECK(cudaMemcpy(ids.p, hid.data(), hid.size() * 4, cudaMemcpyHostToDevice));
+          MS_CUDA_CHECK(cudaMemcpy(wts.p, hw.data(), hw.size() * 4, cudaMemcpyHostToDevice));
+          MoeWeights mw;
+          mw.gate_up = gu.p;
+          mw.down = dn.p;
+          double us = 0;
+          for (int T : {1, std::min(64, ms.max_tokens), ms.max_tokens})
+            us += time_us([&] { b->run(x.as<bf16>(), T, ids.as<int32_t>(), wts.as<float>(), mw, o.as<bf16>(), ws.p, nullptr); }, 5);
+          r.status.trial_us = us;
+          cache.put(key, us);
+        }
+      }
+      reps.push_back(r);
+    }
+    if (!req.report_only && shapes.moe) {
+      size_t i = choose_backend(reps, req.moe, "--moe-runner-backend");
+      out.moe = out.moes[i].get();
+      if (!reps[i].spec.capturable) {
+        out.capturable = false;
+        log_warn("MoE backend {} cannot be captured in a CUDA graph (host sync per call): decode runs without graphs",
+                 reps[i].spec.name);
+      }
+    }
+    for (auto& r : reps) out.reports.push_back(r);
+  }
+  for (auto& r : out.reports)
+    if (r.status.chosen)
+      log_info("backend {} {}: {} [{}; self-test {}]", op_family_name(r.spec.family), r.spec.name, r.status.why_chosen,
+               r.status.code, r.status.self_test);
+  return out;
+}
+
+std::string format_backend_table(const std::vector<BackendReport>& reports) {
+  std::string s = fmt::format("{:<20} {:<10} {:<12} {:<14} {:<36} {:<34} {:>9} {:>10}  {}\n", "backend", "family",
+                              "archs", "formats", "code for this GPU", "self-test", "test ms", "trial us", "chosen");
+  for (auto& r : reports) {
+    std::string archs, formats;
+    for (int a : r.spec.archs) archs += (archs.empty() ? "" : ",") + sm_name(a);
+    if (archs.empty()) archs = "sm_80+";
+    for (auto& f : r.spec.formats) formats += (formats.empty() ? "" : ",") + f;
+    std::string code = r.status.runnable ? r.status.code : "NOT RUNNABLE: " + r.status.reason;
+    s += fmt::format("{:<20} {:<10} {:<12} {:<14} {:<36} {:<34} {:>9.1f} {:>10}  {}\n", r.spec.name,
+                     op_family_name(r.spec.family), archs, formats, code, r.status.self_test, r.status.self_test_ms,
+                     r.status.trial_us > 0 ? fmt::format("{:.1f}", r.status.trial_us) : "-",
+                     r.status.chosen ? r.status.why_chosen : "");
+  }
+  return s;
+}
+
+}  // namespace moeserve::cuda

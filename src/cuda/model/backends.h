@@ -1,0 +1,47 @@
+// Backend selection for one model on one GPU: for each op family, every registered backend is checked
+// (architecture claim, code in this binary or JIT-compiled for this GPU), self-tested against the CPU
+// reference, timed on the model's own shapes when `auto` must choose (the timings are cached on disk), and
+// the choice is explained. `moeserve backends` prints the same reports.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cuda/gemm/gemm.h"
+#include "cuda/moe/moe.h"
+#include "cuda/registry.h"
+
+namespace moeserve::cuda {
+
+struct BackendRequest {
+  std::string attention = "auto", moe = "auto", gemm = "auto";
+  bool timed_trials = true;
+  // For `moeserve backends`: report every backend, choose nothing, never throw.
+  bool report_only = false;
+};
+
+// The shapes the trials use.
+struct ModelShapes {
+  int hidden = 2048, qkv_out = 5120, vocab = 151936, head_dim = 128;
+  bool moe = true;
+  MoeShape moe_shape{128, 2048, 768, 8, WeightFormat::BF16, 512};
+  int max_tokens = 512;
+};
+
+struct SelectedBackends {
+  std::vector<std::unique_ptr<GemmBackend>> gemms;
+  std::vector<std::unique_ptr<MoeBackend>> moes;
+  GemmBackend* gemm = nullptr;
+  MoeBackend* moe = nullptr;
+  std::string attention;
+  bool capturable = true;  // every chosen backend can be recorded in a CUDA graph
+  std::vector<BackendReport> reports;
+};
+
+SelectedBackends select_backends(const DeviceInfo& dev, const ModelShapes& shapes, const BackendRequest& req);
+
+// The table `moeserve backends` prints (and the server logs at debug level).
+std::string format_backend_table(const std::vector<BackendReport>& reports);
+
+}  // namespace moeserve::cuda

@@ -1,0 +1,505 @@
+#include "cuda/model/gpu_executor.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <unordered_map>
+
+#include <fmt/format.h>
+
+#include "core/log.h"
+#include "core/threadpool.h"
+#include "cuda/model/gpu_model.h"
+#include "cuda/runtime/allocator.h"
+#include "cuda/sampling/sampling.h"
+#include "model/arch/qwen3.h"
+
+namespace moeserve::cuda {
+
+namespace {
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+constexpr int kMaxTop = 20;      // top logprobs per row computed on the GPU (OpenAI allows up to 20)
+constexpr int kMaxSplits = 16;   // split-KV parts of a decode sequence
+
+size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+// Offsets of the per-step inputs inside one host (pinned) and one device buffer, so that a step uploads them
+// with a single copy and the captured graphs always find them at the same device addresses.
+struct MetaLayout {
+  size_t tokens, positions, slots, kv_lens, new_lens, q_rows, logit_rows, params, block_tables, end;
+  int max_tokens, max_seqs, max_rows, max_pages;
+  MetaLayout(int T, int S, int R, int P) : max_tokens(T), max_seqs(S), max_rows(R), max_pages(P) {
+    size_t o = 0;
+    auto take = [&](size_t bytes) {
+      size_t at = o;
+      o = align_up(o + bytes, 256);
+      return at;
+    };
+    tokens = take(size_t(T) * 4);
+    positions = take(size_t(T) * 4);
+    slots = take(size_t(T) * 4);
+    kv_lens = take(size_t(S) * 4);
+    new_lens = take(size_t(S) * 4);
+    q_rows = take(size_t(S) * 4);
+    logit_rows = take(size_t(R) * 4);
+    params = take(size_t(R) * sizeof(SampleRowParams));
+    block_tables = take(size_t(S) * size_t(P) * 4);
+    end = o;
+  }
+};
+
+int decode_splits_for(int bs, int kv_heads, int sms) {
+  int want = (2 * sms + bs * kv_heads - 1) / std::max(1, bs * kv_heads);
+  return std::clamp(want, 1, kMaxSplits);
+}
+
+class GpuExecutor : public Executor {
+ public:
+  GpuExecutor(const std::string& model_dir, const GpuOptions& opts);
+  ~GpuExecutor() override;
+  const ModelConfig& config() const override { return cfg_; }
+  KVPool& kv() override { return *kv_; }
+  void step(const ForwardBatch& batch, const std::vector<SampleSpec>& specs, std::vector<Sampled>& out) override;
+  void forward_logits(const ForwardBatch& batch, std::vector<float>& logits) override;
+  std::string device_name() const override { return fmt::format("cuda:{} ({})", dev_.index, dev_.name); }
+  size_t active_weight_bytes() const override { return active_bytes_; }
+  nlohmann::json info() const override;
+
+ private:
+  // Fills the metadata for a batch; returns the step inputs. pad_to > T pads a decode batch for a graph.
+  StepInputs prepare(const ForwardBatch& batch, const std::vector<SampleSpec>& specs, int pad_to);
+  void upload_meta(size_t bytes);
+  void run_sampling(int rows, bool with_penalties);
+  void capture_graphs();
+  void record_decode(int bs, StepInputs& in);
+
+  GpuOptions opts_;
+  DeviceInfo dev_;
+  ModelConfig cfg_;
+  size_t active_bytes_ = 0;
+  cudaStream_t stream_ = nullptr;
+  CachingAllocator alloc_;
+  std::unique_ptr<ThreadPool> pool_;
+  SelectedBackends be_;
+  std::unique_ptr<GpuQwen3> model_;
+  std::unique_ptr<KVPool> kv_;
+  std::unique_ptr<MetaLayout> layout_;
+  PinnedBuffer host_meta_;
+  DeviceArray<uint8_t> dev_meta_;
+  // Sampling outputs and penalty inputs.
+  DeviceArray<int32_t> out_ids_, top_ids_, pen_ids_, pen_counts_, ban_ids_;
+  DeviceArray<float> out_lp_, top_lp_;
+  DeviceArray<uint8_t> sample_ws_;
+  PinnedBuffer host_out_;
+  std::vector<int32_t> h_pen_ids_, h_pen_counts_, h_ban_ids_;
+  std::map<int, cudaGraphExec_t> graphs_;  // decode batch size -> graph
+  std::vector<float> host_logits_;
+};
+
+GpuExecutor::GpuExecutor(const std::string& model_dir, const GpuOptions& opts) : opts_(opts) {
+  const double t_start = now_s();
+  auto devs = list_devices();
+  if (devs.empty())
+    throw_user("--device cuda: no CUDA GPU is visible (check the driver with nvidia-smi, CUDA_VISIBLE_DEVICES)");
+  if (opts_.device < 0 || opts_.device >= int(devs.size()))
+    throw_user("GPU {} does not exist; this machine has {} GPU(s)", opts_.device, devs.size());
+  dev_ = devs[size_t(opts_.device)];
+  MS_CUDA_CHECK(cudaSetDevice(dev_.index));
+  MS_CUDA_CHECK(cudaMemGetInfo(&dev_.free_memory, &dev_.total_memory));
+  log_info("GPU {}: {} ({}), {} SMs, {} total, {} free", dev_.index, dev_.name, sm_name(sm_version(dev_)),
+           dev_.multiprocessors, format_bytes(dev_.total_memory), format_bytes(dev_.free_memory));
+  MS_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  pool_ = std::make_unique<ThreadPool>(opts_.threads);
+
+  // Weights: the CPU loader validates and maps the checkpoint; the GPU model copies from its views.
+  {
+    std::unique_ptr<CausalLM> cpu = load_model(model_dir);
+    auto* q = dynamic_cast<Qwen3Model*>(cpu.get());
+    if (!q) throw_user("--device cuda: architecture {} has no GPU implementation yet", cpu->config().architecture);
+    cfg_ = q->config();
+    active_bytes_ = cpu->active_weight_bytes();
+    double t0 = now_s();
+    model_ = std::make_unique<GpuQwen3>(*q, alloc_, stream_, *pool_);
+    double dt = now_s() - t0;
+    log_info("weights: {} on the GPU in {:.1f} s ({:.1f} GB/s)", format_bytes(model_->weight_bytes()), dt,
+             double(model_->weight_bytes()) / std::max(dt, 1e-9) / 1e9);
+  }  // the host-side mappings are released here
+
+  // Backends for this model's shapes.
+  ModelShapes shapes;
+  shapes.hidden = int(cfg_.hidden_size);
+  shapes.qkv_out = int((cfg_.num_heads + 2 * cfg_.num_kv_heads) * cfg_.head_dim);
+  shapes.vocab = int(cfg_.vocab_size);
+  shapes.head_dim = int(cfg_.head_dim);
+  shapes.moe = cfg_.is_moe();
+  shapes.max_tokens = int(std::min<int64_t>(opts_.max_tokens_per_step, 512));
+  if (shapes.moe)
+    shapes.moe_shape = MoeShape{int(cfg_.num_experts), int(cfg_.hidden_size), int(cfg_.moe_intermediate_size),
+                                int(cfg_.num_experts_per_tok), WeightFormat::BF16, int(opts_.max_tokens_per_step)};
+  be_ = select_backends(dev_, shapes, opts_.backends);
+  ModelBackends mb{be_.gemm, be_.moe, be_.attention == "reference_paged"};
+
+  // Activations, metadata and sampling buffers for the largest step.
+  const int max_seqs = int(std::max<int64_t>(opts_.max_running_requests, 1));
+  const int max_tokens = int(std::max<int64_t>(opts_.max_tokens_per_step, max_seqs));
+  const int max_rows = max_seqs;
+  const int64_t ctx = cfg_.max_position_embeddings;
+  const int max_pages = int((ctx + opts_.page_size - 1) / opts_.page_size + 1);
+  size_t before = alloc_.in_use();
+  model_->plan_workspace(max_tokens, max_rows, max_seqs, kMaxSplits, mb);
+  layout_ = std::make_unique<MetaLayout>(max_tokens, max_seqs, max_rows, max_pages);
+  host_meta_ = PinnedBuffer(layout_->end);
+  dev_meta_ = DeviceArray<uint8_t>(alloc_, layout_->end, "activations");
+  MS_CUDA_CHECK(cudaMemset(dev_meta_.get(), 0, layout_->end));
+  out_ids_ = DeviceArray<int32_t>(alloc_, size_t(max_rows), "activations");
+  out_lp_ = DeviceArray<float>(alloc_, size_t(max_rows), "activations");
+  top_ids_ = DeviceArray<int32_t>(alloc_, size_t(max_rows) * kMaxTop, "activations");
+  top_lp_ = DeviceArray<float>(alloc_, size_t(max_rows) * kMaxTop, "activations");
+  sample_ws_ = DeviceArray<uint8_t>(alloc_, std::max<size_t>(sample_workspace_bytes(max_rows, int(cfg_.vocab_size)), 256),
+                                    "activations");
+  host_out_ = PinnedBuffer(size_t(max_rows) * (8 + kMaxTop * 8));
+  log_info("activations: {} for steps of up to {} tokens, {} sequences", format_bytes(alloc_.in_use() - before),
+           max_tokens, max_seqs);
+
+  // KV cache from the memory fraction: weights + activations + KV <= fraction x total.
+  const double frac = opts_.mem_fraction_static > 0 ? opts_.mem_fraction_static : 0.85;
+  const size_t per_token = GpuQwen3::kv_bytes_per_token(cfg_);
+  size_t free_now = 0, total = 0;
+  MS_CUDA_CHECK(cudaMemGetInfo(&free_now, &total));
+  const double budget = frac * double(total) - double(alloc_.in_use());
+  const size_t reserve = size_t(1) << 30;  // graphs, cuBLAS workspaces, NVRTC modules
+  double kv_bytes = std::min(budget, double(free_now) - double(reserve));
+  int64_t tokens = kv_bytes > 0 ? int64_t(kv_bytes / double(per_token)) : 0;
+  if (opts_.max_total_tokens > 0) {
+    if (opts_.max_total_tokens > tokens)
+      log_warn("--max-total-tokens {} does not fit in --mem-fraction-static {:.2f}; using {}", opts_.max_total_tokens,
+               frac, tokens);
+    tokens = std::min(tokens, opts_.max_total_tokens);
+  }
+  const int64_t pages = tokens / opts_.page_size;
+  if (pages < 2)
+    throw_user("no GPU memory left for the KV cache after {} of weights and activations (--mem-fraction-static "
+               "{:.2f} of {}); raise --mem-fraction-static or use a smaller model",
+               format_bytes(alloc_.in_use()), frac, format_bytes(total));
+  model_->allocate_kv(pages, int(opts_.page_size));
+  KVPoolShape ks;
+  ks.num_layers = cfg_.num_layers;
+  ks.num_pages = pages;
+  ks.page_size = opts_.page_size;
+  ks.kv_heads = cfg_.num_kv_heads;
+  ks.head_dim = cfg_.head_dim;
+  kv_ = std::make_unique<KVPool>(ks, /*host_storage=*/false);
+  log_info("KV cache: {} tokens in {} pages of {} ({}, bf16)", pages * opts_.page_size, pages, opts_.page_size,
+           format_bytes(size_t(pages * opts_.page_size) * per_token));
+
+  if (opts_.disable_cuda_graph) log_info("CUDA graphs: disabled by --disable-cuda-graph");
+  else if (!be_.capturable) log_warn("CUDA graphs: skipped (a chosen backend cannot be captured)");
+  else capture_graphs();
+  log_info("GPU ready in {:.1f} s; memory in use: {}", now_s() - t_start, [&] {
+    std::string s;
+    for (auto& [part, b] : alloc_.by_part())
+      if (b) s += fmt::format("{}{} {}", s.empty() ? "" : ", ", part, format_bytes(b));
+    return s;
+  }());
+}
+
+nlohmann::json GpuExecutor::info() const {
+  nlohmann::json b = nlohmann::json::object(), all = nlohmann::json::array();
+  for (auto& r : be_.reports) {
+    all.push_back({{"backend", r.spec.name}, {"family", op_family_name(r.spec.family)}, {"runnable", r.status.runnable},
+                   {"code", r.status.code}, {"reason", r.status.reason}, {"self_test", r.status.self_test},
+                   {"trial_us", r.status.trial_us}, {"capturable", r.spec.capturable}});
+    if (r.status.chosen)
+      b[op_family_name(r.spec.family)] = {{"backend", r.spec.name}, {"reason", r.status.why_chosen}};
+  }
+  nlohmann::json sizes = nlohmann::json::array();
+  for (auto& [bs, g] : graphs_) sizes.push_back(bs);
+  std::string why = opts_.disable_cuda_graph ? "--disable-cuda-graph"
+                    : !be_.capturable        ? "a chosen backend cannot be captured"
+                                             : "decode batches padded to the next captured size";
+  return {{"device", device_name()},
+          {"kernel_backends", b},
+          {"backend_reports", all},
+          {"cuda_graphs", {{"enabled", !graphs_.empty()}, {"batch_sizes", sizes}, {"reason", why}}},
+          {"kv_cache_tokens", kv_->shape().num_pages * kv_->shape().page_size}};
+}
+
+GpuExecutor::~GpuExecutor() {
+  for (auto& [bs, g] : graphs_) cudaGraphExecDestroy(g);
+  if (stream_) cudaStreamDestroy(stream_);
+}
+
+StepInputs GpuExecutor::prepare(const ForwardBatch& batch, const std::vector<SampleSpec>& specs, int pad_to) {
+  const MetaLayout& L = *layout_;
+  const int T = int(batch.tokens.size()), S = int(batch.seqs.size()), R = int(batch.logit_rows.size());
+  MS_CHECK(T > 0 && T <= L.max_tokens && S <= L.max_seqs && R <= L.max_rows,
+           "step of {} tokens / {} sequences / {} rows exceeds the executor's plan ({} / {} / {})", T, S, R,
+           L.max_tokens, L.max_seqs, L.max_rows);
+  const int Tp = std::max(T, pad_to), Sp = std::max(S, pad_to), Rp = std::max(R, pad_to);
+  char* h = static_cast<char*>(host_meta_.get());
+  auto arr = [&](size_t off) { return reinterpret_cast<int32_t*>(h + off); };
+  int32_t *tok = arr(L.tokens), *pos = arr(L.positions), *slots = arr(L.slots);
+  int32_t *kvl = arr(L.kv_lens), *nl = arr(L.new_lens), *qr = arr(L.q_rows), *lr = arr(L.logit_rows);
+  int32_t* bt = arr(L.block_tables);
+  const int64_t ps = opts_.page_size;
+  for (int t = 0; t < T; ++t) {
+    tok[t] = batch.tokens[size_t(t)];
+    pos[t] = int32_t(batch.positions[size_t(t)]);
+  }
+  for (int t = T; t < Tp; ++t) tok[t] = 0, pos[t] = 0, slots[t] = -1;
+  int max_new = 0;
+  for (int s = 0; s < S; ++s) {
+    const kernels::AttnSeq& q = batch.seqs[size_t(s)];
+    const int64_t kv_len = q.start + q.num_tokens;
+    const int64_t np = (kv_len + ps - 1) / ps;
+    MS_CHECK(np <= L.max_pages, "sequence of {} tokens exceeds the block table", kv_len);
+    std::memcpy(bt + size_t(s) * L.max_pages, q.block_table, size_t(np) * 4);
+    kvl[s] = int32_t(kv_len);
+    nl[s] = int32_t(q.num_tokens);
+    qr[s] = int32_t(q.row);
+    max_new = std::max<int>(max_new, int(q.num_tokens));
+    for (int64_t i = 0; i < q.num_tokens; ++i) {
+      const int64_t p = q.start + i;
+      slots[q.row + i] = q.block_table[p / ps] * int32_t(ps) + int32_t(p % ps);
+    }
+  }
+  for (int s = S; s < Sp; ++s) kvl[s] = 0, nl[s] = 0, qr[s] = s;
+  bool identity = R == T;
+  for (int r = 0; r < R && identity; ++r) identity = batch.logit_rows[size_t(r)] == r;
+  for (int r = 0; r < R; ++r) lr[r] = int32_t(batch.logit_rows[size_t(r)]);
+  // Sampling parameters; the rows past R (graph padding) sample greedily and are ignored.
+  auto* prm = reinterpret_cast<SampleRowParams*>(h + L.params);
+  h_pen_ids_.clear();
+  h_pen_counts_.clear();
+  h_ban_ids_.clear();
+  for (int r = 0; r < Rp; ++r) {
+    SampleRowParams p;
+    if (r < int(specs.size())) {
+      const SampleSpec& s = specs[size_t(r)];
+      p.temperature = s.sampler.temperature;
+      p.top_k = int32_t(std::min<int64_t>(s.sampler.top_k, INT32_MAX));
+      p.top_p = s.sampler.top_p;
+      p.min_p = s.sampler.min_p;
+      p.presence_penalty = s.presence_penalty;
+      p.frequency_penalty = s.frequency_penalty;
+      p.repetition_penalty = s.repetition_penalty;
+      p.random = s.rng ? (*s.rng)() : 0;
+      p.top_logprobs = int32_t(std::min<int64_t>(s.top_logprobs, kMaxTop));
+      p.pen_begin = p.pen_end = int32_t(h_pen_ids_.size());
+      if (s.penalized()) {
+        std::unordered_map<int32_t, int32_t> counts;
+        if (s.output)
+          for (int32_t t : *s.output) counts[t]++;
+        if (s.repetition_penalty != 1.0f && s.prompt)
+          for (int32_t t : *s.prompt) counts.emplace(t, 0);
+        for (auto& [t, n] : counts) {
+          h_pen_ids_.push_back(t);
+          h_pen_counts_.push_back(n);
+        }
+        p.pen_end = int32_t(h_pen_ids_.size());
+      }
+      p.ban_begin = int32_t(h_ban_ids_.size());
+      h_ban_ids_.insert(h_ban_ids_.end(), s.banned.begin(), s.banned.end());
+      p.ban_end = int32_t(h_ban_ids_.size());
+    } else {
+      p.temperature = 0.0f;
+    }
+    prm[r] = p;
+  }
+  const size_t used = L.block_tables + size_t(std::max(S, 1)) * size_t(L.max_pages) * 4;
+  upload_meta(used);
+
+  const char* d = reinterpret_cast<const char*>(dev_meta_.get());
+  auto darr = [&](size_t off) { return reinterpret_cast<const int32_t*>(d + off); };
+  StepInputs in;
+  in.tokens = darr(L.tokens);
+  in.positions = darr(L.positions);
+  in.slots = darr(L.slots);
+  in.attn.block_tables = darr(L.block_tables);
+  in.attn.max_pages = L.max_pages;
+  in.attn.kv_lens = darr(L.kv_lens);
+  in.attn.new_lens = darr(L.new_lens);
+  in.attn.q_rows = darr(L.q_rows);
+  in.attn.num_seqs = Sp;
+  in.attn.page_size = int(ps);
+  in.logit_rows = identity && pad_to <= T ? nullptr : darr(L.logit_rows);
+  if (pad_to > T) in.logit_rows = nullptr;  // padded decode: rows are the sequences, in order
+  in.T = Tp;
+  in.R = pad_to > T ? Rp : R;
+  in.max_new = max_new;
+  in.decode = max_new == 1 && S == T;
+  in.decode_splits = decode_splits_for(Sp, int(cfg_.num_kv_heads), dev_.multiprocessors);
+  return in;
+}
+
+void GpuExecutor::upload_meta(size_t bytes) {
+  MS_CUDA_CHECK(cudaMemcpyAsync(dev_meta_.get(), host_meta_.get(), bytes, cudaMemcpyHostToDevice, stream_));
+  auto grow_upload = [&](DeviceArray<int32_t>& dst, const std::vector<int32_t>& src) {
+    if (src.empty()) return;
+    if (dst.size() < src.size()) dst = DeviceArray<int32_t>(alloc_, src.size() * 2, "activations");
+    MS_CUDA_CHECK(cudaMemcpyAsync(dst.get(), src.data(), src.size() * 4, cudaMemcpyHostToDevice, stream_));
+  };
+  grow_upload(pen_ids_, h_pen_ids_);
+  grow_upload(pen_counts_, h_pen_counts_);
+  grow_upload(ban_ids_, h_ban_ids_);
+}
+
+void GpuExecutor::run_sampling(int rows, bool with_penalties) {
+  SampleArgs a;
+  a.logits = model_->logits();
+  a.rows = rows;
+  a.vocab = int(cfg_.vocab_size);
+  a.params = reinterpret_cast<const SampleRowParams*>(dev_meta_.get() + layout_->params);
+  a.pen_ids = with_penalties ? pen_ids_.get() : nullptr;
+  a.pen_counts = with_penalties ? pen_counts_.get() : nullptr;
+  a.ban_ids = with_penalties ? ban_ids_.get() : nullptr;
+  a.max_top = kMaxTop;
+  a.out_ids = out_ids_.get();
+  a.out_logprobs = out_lp_.get();
+  a.top_ids = top_ids_.get();
+  a.top_logprobs = top_lp_.get();
+  a.workspace = sample_ws_.get();
+  sample(a, stream_);
+}
+
+void GpuExecutor::step(const ForwardBatch& batch, const std::vector<SampleSpec>& specs, std::vector<Sampled>& out) {
+  const int T = int(batch.tokens.size()), R = int(batch.logit_rows.size());
+  MS_CHECK(specs.size() == size_t(R), "{} sampling specs for {} logit rows", specs.size(), R);
+  bool plain = true;  // no penalties or bans: the captured graphs handle the step
+  for (auto& s : specs) plain = plain && !s.penalized() && s.banned.empty();
+  bool is_decode = R == T && int(batch.seqs.size()) == T;
+  for (auto& q : batch.seqs) is_decode = is_decode && q.num_tokens == 1;
+  int graph_bs = 0;
+  if (is_decode && plain && !graphs_.empty()) {
+    auto it = graphs_.lower_bound(T);
+    if (it != graphs_.end()) graph_bs = it->first;
+  }
+  StepInputs in = prepare(batch, specs, graph_bs);
+  if (graph_bs > 0) {
+    MS_CUDA_CHECK(cudaGraphLaunch(graphs_.at(graph_bs), stream_));
+  } else {
+    model_->forward(in, stream_);
+    if (R > 0) run_sampling(R, !h_pen_ids_.empty() || !h_ban_ids_.empty());
+  }
+  out.resize(size_t(R));
+  if (R == 0) {
+    MS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    return;
+  }
+  bool want_lp = false, want_top = false;
+  for (auto& s : specs) want_lp |= s.logprob, want_top |= s.top_logprobs > 0;
+  char* h = static_cast<char*>(host_out_.get());
+  int32_t* ids = reinterpret_cast<int32_t*>(h);
+  float* lps = reinterpret_cast<float*>(h + size_t(R) * 4);
+  int32_t* tids = reinterpret_cast<int32_t*>(h + size_t(R) * 8);
+  float* tlps = reinterpret_cast<float*>(h + size_t(R) * 8 + size_t(R) * kMaxTop * 4);
+  MS_CUDA_CHECK(cudaMemcpyAsync(ids, out_ids_.get(), size_t(R) * 4, cudaMemcpyDeviceToHost, stream_));
+  if (want_lp) MS_CUDA_CHECK(cudaMemcpyAsync(lps, out_lp_.get(), size_t(R) * 4, cudaMemcpyDeviceToHost, stream_));
+  if (want_top) {
+    MS_CUDA_CHECK(cudaMemcpyAsync(tids, top_ids_.get(), size_t(R) * kMaxTop * 4, cudaMemcpyDeviceToHost, stream_));
+    MS_CUDA_CHECK(cudaMemcpyAsync(tlps, top_lp_.get(), size_t(R) * kMaxTop * 4, cudaMemcpyDeviceToHost, stream_));
+  }
+  MS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  for (int r = 0; r < R; ++r) {
+    Sampled& o = out[size_t(r)];
+    o.token = ids[r];
+    MS_CHECK(o.token >= 0 && o.token < cfg_.vocab_size, "the GPU sampler returned token {} (vocab {})", o.token,
+             cfg_.vocab_size);
+    o.logprob = want_lp ? lps[r] : 0.0f;
+    o.top.clear();
+    const int n = int(std::min<int64_t>(specs[size_t(r)].top_logprobs, kMaxTop));
+    for (int j = 0; j < n; ++j) o.top.push_back({tids[r * kMaxTop + j], tlps[r * kMaxTop + j]});
+  }
+}
+
+void GpuExecutor::forward_logits(const ForwardBatch& batch, std::vector<float>& logits) {
+  StepInputs in = prepare(batch, {}, 0);
+  model_->forward(in, stream_);
+  const size_t n = batch.logit_rows.size() * size_t(cfg_.vocab_size);
+  logits.resize(n);
+  if (n) MS_CUDA_CHECK(cudaMemcpyAsync(logits.data(), model_->logits(), n * 4, cudaMemcpyDeviceToHost, stream_));
+  MS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void GpuExecutor::record_decode(int bs, StepInputs& in) {
+  model_->forward(in, stream_);
+  run_sampling(bs, false);
+}
+
+void GpuExecutor::capture_graphs() {
+  std::vector<int> sizes = cuda_graph_sizes(opts_);
+  sizes.erase(std::remove_if(sizes.begin(), sizes.end(),
+                             [&](int b) { return b > layout_->max_seqs || b > layout_->max_tokens; }),
+              sizes.end());
+  if (sizes.empty()) return;
+  const double t0 = now_s();
+  size_t free0 = 0, free1 = 0, total = 0;
+  MS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  MS_CUDA_CHECK(cudaMemGetInfo(&free0, &total));
+  // A dummy decode batch: every sequence holds one token in page 0 (its slot is not written).
+  std::vector<int32_t> page0(1, 0);
+  for (int bs : sizes) {  // largest first
+    ForwardBatch fb;
+    std::vector<SampleSpec> specs(static_cast<size_t>(bs));
+    for (int i = 0; i < bs; ++i) {
+      fb.tokens.push_back(0);
+      fb.positions.push_back(0);
+      fb.seqs.push_back({page0.data(), 0, 1, i});
+      fb.logit_rows.push_back(i);
+      specs[size_t(i)].sampler.temperature = 0.0f;
+    }
+    StepInputs in = prepare(fb, specs, bs);
+    // The dummy must not write into page 0 of a live cache: no slots.
+    int32_t* slots = reinterpret_cast<int32_t*>(static_cast<char*>(host_meta_.get()) + layout_->slots);
+    for (int i = 0; i < bs; ++i) slots[i] = -1;
+    upload_meta(layout_->block_tables + size_t(bs) * size_t(layout_->max_pages) * 4);
+    record_decode(bs, in);  // eager warm-up: libraries pick algorithms and load modules outside the capture
+    MS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    cudaGraph_t g = nullptr;
+    MS_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    try {
+      record_decode(bs, in);
+    } catch (...) {
+      cudaStreamEndCapture(stream_, &g);
+      if (g) cudaGraphDestroy(g);
+      throw;
+    }
+    MS_CUDA_CHECK(cudaStreamEndCapture(stream_, &g));
+    cudaGraphExec_t exec = nullptr;
+    MS_CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
+    cudaGraphDestroy(g);
+    graphs_[bs] = exec;
+  }
+  MS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  MS_CUDA_CHECK(cudaMemGetInfo(&free1, &total));
+  log_info("CUDA graphs: {} decode batch sizes ({}..{}) captured in {:.2f} s, {}", graphs_.size(), sizes.back(),
+           sizes.front(), now_s() - t0, format_bytes(free0 > free1 ? free0 - free1 : 0));
+}
+
+}  // namespace
+
+std::vector<int> cuda_graph_sizes(const GpuOptions& opts) {
+  std::vector<int> s;
+  if (!opts.cuda_graph_bs.empty()) {
+    for (int64_t b : opts.cuda_graph_bs)
+      if (b > 0) s.push_back(int(b));
+  } else {
+    for (int b : {1, 2, 4, 8, 12, 16, 24, 32}) s.push_back(b);
+    for (int b = 40; b <= opts.cuda_graph_max_bs; b += 8) s.push_back(b);
+  }
+  s.erase(std::remove_if(s.begin(), s.end(), [&](int b) { return b > opts.cuda_graph_max_bs; }), s.end());
+  std::sort(s.begin(), s.end(), std::greater<int>());
+  s.erase(std::unique(s.begin(), s.end()), s.end());
+  return s;
+}
+
+std::unique_ptr<Executor> make_gpu_executor(const std::string& model_dir, const GpuOptions& opts) {
+  return std::make_unique<GpuExecutor>(model_dir, opts);
+}
+
+}  // namespace moeserve::cuda

@@ -1,0 +1,211 @@
+#include "cuda/model/gpu_model.h"
+
+#include <cmath>
+
+#include "core/log.h"
+#include "cuda/model/attention_ref.h"
+#include "cuda/model/model_kernels.h"
+#include "cuda/model/uploader.h"
+
+namespace moeserve::cuda {
+
+namespace {
+
+size_t numel_bytes(const Tensor& t) { return size_t(t.numel()) * sizeof(bf16); }
+
+}  // namespace
+
+GpuQwen3::GpuQwen3(const Qwen3Model& cpu, CachingAllocator& alloc, cudaStream_t stream, ThreadPool& pool)
+    : cfg_(cpu.config()), alloc_(alloc) {
+  const ModelConfig& c = cfg_;
+  if (c.attention_bias)
+    throw_user("--device cuda: attention_bias=true checkpoints are not supported on the GPU yet (use --device cpu)");
+  if (c.head_dim > 256 || c.head_dim % 2)
+    throw_user("--device cuda: head_dim {} is not supported on the GPU (even, at most 256)", c.head_dim);
+  upload(cpu, stream, pool);
+}
+
+size_t GpuQwen3::kv_bytes_per_token(const ModelConfig& c) {
+  return size_t(c.num_layers) * 2 * size_t(c.num_kv_heads) * size_t(c.head_dim) * sizeof(bf16);
+}
+
+void GpuQwen3::upload(const Qwen3Model& cpu, cudaStream_t stream, ThreadPool& pool) {
+  const ModelConfig& c = cfg_;
+  const int64_t H = c.hidden_size, D = c.head_dim, Hq = c.num_heads, Hkv = c.num_kv_heads;
+  const auto& layers = cpu.layer_weights();
+  // Total bytes first, for the progress line.
+  size_t total = numel_bytes(cpu.embed_weight()) + numel_bytes(cpu.final_norm_weight());
+  if (!c.tie_word_embeddings) total += numel_bytes(cpu.lm_head_weight().weight);
+  for (auto& L : layers) {
+    total += numel_bytes(L.q.weight) + numel_bytes(L.k.weight) + numel_bytes(L.v.weight) + numel_bytes(L.o.weight);
+    total += numel_bytes(L.q_norm) + numel_bytes(L.k_norm) + numel_bytes(L.input_norm) + numel_bytes(L.post_norm);
+    if (L.is_moe) {
+      total += numel_bytes(L.moe.router.weight);
+      for (auto& e : L.moe.experts)
+        total += numel_bytes(e.gate.weight) + numel_bytes(e.up.weight) + numel_bytes(e.down.weight);
+    } else {
+      total += numel_bytes(L.gate.weight) + numel_bytes(L.up.weight) + numel_bytes(L.down.weight);
+    }
+  }
+  weight_bytes_ = total;
+  log_info("loading {} of weights to the GPU", format_bytes(total));
+  WeightUploader up(stream, total, pool);
+  auto put = [&](const Tensor& t, const std::string& part = "weights") {
+    DeviceArray<bf16> d(alloc_, size_t(t.numel()), part);
+    up.copy(t, d.get());
+    return d;
+  };
+  embed_ = put(cpu.embed_weight());
+  if (c.tie_word_embeddings) {
+    lm_head_ = DeviceArray<bf16>();
+  } else {
+    lm_head_ = put(cpu.lm_head_weight().weight);
+  }
+  final_norm_ = put(cpu.final_norm_weight());
+  layers_.resize(layers.size());
+  for (size_t l = 0; l < layers.size(); ++l) {
+    const Qwen3Layer& L = layers[l];
+    GpuLayer& G = layers_[l];
+    G.qkv = DeviceArray<bf16>(alloc_, size_t((Hq + 2 * Hkv) * D * H), "weights");
+    up.copy(L.q.weight, G.qkv.get());
+    up.copy(L.k.weight, G.qkv.get() + Hq * D * H);
+    up.copy(L.v.weight, G.qkv.get() + (Hq + Hkv) * D * H);
+    G.o = put(L.o.weight);
+    G.q_norm = put(L.q_norm);
+    G.k_norm = put(L.k_norm);
+    G.input_norm = put(L.input_norm);
+    G.post_norm = put(L.post_norm);
+    G.is_moe = L.is_moe;
+    if (L.is_moe) {
+      const int64_t E = c.num_experts, I = c.moe_intermediate_size;
+      G.router = put(L.moe.router.weight);
+      G.gate_up = DeviceArray<bf16>(alloc_, size_t(E * 2 * I * H), "weights");
+      G.down = DeviceArray<bf16>(alloc_, size_t(E * H * I), "weights");
+      for (int64_t e = 0; e < E; ++e) {
+        up.copy(L.moe.experts[e].gate.weight, G.gate_up.get() + e * 2 * I * H);
+        up.copy(L.moe.experts[e].up.weight, G.gate_up.get() + e * 2 * I * H + I * H);
+        up.copy(L.moe.experts[e].down.weight, G.down.get() + e * H * I);
+      }
+      G.moe.format = WeightFormat::BF16;
+      G.moe.gate_up = G.gate_up.get();
+      G.moe.down = G.down.get();
+    } else {
+      const int64_t I = c.intermediate_size;
+      G.gate_up = DeviceArray<bf16>(alloc_, size_t(2 * I * H), "weights");
+      up.copy(L.gate.weight, G.gate_up.get());
+      up.copy(L.up.weight, G.gate_up.get() + I * H);
+      G.down = put(L.down.weight);
+    }
+  }
+  up.finish();
+  const kernels::RopeTable& rt = cpu.rope_table();
+  inv_freq_ = DeviceArray<float>(alloc_, rt.inv_freq.size(), "weights");
+  MS_CUDA_CHECK(cudaMemcpy(inv_freq_.get(), rt.inv_freq.data(), rt.inv_freq.size() * sizeof(float),
+                           cudaMemcpyHostToDevice));
+  rope_.inv_freq = inv_freq_.get();
+  rope_.rotary_dim = int(rt.inv_freq.size() * 2);
+  rope_.attention_scaling = rt.attention_scaling;
+}
+
+void GpuQwen3::plan_workspace(int max_tokens, int max_rows, int max_seqs, int max_decode_splits,
+                              const ModelBackends& b) {
+  const ModelConfig& c = cfg_;
+  be_ = b;
+  max_tokens_ = max_tokens;
+  max_rows_ = max_rows;
+  const size_t T = size_t(max_tokens), H = size_t(c.hidden_size), D = size_t(c.head_dim);
+  const size_t QKV = size_t(c.num_heads + 2 * c.num_kv_heads) * D, QD = size_t(c.num_heads) * D;
+  const std::string part = "activations";
+  residual_ = DeviceArray<float>(alloc_, T * H, part);
+  xn_ = DeviceArray<bf16>(alloc_, T * H, part);
+  qkv_ = DeviceArray<bf16>(alloc_, T * QKV, part);
+  attn_ = DeviceArray<bf16>(alloc_, T * QD, part);
+  o_ = DeviceArray<bf16>(alloc_, T * H, part);
+  final_rows_ = DeviceArray<bf16>(alloc_, size_t(max_rows) * H, part);
+  logits_ = DeviceArray<float>(alloc_, size_t(max_rows) * size_t(c.vocab_size), part);
+  if (c.is_moe()) {
+    router_logits_ = DeviceArray<float>(alloc_, T * size_t(c.num_experts), part);
+    topk_ids_ = DeviceArray<int32_t>(alloc_, T * size_t(c.num_experts_per_tok), part);
+    topk_w_ = DeviceArray<float>(alloc_, T * size_t(c.num_experts_per_tok), part);
+    MoeShape ms{int(c.num_experts), int(H), int(c.moe_intermediate_size), int(c.num_experts_per_tok),
+                WeightFormat::BF16, max_tokens};
+    moe_ws_ = DeviceArray<uint8_t>(alloc_, std::max<size_t>(b.moe->workspace_bytes(ms), 256), part);
+  }
+  if (c.intermediate_size > 0) {
+    mlp_ = DeviceArray<bf16>(alloc_, T * 2 * size_t(c.intermediate_size), part);
+    mlp_act_ = DeviceArray<bf16>(alloc_, T * size_t(c.intermediate_size), part);
+  }
+  decode_ws_ = DeviceArray<uint8_t>(
+      alloc_, std::max<size_t>(decode_workspace_bytes(max_seqs, int(c.num_heads), int(D), max_decode_splits), 256),
+      part);
+  // Rows that a padded (graph) step does not compute keep finite values: zero everything once.
+  MS_CUDA_CHECK(cudaMemset(residual_.get(), 0, residual_.bytes()));
+  MS_CUDA_CHECK(cudaMemset(xn_.get(), 0, xn_.bytes()));
+  MS_CUDA_CHECK(cudaMemset(qkv_.get(), 0, qkv_.bytes()));
+  MS_CUDA_CHECK(cudaMemset(attn_.get(), 0, attn_.bytes()));
+  MS_CUDA_CHECK(cudaMemset(o_.get(), 0, o_.bytes()));
+  if (router_logits_.get()) MS_CUDA_CHECK(cudaMemset(router_logits_.get(), 0, router_logits_.bytes()));
+}
+
+void GpuQwen3::allocate_kv(int64_t num_pages, int page_size) {
+  kv_pages_ = num_pages;
+  page_size_ = page_size;
+  const size_t per_layer = size_t(num_pages) * size_t(page_size) * size_t(cfg_.num_kv_heads) * size_t(cfg_.head_dim);
+  kv_ = DeviceArray<bf16>(alloc_, per_layer * 2 * size_t(cfg_.num_layers), "kv cache");
+  MS_CUDA_CHECK(cudaMemset(kv_.get(), 0, kv_.bytes()));  // finite values even in pages never written
+}
+
+void GpuQwen3::forward(const StepInputs& in, cudaStream_t s) {
+  const ModelConfig& c = cfg_;
+  const int T = in.T, H = int(c.hidden_size), D = int(c.head_dim), Hq = int(c.num_heads), Hkv = int(c.num_kv_heads);
+  const int QKV = (Hq + 2 * Hkv) * D, QD = Hq * D;
+  const float eps = float(c.rms_norm_eps);
+  MS_CHECK(T > 0 && T <= max_tokens_ && in.R <= max_rows_, "step of {} tokens / {} logit rows exceeds the plan", T,
+           in.R);
+  GemmBackend& gemm = *be_.gemm;
+  const size_t layer_elems = size_t(kv_pages_) * size_t(page_size_) * size_t(Hkv) * size_t(D);
+  const AttnShape ash{Hq, Hkv, D, 1.0f / std::sqrt(float(D))};
+
+  embedding(in.tokens, embed_.get(), T, H, residual_.get(), s);
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    GpuLayer& L = layers_[l];
+    if (l == 0) rmsnorm(residual_.get(), L.input_norm.get(), eps, T, H, xn_.get(), s);
+    else add_rmsnorm(residual_.get(), o_.get(), L.input_norm.get(), eps, T, H, xn_.get(), s);
+    gemm.run(xn_.get(), H, T, H, L.qkv.get(), QKV, qkv_.get(), QKV, OutType::BF16, s);
+    bf16* kc = kv_.get() + l * 2 * layer_elems;
+    bf16* vc = kc + layer_elems;
+    qk_norm_rope_store_kv(qkv_.get(), QKV, T, Hq, Hkv, D, L.q_norm.get(), L.k_norm.get(), eps, in.positions, rope_,
+                          in.slots, kc, vc, s);
+    if (be_.reference_attention)
+      paged_attention_reference(qkv_.get(), QKV, kc, vc, in.attn, ash, in.decode ? 1 : in.max_new, attn_.get(), QD, s);
+    else if (in.decode)
+      paged_attention_decode(qkv_.get(), QKV, kc, vc, in.attn, ash, in.decode_splits, decode_ws_.get(), attn_.get(),
+                             QD, s);
+    else
+      paged_attention_prefill(qkv_.get(), QKV, kc, vc, in.attn, ash, in.max_new, attn_.get(), QD, s);
+    gemm.run(attn_.get(), QD, T, QD, L.o.get(), H, o_.get(), H, OutType::BF16, s);
+    add_rmsnorm(residual_.get(), o_.get(), L.post_norm.get(), eps, T, H, xn_.get(), s);
+    if (L.is_moe) {
+      const int E = int(c.num_experts), K = int(c.num_experts_per_tok);
+      gemm.run(xn_.get(), H, T, H, L.router.get(), E, router_logits_.get(), E, OutType::F32, s);
+      moe_route_topk(router_logits_.get(), T, E, K, c.norm_topk_prob, topk_ids_.get(), topk_w_.get(), s);
+      be_.moe->run(xn_.get(), T, topk_ids_.get(), topk_w_.get(), L.moe, o_.get(), moe_ws_.get(), s);
+    } else {
+      const int I = int(c.intermediate_size);
+      gemm.run(xn_.get(), H, T, H, L.gate_up.get(), 2 * I, mlp_.get(), 2 * I, OutType::BF16, s);
+      silu_mul(mlp_.get(), T, I, mlp_act_.get(), s);
+      gemm.run(mlp_act_.get(), I, T, I, L.down.get(), H, o_.get(), H, OutType::BF16, s);
+    }
+  }
+  // The last layer's output joins the residual under the final norm; only the logit rows go to lm_head.
+  add_rmsnorm(residual_.get(), o_.get(), final_norm_.get(), eps, T, H, xn_.get(), s);
+  const bf16* rows = xn_.get();
+  if (in.logit_rows) {
+    gather_rows(xn_.get(), H, in.logit_rows, in.R, H, final_rows_.get(), s);
+    rows = final_rows_.get();
+  }
+  const bf16* head = c.tie_word_embeddings ? embed_.get() : lm_head_.get();
+  gemm.run(rows, H, in.R, H, head, int(c.vocab_size), logits_.get(), c.vocab_size, OutType::F32, s);
+}
+
+}  // namespace moeserve::cuda

@@ -1,0 +1,86 @@
+// Qwen3 / Qwen3-MoE on the GPU: BF16 weights (fused q|k|v, fused expert gate|up as transformers lays them
+// out), an f32 residual stream, a BF16 paged KV cache, and one forward pass built from the op families'
+// selected backends. The pass only launches work on a stream (no sync, no allocation, no host reads), so the
+// executor can capture it in a CUDA graph.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "cuda/gemm/gemm.h"
+#include "cuda/kernels/ops.h"
+#include "cuda/moe/moe.h"
+#include "cuda/runtime/allocator.h"
+#include "model/arch/qwen3.h"
+
+namespace moeserve::cuda {
+
+struct GpuLayer {
+  DeviceArray<bf16> qkv, o;                          // [(Hq + 2 Hkv) D, H], [H, Hq D]
+  DeviceArray<bf16> q_norm, k_norm, input_norm, post_norm;
+  bool is_moe = false;
+  DeviceArray<bf16> router;                          // [E, H]
+  DeviceArray<bf16> gate_up, down;                   // MoE: [E, 2I, H], [E, H, I]; dense: [2I, H], [H, I]
+  MoeWeights moe;                                    // views of gate_up / down
+};
+
+// Device pointers of one step's inputs (the executor fills them).
+struct StepInputs {
+  const int32_t* tokens = nullptr;      // [T]
+  const int32_t* positions = nullptr;   // [T]
+  const int32_t* slots = nullptr;       // [T] KV slot of each token
+  AttnMeta attn;                        // sequences
+  const int32_t* logit_rows = nullptr;  // [R]
+  int T = 0, R = 0;
+  bool decode = false;                  // every sequence has exactly one new token
+  int max_new = 0;                      // largest new_lens (prefill grid)
+  int decode_splits = 1;
+};
+
+struct ModelBackends {
+  GemmBackend* gemm = nullptr;
+  MoeBackend* moe = nullptr;
+  bool reference_attention = false;  // the plain kernel (head sizes the tensor-core kernels do not cover)
+};
+
+class GpuQwen3 {
+ public:
+  // Uploads the CPU model's weights (views of the mmapped checkpoint). max_tokens: rows per step at most;
+  // max_rows: logit rows per step at most; max_seqs: sequences per step at most.
+  GpuQwen3(const Qwen3Model& cpu, CachingAllocator& alloc, cudaStream_t stream, ThreadPool& pool);
+  const ModelConfig& config() const { return cfg_; }
+  size_t weight_bytes() const { return weight_bytes_; }
+
+  // Activations for steps of up to max_tokens rows, max_rows logit rows and max_seqs sequences.
+  void plan_workspace(int max_tokens, int max_rows, int max_seqs, int max_decode_splits, const ModelBackends& b);
+  // The KV cache: num_pages pages of page_size tokens for every layer.
+  void allocate_kv(int64_t num_pages, int page_size);
+  static size_t kv_bytes_per_token(const ModelConfig& c);
+
+  // Runs the model over the step's tokens; leaves f32 logits [R, vocab] in logits().
+  void forward(const StepInputs& in, cudaStream_t stream);
+  float* logits() const { return logits_.get(); }
+
+ private:
+  void upload(const Qwen3Model& cpu, cudaStream_t stream, ThreadPool& pool);
+  ModelConfig cfg_;
+  CachingAllocator& alloc_;
+  ModelBackends be_;
+  size_t weight_bytes_ = 0;
+  DeviceArray<bf16> embed_, lm_head_, final_norm_;
+  DeviceArray<float> inv_freq_;
+  RopeArgs rope_;
+  std::vector<GpuLayer> layers_;
+  // KV cache: per layer K then V, each [pages, page_size, kv_heads, head_dim].
+  DeviceArray<bf16> kv_;
+  int64_t kv_pages_ = 0;
+  int page_size_ = 0;
+  // Activations.
+  int max_tokens_ = 0, max_rows_ = 0;
+  DeviceArray<float> residual_, router_logits_, topk_w_, logits_;
+  DeviceArray<bf16> xn_, qkv_, attn_, o_, mlp_, mlp_act_, final_rows_;
+  DeviceArray<int32_t> topk_ids_;
+  DeviceArray<uint8_t> moe_ws_, decode_ws_;
+};
+
+}  // namespace moeserve::cuda

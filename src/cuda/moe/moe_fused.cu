@@ -1,0 +1,10 @@
+// The fused MoE kernels compiled ahead of time for sm_90a (this library's architecture).
+#define MOE_KERNEL_NAMESPACE moe_sm90
+#include "cuda/moe/moe_gemm_kernels.cuh"
+#include "cuda/moe/moe_internal.h"
+
+namespace moeserve::cuda {
+
+moe_kernels::KernelTable fused_sm90_kernels() { return moe_sm90::kernel_table(); }
+
+}  // namespace moeserve::cuda

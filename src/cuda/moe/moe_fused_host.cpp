@@ -1,0 +1,195 @@
+// Host side of the fused MoE path: workspace layout, tile-configuration choice, the launcher shared by the AOT
+// and JIT kernel tables, and the two ahead-of-time backends (fused_sm90 and the deliberately foreign
+// fused_sm100_build).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "core/error.h"
+#include "cuda/moe/moe_internal.h"
+
+namespace moeserve::cuda {
+
+using namespace moe_kernels;
+
+namespace {
+constexpr size_t kAlign = 256;
+size_t align_up(size_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
+constexpr int kMaxGridY = 65535;
+constexpr int kSmallestTile = GemmCfg0::BN;
+
+// Upper bound on the tiles any routing of P pairs over E experts needs with tiles of `bn` rows:
+// sum_e ceil(n_e / bn) <= sum_e floor(n_e / bn) + #active <= P / bn + min(E, P).
+int max_tiles(int E, int64_t P, int bn) { return int(std::min<int64_t>(E, P) + P / bn); }
+
+void launch(const void* kernel, dim3 grid, dim3 block, size_t smem, void* params, cudaStream_t stream,
+            const char* what) {
+  void* args[] = {params};
+  cudaError_t e = cudaLaunchKernel(kernel, grid, block, args, smem, stream);
+  if (e != cudaSuccess) throw_cuda_error(e, what, __FILE__, __LINE__);
+}
+}  // namespace
+
+int fused_config_for(const MoeShape& s, int T) {
+  const double per_expert = double(T) * s.top_k / std::max(1, s.num_experts);
+  if (per_expert <= 5) return 0;
+  if (per_expert <= 12) return 1;
+  if (per_expert <= 40) return 2;
+  return 3;
+}
+
+FusedLayout fused_layout(const MoeShape& s, int T) {
+  FusedLayout l;
+  const int64_t P = int64_t(T) * s.top_k;
+  l.config = fused_config_for(s, T);
+  l.num_slots = max_tiles(s.num_experts, P, gemm_config_info(l.config).bn);
+  // The tile table is sized for the smallest tile of any configuration, so that the region only grows with T.
+  const size_t tile_cap = size_t(max_tiles(s.num_experts, P, kSmallestTile));
+  size_t off = 0;
+  l.tiles = off, off = align_up(off + tile_cap * sizeof(Tile));
+  l.perm_pair = off, off = align_up(off + size_t(P) * 4);
+  l.pair_pos = off, off = align_up(off + size_t(P) * 4);
+  l.act = off, off = align_up(off + size_t(P) * s.inter * 2);
+  l.y = off, off = align_up(off + size_t(P) * s.hidden * 2);
+  l.total = off;
+  return l;
+}
+
+std::string fused_shape_check(const MoeShape& s) {
+  if (s.format != WeightFormat::BF16)
+    return fmt::format("weight format {} is not supported (bf16 only)", weight_format_name(s.format));
+  if (s.num_experts < 1 || s.num_experts > kMaxExperts)
+    return fmt::format("{} experts: the fused kernels handle 1 to {}", s.num_experts, kMaxExperts);
+  if (s.top_k < 1 || s.top_k > s.num_experts) return fmt::format("top_k {} of {} experts", s.top_k, s.num_experts);
+  if (s.hidden <= 0 || s.inter <= 0 || s.hidden % 64 != 0 || s.inter % 64 != 0)
+    return fmt::format("hidden size {} and intermediate size {} must be positive multiples of 64", s.hidden,
+                       s.inter);
+  if (s.max_tokens < 1) return fmt::format("max_tokens {} must be at least 1", s.max_tokens);
+  const int64_t P = int64_t(s.max_tokens) * s.top_k;
+  if (int64_t(s.num_experts) + P / kSmallestTile > kMaxGridY)
+    return fmt::format("max_tokens {} x top_k {} is too large for one launch (grid y > {})", s.max_tokens, s.top_k,
+                       kMaxGridY);
+  return "";
+}
+
+std::string fused_check_kernels(const KernelTable& t, const DeviceInfo& dev) {
+  std::vector<const void*> all = {t.prep, t.combine};
+  for (int c = 0; c < kNumGemmConfigs; ++c)
+    for (int m = 0; m < 2; ++m) all.push_back(t.gemm[c][m]);
+  for (const void* k : all) {
+    if (!k) return "kernel missing from the kernel table";
+    std::string r = check_kernel_present(k, dev);
+    if (!r.empty()) return r;
+  }
+  for (int c = 0; c < kNumGemmConfigs; ++c)
+    for (int m = 0; m < 2; ++m) {
+      const int smem = gemm_config_info(c).smem_bytes;
+      cudaError_t e = cudaFuncSetAttribute(t.gemm[c][m], cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+      if (e != cudaSuccess) {
+        cudaGetLastError();
+        return fmt::format("GEMM configuration {} needs {} KiB of shared memory per block: {}", c, smem / 1024,
+                           cudaGetErrorString(e));
+      }
+    }
+  return "";
+}
+
+void fused_run(const KernelTable& k, const MoeShape& s, const bf16* x, int T, const int32_t* topk_ids,
+               const float* topk_weights, const MoeWeights& w, bf16* out, void* workspace, cudaStream_t stream) {
+  MS_CHECK(T >= 0 && T <= s.max_tokens, "moe: {} tokens, the backend was prepared for at most {}", T, s.max_tokens);
+  MS_CHECK(w.format == WeightFormat::BF16 && w.gate_up && w.down, "moe: bf16 weights expected");
+  auto aligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
+  MS_CHECK(aligned(x) && aligned(out) && aligned(w.gate_up) && aligned(w.down) && aligned(workspace),
+           "moe: x, out, weights and workspace must be 16-byte aligned");
+  if (T == 0) return;
+  const FusedLayout l = fused_layout(s, T);
+  const GemmConfigInfo cfg = gemm_config_info(l.config);
+  char* ws = static_cast<char*>(workspace);
+  Tile* tiles = reinterpret_cast<Tile*>(ws + l.tiles);
+  int* perm_pair = reinterpret_cast<int*>(ws + l.perm_pair);
+  int* pair_pos = reinterpret_cast<int*>(ws + l.pair_pos);
+  auto* act = reinterpret_cast<unsigned short*>(ws + l.act);
+  auto* y = reinterpret_cast<unsigned short*>(ws + l.y);
+  const unsigned slots = unsigned(l.num_slots);
+
+  PrepParams pp{topk_ids, T * s.top_k, s.num_experts, cfg.bn, l.num_slots, tiles, perm_pair, pair_pos};
+  launch(k.prep, dim3(1), dim3(kPrepThreads), kPrepSmemBytes, &pp, stream, "moe prep launch");
+
+  GemmParams gu{static_cast<const unsigned short*>(w.gate_up), reinterpret_cast<const unsigned short*>(x), act,
+                tiles, perm_pair, topk_weights, s.hidden, s.inter, s.top_k};
+  launch(k.gemm[l.config][kGateUp], dim3(unsigned(ceil_div(s.inter, cfg.bm / 2)), slots), dim3(cfg.threads),
+         size_t(cfg.smem_bytes), &gu, stream, "moe gate/up GEMM launch");
+
+  GemmParams dn{static_cast<const unsigned short*>(w.down), act, y, tiles, perm_pair, topk_weights, s.hidden, s.inter,
+                s.top_k};
+  launch(k.gemm[l.config][kDown], dim3(unsigned(ceil_div(s.hidden, cfg.bm)), slots), dim3(cfg.threads),
+         size_t(cfg.smem_bytes), &dn, stream, "moe down GEMM launch");
+
+  CombineParams cp{y, pair_pos, reinterpret_cast<unsigned short*>(out), T, s.top_k, s.hidden};
+  launch(k.combine, dim3(unsigned(T)), dim3(kCombineThreads), 0, &cp, stream, "moe combine launch");
+}
+
+namespace {
+
+// fused_sm90 and fused_sm100_build: the same launcher over an ahead-of-time kernel table.
+class FusedAotBackend final : public MoeBackend {
+ public:
+  FusedAotBackend(BackendSpec spec, KernelTable (*table)(), std::string built_for)
+      : spec_(std::move(spec)), table_(table()), built_for_(std::move(built_for)) {}
+  const BackendSpec& spec() const override { return spec_; }
+
+  std::string prepare(const DeviceInfo& dev, const MoeShape& shape, std::string& code) override {
+    ready_ = false;
+    code = "absent";
+    if (std::string r = check_arch_claim(spec_, dev); !r.empty()) return r;
+    // Binary before shapes: a build without code for this GPU is the more fundamental refusal.
+    if (std::string r = fused_check_kernels(table_, dev); !r.empty()) return r;
+    code = built_for_ + " in binary";
+    if (std::string r = fused_shape_check(shape); !r.empty()) return r;
+    shape_ = shape;
+    ready_ = true;
+    return "";
+  }
+  size_t workspace_bytes(const MoeShape& shape) const override { return fused_layout(shape, shape.max_tokens).total; }
+  void run(const bf16* x, int T, const int32_t* topk_ids, const float* topk_weights, const MoeWeights& w, bf16* out,
+           void* workspace, cudaStream_t stream) override {
+    // Never launch kernels whose code was not checked against this device (fused_sm100_build on Hopper).
+    MS_CHECK(ready_, "moe backend {} used without a successful prepare()", spec_.name);
+    fused_run(table_, shape_, x, T, topk_ids, topk_weights, w, out, workspace, stream);
+  }
+
+ private:
+  BackendSpec spec_;
+  KernelTable table_;
+  std::string built_for_;
+  MoeShape shape_;
+  bool ready_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<MoeBackend> make_fused_sm90_backend() {
+  BackendSpec s;
+  s.name = "fused_sm90";
+  s.family = OpFamily::Moe;
+  s.archs = {90};
+  s.formats = {"bf16"};
+  s.capturable = true;
+  s.summary = "grouped GEMM (mma.sync, swap-AB token tiles, fused SwiGLU), device-side routing prep; AOT sm_90a";
+  return std::make_unique<FusedAotBackend>(std::move(s), &fused_sm90_kernels, "sm_90a");
+}
+
+std::unique_ptr<MoeBackend> make_fused_sm100_build_backend() {
+  BackendSpec s;
+  s.name = "fused_sm100_build";
+  s.family = OpFamily::Moe;
+  s.archs = {90, 100};  // the claim is wrong on purpose: its binary holds sm_100a code only
+  s.formats = {"bf16"};
+  s.capturable = true;
+  s.summary = "the fused kernels built for sm_100a only (claims Hopper too: the binary check must refuse it)";
+  return std::make_unique<FusedAotBackend>(std::move(s), &fused_sm100_kernels, "sm_100a");
+}
+
+}  // namespace moeserve::cuda

@@ -1,0 +1,384 @@
+// Device code of the fused MoE path, one source for three builds: nvcc ahead of time for sm_90a (fused_sm90),
+// nvcc for sm_100a only (fused_sm100_build) and NVRTC at startup (jit, with hidden/inter as compile-time
+// constants). NVRTC compiles it with no CUDA headers: only built-in types, moe_kernel_params.h and moe_ptx.cuh
+// (both handed to NVRTC as in-memory headers).
+//
+// The pipeline (all on the device, launch shapes depend only on T and the model's shapes, never on routing,
+// so a CUDA graph replays it for any routing):
+//   prep     one CTA: count pairs per expert, exclusive scan, per-expert token tiles, pair permutation
+//   gemm     kGateUp: act = silu(x Wg^T) * (x Wu^T)          grid (ceil(I / (BM/2)), slots)
+//            kDown:   y   = topk_weight * (act Wd^T)          grid (ceil(H / BM), slots)
+//   combine  out[t] = sum of its k rows of y, in slot order (deterministic, no float atomics)
+//
+// GEMM layout ("swap AB"): weight rows are the MMA M dimension and tokens the N dimension, so a decode step
+// with one or two tokens per expert still fills whole m16n8k16 MMAs and every weight byte of an active expert
+// is streamed exactly once, through a cp.async ring into XOR-swizzled shared memory, then ldmatrix + mma.sync.
+#pragma once
+
+#include "moe_kernel_params.h"
+#include "moe_ptx.cuh"
+
+namespace moe_kernels {
+
+struct alignas(16) U4 {
+  unsigned x, y, z, w;
+};
+struct alignas(16) F4 {
+  float x, y, z, w;
+};
+
+// Element offset of 16-byte chunk `chunk` of row `row` in a [rows][BK] bf16 tile. XOR with the row's low three
+// bits: the eight rows an ldmatrix phase reads land in eight different bank groups.
+template <int BK>
+__device__ __forceinline__ int swz(int row, int chunk) {
+  return row * BK + ((chunk ^ (row & 7)) << 3);
+}
+
+__device__ __forceinline__ float silu(float g) { return g / (1.0f + moe_ptx::exp2_approx(-1.4426950408889634f * g)); }
+
+// ---------------------------------------------------------------------------------------------------------
+// prep: one CTA of kPrepThreads. smem: 3 * kMaxExperts + 2 ints.
+__device__ __forceinline__ void prep_body(const PrepParams& p, char* smem) {
+  int* s_cnt = reinterpret_cast<int*>(smem);  // [E]
+  int* s_off = s_cnt + kMaxExperts;           // [E + 1] first sorted position of each expert
+  int* s_toff = s_off + kMaxExperts + 1;      // [E + 1] first tile of each expert
+  const int tid = threadIdx.x, nt = blockDim.x, E = p.num_experts, P = p.num_pairs, BN = p.tile_rows;
+  for (int e = tid; e < E; e += nt) s_cnt[e] = 0;
+  __syncthreads();
+  // The rank inside the expert comes from a shared atomic, so the order of an expert's rows varies from run to
+  // run; results do not: every output element is computed from its own row alone, in a fixed k order.
+  for (int i = tid; i < P; i += nt) {
+    const int e = p.topk_ids[i];
+    p.pair_pos[i] = (e >= 0 && e < E) ? atomicAdd(&s_cnt[e], 1) : -1;
+  }
+  __syncthreads();
+  if (tid < 32) {  // exclusive scans of rows and tiles per expert, 32 experts per step
+    const int lane = tid;
+    int carry = 0, tcarry = 0;
+    for (int base = 0; base < E; base += 32) {
+      const int e = base + lane;
+      int c = e < E ? s_cnt[e] : 0;
+      int t = (c + BN - 1) / BN;
+#pragma unroll
+      for (int d = 1; d < 32; d <<= 1) {
+        const int c2 = __shfl_up_sync(0xffffffffu, c, d), t2 = __shfl_up_sync(0xffffffffu, t, d);
+        if (lane >= d) c += c2, t += t2;
+      }
+      if (e < E) s_off[e + 1] = carry + c, s_toff[e + 1] = tcarry + t;
+      carry += __shfl_sync(0xffffffffu, c, 31);
+      tcarry += __shfl_sync(0xffffffffu, t, 31);
+    }
+    if (lane == 0) s_off[0] = 0, s_toff[0] = 0;
+  }
+  __syncthreads();
+  for (int e = tid; e < E; e += nt) {
+    const int n = s_cnt[e];
+    for (int j = 0, s = s_toff[e]; j * BN < n && s < p.num_slots; ++j, ++s) {
+      Tile t;
+      t.expert = e, t.row0 = s_off[e] + j * BN, t.rows = n - j * BN < BN ? n - j * BN : BN, t.pad = 0;
+      p.tiles[s] = t;
+    }
+  }
+  for (int s = s_toff[E] + tid; s < p.num_slots; s += nt) {
+    Tile t;
+    t.expert = 0, t.row0 = 0, t.rows = 0, t.pad = 0;
+    p.tiles[s] = t;
+  }
+  for (int i = tid; i < P; i += nt) {
+    const int r = p.pair_pos[i];  // written by this same thread above
+    if (r < 0) continue;
+    const int pos = s_off[p.topk_ids[i]] + r;
+    p.perm_pair[pos] = i;
+    p.pair_pos[i] = pos;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Grouped GEMM CTA: blockIdx.y picks the tile (expert, rows), blockIdx.x the block of weight rows. FIXED_H /
+// FIXED_I > 0 replace the runtime sizes with compile-time constants (the JIT build).
+template <class Cfg, int MODE, int FIXED_H, int FIXED_I>
+__device__ __forceinline__ void gemm_body(const GemmParams& p, char* smem) {
+  using namespace moe_ptx;
+  constexpr int BM = Cfg::BM, BN = Cfg::BN, BK = Cfg::BK, STAGES = Cfg::STAGES, THREADS = Cfg::THREADS;
+  constexpr int WTM = BM / Cfg::WM, WTN = BN / Cfg::WN, MT = WTM / 16, NT = WTN / 8;
+  constexpr int CPR = BK / 8;          // 16-byte chunks per smem row
+  constexpr int RPP = THREADS / CPR;   // rows one pass of the CTA's loads covers
+  constexpr int A_ITERS = BM / RPP, B_ITERS = BN / RPP;
+  static_assert(WTM % 16 == 0 && WTN % 16 == 0, "warp tile: whole m16 tiles and pairs of n8 tiles");
+  static_assert(THREADS % CPR == 0 && BM % RPP == 0 && BN % RPP == 0 && A_ITERS > 0 && B_ITERS > 0, "loads");
+  static_assert(CPR >= 8 && BK % 16 == 0, "the swizzle permutes 8 chunks");
+  static_assert(MODE == kDown || BM % 16 == 0, "gate/up halves hold whole 8-wide output chunks");
+
+  const Tile tile = p.tiles[blockIdx.y];
+  if (tile.rows <= 0) return;  // the grid is sized for the worst routing; most slots are empty at decode
+
+  const int H = FIXED_H > 0 ? FIXED_H : p.hidden;
+  const int I = FIXED_I > 0 ? FIXED_I : p.inter;
+  const int K = MODE == kGateUp ? H : I;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wm = warp % Cfg::WM, wn = warp / Cfg::WM;
+  const int ch = tid % CPR;  // this thread's 16-byte chunk column; THREADS % CPR == 0 keeps it fixed
+
+  const unsigned short* wexp =
+      p.weights + (long long)tile.expert * (MODE == kGateUp ? 2LL * I * H : (long long)H * I);
+  // kGateUp: the first BM/2 tile rows are gate rows i0.., the next BM/2 the matching up rows I + i0.., so the
+  // SwiGLU pairs meet in this CTA's epilogue.
+  const unsigned short* a_src[A_ITERS];
+  bool a_ok[A_ITERS];
+#pragma unroll
+  for (int it = 0; it < A_ITERS; ++it) {
+    const int r = tid / CPR + it * RPP;
+    int grow;
+    bool ok;
+    if (MODE == kGateUp) {
+      const int i = blockIdx.x * (BM / 2) + (r % (BM / 2));
+      ok = i < I;
+      grow = r < BM / 2 ? i : I + i;
+    } else {
+      grow = blockIdx.x * BM + r;
+      ok = grow < H;
+    }
+    a_src[it] = wexp + (long long)(ok ? grow : 0) * K + ch * 8;
+    a_ok[it] = ok;
+  }
+  unsigned short* As = reinterpret_cast<unsigned short*>(smem);
+  unsigned short* Bs = As + STAGES * BM * BK;
+  const unsigned short* b_src[B_ITERS];
+  bool b_ok[B_ITERS];
+  auto load_a = [&](int stage, int kt) {
+    const int k0 = kt * BK;
+    const bool k_ok = k0 + ch * 8 < K;
+    unsigned short* as = As + stage * BM * BK;
+#pragma unroll
+    for (int it = 0; it < A_ITERS; ++it) {
+      const int r = tid / CPR + it * RPP;
+      const bool ok = a_ok[it] && k_ok;
+      cp_async16(as + swz<BK>(r, ch), ok ? a_src[it] + k0 : p.weights, ok);
+    }
+  };
+  auto load_b = [&](int stage, int kt) {
+    const int k0 = kt * BK;
+    const bool k_ok = k0 + ch * 8 < K;
+    unsigned short* bs = Bs + stage * BN * BK;
+#pragma unroll
+    for (int it = 0; it < B_ITERS; ++it) {
+      const int n = tid / CPR + it * RPP;
+      const bool ok = b_ok[it] && k_ok;
+      cp_async16(bs + swz<BK>(n, ch), ok ? b_src[it] + k0 : p.src, ok);
+    }
+  };
+
+  float acc[MT][NT][4];
+#pragma unroll
+  for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+    for (int ni = 0; ni < NT; ++ni)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) acc[mi][ni][q] = 0.0f;
+
+  // Prologue: the perm_pair loads are issued first but used last, so their latency hides behind the weight
+  // slices' copies (whose addresses are known already). Group s then holds B slice s (group 0 also every
+  // prologue A slice), so waiting for group kt still covers slice kt.
+  int b_row[B_ITERS];  // kGateUp: the pair of each B row this thread loads; kDown: its sorted position
+#pragma unroll
+  for (int it = 0; it < B_ITERS; ++it) {
+    const int n = tid / CPR + it * RPP;
+    b_row[it] = n >= tile.rows ? -1 : MODE == kGateUp ? p.perm_pair[tile.row0 + n] : tile.row0 + n;
+  }
+  const int KT = (K + BK - 1) / BK;
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s)
+    if (s < KT) load_a(s, s);
+#pragma unroll
+  for (int it = 0; it < B_ITERS; ++it) {
+    b_ok[it] = b_row[it] >= 0;
+    const long long row = !b_ok[it] ? 0 : MODE == kGateUp ? b_row[it] / p.top_k : b_row[it];
+    b_src[it] = p.src + row * K + ch * 8;  // x rows have stride H = K, act rows stride I = K
+  }
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < KT) load_b(s, s);
+    cp_async_commit();  // empty groups too: the wait below counts groups
+  }
+#pragma unroll 1  // rolled in both builds (the JIT knows K): the cp.async ring hides latency, unrolling adds registers
+  for (int kt = 0; kt < KT; ++kt) {
+    cp_async_wait<STAGES - 2>();  // this thread's copies for slice kt have landed...
+    __syncthreads();              // ...and everyone's; everyone is also done reading slice kt - 1
+    const int next = kt + STAGES - 1;
+    if (next < KT) load_a(next % STAGES, next), load_b(next % STAGES, next);  // refills slice kt - 1's stage
+    cp_async_commit();
+
+    const unsigned short* as = As + (kt % STAGES) * BM * BK;
+    const unsigned short* bs = Bs + (kt % STAGES) * BN * BK;
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; ++kk) {
+      unsigned af[MT][4], bfr[NT][2];
+#pragma unroll
+      for (int mi = 0; mi < MT; ++mi) {
+        // matrices: rows 0-7 / k 0-7, rows 8-15 / k 0-7, rows 0-7 / k 8-15, rows 8-15 / k 8-15 = a0..a3
+        const int r = wm * WTM + mi * 16 + (lane & 15);
+        ldsm_x4(as + swz<BK>(r, kk * 2 + (lane >> 4)), af[mi][0], af[mi][1], af[mi][2], af[mi][3]);
+      }
+#pragma unroll
+      for (int nj = 0; nj < NT / 2; ++nj) {
+        // matrices: tokens 0-7 / k 0-7, tokens 0-7 / k 8-15, tokens 8-15 / k 0-7, tokens 8-15 / k 8-15
+        const int n = wn * WTN + nj * 16 + (lane & 7) + ((lane >> 4) << 3);
+        ldsm_x4(bs + swz<BK>(n, kk * 2 + ((lane >> 3) & 1)), bfr[2 * nj][0], bfr[2 * nj][1], bfr[2 * nj + 1][0],
+                bfr[2 * nj + 1][1]);
+      }
+#pragma unroll
+      for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < NT; ++ni) mma_bf16_16816(acc[mi][ni], af[mi], bfr[ni]);
+    }
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // the ring is reused as the accumulator tile
+
+  // Accumulators -> smem as [token][weight row] f32, then 16-byte stores of whole output rows.
+  constexpr int LDC = BM + 4;
+  float* cs = reinterpret_cast<float*>(smem);
+  {
+    const int g = lane >> 2, tig = lane & 3;
+#pragma unroll
+    for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+      for (int ni = 0; ni < NT; ++ni) {
+        const int m = wm * WTM + mi * 16 + g, n = wn * WTN + ni * 8 + tig * 2;
+        cs[n * LDC + m] = acc[mi][ni][0];
+        cs[(n + 1) * LDC + m] = acc[mi][ni][1];
+        cs[n * LDC + m + 8] = acc[mi][ni][2];
+        cs[(n + 1) * LDC + m + 8] = acc[mi][ni][3];
+      }
+  }
+  __syncthreads();
+
+  if (MODE == kGateUp) {
+    constexpr int HALF = BM / 2, OC = HALF / 8;
+    for (int idx = tid; idx < BN * OC; idx += THREADS) {
+      const int n = idx / OC, c = idx % OC;
+      const int i = blockIdx.x * HALF + c * 8;
+      if (n >= tile.rows || i >= I) continue;
+      const float* gr = cs + n * LDC + c * 8;
+      const F4 g0 = *reinterpret_cast<const F4*>(gr), g1 = *reinterpret_cast<const F4*>(gr + 4);
+      const F4 u0 = *reinterpret_cast<const F4*>(gr + HALF), u1 = *reinterpret_cast<const F4*>(gr + HALF + 4);
+      U4 o;
+      o.x = pack_bf16x2(silu(g0.x) * u0.x, silu(g0.y) * u0.y);
+      o.y = pack_bf16x2(silu(g0.z) * u0.z, silu(g0.w) * u0.w);
+      o.z = pack_bf16x2(silu(g1.x) * u1.x, silu(g1.y) * u1.y);
+      o.w = pack_bf16x2(silu(g1.z) * u1.z, silu(g1.w) * u1.w);
+      *reinterpret_cast<U4*>(p.dst + (long long)(tile.row0 + n) * I + i) = o;
+    }
+  } else {
+    constexpr int OC = BM / 8;
+    for (int idx = tid; idx < BN * OC; idx += THREADS) {
+      const int n = idx / OC, c = idx % OC;
+      const int h = blockIdx.x * BM + c * 8;
+      if (n >= tile.rows || h >= H) continue;
+      const float wt = p.topk_weights[p.perm_pair[tile.row0 + n]];
+      const float* yr = cs + n * LDC + c * 8;
+      const F4 a = *reinterpret_cast<const F4*>(yr), b = *reinterpret_cast<const F4*>(yr + 4);
+      U4 o;
+      o.x = pack_bf16x2(a.x * wt, a.y * wt);
+      o.y = pack_bf16x2(a.z * wt, a.w * wt);
+      o.z = pack_bf16x2(b.x * wt, b.y * wt);
+      o.w = pack_bf16x2(b.z * wt, b.w * wt);
+      *reinterpret_cast<U4*>(p.dst + (long long)(tile.row0 + n) * H + h) = o;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// combine: one CTA per token, 8 hidden values per thread step.
+__device__ __forceinline__ void combine_body(const CombineParams& p) {
+  using namespace moe_ptx;
+  const int t = blockIdx.x;
+  if (t >= p.num_tokens) return;
+  const int* pos = p.pair_pos + (long long)t * p.top_k;
+  for (int c = threadIdx.x; c < p.hidden / 8; c += blockDim.x) {
+    float a[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int j = 0; j < p.top_k; ++j) {
+      const int r = pos[j];
+      if (r < 0) continue;  // a dropped pair (expert id out of range) adds nothing
+      const U4 v = *reinterpret_cast<const U4*>(p.y + (long long)r * p.hidden + c * 8);
+      a[0] += bf16_lo(v.x), a[1] += bf16_hi(v.x), a[2] += bf16_lo(v.y), a[3] += bf16_hi(v.y);
+      a[4] += bf16_lo(v.z), a[5] += bf16_hi(v.z), a[6] += bf16_lo(v.w), a[7] += bf16_hi(v.w);
+    }
+    U4 o;
+    o.x = pack_bf16x2(a[0], a[1]), o.y = pack_bf16x2(a[2], a[3]);
+    o.z = pack_bf16x2(a[4], a[5]), o.w = pack_bf16x2(a[6], a[7]);
+    *reinterpret_cast<U4*>(p.out + (long long)t * p.hidden + c * 8) = o;
+  }
+}
+
+}  // namespace moe_kernels
+
+// ---------------------------------------------------------------------------------------------------------
+// Kernel entry points. A host-side harness may define MOE_KERNEL_BODIES_ONLY and call the bodies itself.
+#ifndef MOE_KERNEL_BODIES_ONLY
+extern __shared__ moe_kernels::U4 moe_dyn_smem[];
+
+#ifdef MOE_JIT
+// NVRTC build: unmangled names for cudaLibraryGetKernel, shapes baked in.
+#ifndef MOE_JIT_HIDDEN
+#error "MOE_JIT_HIDDEN and MOE_JIT_INTER must be defined for the JIT build"
+#endif
+extern "C" __global__ void __launch_bounds__(moe_kernels::kPrepThreads) moe_prep(moe_kernels::PrepParams p) {
+  moe_kernels::prep_body(p, reinterpret_cast<char*>(moe_dyn_smem));
+}
+extern "C" __global__ void __launch_bounds__(moe_kernels::kCombineThreads) moe_combine(moe_kernels::CombineParams p) {
+  moe_kernels::combine_body(p);
+}
+#define MOE_JIT_GEMM(IDX, MODE, SUFFIX)                                                                  \
+  extern "C" __global__ void __launch_bounds__(moe_kernels::GemmCfg##IDX::THREADS,                       \
+                                               moe_kernels::GemmCfg##IDX::MINB)                          \
+      moe_gemm_##IDX##_##SUFFIX(moe_kernels::GemmParams p) {                                             \
+    moe_kernels::gemm_body<moe_kernels::GemmCfg##IDX, moe_kernels::MODE, MOE_JIT_HIDDEN, MOE_JIT_INTER>( \
+        p, reinterpret_cast<char*>(moe_dyn_smem));                                                       \
+  }
+MOE_JIT_GEMM(0, kGateUp, gu)
+MOE_JIT_GEMM(0, kDown, dn)
+MOE_JIT_GEMM(1, kGateUp, gu)
+MOE_JIT_GEMM(1, kDown, dn)
+MOE_JIT_GEMM(2, kGateUp, gu)
+MOE_JIT_GEMM(2, kDown, dn)
+MOE_JIT_GEMM(3, kGateUp, gu)
+MOE_JIT_GEMM(3, kDown, dn)
+#undef MOE_JIT_GEMM
+
+#else
+// nvcc build. The includer names the namespace (MOE_KERNEL_NAMESPACE) so that the sm_90a and the sm_100a
+// translation units define distinct kernels: identical names would let the linker merge their host stubs.
+#ifndef MOE_KERNEL_NAMESPACE
+#error "define MOE_KERNEL_NAMESPACE before including moe_gemm_kernels.cuh"
+#endif
+namespace MOE_KERNEL_NAMESPACE {
+using namespace moe_kernels;
+
+__global__ void __launch_bounds__(kPrepThreads) moe_prep_kernel(PrepParams p) {
+  prep_body(p, reinterpret_cast<char*>(moe_dyn_smem));
+}
+template <class Cfg, int MODE>
+__global__ void __launch_bounds__(Cfg::THREADS, Cfg::MINB) moe_gemm_kernel(GemmParams p) {
+  gemm_body<Cfg, MODE, 0, 0>(p, reinterpret_cast<char*>(moe_dyn_smem));
+}
+__global__ void __launch_bounds__(kCombineThreads) moe_combine_kernel(CombineParams p) { combine_body(p); }
+
+inline KernelTable kernel_table() {
+  KernelTable t{};
+  t.prep = reinterpret_cast<const void*>(&moe_prep_kernel);
+  t.combine = reinterpret_cast<const void*>(&moe_combine_kernel);
+  t.gemm[0][kGateUp] = reinterpret_cast<const void*>(&moe_gemm_kernel<GemmCfg0, kGateUp>);
+  t.gemm[0][kDown] = reinterpret_cast<const void*>(&moe_gemm_kernel<GemmCfg0, kDown>);
+  t.gemm[1][kGateUp] = reinterpret_cast<const void*>(&moe_gemm_kernel<GemmCfg1, kGateUp>);
+  t.gemm[1][kDown] = reinterpret_cast<const void*>(&moe_gemm_kernel<GemmCfg1, kDown>);
+  t.gemm[2][kGateUp] = reinterpret_cast<const void*>(&moe_gemm_kernel<GemmCfg2, kGateUp>);
+  t.gemm[2][kDown] = reinterpret_cast<const void*>(&moe_gemm_kernel<GemmCfg2, kDown>);
+  t.gemm[3][kGateUp] = reinterpret_cast<const void*>(&moe_gemm_kernel<GemmCfg3, kGateUp>);
+  t.gemm[3][kDown] = reinterpret_cast<const void*>(&moe_gemm_kernel<GemmCfg3, kDown>);
+  return t;
+}
+
+}  // namespace MOE_KERNEL_NAMESPACE
+#endif  // MOE_JIT
+#endif  // MOE_KERNEL_BODIES_ONLY

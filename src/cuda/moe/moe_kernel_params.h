@@ -1,0 +1,94 @@
+// Kernel parameter blocks and GEMM tile configurations of the fused MoE kernels. Read by three compilers:
+// the host C++ compiler (launchers), nvcc (the ahead-of-time kernels) and NVRTC (the JIT backend gets this file
+// as an in-memory header). So: no #include, only built-in types, nothing but plain structs and constants.
+#pragma once
+
+namespace moe_kernels {
+
+// One unit of GEMM work: up to `rows` consecutive rows (token-expert pairs, in expert-sorted order) that all
+// use expert `expert`. Written by the prep kernel; rows == 0 marks an unused grid slot (the block exits).
+struct alignas(16) Tile {
+  int expert, row0, rows, pad;
+};
+
+// Most experts the single-block prep kernel counts in shared memory.
+constexpr int kMaxExperts = 1024;
+constexpr int kPrepThreads = 512;
+constexpr int kPrepSmemBytes = (3 * kMaxExperts + 2) * 4;
+constexpr int kCombineThreads = 256;
+
+// Routing -> per-expert tiles and the pair permutation, on the device (no host sync).
+struct PrepParams {
+  const int* topk_ids;  // [P] expert of each (token, slot) pair; ids outside [0, E) are dropped
+  int num_pairs;        // P = T * top_k
+  int num_experts;
+  int tile_rows;        // tokens per tile: BN of the GEMM configuration chosen for this T
+  int num_slots;        // entries of `tiles` to fill (the GEMM grid's y extent)
+  Tile* tiles;          // [num_slots]
+  int* perm_pair;       // [P] sorted position -> pair index (t * top_k + j)
+  int* pair_pos;        // [P] pair index -> sorted position, -1 for dropped pairs
+};
+
+enum GemmMode { kGateUp = 0, kDown = 1 };
+
+// Grouped GEMM in the "swap AB" form: weight rows are the MMA M dimension, tokens the N dimension.
+//  kGateUp: act[pos, i] = bf16(silu(x[tok] . Wg[e, i]) * (x[tok] . Wu[e, i])), Wgu = [E, 2I, H]
+//  kDown:   y[pos, h]   = bf16(topk_weight[pair] * (act[pos] . Wd[e, h])),      Wd  = [E, H, I]
+struct GemmParams {
+  const unsigned short* weights;  // bf16 bits
+  const unsigned short* src;      // kGateUp: x [T, H]; kDown: act [P, I]
+  unsigned short* dst;            // kGateUp: act [P, I]; kDown: y [P, H]
+  const Tile* tiles;
+  const int* perm_pair;
+  const float* topk_weights;  // [P]
+  int hidden, inter, top_k;
+};
+
+// out[t, :] = bf16(sum over j < top_k of y[pair_pos[t * top_k + j], :]), slots in order (deterministic).
+struct CombineParams {
+  const unsigned short* y;
+  const int* pair_pos;
+  unsigned short* out;
+  int num_tokens, top_k, hidden;
+};
+
+// A CTA computes a BM (weight rows) x BN (tokens) tile with WM x WN warps, streaming K in BK slices through a
+// STAGES-deep cp.async ring. MINB is the occupancy asked of the register allocator.
+template <int BM_, int BN_, int WM_, int WN_, int BK_, int STAGES_, int MINB_>
+struct GemmConfig {
+  static constexpr int BM = BM_, BN = BN_, WM = WM_, WN = WN_, BK = BK_, STAGES = STAGES_, MINB = MINB_;
+  static constexpr int THREADS = WM * WN * 32;
+  static constexpr int PIPE_BYTES = STAGES * (BM + BN) * BK * 2;
+  static constexpr int EPI_BYTES = BN * (BM + 4) * 4;  // f32 accumulator tile, padded against bank conflicts
+  static constexpr int SMEM_BYTES = PIPE_BYTES > EPI_BYTES ? PIPE_BYTES : EPI_BYTES;
+};
+
+// Chosen by the average tokens per expert (T * top_k / E) so that one tile usually holds all of an expert's
+// tokens (each weight byte read once) while decode still launches enough CTAs to cover every SM.
+using GemmCfg0 = GemmConfig<32, 16, 2, 1, 128, 4, 4>;    // decode: <= ~5 tokens per expert
+using GemmCfg1 = GemmConfig<64, 32, 4, 1, 64, 4, 4>;     // batched decode: <= ~12
+using GemmCfg2 = GemmConfig<128, 64, 4, 2, 64, 3, 2>;    // small prefill: <= ~40
+using GemmCfg3 = GemmConfig<128, 128, 2, 4, 64, 3, 2>;   // prefill
+constexpr int kNumGemmConfigs = 4;
+
+#ifndef __CUDACC_RTC__  // host-side helper; NVRTC treats unannotated functions as host code and rejects them
+struct GemmConfigInfo {
+  int bm, bn, threads, smem_bytes;
+};
+constexpr GemmConfigInfo gemm_config_info(int i) {
+  return i == 0   ? GemmConfigInfo{GemmCfg0::BM, GemmCfg0::BN, GemmCfg0::THREADS, GemmCfg0::SMEM_BYTES}
+         : i == 1 ? GemmConfigInfo{GemmCfg1::BM, GemmCfg1::BN, GemmCfg1::THREADS, GemmCfg1::SMEM_BYTES}
+         : i == 2 ? GemmConfigInfo{GemmCfg2::BM, GemmCfg2::BN, GemmCfg2::THREADS, GemmCfg2::SMEM_BYTES}
+                  : GemmConfigInfo{GemmCfg3::BM, GemmCfg3::BN, GemmCfg3::THREADS, GemmCfg3::SMEM_BYTES};
+}
+#endif
+
+// The kernels of one build (AOT sm_90a, AOT sm_100a or JIT) as launchable handles: `__global__` function
+// addresses, or cudaKernel_t from cudaLibraryGetKernel cast to const void*. The launcher is shared.
+struct KernelTable {
+  const void* prep;
+  const void* gemm[kNumGemmConfigs][2];  // [config][GemmMode]
+  const void* combine;
+};
+
+}  // namespace moe_kernels

@@ -1,0 +1,238 @@
+// Dense GEMM backends on the GPU: self-tests against the CPU reference, the gemv kernel against cuBLAS on
+// the model's decode shapes, and CUDA-graph capture/replay. Skipped on machines without a GPU.
+// The bandwidth table is a disabled test: run it with
+//   tests/test_cuda_gemm --gtest_also_run_disabled_tests --gtest_filter='*Bandwidth*'
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "core/dtype.h"
+#include "cuda/device.h"
+#include "cuda/gemm/gemm.h"
+
+using namespace moeserve;
+using cuda::OutType;
+
+namespace {
+
+#define SKIP_WITHOUT_GPU() \
+  if (moeserve::cuda::list_devices().empty()) GTEST_SKIP() << "no CUDA device"
+
+template <typename T>
+struct Dev {
+  T* p = nullptr;
+  size_t n = 0;
+  explicit Dev(size_t count) : n(count) { MS_CUDA_CHECK(cudaMalloc(&p, count * sizeof(T))); }
+  ~Dev() { cudaFree(p); }
+  Dev(const Dev&) = delete;
+  Dev& operator=(const Dev&) = delete;
+  void upload(const std::vector<T>& h) { MS_CUDA_CHECK(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice)); }
+  std::vector<T> download() const {
+    std::vector<T> h(n);
+    MS_CUDA_CHECK(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return h;
+  }
+  void poison() { MS_CUDA_CHECK(cudaMemset(p, 0xFF, n * sizeof(T))); }
+};
+
+struct Stream {
+  cudaStream_t s = nullptr;
+  Stream() { MS_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)); }
+  ~Stream() { cudaStreamDestroy(s); }
+};
+
+std::vector<uint16_t> random_bf16(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 g(seed);
+  std::uniform_real_distribution<float> u(-scale, scale);
+  std::vector<uint16_t> r(n);
+  for (auto& v : r) v = f32_to_bf16(u(g));
+  return r;
+}
+
+std::unique_ptr<cuda::GemmBackend> prepared(std::unique_ptr<cuda::GemmBackend> b) {
+  std::string code;
+  const std::string why = b->prepare(cuda::list_devices().at(0), code);
+  EXPECT_EQ(why, "") << b->spec().name << " cannot run here";
+  return why.empty() ? std::move(b) : nullptr;
+}
+
+const cuda::bf16* as_bf16(const Dev<uint16_t>& d) { return reinterpret_cast<const cuda::bf16*>(d.p); }
+
+}  // namespace
+
+TEST(CudaGemm, EveryBackendPassesItsSelfTest) {
+  SKIP_WITHOUT_GPU();
+  auto backends = cuda::make_gemm_backends();
+  ASSERT_GE(backends.size(), 2u);
+  for (auto& b : backends) {
+    std::string code;
+    const std::string why = b->prepare(cuda::list_devices().at(0), code);
+    ASSERT_EQ(why, "") << b->spec().name << " cannot run here (" << code << ")";
+    EXPECT_EQ(b->spec().family, cuda::OpFamily::Gemm);
+    EXPECT_TRUE(b->spec().capturable);
+    double max_err = -1;
+    const std::string fail = cuda::gemm_self_test(*b, max_err);
+    EXPECT_EQ(fail, "") << b->spec().name;
+    std::printf("  %-9s %-40s max err %.3g (relative to the row's largest |y|)\n", b->spec().name.c_str(),
+                code.c_str(), max_err);
+  }
+}
+
+// The kernel for every M (the token-group loop) instead of only M <= 8.
+TEST(CudaGemm, GemvKernelPassesTheSelfTestForEveryTokenCount) {
+  SKIP_WITHOUT_GPU();
+  auto b = prepared(cuda::make_gemv_backend(1 << 20));
+  ASSERT_TRUE(b);
+  double max_err = -1;
+  EXPECT_EQ(cuda::gemm_self_test(*b, max_err), "");
+}
+
+// The lm_head and projection shapes of the served models, M = decode batch sizes, against cuBLAS.
+TEST(CudaGemm, GemvMatchesCublasOnDecodeShapes) {
+  SKIP_WITHOUT_GPU();
+  auto gemv = prepared(cuda::make_gemv_backend());
+  auto ref = prepared(std::move(cuda::make_gemm_backends().at(0)));  // cublas
+  ASSERT_TRUE(gemv && ref);
+  Stream st;
+  struct Shape {
+    int N, K;
+  };
+  for (Shape s : {Shape{151936, 2048}, Shape{4096, 2048}, Shape{2048, 4096}, Shape{512, 2048}, Shape{4096, 4096},
+                  Shape{8, 4096}, Shape{100, 264}}) {
+    Dev<uint16_t> w(size_t(s.N) * s.K), x(size_t(8) * s.K);
+    w.upload(random_bf16(w.n, 7 + s.N));
+    x.upload(random_bf16(x.n, 11 + s.K));
+    for (int M : {1, 2, 3, 5, 8}) {
+      for (OutType out : {OutType::F32, OutType::BF16}) {
+        const size_t elt = out == OutType::F32 ? 4 : 2;
+        Dev<uint8_t> y(size_t(M) * s.N * elt), y_ref(size_t(M) * s.N * elt);
+        y.poison();
+        y_ref.poison();
+        gemv->run(as_bf16(x), s.K, M, s.K, as_bf16(w), s.N, y.p, s.N, out, st.s);
+        ref->run(as_bf16(x), s.K, M, s.K, as_bf16(w), s.N, y_ref.p, s.N, out, st.s);
+        MS_CUDA_CHECK(cudaStreamSynchronize(st.s));
+        const auto got = y.download(), want = y_ref.download();
+        auto at = [&](const std::vector<uint8_t>& v, size_t i) {
+          if (out == OutType::F32) {
+            float f;
+            std::memcpy(&f, &v[i * 4], 4);
+            return f;
+          }
+          uint16_t h;
+          std::memcpy(&h, &v[i * 2], 2);
+          return bf16_to_f32(h);
+        };
+        for (int m = 0; m < M; ++m) {
+          float scale = 1e-6f;
+          for (int n = 0; n < s.N; ++n) scale = std::max(scale, std::fabs(at(want, size_t(m) * s.N + n)));
+          for (int n = 0; n < s.N; ++n) {
+            const size_t i = size_t(m) * s.N + n;
+            const float g = at(got, i), r = at(want, i);
+            // Two f32 accumulations in different orders; BF16 output may round them to neighbours.
+            const float tol = out == OutType::F32 ? 1e-4f * scale : 8e-3f * std::fabs(r) + 1e-4f * scale;
+            ASSERT_TRUE(std::isfinite(g) && std::fabs(g - r) <= tol)
+                << "N=" << s.N << " K=" << s.K << " M=" << M << " out=" << (out == OutType::F32 ? "f32" : "bf16")
+                << ": y[" << m << ", " << n << "] gemv " << g << " cuBLAS " << r << " (tolerance " << tol << ")";
+          }
+        }
+      }
+    }
+  }
+}
+
+// A GEMM recorded in a CUDA graph and replayed gives bit-identical results to the eager call; the second
+// shape is first seen during capture (cuBLASLt then plans it inside the capture).
+TEST(CudaGemm, CudaGraphReplayMatchesEagerRun) {
+  SKIP_WITHOUT_GPU();
+  for (auto& backend : cuda::make_gemm_backends()) {
+    auto b = prepared(std::move(backend));
+    ASSERT_TRUE(b);
+    const std::string name = b->spec().name;
+    const int N = 513, K = 264, M1 = 7, M2 = 3;
+    Dev<uint16_t> w(size_t(N) * K), x(size_t(M1) * K);
+    w.upload(random_bf16(w.n, 3));
+    x.upload(random_bf16(x.n, 5));
+    Dev<float> y1(size_t(M1) * N), y2(size_t(M2) * N), e1(size_t(M1) * N), e2(size_t(M2) * N);
+    Stream st;
+    e1.poison();
+    e2.poison();
+    b->run(as_bf16(x), K, M1, K, as_bf16(w), N, e1.p, N, OutType::F32, st.s);
+    MS_CUDA_CHECK(cudaStreamSynchronize(st.s));
+
+    cudaGraph_t graph = nullptr;
+    MS_CUDA_CHECK(cudaStreamBeginCapture(st.s, cudaStreamCaptureModeThreadLocal));
+    try {
+      b->run(as_bf16(x), K, M1, K, as_bf16(w), N, y1.p, N, OutType::F32, st.s);
+      b->run(as_bf16(x), K, M2, K, as_bf16(w), N, y2.p, N, OutType::F32, st.s);
+    } catch (const std::exception& e) {
+      cudaStreamEndCapture(st.s, &graph);
+      if (graph) cudaGraphDestroy(graph);
+      FAIL() << name << ": GEMM failed while capturing: " << e.what();
+    }
+    MS_CUDA_CHECK(cudaStreamEndCapture(st.s, &graph));
+    cudaGraphExec_t exec = nullptr;
+    MS_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    y1.poison();
+    y2.poison();
+    MS_CUDA_CHECK(cudaGraphLaunch(exec, st.s));
+    MS_CUDA_CHECK(cudaStreamSynchronize(st.s));
+    b->run(as_bf16(x), K, M2, K, as_bf16(w), N, e2.p, N, OutType::F32, st.s);
+    MS_CUDA_CHECK(cudaStreamSynchronize(st.s));
+    MS_CUDA_CHECK(cudaGraphExecDestroy(exec));
+    MS_CUDA_CHECK(cudaGraphDestroy(graph));
+    for (auto [got, want, M] : {std::tuple{&y1, &e1, M1}, std::tuple{&y2, &e2, M2}}) {
+      const auto g = got->download(), e = want->download();
+      for (size_t i = 0; i < g.size(); ++i)
+        ASSERT_TRUE(std::memcmp(&g[i], &e[i], 4) == 0 && std::isfinite(g[i]))
+            << name << " M=" << M << ": replayed y[" << i / N << ", " << i % N << "] = " << g[i] << ", eager "
+            << e[i];
+    }
+  }
+}
+
+// Bytes of W per second for the decode shapes, every backend; prints a table (no assertion).
+TEST(CudaGemmBench, DISABLED_Bandwidth) {
+  SKIP_WITHOUT_GPU();
+  std::vector<std::unique_ptr<cuda::GemmBackend>> bs;
+  for (auto& b : cuda::make_gemm_backends()) {
+    bs.push_back(prepared(std::move(b)));
+    ASSERT_TRUE(bs.back());
+  }
+  Stream st;
+  cudaEvent_t t0, t1;
+  MS_CUDA_CHECK(cudaEventCreate(&t0));
+  MS_CUDA_CHECK(cudaEventCreate(&t1));
+  std::printf("%8s %6s %3s", "N", "K", "M");
+  for (auto& b : bs) std::printf(" %16s", (b->spec().name + " GB/s (us)").c_str());
+  std::printf("\n");
+  for (auto [N, K] : {std::pair{151936, 2048}, std::pair{151936, 4096}, std::pair{4096, 2048}, std::pair{2048, 4096},
+                      std::pair{512, 2048}, std::pair{4096, 4096}, std::pair{512, 4096}}) {
+    Dev<uint16_t> w(size_t(N) * K), x(size_t(8) * K);
+    w.upload(random_bf16(w.n, 1));
+    x.upload(random_bf16(x.n, 2));
+    Dev<uint16_t> y(size_t(8) * N);
+    for (int M : {1, 2, 4, 8}) {
+      std::printf("%8d %6d %3d", N, K, M);
+      for (auto& b : bs) {
+        const int reps = 50;
+        for (int i = 0; i < 3; ++i) b->run(as_bf16(x), K, M, K, as_bf16(w), N, y.p, N, OutType::BF16, st.s);
+        MS_CUDA_CHECK(cudaEventRecord(t0, st.s));
+        for (int i = 0; i < reps; ++i) b->run(as_bf16(x), K, M, K, as_bf16(w), N, y.p, N, OutType::BF16, st.s);
+        MS_CUDA_CHECK(cudaEventRecord(t1, st.s));
+        MS_CUDA_CHECK(cudaEventSynchronize(t1));
+        float ms = 0;
+        MS_CUDA_CHECK(cudaEventElapsedTime(&ms, t0, t1));
+        const double us = 1e3 * ms / reps;
+        std::printf(" %6.0f (%5.1fus)", double(N) * K * 2 / (us * 1e-6) / 1e9, us);
+      }
+      std::printf("\n");
+    }
+  }
+  cudaEventDestroy(t0);
+  cudaEventDestroy(t1);
+}

@@ -1,0 +1,497 @@
+// MoE on the GPU against the CPU reference: the router (ties included), every backend on several shapes and
+// token counts (each tile configuration of the fused kernels is reached), CUDA graph replay with fresh
+// routings, the sm_100a-only build refused on Hopper, the JIT disk cache and a JIT compile failure.
+// Skipped cleanly on machines without a GPU.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/threadpool.h"
+#include "cuda/device.h"
+#include "cuda/moe/moe.h"
+#include "cuda/moe/moe_internal.h"
+#include "kernels/moe/moe.h"
+
+using namespace moeserve;
+using namespace moeserve::cuda;
+
+namespace {
+
+DeviceInfo device() { return list_devices().at(0); }
+bool is_hopper() { return sm_version(device()) == 90; }
+
+// Device memory freed at scope exit.
+template <typename T>
+struct DevBuf {
+  T* p = nullptr;
+  size_t n = 0;
+  explicit DevBuf(size_t count) : n(count) { MS_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(count * sizeof(T), 16))); }
+  DevBuf(const DevBuf&) = delete;
+  ~DevBuf() { cudaFree(p); }
+  void upload(const std::vector<T>& v) {
+    ASSERT_LE(v.size(), n);
+    MS_CUDA_CHECK(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  std::vector<T> download(size_t count) const {
+    std::vector<T> v(count);
+    MS_CUDA_CHECK(cudaMemcpy(v.data(), p, count * sizeof(T), cudaMemcpyDeviceToHost));
+    return v;
+  }
+};
+
+// A blocking stream: it orders with the legacy default stream that cudaMemcpy / cudaMemset use here, so uploads
+// and poisoning finish before the backend's kernels start.
+struct Stream {
+  cudaStream_t s = nullptr;
+  Stream() { MS_CUDA_CHECK(cudaStreamCreate(&s)); }
+  ~Stream() { cudaStreamDestroy(s); }
+};
+
+std::vector<uint16_t> random_bf16(size_t n, float scale, uint64_t seed) {
+  std::vector<uint16_t> v(n);
+  uint64_t s = seed;
+  for (auto& e : v) {  // splitmix64: fast for the ~600 M weights of the 128-expert case
+    uint64_t z = (s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    e = f32_to_bf16(scale * float(double(z >> 11) * 0x1.0p-53 * 2.0 - 1.0));
+  }
+  return v;
+}
+
+struct Case {
+  int E, k, H, I;
+};
+std::string case_name(const Case& c) { return fmt::format("E{}_k{}_H{}_I{}", c.E, c.k, c.H, c.I); }
+
+// One model layer's expert weights, on the host (for the reference) and on the device.
+struct Layer {
+  Case c;
+  std::vector<uint16_t> gate_up, down;
+  DevBuf<uint16_t> d_gate_up, d_down;
+  explicit Layer(const Case& cs, uint64_t seed)
+      : c(cs),
+        gate_up(random_bf16(size_t(cs.E) * 2 * cs.I * cs.H, std::sqrt(3.0f / cs.H), seed)),
+        down(random_bf16(size_t(cs.E) * cs.H * cs.I, std::sqrt(3.0f / cs.I), seed + 1)),
+        d_gate_up(gate_up.size()),
+        d_down(down.size()) {
+    d_gate_up.upload(gate_up);
+    d_down.upload(down);
+  }
+  MoeShape shape(int max_tokens) const {
+    MoeShape s;
+    s.num_experts = c.E, s.hidden = c.H, s.inter = c.I, s.top_k = c.k, s.max_tokens = max_tokens;
+    return s;
+  }
+  MoeWeights weights() const {
+    MoeWeights w;
+    w.gate_up = d_gate_up.p;
+    w.down = d_down.p;
+    return w;
+  }
+};
+
+// A step's inputs: activations and a routing from random logits (renormalised top-k, as Qwen3 does).
+struct Step {
+  int T;
+  std::vector<uint16_t> x;
+  std::vector<int32_t> ids;
+  std::vector<float> weights;
+};
+Step make_step(const Case& c, int T, uint64_t seed) {
+  Step s{T, random_bf16(size_t(T) * c.H, 1.7f, seed), std::vector<int32_t>(size_t(T) * c.k),
+         std::vector<float>(size_t(T) * c.k)};
+  std::mt19937 g{uint32_t(seed)};
+  std::normal_distribution<float> n(0, 2);
+  std::vector<float> logits(size_t(T) * c.E);
+  for (auto& l : logits) l = n(g);
+  kernels::route_topk(logits.data(), T, c.E, c.k, true, s.ids.data(), s.weights.data());
+  return s;
+}
+
+std::vector<float> reference(const Layer& L, const Step& s) {
+  static ThreadPool pool;
+  std::vector<float> out(size_t(s.T) * L.c.H);
+  moe_cpu_reference(s.x.data(), s.T, L.c.H, L.c.I, L.gate_up.data(), L.down.data(), s.ids.data(), s.weights.data(),
+                    L.c.k, out.data(), pool);
+  return out;
+}
+
+// Device buffers for up to max_t tokens of one layer.
+struct StepBuffers {
+  DevBuf<uint16_t> x, out;
+  DevBuf<int32_t> ids;
+  DevBuf<float> w;
+  StepBuffers(const Case& c, int max_t)
+      : x(size_t(max_t) * c.H), out(size_t(max_t) * c.H), ids(size_t(max_t) * c.k), w(size_t(max_t) * c.k) {}
+  void upload(const Step& s) {
+    x.upload(s.x);
+    ids.upload(s.ids);
+    w.upload(s.weights);
+    MS_CUDA_CHECK(cudaMemset(out.p, 0xff, out.n * sizeof(uint16_t)));  // NaN wherever nothing is written
+  }
+};
+
+// Runs one step on `b` (poisoned output) and compares with `want` (the CPU reference). "" on pass.
+std::string check_step(MoeBackend& b, const Layer& L, const Step& s, const std::vector<float>& want, StepBuffers& buf,
+                       void* ws, cudaStream_t st) {
+  buf.upload(s);
+  b.run(reinterpret_cast<const bf16*>(buf.x.p), s.T, buf.ids.p, buf.w.p, L.weights(),
+        reinterpret_cast<bf16*>(buf.out.p), ws, st);
+  MS_CUDA_CHECK(cudaStreamSynchronize(st));
+  MS_CUDA_CHECK(cudaGetLastError());
+  auto got = buf.out.download(size_t(s.T) * L.c.H);
+  double err = 0;
+  std::string r = moe_compare(got.data(), want.data(), s.T, L.c.H, kMoeSelfTestTolerance, err);
+  return r.empty() ? r : fmt::format("{} {} T={}: {}", b.spec().name, case_name(L.c), s.T, r);
+}
+
+// Backends expected to run on this device (the sm_100a-only build is not, on Hopper).
+bool must_run_here(const MoeBackend& b) {
+  if (b.spec().name == "fused_sm100_build") return sm_version(device()) == 100;
+  if (b.spec().name == "fused_sm90") return sm_version(device()) == 90;
+  return true;  // cublas_ref, jit: any sm_80+
+}
+
+// ---------------------------------------------------------------------------------------------------------
+
+TEST(CudaMoe, BackendListAndClaims) {
+  if (moeserve::cuda::list_devices().empty()) GTEST_SKIP() << "no CUDA device";
+  auto all = make_moe_backends();
+  std::vector<std::string> names;
+  for (auto& b : all) {
+    names.push_back(b->spec().name);
+    EXPECT_EQ(b->spec().family, OpFamily::Moe);
+    EXPECT_EQ(b->spec().formats, std::vector<std::string>{"bf16"});
+  }
+  EXPECT_EQ(names, (std::vector<std::string>{"cublas_ref", "fused_sm90", "jit", "fused_sm100_build"}));
+  EXPECT_FALSE(all[0]->spec().capturable);
+  EXPECT_NE(all[0]->spec().summary.find("host sync per call; not capturable"), std::string::npos);
+  EXPECT_TRUE(all[0]->spec().archs.empty());
+  EXPECT_EQ(all[1]->spec().archs, std::vector<int>{90});
+  EXPECT_TRUE(all[1]->spec().capturable && all[2]->spec().capturable);
+  EXPECT_TRUE(all[2]->spec().jit && all[2]->spec().archs.empty());
+}
+
+TEST(CudaMoe, RouteTopkMatchesCpuIncludingTies) {
+  if (moeserve::cuda::list_devices().empty()) GTEST_SKIP() << "no CUDA device";
+  Stream st;
+  std::mt19937 g(7);
+  std::normal_distribution<float> n(0, 2);
+  for (int E : {8, 60, 128, 512})
+    for (int k : {1, 2, 8, 16}) {
+      if (k > E) continue;
+      for (bool renorm : {false, true}) {
+        const int T = 301;
+        std::vector<float> logits(size_t(T) * E);
+        for (auto& l : logits) l = n(g);
+        // Ties: a row of equal logits, a row with a tied top group, rows of coarsely quantised logits.
+        for (int e = 0; e < E; ++e) logits[e] = 0.5f;
+        for (int e = 0; e < E; ++e) logits[E + e] = e % 3 == 0 ? 2.0f : -1.0f;
+        for (int t = 2; t < 40; ++t)
+          for (int e = 0; e < E; ++e) logits[size_t(t) * E + e] = std::round(logits[size_t(t) * E + e]);
+        std::vector<int32_t> want_ids(size_t(T) * k);
+        std::vector<float> want_w(size_t(T) * k);
+        kernels::route_topk(logits.data(), T, E, k, renorm, want_ids.data(), want_w.data());
+        DevBuf<float> d_logits(logits.size()), d_w(want_w.size());
+        DevBuf<int32_t> d_ids(want_ids.size());
+        d_logits.upload(logits);
+        MS_CUDA_CHECK(cudaMemset(d_ids.p, 0xff, d_ids.n * 4));
+        MS_CUDA_CHECK(cudaMemset(d_w.p, 0xff, d_w.n * 4));
+        moe_route_topk(d_logits.p, T, E, k, renorm, d_ids.p, d_w.p, st.s);
+        MS_CUDA_CHECK(cudaStreamSynchronize(st.s));
+        auto ids = d_ids.download(want_ids.size());
+        auto w = d_w.download(want_w.size());
+        for (int i = 0; i < T * k; ++i) {
+          ASSERT_EQ(ids[i], want_ids[i]) << "E " << E << " k " << k << " renorm " << renorm << " token " << i / k
+                                         << " slot " << i % k;
+          ASSERT_FALSE(std::isnan(w[i]));
+          ASSERT_NEAR(w[i], want_w[i], 1e-6f * std::max(1.0f, std::fabs(want_w[i])))
+              << "E " << E << " k " << k << " token " << i / k << " slot " << i % k;
+        }
+      }
+    }
+}
+
+class CudaMoeShapes : public ::testing::TestWithParam<Case> {};
+
+TEST_P(CudaMoeShapes, EveryRunnableBackendMatchesCpuReference) {
+  if (moeserve::cuda::list_devices().empty()) GTEST_SKIP() << "no CUDA device";
+  const Case c = GetParam();
+  const std::vector<int> token_counts = {1, 3, 64, 128, 300};
+  Layer L(c, 1000 + c.E * 7 + c.H);
+  const MoeShape shape = L.shape(300);
+  StepBuffers buf(c, 300);
+  Stream st;
+  std::vector<Step> steps;
+  std::vector<std::vector<float>> want;
+  for (int T : token_counts) {
+    steps.push_back(make_step(c, T, 17 * T + c.k));
+    want.push_back(reference(L, steps.back()));
+  }
+  for (auto& b : make_moe_backends()) {
+    std::string code;
+    const std::string reason = b->prepare(device(), shape, code);
+    std::cout << "[   info   ] " << b->spec().name << " on " << case_name(c) << ": code '" << code << "', "
+              << (reason.empty() ? "runnable" : "not runnable: " + reason) << "\n";
+    if (!reason.empty()) {
+      EXPECT_FALSE(must_run_here(*b)) << b->spec().name << " refused " << case_name(c) << ": " << reason;
+      continue;
+    }
+    DevBuf<char> ws(b->workspace_bytes(shape));
+    for (size_t i = 0; i < steps.size(); ++i)
+      EXPECT_EQ(check_step(*b, L, steps[i], want[i], buf, ws.p, st.s), "")
+          << "(fused tile configuration " << fused_config_for(shape, steps[i].T) << ")";
+  }
+}
+
+// Shapes: the test model (256/128), Qwen3-30B-A3B (2048/768, 128 experts, top-8) and odd multiples of 64
+// (partial M tiles and a partial last K slice in the fused kernels). With T in {1, 3, 64, 128, 300} every tile
+// configuration is reached: E128/k8 gives configurations 0, 0, 0, 1, 2 and E8/k2 gives 0, 0, 2, 2, 3.
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaMoeShapes,
+                         ::testing::Values(Case{8, 2, 256, 128}, Case{128, 8, 256, 128}, Case{8, 2, 2048, 768},
+                                           Case{128, 8, 2048, 768}, Case{5, 3, 320, 192}, Case{6, 6, 64, 64}),
+                         [](const auto& info) { return case_name(info.param); });
+
+TEST(CudaMoe, CapturedGraphReplaysWithNewRoutings) {
+  if (moeserve::cuda::list_devices().empty()) GTEST_SKIP() << "no CUDA device";
+  for (const Case c : {Case{128, 8, 512, 256}, Case{8, 2, 320, 192}})
+    for (int T : {5, 64, 200}) {
+      Layer L(c, 555 + T);
+      const MoeShape shape = L.shape(T);
+      for (auto& b : make_moe_backends()) {
+        if (!b->spec().capturable) continue;
+        std::string code;
+        if (std::string r = b->prepare(device(), shape, code); !r.empty()) {
+          EXPECT_FALSE(must_run_here(*b)) << b->spec().name << ": " << r;
+          continue;
+        }
+        StepBuffers buf(c, T);
+        DevBuf<char> ws(b->workspace_bytes(shape));
+        Stream st;
+        cudaGraph_t graph = nullptr;
+        cudaGraphExec_t exec = nullptr;
+        MS_CUDA_CHECK(cudaStreamBeginCapture(st.s, cudaStreamCaptureModeThreadLocal));
+        b->run(reinterpret_cast<const bf16*>(buf.x.p), T, buf.ids.p, buf.w.p, L.weights(),
+               reinterpret_cast<bf16*>(buf.out.p), ws.p, st.s);
+        MS_CUDA_CHECK(cudaStreamEndCapture(st.s, &graph));
+        MS_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+        for (int replay = 0; replay < 3; ++replay) {
+          const Step s = make_step(c, T, 9000 + 31 * replay + T);
+          buf.upload(s);  // new activations and routing in the captured buffers; output poisoned
+          MS_CUDA_CHECK(cudaGraphLaunch(exec, st.s));
+          MS_CUDA_CHECK(cudaStreamSynchronize(st.s));
+          auto got = buf.out.download(size_t(T) * c.H);
+          auto want = reference(L, s);
+          double err = 0;
+          EXPECT_EQ(moe_compare(got.data(), want.data(), T, c.H, kMoeSelfTestTolerance, err), "")
+              << b->spec().name << " " << case_name(c) << " T=" << T << " graph replay " << replay;
+        }
+        cudaGraphExecDestroy(exec);
+        cudaGraphDestroy(graph);
+      }
+    }
+}
+
+TEST(CudaMoe, Sm100BuildIsRefusedOnHopperBeforeAnyLaunch) {
+  if (moeserve::cuda::list_devices().empty()) GTEST_SKIP() << "no CUDA device";
+  if (!is_hopper()) GTEST_SKIP() << "the refusal under test is the one on sm_90";
+  auto b = make_fused_sm100_build_backend();
+  EXPECT_EQ(b->spec().archs, (std::vector<int>{90, 100}));
+  MoeShape shape;
+  shape.num_experts = 8, shape.hidden = 256, shape.inter = 128, shape.top_k = 2, shape.max_tokens = 16;
+  std::string code;
+  EXPECT_EQ(b->prepare(device(), shape, code), "no code for sm_90 in this binary");
+  EXPECT_EQ(code, "absent");
+  // run() after a refused prepare throws instead of launching code that does not exist for this GPU.
+  EXPECT_THROW(b->run(nullptr, 1, nullptr, nullptr, MoeWeights{}, nullptr, nullptr, nullptr), InternalError);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
+TEST(CudaMoe, UnsupportedShapesAreRefusedWithAReason) {
+  if (moeserve::cuda::list_devices().empty()) GTEST_SKIP() << "no CUDA device";
+  MoeShape bad;
+  bad.num_experts = 8, bad.hidden = 200, bad.inter = 128, bad.top_k = 2, bad.max_tokens = 4;
+  MoeShape fp8 = bad;
+  fp8.hidden = 256, fp8.format = WeightFormat::FP8Block128;
+  for (auto& b : make_moe_backends()) {
+    if (b->spec().name == "cublas_ref" || !must_run_here(*b)) continue;
+    std::string code;
+    EXPECT_NE(b->prepare(device(), bad, code).find("multiples of 64"), std::string::npos) << b->spec().name;
+    EXPECT_NE(b->prepare(device(), fp8, code).find("bf16 only"), std::string::npos) << b->spec().name;
+  }
+}
+
+TEST(CudaMoe, SelfTestPassesOnQwen3Shapes) {
+  if (moeserve::cuda::list_devices().empty()) GTEST_SKIP() << "no CUDA device";
+  MoeShape shape;
+  shape.num_experts = 128, shape.hidden = 2048, shape.inter = 768, shape.top_k = 8, shape.max_tokens = 256;
+  for (auto& b : make_moe_backends()) {
+    std::string code;
+    if (std::string r = b->prepare(device(), shape, code); !r.empty()) {
+      EXPECT_FALSE(must_run_here(*b)) << b->spec().name << ": " << r;
+      continue;
+    }
+    double err = -1;
+    EXPECT_EQ(moe_self_test(*b, shape, err), "") << b->spec().name;
+    EXPECT_GE(err, 0.0);
+    EXPECT_LT(err, kMoeSelfTestTolerance) << b->spec().name;
+    std::cout << "[   info   ] " << b->spec().name << " (" << code << ") self-test max err " << err << "\n";
+  }
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
+// A temporary MOESERVE_CACHE for one test; the previous value comes back afterwards.
+struct TempCacheDir {
+  std::string dir, old;
+  bool had_old = false;
+  TempCacheDir() {
+    char tmpl[] = "/tmp/moeserve_jit_test_XXXXXX";
+    dir = mkdtemp(tmpl);
+    if (const char* o = getenv("MOESERVE_CACHE")) had_old = true, old = o;
+    setenv("MOESERVE_CACHE", dir.c_str(), 1);
+  }
+  ~TempCacheDir() {
+    if (had_old)
+      setenv("MOESERVE_CACHE", old.c_str(), 1);
+    else
+      unsetenv("MOESERVE_CACHE");
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+  }
+};
+
+TEST(CudaMoe, JitSecondPrepareHitsTheDiskCache) {
+  if (moeserve::cuda::list_devices().empty()) GTEST_SKIP() << "no CUDA device";
+  TempCacheDir cache;
+  const std::string arch = jit_arch_for(device());
+  Layer L(Case{8, 2, 256, 128}, 42);
+  const MoeShape shape = L.shape(16);
+  auto first = make_jit_backend();
+  std::string code;
+  ASSERT_EQ(first->prepare(device(), shape, code), "");
+  EXPECT_TRUE(code.starts_with("JIT " + arch + " in ")) << code;
+  int files = 0;
+  for (auto& e : std::filesystem::directory_iterator(cache.dir + "/jit")) {
+    EXPECT_EQ(e.path().extension(), ".cubin") << e.path();  // no temporary left behind
+    ++files;
+  }
+  EXPECT_EQ(files, 1);
+
+  auto second = make_jit_backend();
+  ASSERT_EQ(second->prepare(device(), shape, code), "");
+  EXPECT_EQ(code, "JIT " + arch + " from disk cache");
+  // The cached cubin computes the same thing.
+  StepBuffers buf(L.c, 16);
+  DevBuf<char> ws(second->workspace_bytes(shape));
+  Stream st;
+  const Step s = make_step(L.c, 16, 3);
+  EXPECT_EQ(check_step(*second, L, s, reference(L, s), buf, ws.p, st.s), "");
+}
+
+TEST(CudaMoe, JitCompileFailureReturnsTheNvrtcLog) {
+  if (moeserve::cuda::list_devices().empty()) GTEST_SKIP() << "no CUDA device";
+  TempCacheDir cache;
+  auto b = make_jit_backend("__global__ void moe_prep(int x) { this_is_not_declared(x); }\n");
+  MoeShape shape;
+  shape.num_experts = 8, shape.hidden = 256, shape.inter = 128, shape.top_k = 2, shape.max_tokens = 4;
+  std::string code;
+  const std::string reason = b->prepare(device(), shape, code);
+  EXPECT_NE(reason.find("NVRTC compile failed"), std::string::npos) << reason;
+  EXPECT_NE(reason.find("this_is_not_declared"), std::string::npos) << reason;  // the log itself
+  EXPECT_LE(reason.size(), 2200u);
+  EXPECT_EQ(code, "JIT " + jit_arch_for(device()) + " failed");
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
+}  // namespace
+
+// Not a test: a timing report for the Qwen3-30B-A3B MoE layer (E 128, top-8, hidden 2048, inter 768), printed
+// for docs/PERF.md. Run with --gtest_also_run_disabled_tests --gtest_filter='*TimingReport*'. Weight values
+// do not affect speed, so weights are memset; eight layers' weights cycle so that L2 (60 MB) cannot hold them.
+TEST(CudaMoe, DISABLED_TimingReport) {
+  if (moeserve::cuda::list_devices().empty()) GTEST_SKIP() << "no CUDA device";
+  const Case c{128, 8, 2048, 768};
+  constexpr int kLayers = 8, kRunsPerGraph = 16, kGraphLaunches = 5;
+  constexpr double kCopyBandwidth = 4.3e12;  // H200 measured device copy bandwidth, bytes/s
+  std::vector<std::unique_ptr<DevBuf<uint16_t>>> gu, dn;
+  for (int l = 0; l < kLayers; ++l) {
+    gu.push_back(std::make_unique<DevBuf<uint16_t>>(size_t(c.E) * 2 * c.I * c.H));
+    dn.push_back(std::make_unique<DevBuf<uint16_t>>(size_t(c.E) * c.H * c.I));
+    MS_CUDA_CHECK(cudaMemset(gu.back()->p, 0x3c, gu.back()->n * 2));
+    MS_CUDA_CHECK(cudaMemset(dn.back()->p, 0x3c, dn.back()->n * 2));
+  }
+  std::cout << "[   info   ] " << device().name << ", MoE layer E128 top-8 H2048 I768, bf16\n";
+  for (int T : {1, 4, 16, 64, 128, 512, 2048, 8192}) {
+    MoeShape shape;
+    shape.num_experts = c.E, shape.hidden = c.H, shape.inter = c.I, shape.top_k = c.k, shape.max_tokens = T;
+    const Step s = make_step(c, T, 77 + T);
+    std::vector<bool> active(c.E);
+    for (int id : s.ids) active[id] = true;
+    const double bytes = double(std::count(active.begin(), active.end(), true)) * 3.0 * c.H * c.I * 2;
+    const double floor_us = bytes / kCopyBandwidth * 1e6, flops = 2.0 * T * c.k * 3.0 * c.H * c.I;
+    StepBuffers buf(c, T);
+    buf.upload(s);
+    for (auto& b : make_moe_backends()) {
+      std::string code;
+      if (!b->prepare(device(), shape, code).empty()) continue;
+      DevBuf<char> ws(b->workspace_bytes(shape));
+      Stream st;
+      auto run = [&](int i) {
+        MoeWeights w;
+        w.gate_up = gu[i % kLayers]->p;
+        w.down = dn[i % kLayers]->p;
+        b->run(reinterpret_cast<const bf16*>(buf.x.p), T, buf.ids.p, buf.w.p, w, reinterpret_cast<bf16*>(buf.out.p),
+               ws.p, st.s);
+      };
+      cudaEvent_t e0, e1;
+      MS_CUDA_CHECK(cudaEventCreate(&e0));
+      MS_CUDA_CHECK(cudaEventCreate(&e1));
+      float ms = 0;
+      int runs = 0;
+      if (b->spec().capturable) {
+        cudaGraph_t graph;
+        cudaGraphExec_t exec;
+        MS_CUDA_CHECK(cudaStreamBeginCapture(st.s, cudaStreamCaptureModeThreadLocal));
+        for (int i = 0; i < kRunsPerGraph; ++i) run(i);
+        MS_CUDA_CHECK(cudaStreamEndCapture(st.s, &graph));
+        MS_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+        MS_CUDA_CHECK(cudaGraphLaunch(exec, st.s));  // warm-up
+        MS_CUDA_CHECK(cudaEventRecord(e0, st.s));
+        for (int i = 0; i < kGraphLaunches; ++i) MS_CUDA_CHECK(cudaGraphLaunch(exec, st.s));
+        MS_CUDA_CHECK(cudaEventRecord(e1, st.s));
+        MS_CUDA_CHECK(cudaEventSynchronize(e1));
+        runs = kRunsPerGraph * kGraphLaunches;
+        cudaGraphExecDestroy(exec);
+        cudaGraphDestroy(graph);
+      } else {
+        run(0);
+        MS_CUDA_CHECK(cudaEventRecord(e0, st.s));
+        for (int i = 0; i < kRunsPerGraph; ++i) run(i);
+        MS_CUDA_CHECK(cudaEventRecord(e1, st.s));
+        MS_CUDA_CHECK(cudaEventSynchronize(e1));
+        runs = kRunsPerGraph;
+      }
+      MS_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+      cudaEventDestroy(e0);
+      cudaEventDestroy(e1);
+      const double us = 1e3 * ms / runs;
+      std::cout << fmt::format("[   info   ] T={:5d} {:18s} {:9.1f} us  {:7.0f} GB/s  {:6.1f} TFLOP/s  "
+                               "floor {:7.1f} us (x{:.2f}), tile config {}\n",
+                               T, b->spec().name, us, bytes / us * 1e-3, flops / us * 1e-6, floor_us, us / floor_us,
+                               fused_config_for(shape, T));
+    }
+  }
+}
