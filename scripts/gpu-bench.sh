@@ -30,7 +30,7 @@ bench() {  # model name num_prompts concurrency in out field
   rm -f "$LOGS/$m-$name.json"
   "$BIN" bench --port "$PORT" --dataset-name random-ids --num-prompts "$n" --max-concurrency "$c" \
     --random-input-len "$in" --random-output-len "$out" --random-range-ratio 1 --warmup-requests 2 \
-    --disable-tqdm --output-file "$LOGS/$m-$name.json" >"$LOGS/$m-$name.log" 2>&1
+    --flush-cache --disable-tqdm --output-file "$LOGS/$m-$name.json" >"$LOGS/$m-$name.log" 2>&1
   local v
   v=$(python3 -c "import json,sys; d=json.loads(open(sys.argv[1]).readline()); print(f\"{d['$field']:.0f} tok/s  (TTFT p50 {d.get('median_ttft_ms',0):.1f} ms, TPOT p50 {d.get('median_tpot_ms',0):.2f} ms, ok {d.get('completed',0)})\")" "$LOGS/$m-$name.json" 2>/dev/null || echo "failed (see $m-$name.log)")
   rows+=("$(printf '%-8s %-9s %-62s %s' "$m" "$name" "$v" "$(target "$m" "$name")")")

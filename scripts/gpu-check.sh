@@ -45,7 +45,7 @@ if [[ ! -f $ROOT/tests/data/parity_bf16/reference.json ]] && python3 -c 'import 
     >"$LOGS/make_bf16_fixtures.log" 2>&1 && tar czf "$LOGS/parity_bf16.tgz" -C "$ROOT/tests/data" parity_bf16
 fi
 
-for t in "$BUILD"/tests/test_cuda*  "$BUILD"/tests/test_gpu_parity; do
+for t in "$BUILD"/tests/test_cuda* "$BUILD"/tests/test_gpu_*; do
   [[ -x $t ]] || continue
   run "$(basename "$t")" ok "$t" --gtest_brief=1
 done

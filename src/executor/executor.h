@@ -51,6 +51,11 @@ class Executor {
   virtual size_t active_weight_bytes() const = 0;
   // For /get_server_info: {"device", "kernel_backends": {family: {backend, reason}}, "cuda_graphs": {...}}.
   virtual nlohmann::json info() const = 0;
+  // Runs the batch once with per-op device timing and returns the breakdown (GPU executors; for benchmarks).
+  virtual std::string profile_step(const ForwardBatch& batch) {
+    (void)batch;
+    return "per-op profiles need the CUDA executor\n";
+  }
 };
 
 // The CPU sampler: penalties, bans, then kernels::sample_token with the request's generator. `scratch` and

@@ -1,4 +1,5 @@
 // Starting and stopping a real moeserve server for the end-to-end tests.
+import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import net from 'node:net';
 import http from 'node:http';
@@ -117,4 +118,30 @@ export function greedyGenerate(base, inputIds, maxNew, extra = {}) {
     return_logprob: true,
     ...extra,
   });
+}
+
+// Whether the server computes on the GPU (BF16) or the CPU (f32).
+export async function onGpu(base) {
+  const info = await (await fetch(`${base}/get_server_info`)).json();
+  return String(info.device).startsWith('cuda');
+}
+
+// A greedy output produced inside a batch (or after preemption and recompute) against the same request alone.
+// On the CPU they are identical. On the GPU a batch runs other GEMM tilings, so BF16 sums round differently:
+// tokens must agree until the first step where the solo run's top-2 gap is a near-tie (< 0.1), and the
+// logprobs of agreed tokens within 0.05 (the CUDA issue's tolerance).
+export async function assertSameGreedy(base, prompt, maxNew, batchedJson, soloIds, label) {
+  if (!(await onGpu(base))) {
+    assert.deepEqual(batchedJson.output_ids, soloIds, label);
+    return;
+  }
+  const a = (await greedyGenerate(base, prompt, maxNew, { top_logprobs_num: 2 })).json.meta_info;
+  const b = batchedJson.meta_info;
+  for (let i = 0; i < maxNew; ++i) {
+    const top = a.output_top_logprobs[i];
+    if (top[0][0] - top[1][0] < 0.1) break;
+    assert.equal(b.output_token_logprobs[i][1], a.output_token_logprobs[i][1], `${label} step ${i}`);
+    const d = Math.abs(b.output_token_logprobs[i][0] - a.output_token_logprobs[i][0]);
+    assert.ok(d < 0.05, `${label} step ${i}: logprob differs by ${d}`);
+  }
 }

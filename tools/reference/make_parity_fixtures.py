@@ -11,6 +11,7 @@ Run on the GPU machine (transformers 5.x is there):
 Writes OUT/<case>/ (a Hugging Face checkpoint) and OUT/reference.json.
 """
 import argparse
+import copy
 import json
 import math
 import os
@@ -83,8 +84,12 @@ def make_config(kw):
     return cfg
 
 
-def perturb(model, seed):
-    """Every weight off its init value, scaled so activations stay O(1) and logits are peaked."""
+def perturb(model, seed, lm_head_scale=4.0, router_scale=3.0):
+    """Every weight off its init value, scaled so activations stay O(1) and logits are peaked.
+
+    The BF16 fixtures use lm_head_scale 1 (logits of a trained model's size: BF16's relative error moves a
+    logprob in proportion to the logits) and router_scale 6 (decisive routing: an expert choice that BF16
+    rounding could flip changes a layer's output wholesale, which no tolerance describes)."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -96,11 +101,13 @@ def perturb(model, seed):
                 fan_in = p.shape[-1]
                 scale = 1.0 / math.sqrt(fan_in)
                 if "embed_tokens" in name:
-                    scale = 1.0
+                    # Tied to lm_head in some cases: then it sets the logits' size as lm_head would.
+                    tied = model.config.tie_word_embeddings
+                    scale = lm_head_scale / math.sqrt(fan_in) if tied and lm_head_scale < 4.0 else 1.0
                 elif "lm_head" in name:
-                    scale = 4.0 / math.sqrt(fan_in)
+                    scale = lm_head_scale / math.sqrt(fan_in)
                 elif name.endswith("mlp.gate.weight"):
-                    scale = 3.0 / math.sqrt(fan_in)  # decisive routing: no near-ties among experts
+                    scale = router_scale / math.sqrt(fan_in)  # decisive routing: no near-ties among experts
                 p.copy_(scale * torch.randn(p.shape, generator=g))
 
 
@@ -183,7 +190,10 @@ def main():
         cls = transformers.Qwen3ForCausalLM if kw["model_type"] == "qwen3" else transformers.Qwen3MoeForCausalLM
         model = cls(cfg).float().eval()
         model.config.use_cache = False
-        perturb(model, 1000 + i)
+        if args.dtype == "bfloat16":
+            perturb(model, 1000 + i, lm_head_scale=1.0, router_scale=6.0)
+        else:
+            perturb(model, 1000 + i)
         if args.dtype == "bfloat16":
             with torch.no_grad():
                 for p in model.parameters():
@@ -194,8 +204,9 @@ def main():
         # Sharded on purpose for some cases so the index path is exercised.
         shard = "60KB" if i % 3 == 1 else "50MB"
         if args.dtype == "bfloat16":
-            model.to(torch.bfloat16).save_pretrained(d, max_shard_size=shard)
-            model.float()
+            # A converted copy: converting the model itself would also round its fp32 buffers (RoPE inv_freq),
+            # which the reference must keep as transformers computes them.
+            copy.deepcopy(model).to(torch.bfloat16).save_pretrained(d, max_shard_size=shard)
         else:
             model.save_pretrained(d, max_shard_size=shard)
         keys = []

@@ -69,6 +69,7 @@ class GpuExecutor : public Executor {
   std::string device_name() const override { return fmt::format("cuda:{} ({})", dev_.index, dev_.name); }
   size_t active_weight_bytes() const override { return active_bytes_; }
   nlohmann::json info() const override;
+  std::string profile_step(const ForwardBatch& batch) override;
 
  private:
   // Fills the metadata for a batch; returns the step inputs. pad_to > T pads a decode batch for a graph.
@@ -98,7 +99,7 @@ class GpuExecutor : public Executor {
   PinnedBuffer host_out_;
   std::vector<int32_t> h_pen_ids_, h_pen_counts_, h_ban_ids_;
   std::map<int, cudaGraphExec_t> graphs_;  // decode batch size -> graph
-  std::vector<float> host_logits_;
+  StepProfile profile_;
 };
 
 GpuExecutor::GpuExecutor(const std::string& model_dir, const GpuOptions& opts) : opts_(opts) {
@@ -130,6 +131,11 @@ GpuExecutor::GpuExecutor(const std::string& model_dir, const GpuOptions& opts) :
              double(model_->weight_bytes()) / std::max(dt, 1e-9) / 1e9);
   }  // the host-side mappings are released here
 
+  // Step limits: every buffer (and the MoE backends' workspaces) is planned for the largest step.
+  const int max_seqs = int(std::max<int64_t>(opts_.max_running_requests, 1));
+  const int max_tokens = int(std::max<int64_t>(opts_.max_tokens_per_step, max_seqs));
+  const int max_rows = max_seqs;
+
   // Backends for this model's shapes.
   ModelShapes shapes;
   shapes.hidden = int(cfg_.hidden_size);
@@ -137,17 +143,14 @@ GpuExecutor::GpuExecutor(const std::string& model_dir, const GpuOptions& opts) :
   shapes.vocab = int(cfg_.vocab_size);
   shapes.head_dim = int(cfg_.head_dim);
   shapes.moe = cfg_.is_moe();
-  shapes.max_tokens = int(std::min<int64_t>(opts_.max_tokens_per_step, 512));
+  shapes.max_tokens = std::min(max_tokens, 512);
   if (shapes.moe)
     shapes.moe_shape = MoeShape{int(cfg_.num_experts), int(cfg_.hidden_size), int(cfg_.moe_intermediate_size),
-                                int(cfg_.num_experts_per_tok), WeightFormat::BF16, int(opts_.max_tokens_per_step)};
+                                int(cfg_.num_experts_per_tok), WeightFormat::BF16, max_tokens};
   be_ = select_backends(dev_, shapes, opts_.backends);
   ModelBackends mb{be_.gemm, be_.moe, be_.attention == "reference_paged"};
 
   // Activations, metadata and sampling buffers for the largest step.
-  const int max_seqs = int(std::max<int64_t>(opts_.max_running_requests, 1));
-  const int max_tokens = int(std::max<int64_t>(opts_.max_tokens_per_step, max_seqs));
-  const int max_rows = max_seqs;
   const int64_t ctx = cfg_.max_position_embeddings;
   const int max_pages = int((ctx + opts_.page_size - 1) / opts_.page_size + 1);
   size_t before = alloc_.in_use();
@@ -334,6 +337,10 @@ StepInputs GpuExecutor::prepare(const ForwardBatch& batch, const std::vector<Sam
   in.max_new = max_new;
   in.decode = max_new == 1 && S == T;
   in.decode_splits = decode_splits_for(Sp, int(cfg_.num_kv_heads), dev_.multiprocessors);
+  for (auto& q : batch.seqs) {
+    in.kv_tokens += double(q.start + q.num_tokens);
+    in.attn_pairs += double(q.num_tokens) * double(q.start) + double(q.num_tokens) * double(q.num_tokens + 1) / 2;
+  }
   return in;
 }
 
@@ -424,6 +431,13 @@ void GpuExecutor::forward_logits(const ForwardBatch& batch, std::vector<float>& 
   logits.resize(n);
   if (n) MS_CUDA_CHECK(cudaMemcpyAsync(logits.data(), model_->logits(), n * 4, cudaMemcpyDeviceToHost, stream_));
   MS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+std::string GpuExecutor::profile_step(const ForwardBatch& batch) {
+  StepInputs in = prepare(batch, {}, 0);
+  model_->forward(in, stream_, &profile_);
+  // Floors at the H200's measured copy bandwidth and dense BF16 rate (docs/PERF.md).
+  return profile_.report(4.3e12, 790e12);
 }
 
 void GpuExecutor::record_decode(int bs, StepInputs& in) {

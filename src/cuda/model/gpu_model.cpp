@@ -1,6 +1,9 @@
 #include "cuda/model/gpu_model.h"
 
+#include <algorithm>
 #include <cmath>
+
+#include <fmt/format.h>
 
 #include "core/log.h"
 #include "cuda/model/attention_ref.h"
@@ -155,7 +158,7 @@ void GpuQwen3::allocate_kv(int64_t num_pages, int page_size) {
   MS_CUDA_CHECK(cudaMemset(kv_.get(), 0, kv_.bytes()));  // finite values even in pages never written
 }
 
-void GpuQwen3::forward(const StepInputs& in, cudaStream_t s) {
+void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) {
   const ModelConfig& c = cfg_;
   const int T = in.T, H = int(c.hidden_size), D = int(c.head_dim), Hq = int(c.num_heads), Hkv = int(c.num_kv_heads);
   const int QKV = (Hq + 2 * Hkv) * D, QD = Hq * D;
@@ -165,17 +168,31 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s) {
   GemmBackend& gemm = *be_.gemm;
   const size_t layer_elems = size_t(kv_pages_) * size_t(page_size_) * size_t(Hkv) * size_t(D);
   const AttnShape ash{Hq, Hkv, D, 1.0f / std::sqrt(float(D))};
+  // With a profile, an event after every op; bytes and flops give each op its floor.
+  auto mark = [&](const char* op, double bytes, double flops) {
+    if (prof) prof->mark(op, bytes, flops, s);
+  };
+  auto gemm_cost = [&](int M, int N, int K, int out_bytes) {
+    return std::pair<double, double>{2.0 * N * K + 2.0 * M * K + double(out_bytes) * M * N, 2.0 * M * N * K};
+  };
+  const double act = double(T) * H;
+  if (prof) prof->start(s);
 
   embedding(in.tokens, embed_.get(), T, H, residual_.get(), s);
+  mark("embedding", act * 6, 0);
   for (size_t l = 0; l < layers_.size(); ++l) {
     GpuLayer& L = layers_[l];
     if (l == 0) rmsnorm(residual_.get(), L.input_norm.get(), eps, T, H, xn_.get(), s);
     else add_rmsnorm(residual_.get(), o_.get(), L.input_norm.get(), eps, T, H, xn_.get(), s);
+    mark("add_rmsnorm", act * 12, 0);
     gemm.run(xn_.get(), H, T, H, L.qkv.get(), QKV, qkv_.get(), QKV, OutType::BF16, s);
+    auto g1 = gemm_cost(T, QKV, H, 2);
+    mark("gemm qkv", g1.first, g1.second);
     bf16* kc = kv_.get() + l * 2 * layer_elems;
     bf16* vc = kc + layer_elems;
     qk_norm_rope_store_kv(qkv_.get(), QKV, T, Hq, Hkv, D, L.q_norm.get(), L.k_norm.get(), eps, in.positions, rope_,
                           in.slots, kc, vc, s);
+    mark("qk_norm_rope_kv", 4.0 * T * QKV, 0);
     if (be_.reference_attention)
       paged_attention_reference(qkv_.get(), QKV, kc, vc, in.attn, ash, in.decode ? 1 : in.max_new, attn_.get(), QD, s);
     else if (in.decode)
@@ -183,29 +200,90 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s) {
                              QD, s);
     else
       paged_attention_prefill(qkv_.get(), QKV, kc, vc, in.attn, ash, in.max_new, attn_.get(), QD, s);
+    mark(in.decode ? "attention decode" : "attention prefill", double(in.kv_tokens) * Hkv * D * 4 + 4.0 * T * QD,
+         4.0 * double(in.attn_pairs) * Hq * D);
     gemm.run(attn_.get(), QD, T, QD, L.o.get(), H, o_.get(), H, OutType::BF16, s);
+    auto g2 = gemm_cost(T, H, QD, 2);
+    mark("gemm o_proj", g2.first, g2.second);
     add_rmsnorm(residual_.get(), o_.get(), L.post_norm.get(), eps, T, H, xn_.get(), s);
+    mark("add_rmsnorm", act * 12, 0);
     if (L.is_moe) {
-      const int E = int(c.num_experts), K = int(c.num_experts_per_tok);
+      const int E = int(c.num_experts), K = int(c.num_experts_per_tok), I = int(c.moe_intermediate_size);
       gemm.run(xn_.get(), H, T, H, L.router.get(), E, router_logits_.get(), E, OutType::F32, s);
+      auto g3 = gemm_cost(T, E, H, 4);
+      mark("gemm router", g3.first, g3.second);
       moe_route_topk(router_logits_.get(), T, E, K, c.norm_topk_prob, topk_ids_.get(), topk_w_.get(), s);
+      mark("moe route_topk", 4.0 * T * E, 0);
       be_.moe->run(xn_.get(), T, topk_ids_.get(), topk_w_.get(), L.moe, o_.get(), moe_ws_.get(), s);
+      const double experts = std::min<double>(E, double(T) * K);  // distinct experts touched, at most
+      mark("moe experts", experts * 3.0 * H * I * 2 + act * 4 + double(T) * K * I * 4, 6.0 * T * K * H * I);
     } else {
       const int I = int(c.intermediate_size);
       gemm.run(xn_.get(), H, T, H, L.gate_up.get(), 2 * I, mlp_.get(), 2 * I, OutType::BF16, s);
       silu_mul(mlp_.get(), T, I, mlp_act_.get(), s);
       gemm.run(mlp_act_.get(), I, T, I, L.down.get(), H, o_.get(), H, OutType::BF16, s);
+      mark("dense mlp", 6.0 * H * I + act * 4, 6.0 * T * H * I);
     }
   }
   // The last layer's output joins the residual under the final norm; only the logit rows go to lm_head.
   add_rmsnorm(residual_.get(), o_.get(), final_norm_.get(), eps, T, H, xn_.get(), s);
+  mark("add_rmsnorm", act * 12, 0);
   const bf16* rows = xn_.get();
   if (in.logit_rows) {
     gather_rows(xn_.get(), H, in.logit_rows, in.R, H, final_rows_.get(), s);
     rows = final_rows_.get();
+    mark("gather rows", 4.0 * in.R * H, 0);
   }
   const bf16* head = c.tie_word_embeddings ? embed_.get() : lm_head_.get();
   gemm.run(rows, H, in.R, H, head, int(c.vocab_size), logits_.get(), c.vocab_size, OutType::F32, s);
+  auto g4 = gemm_cost(in.R, int(c.vocab_size), H, 4);
+  mark("gemm lm_head", g4.first, g4.second);
+}
+
+void StepProfile::start(cudaStream_t s) {
+  if (events_.empty()) {
+    events_.resize(1024);
+    for (auto& e : events_) MS_CUDA_CHECK(cudaEventCreate(&e));
+  }
+  ops_.clear();
+  MS_CUDA_CHECK(cudaEventRecord(events_[0], s));
+}
+
+void StepProfile::mark(const char* op, double bytes, double flops, cudaStream_t s) {
+  MS_CHECK(ops_.size() + 1 < events_.size(), "too many ops to profile");
+  ops_.push_back({op, bytes, flops});
+  MS_CUDA_CHECK(cudaEventRecord(events_[ops_.size()], s));
+}
+
+std::string StepProfile::report(double bandwidth, double flop_rate) {
+  MS_CUDA_CHECK(cudaEventSynchronize(events_[ops_.size()]));
+  struct Sum {
+    double ms = 0, bytes = 0, flops = 0;
+    int n = 0;
+  };
+  std::vector<std::pair<std::string, Sum>> sums;
+  double total = 0, floor_total = 0;
+  for (size_t i = 0; i < ops_.size(); ++i) {
+    float ms = 0;
+    MS_CUDA_CHECK(cudaEventElapsedTime(&ms, events_[i], events_[i + 1]));
+    auto it = std::find_if(sums.begin(), sums.end(), [&](auto& p) { return p.first == ops_[i].name; });
+    if (it == sums.end()) it = sums.insert(sums.end(), {ops_[i].name, {}});
+    it->second.ms += ms;
+    it->second.bytes += ops_[i].bytes;
+    it->second.flops += ops_[i].flops;
+    it->second.n++;
+    total += ms;
+  }
+  std::string out = fmt::format("{:<20} {:>5} {:>10} {:>10} {:>10} {:>8}\n", "op", "calls", "time us", "floor us",
+                                "GB moved", "x floor");
+  for (auto& [name, v] : sums) {
+    const double floor_us = 1e6 * std::max(v.bytes / bandwidth, v.flops / flop_rate);
+    floor_total += floor_us;
+    out += fmt::format("{:<20} {:>5} {:>10.1f} {:>10.1f} {:>10.3f} {:>8.2f}\n", name, v.n, v.ms * 1000, floor_us,
+                       v.bytes / 1e9, v.ms * 1000 / std::max(floor_us, 1e-9));
+  }
+  out += fmt::format("{:<20} {:>5} {:>10.1f} {:>10.1f}\n", "total", "", total * 1000, floor_total);
+  return out;
 }
 
 }  // namespace moeserve::cuda

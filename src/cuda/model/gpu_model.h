@@ -5,6 +5,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "cuda/gemm/gemm.h"
@@ -35,6 +36,24 @@ struct StepInputs {
   bool decode = false;                  // every sequence has exactly one new token
   int max_new = 0;                      // largest new_lens (prefill grid)
   int decode_splits = 1;
+  double kv_tokens = 0, attn_pairs = 0;  // host-side sums for the profile's floors: keys read, (query, key) pairs
+};
+
+// Per-op GPU time of one step (events between ops), against each op's floor: bytes / bandwidth or flops / rate.
+class StepProfile {
+ public:
+  void start(cudaStream_t s);
+  void mark(const char* op, double bytes, double flops, cudaStream_t s);
+  // Waits for the step; one line per op kind (summed over layers).
+  std::string report(double bandwidth_bytes_per_s, double flops_per_s);
+
+ private:
+  struct Op {
+    std::string name;
+    double bytes, flops;
+  };
+  std::vector<cudaEvent_t> events_;
+  std::vector<Op> ops_;
 };
 
 struct ModelBackends {
@@ -58,7 +77,7 @@ class GpuQwen3 {
   static size_t kv_bytes_per_token(const ModelConfig& c);
 
   // Runs the model over the step's tokens; leaves f32 logits [R, vocab] in logits().
-  void forward(const StepInputs& in, cudaStream_t stream);
+  void forward(const StepInputs& in, cudaStream_t stream, StepProfile* profile = nullptr);
   float* logits() const { return logits_.get(); }
 
  private:

@@ -1,0 +1,92 @@
+// Per-op GPU time of one model step next to each op's floor, for the steps the performance targets are about:
+// decode at batch 1 and 64 (each sequence with a 512-token context), and a prefill of 512-token prompts; then
+// the whole decode step as served (graph replay + sampling + copies), timed on the host.
+//   gpu_profile --model-path DIR [--context 512]
+#include <chrono>
+#include <cstdio>
+#include <string>
+
+#include "cli/flags.h"
+#include "core/error.h"
+#include "launch/launch.h"
+
+using namespace moeserve;
+
+namespace {
+
+struct Batch {
+  ForwardBatch fb;
+  std::vector<std::vector<int32_t>> pages;
+};
+
+// `seqs` sequences of `ctx` cached tokens each (their KV pages hold whatever is there: timing only), each
+// computing `new_tokens` tokens this step.
+Batch make_batch(ModelRunner& r, int seqs, int64_t ctx, int64_t new_tokens) {
+  Batch b;
+  b.pages.resize(size_t(seqs));
+  for (int s = 0; s < seqs; ++s) {
+    b.pages[size_t(s)] = r.kv().allocator().allocate(r.kv().pages_for(ctx + new_tokens));
+    const int64_t row = int64_t(b.fb.tokens.size());
+    for (int64_t i = 0; i < new_tokens; ++i) {
+      b.fb.tokens.push_back(int32_t((s * 977 + i * 131) % r.config().vocab_size));
+      b.fb.positions.push_back(ctx + i);
+    }
+    b.fb.seqs.push_back({b.pages[size_t(s)].data(), ctx, new_tokens, row});
+    b.fb.logit_rows.push_back(row + new_tokens - 1);
+  }
+  return b;
+}
+
+void release(ModelRunner& r, Batch& b) {
+  for (auto& p : b.pages) r.kv().allocator().free(p);
+}
+
+double served_step_us(ModelRunner& r, const ForwardBatch& fb, int iters) {
+  std::vector<SampleSpec> specs(fb.logit_rows.size());
+  std::mt19937_64 rng(1);
+  for (auto& s : specs) s.sampler.temperature = 0, s.rng = &rng;
+  std::vector<Sampled> out;
+  for (int i = 0; i < 3; ++i) r.step(fb, specs, out);
+  auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < iters; ++i) r.step(fb, specs, out);
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / iters;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string model_path;
+  int64_t ctx = 512, max_running = 160;
+  cli::FlagSet f("gpu_profile", "per-op GPU time of decode and prefill steps against their floors");
+  f.add_string("model-path", &model_path, "checkpoint folder");
+  f.add_int("context", &ctx, "tokens already in each sequence's KV cache for decode steps", 1);
+  f.add_int("max-running-requests", &max_running, "as for serve", 1);
+  try {
+    if (!f.parse(std::vector<std::string>(argv + 1, argv + argc))) return 0;
+    LaunchOptions lo;
+    lo.model_path = model_path;
+    lo.device = "cuda";
+    lo.runner.chunked_prefill_size = 8192;
+    lo.max_running_requests = max_running;
+    auto runner = make_runner(lo);
+    ModelRunner& r = *runner;
+    for (int bs : {1, 64, 128}) {
+      Batch b = make_batch(r, bs, ctx, 1);
+      r.executor().profile_step(b.fb);  // warm-up
+      std::printf("\n== decode, batch %d, context %lld ==\n%s", bs, (long long)ctx,
+                  r.executor().profile_step(b.fb).c_str());
+      std::printf("served decode step (graph replay, sampling, copies): %.1f us\n", served_step_us(r, b.fb, 50));
+      release(r, b);
+    }
+    for (int seqs : {1, 16}) {
+      Batch b = make_batch(r, seqs, 0, 512);
+      r.executor().profile_step(b.fb);
+      std::printf("\n== prefill, %d x 512 tokens ==\n%s", seqs, r.executor().profile_step(b.fb).c_str());
+      release(r, b);
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,37 @@
+// The GPU sampler's argument structs, apart from the CUDA runtime headers (sampling.h includes them).
+#pragma once
+
+#include <cstdint>
+
+namespace moeserve::cuda {
+
+// Per logit row, as the host fills it each step.
+struct SampleRowParams {
+  float temperature = 1.0f;  // 0: greedy (argmax, lowest index on ties)
+  int32_t top_k = -1;        // <= 0: off
+  float top_p = 1.0f;
+  float min_p = 0.0f;
+  float presence_penalty = 0.0f, frequency_penalty = 0.0f, repetition_penalty = 1.0f;
+  uint64_t random = 0;       // 64 random bits drawn by the host from the request's generator
+  int32_t pen_begin = 0, pen_end = 0;  // range in the penalty arrays (tokens seen in prompt or output)
+  int32_t ban_begin = 0, ban_end = 0;  // range in ban_ids: tokens whose logit becomes -inf (eos under min_tokens)
+  int32_t top_logprobs = 0;  // how many top logprobs to return (<= max_top)
+};
+
+struct SampleArgs {
+  const float* logits = nullptr;  // [rows, vocab] f32; read only (the logprobs need the raw values)
+  int rows = 0, vocab = 0;
+  const SampleRowParams* params = nullptr;  // [rows] device
+  const int32_t* pen_ids = nullptr;    // token ids seen (prompt or output), unique per row
+  const int32_t* pen_counts = nullptr; // times each was generated (0 if only in the prompt)
+  const int32_t* ban_ids = nullptr;
+  int max_top = 0;                     // row stride of top_ids / top_logprobs
+  // Outputs, device:
+  int32_t* out_ids = nullptr;          // [rows]
+  float* out_logprobs = nullptr;       // [rows] logprob of the chosen token (raw logits); may be null
+  int32_t* top_ids = nullptr;          // [rows, max_top], most likely first (ties: lower id)
+  float* top_logprobs = nullptr;       // [rows, max_top]
+  void* workspace = nullptr;           // sample_workspace_bytes(rows, vocab): penalised / banned values
+};
+
+}  // namespace moeserve::cuda

@@ -1,0 +1,186 @@
+// The GPU model against the CPU engine on the same BF16 checkpoint (a gen-model Qwen3-MoE with head_dim 64 and
+// expert sizes the fused MoE kernels take): one mixed prefill batch of many sequences, each sequence alone,
+// and graph-replayed decode steps. The CPU computes in f32, so differences are the GPU's BF16 arithmetic; a
+// batch must not change a sequence's numbers beyond that. Skipped without a GPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <random>
+
+#include "core/threadpool.h"
+#include "kernels/sampling/sampling.h"
+#include "launch/launch.h"
+#include "model/gen_model.h"
+
+using namespace moeserve;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string make_model() {
+  static std::string dir;
+  if (!dir.empty()) return dir;
+  dir = (fs::temp_directory_path() / ("moeserve_gpu_model_" + std::to_string(::getpid()))).string();
+  GenModelSpec s;
+  s.vocab_size = 4096;
+  s.hidden_size = 512;
+  s.num_layers = 2;
+  s.num_heads = 8;
+  s.num_kv_heads = 2;
+  s.head_dim = 64;
+  s.moe_intermediate_size = 256;
+  s.num_experts = 16;
+  s.num_experts_per_tok = 4;
+  s.max_position_embeddings = 4096;
+  s.seed = 5;
+  ThreadPool pool(2);
+  write_gen_model(s, dir, pool);
+  return dir;
+}
+
+struct Runner {
+  std::unique_ptr<ModelRunner> r;
+  std::vector<std::vector<int32_t>> pages;
+};
+
+Runner make(const std::string& device) {
+  LaunchOptions lo;
+  lo.model_path = make_model();
+  lo.device = device;
+  lo.runner.page_size = 16;
+  lo.runner.chunked_prefill_size = 1024;
+  lo.runner.max_total_tokens = 8192;
+  lo.runner.threads = 2;
+  lo.max_running_requests = 32;
+  lo.mem_fraction_static = 0.2;
+  lo.cuda_graph_max_bs = 32;
+  return {make_runner(lo), {}};
+}
+
+// log_softmax of one row.
+std::vector<float> logprobs(const float* logits, int64_t V) {
+  std::vector<float> lp(static_cast<size_t>(V));
+  kernels::log_softmax(logits, V, lp.data());
+  return lp;
+}
+
+// Largest |logprob difference| over the reference's top-8 tokens.
+double top_diff(const float* ref_logits, const float* got_logits, int64_t V) {
+  auto a = logprobs(ref_logits, V), b = logprobs(got_logits, V);
+  auto top = kernels::top_logprobs(a.data(), V, 8);
+  double worst = 0;
+  for (auto& t : top) worst = std::max(worst, double(std::fabs(a[size_t(t.id)] - b[size_t(t.id)])));
+  for (float x : b) EXPECT_TRUE(std::isfinite(x));
+  return worst;
+}
+
+// One prefill step over `prompts` (each sequence's own pages), logits of every sequence's last token.
+std::vector<float> prefill(Runner& R, const std::vector<std::vector<int32_t>>& prompts) {
+  ForwardBatch fb;
+  R.pages.assign(prompts.size(), {});
+  for (size_t s = 0; s < prompts.size(); ++s) {
+    const int64_t n = int64_t(prompts[s].size());
+    R.pages[s] = R.r->kv().allocator().allocate(R.r->kv().pages_for(n + 8));
+    const int64_t row = int64_t(fb.tokens.size());
+    for (int64_t i = 0; i < n; ++i) fb.tokens.push_back(prompts[s][size_t(i)]), fb.positions.push_back(i);
+    fb.seqs.push_back({R.pages[s].data(), 0, n, row});
+    fb.logit_rows.push_back(row + n - 1);
+  }
+  std::vector<float> logits;
+  R.r->forward(fb, logits);
+  return logits;
+}
+
+void release(Runner& R) {
+  for (auto& p : R.pages) R.r->kv().allocator().free(p);
+  R.pages.clear();
+}
+
+}  // namespace
+
+TEST(GpuModel, MixedBatchMatchesCpuAndSoloRuns) {
+  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  Runner cpu = make("cpu"), gpu = make("cuda");
+  const int64_t V = cpu.r->config().vocab_size;
+  std::mt19937 g(3);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int s = 0; s < 24; ++s) {
+    std::vector<int32_t> p(size_t(1 + (s * 7) % 45));
+    for (auto& t : p) t = int32_t(g() % uint32_t(V));
+    prompts.push_back(p);
+  }
+  std::vector<float> want = prefill(cpu, prompts), got = prefill(gpu, prompts);
+  double worst_cpu = 0, worst_solo = 0;
+  for (size_t s = 0; s < prompts.size(); ++s) {
+    const double d = top_diff(&want[s * V], &got[s * V], V);
+    // gen-model weights give larger logits than the parity fixtures; BF16 activations move them by up to ~0.09
+    // (measured on the H200). Batch invariance below is the tighter check.
+    EXPECT_LT(d, 0.15) << "sequence " << s << " (" << prompts[s].size() << " tokens): batched GPU vs CPU";
+    worst_cpu = std::max(worst_cpu, d);
+  }
+  release(gpu);
+  // Each sequence alone must give the batch's numbers (up to BF16 reassociation).
+  for (size_t s = 0; s < prompts.size(); ++s) {
+    std::vector<float> solo = prefill(gpu, {prompts[s]});
+    const double d = top_diff(&got[s * V], solo.data(), V);
+    EXPECT_LT(d, 0.03) << "sequence " << s << ": solo vs batched on the GPU";
+    worst_solo = std::max(worst_solo, d);
+    release(gpu);
+  }
+  std::printf("[ info ] largest top-8 |logprob| difference: batched GPU vs CPU %.4f, solo vs batched GPU %.4f\n",
+              worst_cpu, worst_solo);
+  release(cpu);
+}
+
+TEST(GpuModel, GraphDecodeStepsMatchCpu) {
+  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  Runner cpu = make("cpu"), gpu = make("cuda");
+  const int64_t V = cpu.r->config().vocab_size;
+  std::mt19937 g(9);
+  std::vector<std::vector<int32_t>> seqs;
+  for (int s = 0; s < 13; ++s) {  // 13: padded to the captured batch of 16
+    std::vector<int32_t> p(size_t(5 + s * 3));
+    for (auto& t : p) t = int32_t(g() % uint32_t(V));
+    seqs.push_back(p);
+  }
+  prefill(cpu, seqs);
+  prefill(gpu, seqs);
+  double worst = 0;
+  for (int step = 0; step < 6; ++step) {
+    ForwardBatch fb;
+    std::vector<SampleSpec> specs(seqs.size());
+    std::mt19937_64 rng(1);
+    for (size_t s = 0; s < seqs.size(); ++s) {
+      const int64_t pos = int64_t(seqs[s].size());
+      fb.tokens.push_back(int32_t((s * 131 + size_t(step) * 17) % size_t(V)));  // a fixed next token
+      fb.positions.push_back(pos);
+      fb.seqs.push_back({gpu.pages[s].data(), pos, 1, int64_t(s)});
+      fb.logit_rows.push_back(int64_t(s));
+      specs[s].sampler.temperature = 0;
+      specs[s].rng = &rng;
+      specs[s].logprob = true;
+      specs[s].top_logprobs = 3;
+    }
+    // The GPU step (graph replay: plain greedy decode) against CPU logits of the same step.
+    std::vector<Sampled> out;
+    gpu.r->step(fb, specs, out);
+    for (size_t s = 0; s < seqs.size(); ++s) fb.seqs[s].block_table = cpu.pages[s].data();
+    std::vector<float> want;
+    cpu.r->forward(fb, want);
+    for (size_t s = 0; s < seqs.size(); ++s) {
+      auto lp = logprobs(&want[s * V], V);
+      auto top = kernels::top_logprobs(lp.data(), V, 2);
+      if (top[0].logprob - top[1].logprob > 0.1) {
+        EXPECT_EQ(out[s].token, top[0].id) << "step " << step << " sequence " << s;
+      }
+      const double d = std::fabs(out[s].logprob - lp[size_t(out[s].token)]);
+      EXPECT_LT(d, 0.15) << "step " << step << " sequence " << s;
+      worst = std::max(worst, d);
+      seqs[s].push_back(fb.tokens[s]);
+    }
+  }
+  std::printf("[ info ] graph decode: largest |logprob| difference from the CPU %.4f\n", worst);
+  release(cpu);
+  release(gpu);
+}
