@@ -25,15 +25,31 @@ target() {  # model scenario -> target figure
   esac
 }
 
+engine_times() {  # steps, step s, forward s, deliver s from /metrics
+  curl -s "http://127.0.0.1:$PORT/metrics" | awk '/^moeserve_engine_(steps|step_seconds|forward_seconds|deliver_seconds)_total /{printf "%s ", $2}'
+}
+
 bench() {  # model name num_prompts concurrency in out field
   local m=$1 name=$2 n=$3 c=$4 in=$5 out=$6 field=$7
   rm -f "$LOGS/$m-$name.json"
+  local before
+  before=$(engine_times)
   "$BIN" bench --port "$PORT" --dataset-name random-ids --num-prompts "$n" --max-concurrency "$c" \
     --random-input-len "$in" --random-output-len "$out" --random-range-ratio 1 --warmup-requests 2 \
     --flush-cache --disable-tqdm --output-file "$LOGS/$m-$name.json" >"$LOGS/$m-$name.log" 2>&1
   local v
   v=$(python3 -c "import json,sys; d=json.loads(open(sys.argv[1]).readline()); print(f\"{d['$field']:.0f} tok/s  (TTFT p50 {d.get('median_ttft_ms',0):.1f} ms, TPOT p50 {d.get('median_tpot_ms',0):.2f} ms, ok {d.get('completed',0)})\")" "$LOGS/$m-$name.json" 2>/dev/null || echo "failed (see $m-$name.log)")
   rows+=("$(printf '%-8s %-9s %-62s %s' "$m" "$name" "$v" "$(target "$m" "$name")")")
+  # Where the engine thread's time went during the run (includes the warm-up requests).
+  python3 - "$before" "$(engine_times)" "$m" "$name" >>"$LOGS/engine-times.txt" <<'PY'
+import sys
+a = [float(x) for x in sys.argv[1].split()]; b = [float(x) for x in sys.argv[2].split()]
+steps, step, fwd, dlv = (y - x for x, y in zip(a, b))
+if steps > 0 and step > 0:
+    print(f"{sys.argv[3]:<8} {sys.argv[4]:<9} {steps:.0f} steps, {1e3*step/steps:.2f} ms/step on the engine thread "
+          f"(forward + sampling {1e3*fwd/steps:.2f} ms, scheduling {1e3*(step-fwd)/steps:.2f} ms); delivery thread "
+          f"{1e3*dlv/steps:.2f} ms/step")
+PY
 }
 
 for m in $MODELS; do
@@ -65,5 +81,6 @@ for m in $MODELS; do
   kill $pid; wait $pid 2>/dev/null
 done
 echo
+cat "$LOGS/engine-times.txt" 2>/dev/null
 printf '%-8s %-9s %-62s %s\n' model scenario measured target
 printf '%s\n' "${rows[@]}"

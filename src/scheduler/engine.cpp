@@ -5,8 +5,16 @@
 
 namespace moeserve {
 
+namespace {
+// The engine thread only steps; sinks run on the scheduler's delivery thread, overlapping the next step.
+SchedulerOptions with_async_delivery(SchedulerOptions o) {
+  o.async_delivery = true;
+  return o;
+}
+}  // namespace
+
 Engine::Engine(std::unique_ptr<ModelRunner> runner, const SchedulerOptions& opts)
-    : runner_(std::move(runner)), scheduler_(*runner_, opts) {
+    : runner_(std::move(runner)), scheduler_(*runner_, with_async_delivery(opts)) {
   stats_ = scheduler_.stats();
   thread_ = std::thread([this] { loop(); });
 }
@@ -94,6 +102,7 @@ void Engine::loop() {
     stats_ = scheduler_.stats();
   }
   scheduler_.abort_all("the server is shutting down");
+  scheduler_.flush_outputs();
   std::lock_guard<std::mutex> lk(mu_);
   for (auto& r : inbox_) {
     RequestOutput o;

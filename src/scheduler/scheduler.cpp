@@ -30,6 +30,7 @@ Scheduler::Scheduler(ModelRunner& runner, const SchedulerOptions& opts)
       cache_(runner.kv().allocator(), runner.kv().shape().page_size, opts.enable_prefix_cache) {
   if (opts_.max_running_requests <= 0) throw_user("--max-running-requests must be positive");
   if (opts_.chunked_prefill_size <= 0) throw_user("--chunked-prefill-size must be positive");
+  if (opts_.async_delivery) out_queue_ = std::make_unique<OutputQueue>();
 }
 
 void Scheduler::validate(const Request& r) const {
@@ -169,8 +170,14 @@ void Scheduler::accept_token(Request& r, const Sampled& smp, std::vector<Request
 }
 
 bool Scheduler::step() {
+  const double t_begin = now_s();
+  struct StepTimer {
+    SchedulerStats& s;
+    double t0;
+    ~StepTimer() { s.step_seconds += now_s() - t0; }
+  } step_timer{stats_, t_begin};
   // Aborts first: they free pages for everyone else.
-  std::vector<std::pair<std::shared_ptr<Request>, RequestOutput>> deliveries;
+  Delivery deliveries;
   auto abort_out = [&](const std::shared_ptr<Request>& r, const std::string& msg) {
     RequestOutput o;
     o.finish = FinishReason::Abort;
@@ -262,7 +269,9 @@ bool Scheduler::step() {
   std::vector<SampleSpec> specs;
   for (size_t i = 0; i < plan.size(); ++i)
     if (logit_row_of[i] >= 0) specs.push_back(sample_spec(*plan[i].first));
+  const double t_fwd = now_s();
   runner_.step(fb, specs, sampled_);
+  stats_.forward_seconds += now_s() - t_fwd;
   ++stats_.steps;
 
   std::vector<RequestOutput> outs;
@@ -285,7 +294,8 @@ bool Scheduler::step() {
   return true;
 }
 
-void Scheduler::deliver(std::vector<std::pair<std::shared_ptr<Request>, RequestOutput>>& deliveries) {
+double run_sinks(Delivery& deliveries) {
+  const double t0 = now_s();
   // A sink that throws is a bug in the layer above: that request is aborted, the engine and the other
   // requests carry on.
   for (auto& [r, o] : deliveries) {
@@ -296,11 +306,64 @@ void Scheduler::deliver(std::vector<std::pair<std::shared_ptr<Request>, RequestO
       r->abort_requested = true;
     }
   }
+  return now_s() - t0;
+}
+
+OutputQueue::OutputQueue() : thread_([this] { loop(); }) {}
+
+OutputQueue::~OutputQueue() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void OutputQueue::push(Delivery d) {
+  if (d.empty()) return;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    queue_.push_back(std::move(d));
+  }
+  cv_.notify_one();
+}
+
+void OutputQueue::flush() {
+  std::unique_lock<std::mutex> lk(mu_);
+  idle_cv_.wait(lk, [&] { return queue_.empty() && !busy_; });
+}
+
+void OutputQueue::loop() {
+  std::unique_lock<std::mutex> lk(mu_);
+  for (;;) {
+    cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
+    if (queue_.empty()) break;  // stop_ with nothing left to deliver
+    Delivery d = std::move(queue_.front());
+    queue_.pop_front();
+    busy_ = true;
+    lk.unlock();
+    const double s = run_sinks(d);
+    busy_ns_ += int64_t(s * 1e9);
+    d.clear();  // drop the request references outside the lock
+    lk.lock();
+    busy_ = false;
+    if (queue_.empty()) idle_cv_.notify_all();
+  }
+}
+
+void Scheduler::deliver(Delivery& deliveries) {
+  if (out_queue_) {
+    out_queue_->push(std::move(deliveries));
+    deliveries.clear();
+    return;
+  }
+  stats_.deliver_seconds += run_sinks(deliveries);
 }
 
 void Scheduler::abort_all(const std::string& message) {
   for (auto& r : running_) finish(*r, FinishReason::Abort);
-  std::vector<std::pair<std::shared_ptr<Request>, RequestOutput>> deliveries;
+  Delivery deliveries;
   for (auto& r : running_) deliveries.push_back({r, {}});
   for (auto& r : waiting_) deliveries.push_back({r, {}});
   running_.clear();
@@ -317,6 +380,7 @@ int64_t Scheduler::flush_prefix_cache() { return cache_.flush(); }
 
 SchedulerStats Scheduler::stats() const {
   SchedulerStats s = stats_;
+  if (out_queue_) s.deliver_seconds += out_queue_->seconds();
   s.running = int64_t(running_.size());
   s.waiting = int64_t(waiting_.size());
   const PageAllocator& a = runner_.kv().allocator();

@@ -51,6 +51,12 @@ std::string Metrics::render(const SchedulerStats& s, int64_t page_size, bool cud
   r += gauge("moeserve_kv_cache_usage_ratio", "Used / total KV pages.",
              s.kv_pages_total ? double(s.kv_pages_used) / double(s.kv_pages_total) : 0.0);
   r += counter("moeserve_preemptions_total", "Requests preempted for lack of KV pages.", double(s.preemptions));
+  r += counter("moeserve_engine_steps_total", "Engine steps (one forward each).", double(s.steps));
+  r += counter("moeserve_engine_step_seconds_total", "Engine thread time in steps.", s.step_seconds);
+  r += counter("moeserve_engine_forward_seconds_total",
+               "Step time in the executor's forward and sampling (device work, launches, copies).", s.forward_seconds);
+  r += counter("moeserve_engine_deliver_seconds_total",
+               "Step time delivering outputs (detokenizing, parsers, response chunks).", s.deliver_seconds);
   r += counter("moeserve_requests_total", "Requests received by the generation endpoints.", double(requests_total));
   r += counter("moeserve_requests_failed_total", "Requests that ended with an error.", double(requests_failed));
   r += counter("moeserve_requests_aborted_total", "Requests aborted (client gone).", double(requests_aborted));

@@ -452,6 +452,108 @@ TEST(CudaSampling, EmptyBatchAndWorkspaceSize) {
   MS_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
+// Kept sets too large for the candidate path (a wide nucleus, top-k in the thousands, a tiny min-p, no
+// filter) and ties spanning the cut (all-equal and coarse-grid rows): the kernel's histogram selection, its
+// refinement to a single key and the vocabulary-order passes. u = 0 must take the lowest kept id and u -> 1
+// the highest where the kept set does not depend on float rounding (ties, top-k); other draws stay inside.
+TEST(CudaSampling, LargeKeptSetsAndWideTiesKeepTheCpuSet) {
+  SKIP_WITHOUT_GPU();
+  const int V = 151936;
+  std::mt19937 g(11);
+  std::mt19937_64 bits(12);
+  struct Row {
+    std::vector<float> lg;
+    SampleRowParams p;
+    bool exact_ends;
+  };
+  std::vector<Row> cfgs;
+  auto grid = normal_row(V, g, 3.0f);
+  for (auto& v : grid) v = std::round(v * 2.0f) / 2.0f;
+  cfgs.push_back({normal_row(V, g, 2.0f), sampling_params(1.0f, -1, 0.95f, 0.0f, 0), false});    // ~50k kept
+  cfgs.push_back({std::vector<float>(V, 0.25f), sampling_params(1.0f, 5000, 1.0f, 0.0f, 0), true});  // one key
+  cfgs.push_back({std::vector<float>(V, 0.25f), sampling_params(1.0f, 9, 0.5f, 0.0f, 0), true});
+  cfgs.push_back({bf16_row(V, g, 3.0f), sampling_params(1.0f, 3000, 1.0f, 0.0f, 0), true});
+  cfgs.push_back({grid, sampling_params(1.0f, 2500, 1.0f, 0.0f, 0), true});  // the cut inside a tie group
+  cfgs.push_back({grid, sampling_params(0.7f, -1, 0.5f, 0.0f, 0), false});
+  cfgs.push_back({normal_row(V, g, 3.0f), sampling_params(1.0f, -1, 1.0f, 1e-6f, 0), false});  // tiny min-p
+  cfgs.push_back({bf16_row(V, g, 3.0f), sampling_params(1.3f, -1, 1.0f, 0.0f, 0), false});     // no filter
+  Batch b(V);
+  for (const Row& r : cfgs)
+    for (int i = 0; i < 6; ++i) {
+      SampleRowParams p = r.p;
+      p.random = i == 0 ? 0 : i == 1 ? ~uint64_t(0) : bits();
+      p.top_logprobs = i == 2 ? 20 : 0;
+      b.add(r.lg, p);
+    }
+  const Result res = run_gpu(b, 20), replay = run_gpu(b, 20, /*graph=*/true);
+  for (int r = 0; r < b.rows(); ++r) {
+    const Row& cfg = cfgs[size_t(r / 6)];
+    const auto kept = cpu_kept(cfg.lg, b.params[r]);
+    const int32_t id = res.ids[r];
+    ASSERT_TRUE(kept.count(id)) << "row " << r << " (config " << r / 6 << "): token " << id << " outside the CPU's kept set of "
+                                << kept.size();
+    if (cfg.exact_ends && r % 6 < 2) {
+      EXPECT_EQ(id, r % 6 == 0 ? kept.begin()->first : kept.rbegin()->first) << "row " << r << " (config " << r / 6 << ")";
+    }
+    ASSERT_EQ(id, replay.ids[r]) << "row " << r << ": CUDA graph replay chose another token";
+  }
+  expect_logprobs(b, res, 20, "large kept sets");
+}
+
+// One launch mixing greedy rows, sampled rows of every filter, penalised and banned rows, rows with and
+// without top logprobs and vocabulary sizes that are not a multiple of four: each row as the CPU does it.
+TEST(CudaSampling, MixedRowsInOneCallMatchTheCpu) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 g(13);
+  std::mt19937_64 bits(14);
+  for (int V : {50257, 151936}) {
+    Batch b(V);
+    for (int r = 0; r < 40; ++r) {
+      auto lg = r % 3 == 0 ? bf16_row(V, g, 3.0f) : normal_row(V, g, 2.5f);
+      SampleRowParams p;
+      switch (r % 8) {
+        case 0: p = greedy_params(r % 16 == 0 ? 20 : 0); break;
+        case 1: p = sampling_params(0.8f, 40, 0.9f, 0.0f, bits()); break;
+        case 2: p = sampling_params(1.0f, -1, 0.9f, 0.0f, bits()); break;
+        case 3: p = sampling_params(1.0f, -1, 1.0f, 0.05f, bits()); break;
+        case 4: p = sampling_params(1.0f, -1, 1.0f, 0.0f, bits()); break;
+        case 5: p = sampling_params(0.6f, 500, 0.95f, 0.02f, bits()); break;
+        case 6: p = sampling_params(1.2f, 7, 1.0f, 0.0f, bits()); break;
+        default: p = greedy_params(5); break;
+      }
+      p.top_logprobs = r % 5 == 0 ? 20 : r % 5 == 1 ? 3 : p.top_logprobs;
+      std::vector<std::pair<int32_t, int32_t>> pen;
+      std::vector<int32_t> ban;
+      if (r % 4 == 1 || r % 8 == 7) {
+        p.repetition_penalty = 1.2f;
+        p.frequency_penalty = 0.25f;
+        p.presence_penalty = 0.5f;
+        std::set<int32_t> seen;
+        for (int i = 0; i < 300; ++i) seen.insert(int32_t(g() % V));
+        seen.insert(int32_t(std::max_element(lg.begin(), lg.end()) - lg.begin()));  // the argmax moves
+        for (int32_t t : seen) pen.push_back({t, int32_t(g() % 3)});
+        ban = {int32_t(g() % V), int32_t(g() % V)};
+      }
+      b.add(lg, p, pen, ban);
+    }
+    const Result res = run_gpu(b, 20), replay = run_gpu(b, 20, /*graph=*/true);
+    for (int r = 0; r < b.rows(); ++r) {
+      const auto mod = cpu_modified(b, r);
+      const SampleRowParams& p = b.params[r];
+      if (p.temperature <= 0.0f) {
+        ASSERT_EQ(res.ids[r], kernels::argmax(mod.data(), V)) << "V=" << V << " greedy row " << r;
+      } else {
+        const auto kept = cpu_kept(mod, p);
+        ASSERT_TRUE(kept.count(res.ids[r])) << "V=" << V << " row " << r << ": token " << res.ids[r]
+                                            << " outside the CPU's kept set of " << kept.size();
+      }
+      for (int32_t t : b.bans[r]) ASSERT_NE(res.ids[r], t) << "V=" << V << " row " << r << " chose a banned token";
+      ASSERT_EQ(res.ids[r], replay.ids[r]) << "V=" << V << " row " << r << ": graph replay differs";
+    }
+    expect_logprobs(b, res, 20, "mixed V=" + std::to_string(V));
+  }
+}
+
 // Microseconds per launch for a 151936-token vocabulary, by batch size and filter; prints a table.
 TEST(CudaSamplingBench, DISABLED_Timing) {
   SKIP_WITHOUT_GPU();
@@ -471,10 +573,10 @@ TEST(CudaSamplingBench, DISABLED_Timing) {
                       {"min_p 0.05", sampling_params(1.0f, -1, 1.0f, 0.05f, 1)}};
   std::mt19937 g(10);
   const auto lg = bf16_row(V, g, 3.0f);
-  std::printf("%-34s %10s %10s %10s\n", "config", "rows=1", "rows=32", "rows=128");
+  std::printf("%-34s %10s %10s %10s %10s\n", "config", "rows=1", "rows=32", "rows=128", "rows=160");
   for (const Cfg& c : cfgs) {
     std::printf("%-34s", c.name);
-    for (int rows : {1, 32, 128}) {
+    for (int rows : {1, 32, 128, 160}) {
       std::vector<std::pair<int32_t, int32_t>> pens;
       for (int i = 0; i < 300; ++i) pens.push_back({int32_t(i * 97 % V), i % 3});
       Batch b(V);

@@ -434,10 +434,13 @@ void GpuExecutor::forward_logits(const ForwardBatch& batch, std::vector<float>& 
 }
 
 std::string GpuExecutor::profile_step(const ForwardBatch& batch) {
+  // Floors at the H200's measured copy bandwidth and dense BF16 rate (docs/PERF.md).
+  const double bw = 4.3e12, rate = 790e12;
   StepInputs in = prepare(batch, {}, 0);
   model_->forward(in, stream_, &profile_);
-  // Floors at the H200's measured copy bandwidth and dense BF16 rate (docs/PERF.md).
-  return profile_.report(4.3e12, 790e12);
+  // Eager launches: small ops include host launch gaps (a graph replay has none; see served_step in
+  // bench/gpu_profile for the whole step as served).
+  return profile_.report(bw, rate);
 }
 
 void GpuExecutor::record_decode(int bs, StepInputs& in) {
