@@ -446,9 +446,31 @@ std::string GpuExecutor::profile_step(const ForwardBatch& batch) {
   const double bw = 4.3e12, rate = 790e12;
   StepInputs in = prepare(batch, {}, 0);
   model_->forward(in, stream_, &profile_);
-  // Eager launches: small ops include host launch gaps (a graph replay has none; see served_step in
-  // bench/gpu_profile for the whole step as served).
-  return profile_.report(bw, rate);
+  std::string out = "eager launches (small ops include host launch gaps):\n" + profile_.report(bw, rate);
+  // The same pass recorded in a CUDA graph, with external event nodes between the ops: the device-side cost of
+  // each op as a replayed graph runs it.
+  cudaGraph_t g = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  try {
+    MS_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    try {
+      model_->forward(in, stream_, &profile_);
+    } catch (...) {
+      cudaStreamEndCapture(stream_, &g);
+      throw;
+    }
+    MS_CUDA_CHECK(cudaStreamEndCapture(stream_, &g));
+    MS_CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
+    for (int i = 0; i < 3; ++i) MS_CUDA_CHECK(cudaGraphLaunch(exec, stream_));
+    MS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    out += "in a CUDA graph:\n" + profile_.report(bw, rate);
+  } catch (const std::exception& e) {
+    cudaGetLastError();
+    out += std::string("in a CUDA graph: not measured (") + e.what() + ")\n";
+  }
+  if (exec) cudaGraphExecDestroy(exec);
+  if (g) cudaGraphDestroy(g);
+  return out;
 }
 
 void GpuExecutor::record_decode(int bs, StepInputs& in, bool greedy) {

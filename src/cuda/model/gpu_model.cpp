@@ -240,19 +240,29 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
   mark("gemm lm_head", g4.first, g4.second);
 }
 
+namespace {
+// Inside a stream capture an event must be recorded as an external event node to be timed after replay.
+void record_event(cudaEvent_t e, cudaStream_t s) {
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  MS_CUDA_CHECK(cudaStreamIsCapturing(s, &st));
+  if (st == cudaStreamCaptureStatusActive) MS_CUDA_CHECK(cudaEventRecordWithFlags(e, s, cudaEventRecordExternal));
+  else MS_CUDA_CHECK(cudaEventRecord(e, s));
+}
+}  // namespace
+
 void StepProfile::start(cudaStream_t s) {
   if (events_.empty()) {
     events_.resize(1024);
     for (auto& e : events_) MS_CUDA_CHECK(cudaEventCreate(&e));
   }
   ops_.clear();
-  MS_CUDA_CHECK(cudaEventRecord(events_[0], s));
+  record_event(events_[0], s);
 }
 
 void StepProfile::mark(const char* op, double bytes, double flops, cudaStream_t s) {
   MS_CHECK(ops_.size() + 1 < events_.size(), "too many ops to profile");
   ops_.push_back({op, bytes, flops});
-  MS_CUDA_CHECK(cudaEventRecord(events_[ops_.size()], s));
+  record_event(events_[ops_.size()], s);
 }
 
 std::string StepProfile::report(double bandwidth, double flop_rate) {
