@@ -7,6 +7,9 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -83,7 +86,8 @@ TEST(CudaGemm, EveryBackendPassesItsSelfTest) {
   }
 }
 
-// The kernel for every M (the token-group loop) instead of only M <= 8.
+// The kernels for every M (the all-tokens kernel up to M = 128, the token-group loop above) instead of only
+// M <= 64.
 TEST(CudaGemm, GemvKernelPassesTheSelfTestForEveryTokenCount) {
   SKIP_WITHOUT_GPU();
   auto b = prepared(cuda::make_gemv_backend(1 << 20));
@@ -92,22 +96,23 @@ TEST(CudaGemm, GemvKernelPassesTheSelfTestForEveryTokenCount) {
   EXPECT_EQ(cuda::gemm_self_test(*b, max_err), "");
 }
 
-// The lm_head and projection shapes of the served models, M = decode batch sizes, against cuBLAS.
+// The lm_head and projection shapes of the served models, M = decode batch sizes, against cuBLAS. The
+// threshold is raised to 128 so that M = 128 runs the kernel too (M <= 64 runs as with the default).
 TEST(CudaGemm, GemvMatchesCublasOnDecodeShapes) {
   SKIP_WITHOUT_GPU();
-  auto gemv = prepared(cuda::make_gemv_backend());
+  auto gemv = prepared(cuda::make_gemv_backend(128));
   auto ref = prepared(std::move(cuda::make_gemm_backends().at(0)));  // cublas
   ASSERT_TRUE(gemv && ref);
   Stream st;
   struct Shape {
     int N, K;
   };
-  for (Shape s : {Shape{151936, 2048}, Shape{4096, 2048}, Shape{2048, 4096}, Shape{512, 2048}, Shape{4096, 4096},
-                  Shape{8, 4096}, Shape{100, 264}}) {
-    Dev<uint16_t> w(size_t(s.N) * s.K), x(size_t(8) * s.K);
+  for (Shape s : {Shape{151936, 2048}, Shape{4096, 2048}, Shape{5120, 2048}, Shape{2048, 4096}, Shape{512, 2048},
+                  Shape{128, 2048}, Shape{4096, 4096}, Shape{8, 4096}, Shape{100, 264}}) {
+    Dev<uint16_t> w(size_t(s.N) * s.K), x(size_t(128) * s.K);
     w.upload(random_bf16(w.n, 7 + s.N));
     x.upload(random_bf16(x.n, 11 + s.K));
-    for (int M : {1, 2, 3, 5, 8}) {
+    for (int M : {1, 2, 3, 5, 8, 9, 16, 33, 64, 128}) {
       for (OutType out : {OutType::F32, OutType::BF16}) {
         const size_t elt = out == OutType::F32 ? 4 : 2;
         Dev<uint8_t> y(size_t(M) * s.N * elt), y_ref(size_t(M) * s.N * elt);
@@ -146,60 +151,71 @@ TEST(CudaGemm, GemvMatchesCublasOnDecodeShapes) {
 }
 
 // A GEMM recorded in a CUDA graph and replayed gives bit-identical results to the eager call; the second
-// shape is first seen during capture (cuBLASLt then plans it inside the capture).
+// shape is first seen during capture (cuBLASLt then plans it inside the capture). M pairs: gemv's small-M
+// kernel, its all-tokens kernel split-K (K = 264: 5 splits on 132 SMs, through the scratch and the reduction
+// kernel) and, with the threshold raised to 128, M = 128 and 9 (16 and 2 token tiles).
 TEST(CudaGemm, CudaGraphReplayMatchesEagerRun) {
   SKIP_WITHOUT_GPU();
-  for (auto& backend : cuda::make_gemm_backends()) {
+  auto backends = cuda::make_gemm_backends();
+  backends.push_back(cuda::make_gemv_backend(128));
+  for (auto& backend : backends) {
     auto b = prepared(std::move(backend));
     ASSERT_TRUE(b);
     const std::string name = b->spec().name;
-    const int N = 513, K = 264, M1 = 7, M2 = 3;
-    Dev<uint16_t> w(size_t(N) * K), x(size_t(M1) * K);
-    w.upload(random_bf16(w.n, 3));
-    x.upload(random_bf16(x.n, 5));
-    Dev<float> y1(size_t(M1) * N), y2(size_t(M2) * N), e1(size_t(M1) * N), e2(size_t(M2) * N);
-    Stream st;
-    e1.poison();
-    e2.poison();
-    b->run(as_bf16(x), K, M1, K, as_bf16(w), N, e1.p, N, OutType::F32, st.s);
-    MS_CUDA_CHECK(cudaStreamSynchronize(st.s));
+    for (auto [M1, M2] : {std::pair{7, 3}, std::pair{64, 33}, std::pair{128, 9}}) {
+      const int N = 513, K = 264;
+      Dev<uint16_t> w(size_t(N) * K), x(size_t(M1) * K);
+      w.upload(random_bf16(w.n, 3));
+      x.upload(random_bf16(x.n, 5));
+      Dev<float> y1(size_t(M1) * N), y2(size_t(M2) * N), e1(size_t(M1) * N), e2(size_t(M2) * N);
+      Stream st;
+      e1.poison();
+      e2.poison();
+      b->run(as_bf16(x), K, M1, K, as_bf16(w), N, e1.p, N, OutType::F32, st.s);
+      MS_CUDA_CHECK(cudaStreamSynchronize(st.s));
 
-    cudaGraph_t graph = nullptr;
-    MS_CUDA_CHECK(cudaStreamBeginCapture(st.s, cudaStreamCaptureModeThreadLocal));
-    try {
-      b->run(as_bf16(x), K, M1, K, as_bf16(w), N, y1.p, N, OutType::F32, st.s);
-      b->run(as_bf16(x), K, M2, K, as_bf16(w), N, y2.p, N, OutType::F32, st.s);
-    } catch (const std::exception& e) {
-      cudaStreamEndCapture(st.s, &graph);
-      if (graph) cudaGraphDestroy(graph);
-      FAIL() << name << ": GEMM failed while capturing: " << e.what();
-    }
-    MS_CUDA_CHECK(cudaStreamEndCapture(st.s, &graph));
-    cudaGraphExec_t exec = nullptr;
-    MS_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-    y1.poison();
-    y2.poison();
-    MS_CUDA_CHECK(cudaGraphLaunch(exec, st.s));
-    MS_CUDA_CHECK(cudaStreamSynchronize(st.s));
-    b->run(as_bf16(x), K, M2, K, as_bf16(w), N, e2.p, N, OutType::F32, st.s);
-    MS_CUDA_CHECK(cudaStreamSynchronize(st.s));
-    MS_CUDA_CHECK(cudaGraphExecDestroy(exec));
-    MS_CUDA_CHECK(cudaGraphDestroy(graph));
-    for (auto [got, want, M] : {std::tuple{&y1, &e1, M1}, std::tuple{&y2, &e2, M2}}) {
-      const auto g = got->download(), e = want->download();
-      for (size_t i = 0; i < g.size(); ++i)
-        ASSERT_TRUE(std::memcmp(&g[i], &e[i], 4) == 0 && std::isfinite(g[i]))
-            << name << " M=" << M << ": replayed y[" << i / N << ", " << i % N << "] = " << g[i] << ", eager "
-            << e[i];
+      cudaGraph_t graph = nullptr;
+      MS_CUDA_CHECK(cudaStreamBeginCapture(st.s, cudaStreamCaptureModeThreadLocal));
+      try {
+        b->run(as_bf16(x), K, M1, K, as_bf16(w), N, y1.p, N, OutType::F32, st.s);
+        b->run(as_bf16(x), K, M2, K, as_bf16(w), N, y2.p, N, OutType::F32, st.s);
+      } catch (const std::exception& e) {
+        cudaStreamEndCapture(st.s, &graph);
+        if (graph) cudaGraphDestroy(graph);
+        FAIL() << name << " M=" << M1 << ", " << M2 << ": GEMM failed while capturing: " << e.what();
+      }
+      MS_CUDA_CHECK(cudaStreamEndCapture(st.s, &graph));
+      cudaGraphExec_t exec = nullptr;
+      MS_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+      y1.poison();
+      y2.poison();
+      MS_CUDA_CHECK(cudaGraphLaunch(exec, st.s));
+      MS_CUDA_CHECK(cudaStreamSynchronize(st.s));
+      b->run(as_bf16(x), K, M2, K, as_bf16(w), N, e2.p, N, OutType::F32, st.s);
+      MS_CUDA_CHECK(cudaStreamSynchronize(st.s));
+      MS_CUDA_CHECK(cudaGraphExecDestroy(exec));
+      MS_CUDA_CHECK(cudaGraphDestroy(graph));
+      for (auto [got, want, M] : {std::tuple{&y1, &e1, M1}, std::tuple{&y2, &e2, M2}}) {
+        const auto g = got->download(), e = want->download();
+        for (size_t i = 0; i < g.size(); ++i)
+          ASSERT_TRUE(std::memcmp(&g[i], &e[i], 4) == 0 && std::isfinite(g[i]))
+              << name << " M=" << M << ": replayed y[" << i / N << ", " << i % N << "] = " << g[i] << ", eager "
+              << e[i];
+      }
     }
   }
 }
 
-// Bytes of W per second for the decode shapes, every backend; prints a table (no assertion).
+// Bytes of W per second for the decode shapes, every backend; prints a table (no assertion). The last
+// column is gemv with its threshold raised to 128 (the default sends M = 128 to cuBLAS).
 TEST(CudaGemmBench, DISABLED_Bandwidth) {
   SKIP_WITHOUT_GPU();
   std::vector<std::unique_ptr<cuda::GemmBackend>> bs;
-  for (auto& b : cuda::make_gemm_backends()) {
+  std::vector<std::string> names;
+  auto all = cuda::make_gemm_backends();
+  all.push_back(cuda::make_gemv_backend(128));
+  for (auto& b : all) {
+    names.push_back(names.size() + 1 == all.size() ? "gemv128" : b->spec().name);
     bs.push_back(prepared(std::move(b)));
     ASSERT_TRUE(bs.back());
   }
@@ -208,15 +224,16 @@ TEST(CudaGemmBench, DISABLED_Bandwidth) {
   MS_CUDA_CHECK(cudaEventCreate(&t0));
   MS_CUDA_CHECK(cudaEventCreate(&t1));
   std::printf("%8s %6s %3s", "N", "K", "M");
-  for (auto& b : bs) std::printf(" %16s", (b->spec().name + " GB/s (us)").c_str());
+  for (const auto& n : names) std::printf(" %18s", (n + " GB/s (us)").c_str());
   std::printf("\n");
-  for (auto [N, K] : {std::pair{151936, 2048}, std::pair{151936, 4096}, std::pair{4096, 2048}, std::pair{2048, 4096},
-                      std::pair{512, 2048}, std::pair{4096, 4096}, std::pair{512, 4096}}) {
-    Dev<uint16_t> w(size_t(N) * K), x(size_t(8) * K);
+  for (auto [N, K] : {std::pair{151936, 2048}, std::pair{151936, 4096}, std::pair{4096, 2048}, std::pair{5120, 2048},
+                      std::pair{2048, 4096}, std::pair{512, 2048}, std::pair{128, 2048}, std::pair{4096, 4096},
+                      std::pair{512, 4096}}) {
+    Dev<uint16_t> w(size_t(N) * K), x(size_t(128) * K);
     w.upload(random_bf16(w.n, 1));
     x.upload(random_bf16(x.n, 2));
-    Dev<uint16_t> y(size_t(8) * N);
-    for (int M : {1, 2, 4, 8}) {
+    Dev<uint16_t> y(size_t(128) * N);
+    for (int M : {1, 2, 4, 8, 16, 64, 128}) {
       std::printf("%8d %6d %3d", N, K, M);
       for (auto& b : bs) {
         const int reps = 50;
@@ -228,7 +245,7 @@ TEST(CudaGemmBench, DISABLED_Bandwidth) {
         float ms = 0;
         MS_CUDA_CHECK(cudaEventElapsedTime(&ms, t0, t1));
         const double us = 1e3 * ms / reps;
-        std::printf(" %6.0f (%5.1fus)", double(N) * K * 2 / (us * 1e-6) / 1e9, us);
+        std::printf(" %8.0f (%5.1fus)", double(N) * K * 2 / (us * 1e-6) / 1e9, us);
       }
       std::printf("\n");
     }

@@ -583,6 +583,37 @@ TEST(CudaKernels, PagedAttentionDecodeMatchesCpu) {
   }
 }
 
+TEST(CudaKernels, PagedAttentionDecodeRingBoundaries) {
+  REQUIRE_GPU();
+  Stream st;
+  // Decode streams the keys through a 3-stage ring of 64-key tiles: parts of 1 .. 9 tiles (every stage wraps),
+  // lengths one short of, at and one past tile multiples, and a serving-sized batch (64 sequences of 512).
+  std::vector<SeqSpec> seqs;
+  for (int tiles = 1; tiles <= 9; ++tiles)
+    for (int d : {-1, 0, 1}) seqs.push_back({tiles * 64 + d - 1, 1});
+  std::vector<SeqSpec> serving(64, SeqSpec{511, 1});
+  serving[7] = {0, 0};  // a padding slot in the middle
+  uint32_t seed = 350;
+  for (const auto& c : kAttnConfigs) {
+    for (const auto* batch : {&seqs, &serving}) {
+      if (batch == &serving && c.head_dim != 128) continue;
+      PagedScenario sc = build_scenario(c, *batch, seed++);
+      auto want = attention_reference(sc);
+      DeviceScenario dev(sc);
+      for (int splits : {1, 2, 5}) {
+        const size_t ws_bytes = cuda::decode_workspace_bytes(dev.meta.num_seqs, c.heads, c.head_dim, splits);
+        DevBuf<uint8_t> ws(ws_bytes);
+        ws.poison();
+        dev.out.poison();
+        cuda::paged_attention_decode(dev.q.bf(), sc.q_stride, dev.k.bf(), dev.v.bf(), dev.meta, dev.shape, splits,
+                                     ws_bytes ? ws.get() : nullptr, dev.out.bf(), sc.out_stride, st.get());
+        st.sync();
+        compare_attention(sc, want, dev.out.download(), fmt::format("decode ring num_splits={}", splits));
+      }
+    }
+  }
+}
+
 TEST(CudaKernels, DecodeAndPrefillAgreeOnDecodeBatches) {
   REQUIRE_GPU();
   Stream st;

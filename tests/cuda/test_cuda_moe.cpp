@@ -268,7 +268,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaMoeShapes,
 TEST(CudaMoe, CapturedGraphReplaysWithNewRoutings) {
   if (moeserve::cuda::list_devices().empty()) GTEST_SKIP() << "no CUDA device";
   for (const Case c : {Case{128, 8, 512, 256}, Case{8, 2, 320, 192}})
-    for (int T : {5, 64, 200}) {
+    for (int T : {1, 3, 5, 64, 200}) {  // 1 and 3 (E8/k2) / 1 (E128/k8): the direct small-T path
       Layer L(c, 555 + T);
       const MoeShape shape = L.shape(T);
       for (auto& b : make_moe_backends()) {
@@ -303,6 +303,68 @@ TEST(CudaMoe, CapturedGraphReplaysWithNewRoutings) {
         cudaGraphDestroy(graph);
       }
     }
+}
+
+// Which T take the direct (prep-less, one pair per tile, PDL-chained) path of the fused kernels. Host only.
+TEST(CudaMoe, SmallTokenCountsTakeTheDirectPath) {
+  MoeShape s;
+  s.num_experts = 8, s.top_k = 2, s.hidden = 320, s.inter = 192, s.max_tokens = 300;
+  for (int T = 0; T <= 8; ++T) {
+    const FusedLayout l = fused_layout(s, T);
+    EXPECT_EQ(l.direct, T >= 1 && T <= 4) << "E8/k2 T=" << T;
+    EXPECT_EQ(fused_direct_for(s, T), l.direct) << "E8/k2 T=" << T;
+    if (l.direct) {
+      EXPECT_EQ(l.num_slots, T * s.top_k) << "E8/k2 T=" << T;
+      EXPECT_EQ(l.config, 0) << "E8/k2 T=" << T;
+    }
+    if (T > 0) {
+      EXPECT_LE(l.total, fused_layout(s, T + 1).total) << "the workspace only grows with T";
+    }
+  }
+  s.num_experts = 128, s.top_k = 8, s.hidden = 2048, s.inter = 768;
+  EXPECT_TRUE(fused_layout(s, 1).direct);
+  EXPECT_EQ(fused_layout(s, 1).num_slots, 8);
+  for (int T : {0, 2, 3, 7, 64}) EXPECT_FALSE(fused_layout(s, T).direct) << "E128/k8 T=" << T;
+  s.num_experts = 32, s.top_k = 16;  // T = 1 is direct for any top_k
+  EXPECT_TRUE(fused_layout(s, 1).direct);
+  EXPECT_FALSE(fused_layout(s, 2).direct);
+}
+
+// Small T on both sides of the direct-path bound (E8/k2: T <= 4 direct; E128/k8: T = 1 direct), with dropped
+// pairs (id -1) for the fused backends, and bitwise-repeatable results.
+TEST(CudaMoe, SmallTokenCountsMatchCpuReference) {
+  if (moeserve::cuda::list_devices().empty()) GTEST_SKIP() << "no CUDA device";
+  for (const Case c : {Case{8, 2, 320, 192}, Case{128, 8, 512, 256}}) {
+    Layer L(c, 4242 + c.E);
+    const MoeShape shape = L.shape(7);
+    StepBuffers buf(c, 7);
+    Stream st;
+    for (auto& b : make_moe_backends()) {
+      std::string code;
+      if (std::string r = b->prepare(device(), shape, code); !r.empty()) {
+        EXPECT_FALSE(must_run_here(*b)) << b->spec().name << ": " << r;
+        continue;
+      }
+      const bool fused = b->spec().name != "cublas_ref";
+      DevBuf<char> ws(b->workspace_bytes(shape));
+      for (int T : {1, 2, 3, 7}) {
+        for (int drop = 0; drop < (fused ? 2 : 1); ++drop) {
+          Step s = make_step(c, T, 777 + 13 * T + drop);
+          if (drop) {
+            s.ids[0] = -1;  // one dropped slot
+            if (T >= 3) std::fill_n(s.ids.begin() + 2 * c.k, c.k, -1);  // a token with every slot dropped
+          }
+          const auto want = reference(L, s);
+          EXPECT_EQ(check_step(*b, L, s, want, buf, ws.p, st.s), "")
+              << "direct path " << fused_direct_for(shape, T) << ", dropped pairs " << drop;
+          const auto first = buf.out.download(size_t(T) * c.H);
+          EXPECT_EQ(check_step(*b, L, s, want, buf, ws.p, st.s), "");
+          EXPECT_TRUE(buf.out.download(size_t(T) * c.H) == first)
+              << b->spec().name << " " << case_name(c) << " T=" << T << ": not bitwise repeatable";
+        }
+      }
+    }
+  }
 }
 
 TEST(CudaMoe, Sm100BuildIsRefusedOnHopperBeforeAnyLaunch) {

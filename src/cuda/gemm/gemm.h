@@ -1,7 +1,7 @@
 // Dense GEMM on the GPU: y[M, N] = x[M, K] . W[N, K]^T, x and W BF16 row-major (W as stored in the
 // checkpoint: [out_features, in_features]), y BF16 or F32, f32 accumulation. Backends: cuBLAS (cublasGemmEx),
-// cuBLASLt (heuristic algorithm per shape, cached) and gemv (a bandwidth-bound tensor-core kernel for decode,
-// M <= 8, cuBLAS above). Graph-capturable: workspaces are fixed in prepare(). FP8 / NVFP4 weights will join
+// cuBLASLt (heuristic algorithm per shape, cached) and gemv (bandwidth-bound tensor-core kernels for decode,
+// M <= 64, cuBLAS above). Graph-capturable: workspaces are fixed in prepare(). FP8 / NVFP4 weights will join
 // as further formats whose run() also takes scale pointers (cuBLASLt's A/B scale attributes).
 #pragma once
 
@@ -28,9 +28,10 @@ class GemmBackend {
 };
 
 std::vector<std::unique_ptr<GemmBackend>> make_gemm_backends();
-// The gemv backend with another threshold: its kernel serves M <= kernel_max_m (tests use a large value to
-// check the kernel's token-group loop), cuBLAS serves the rest and the shapes the kernel cannot take.
-std::unique_ptr<GemmBackend> make_gemv_backend(int kernel_max_m = 8);
+// The gemv backend with another threshold: its kernels serve M <= kernel_max_m (M <= 8: one token group per
+// block; 8 < M <= 128: all tokens per block with split-K; above 128, only when a test raises the threshold:
+// the first kernel's token-group loop), cuBLAS serves the rest and the shapes the kernels cannot take.
+std::unique_ptr<GemmBackend> make_gemv_backend(int kernel_max_m = 64);
 
 // Against a CPU reference on random shapes (odd M, N, K included). "" on pass.
 std::string gemm_self_test(GemmBackend& b, double& max_err);

@@ -40,11 +40,17 @@ struct Case {
 
 // Every M in {1, 7, 64, 257}, N in {1, 100, 513}, K in {8, 264, 2048} appears, most pairs too. K stays a
 // multiple of 8 (and so do the x strides): the model dimensions are, and it keeps the BF16 rows 16-byte
-// aligned, which cuBLAS's tensor-core paths and the gemv kernel need.
+// aligned, which cuBLAS's tensor-core paths and the gemv kernels need. M = 9, 16, 33, 64, 128 cover the gemv
+// backend's all-tokens kernel (2, 4, 8 and 16 token tiles, partial last tiles); on a 132-SM GPU it runs
+// K = 2048 as 32 splits of 64, K = 264 as 5 (the last one 8 wide), N = 4100 (65 row blocks, the last one 4
+// rows) with K = 520 as 5 splits of 128, and K = 8 as one split that writes y directly.
 const Case kCases[] = {
-    {1, 1, 8, 0, 0},        {1, 513, 2048, 0, 0}, {1, 100, 264, 8, 3},  {7, 100, 264, 0, 0},
-    {7, 513, 8, 16, 0},     {7, 1, 2048, 0, 5},   {64, 1, 264, 0, 0},   {64, 100, 2048, 8, 0},
-    {64, 513, 8, 0, 1},     {257, 513, 264, 0, 0}, {257, 1, 2048, 0, 0}, {257, 100, 8, 8, 2},
+    {1, 1, 8, 0, 0},         {1, 513, 2048, 0, 0},   {1, 100, 264, 8, 3},    {7, 100, 264, 0, 0},
+    {7, 513, 8, 16, 0},      {7, 1, 2048, 0, 5},     {64, 1, 264, 0, 0},     {64, 100, 2048, 8, 0},
+    {64, 513, 8, 0, 1},      {257, 513, 264, 0, 0},  {257, 1, 2048, 0, 0},   {257, 100, 8, 8, 2},
+    {9, 513, 2048, 0, 0},    {9, 100, 8, 8, 1},      {16, 100, 264, 8, 3},   {16, 1, 2048, 0, 0},
+    {33, 513, 264, 0, 1},    {33, 4100, 520, 0, 0},  {64, 4100, 520, 8, 2},  {128, 100, 2048, 0, 0},
+    {128, 513, 264, 16, 1},  {128, 1, 8, 0, 3},
 };
 
 const char* out_name(OutType t) { return t == OutType::BF16 ? "bf16" : "f32"; }

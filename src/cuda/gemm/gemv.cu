@@ -1,13 +1,23 @@
-// The "gemv" backend: decode-sized GEMMs (M <= 8 tokens) are bound by reading W once, so the kernel streams
-// W with 16-byte loads and lets tensor cores do the (nearly free) math: mma.m16n8k16 with 16 weight rows as
-// the MMA's M dimension and up to 8 tokens as its N dimension. Larger M (prefill) goes to cuBLAS, which is
-// compute-bound there and better at it.
+// The "gemv" backend: decode-sized GEMMs are bound by reading W once, so the kernels stream W with 16-byte
+// loads and let tensor cores do the (nearly free) math: mma.m16n8k16 with 16 weight rows as the MMA's M
+// dimension and tokens as its N dimension, 8 at a time. Two kernels:
+//  - gemv_bf16_kernel, M <= 8 (and M > kWideMaxM when a test raises the threshold): one token group per
+//    block, 16 rows per block, 8 warps split K and meet in shared memory.
+//  - gemv_wide_kernel, 8 < M <= kWideMaxM (128): every block holds all ceil(M/8) token tiles in registers,
+//    so W is still read once whatever M is; x is staged through shared memory 64 k at a time and shared by
+//    the block's 4 warps (64 W rows). Blocks split K (split-K) so that 2048- and 5120-row matrices fill the
+//    SMs; each split writes its f32 partial sums to a scratch buffer fixed at prepare(), and a second kernel
+//    adds them in split order (deterministic) and writes y.
+// Larger M (prefill) goes to cuBLAS, which is compute-bound there and better at it.
 //
 // The reduction order over k does not matter, so each lane feeds the MMA the k values it loaded itself
 // (8 consecutive ones per 16-byte load) instead of the canonical fragment layout: lane (g = lane/4,
 // q = lane%4) loads W rows g and g+8 and token g at k = base + 8q .. base + 8q + 7; the first MMA of the pair
 // takes elements 0-3 of that chunk as its virtual k {2q, 2q+1, 2q+8, 2q+9}, the second elements 4-7. A and B
-// agree on the mapping (it depends on q only), so the products pair up exactly.
+// agree on the mapping (it depends on q only), so the products pair up exactly. gemv_wide_kernel uses the same
+// per-lane mapping, with token g's chunk read from shared memory instead of global memory.
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "cuda/gemm/backends.h"
@@ -86,6 +96,135 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_bf16_kernel(const bf16* __re
   }
 }
 
+// ---- gemv_wide_kernel: 8 < M <= kWideMaxM ----
+constexpr int kWideWarps = 4;                   // per block; warp w owns W rows [16 w, 16 w + 16) of the block
+constexpr int kWideRows = kWideWarps * kRows;   // W rows per block
+constexpr int kWideK = 64;                      // k per iteration: two 16-byte chunks per lane and row
+constexpr int kWideMaxM = 128;                  // 16 token tiles: 64 f32 accumulators per thread
+constexpr int kWideBlocksPerSm = 3;             // split-K aims at this many blocks per SM
+// Split-K scratch, allocated in prepare(): splits * M * N floats must fit, else fewer splits are used
+// (splits = 1 needs none). 4 Mi floats = 16 MiB: M = 128 with N = 5120 still gets 6 splits, M = 64 with
+// N = 5120 12, M = 64 with N = 2048 32.
+constexpr int64_t kSplitScratchFloats = int64_t(4) << 20;
+
+// Block (blockIdx.x, blockIdx.y) computes rows [64 bx, 64 bx + 64) for all M tokens over
+// k in [by k_split, by k_split + k_split) ∩ [0, K). With partial == nullptr (one split) it stores y, else
+// partial[by][m][n] (f32, dense [splits][M][N]). Needs K % 8 == 0, ldx % 8 == 0, 16-byte aligned x and W,
+// k_split % 64 == 0 and M <= 8 kTiles.
+template <typename OutT, int kTiles>
+__global__ void __launch_bounds__(kWideWarps * 32) gemv_wide_kernel(const bf16* __restrict__ x, int64_t ldx,
+                                                                     int M, int K, int k_split,
+                                                                     const bf16* __restrict__ W, int N,
+                                                                     OutT* __restrict__ y, int64_t ldy,
+                                                                     float* __restrict__ partial) {
+  // Token r's 8 chunks of 16 bytes, chunk c stored at slot c ^ (4 (r & 1)): a quarter-warp's reads (tokens
+  // g = 2i, 2i + 1, chunks q + 4h) then cover all 32 banks once.
+  __shared__ __align__(16) bf16 xs[kTiles * kTokens][kWideK];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, q = lane % 4;
+  const int n0 = blockIdx.x * kWideRows + warp * kRows;
+  const int kb = blockIdx.y * k_split, ke = min(K, kb + k_split);
+  const int tiles = (M + kTokens - 1) / kTokens;  // <= kTiles (host)
+  // Rows past N read row N-1 (valid memory) and are never stored: no branch in the streaming loop.
+  const bf16* w_lo = W + int64_t(min(n0 + g, N - 1)) * K + 8 * q;
+  const bf16* w_hi = W + int64_t(min(n0 + g + 8, N - 1)) * K + 8 * q;
+
+  float c[kTiles][4];
+#pragma unroll
+  for (int t = 0; t < kTiles; ++t) c[t][0] = c[t][1] = c[t][2] = c[t][3] = 0.f;
+
+  // W for the current iteration; the next iteration's is loaded before this one's MMAs (one step ahead).
+  uint4 a_lo[2], a_hi[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int k = kb + 32 * h;
+    const bool in = k + 8 * q < ke;  // K, kb, ke are multiples of 8: a chunk is all in or all out
+    a_lo[h] = in ? load_weight(w_lo + k) : make_uint4(0, 0, 0, 0);
+    a_hi[h] = in ? load_weight(w_hi + k) : make_uint4(0, 0, 0, 0);
+  }
+  for (int k0 = kb; k0 < ke; k0 += kWideK) {
+    __syncthreads();  // the previous iteration's reads of xs are done
+    for (int i = threadIdx.x; i < tiles * kTokens * 8; i += kWideWarps * 32) {
+      const int r = i / 8, ch = i % 8, k = k0 + 8 * ch;
+      const uint4 v = r < M && k < ke ? load_token(x + int64_t(r) * ldx + k) : make_uint4(0, 0, 0, 0);
+      *reinterpret_cast<uint4*>(&xs[r][8 * (ch ^ ((r & 1) << 2))]) = v;
+    }
+    __syncthreads();
+    uint4 n_lo[2], n_hi[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int k = k0 + kWideK + 32 * h;
+      const bool in = k + 8 * q < ke;
+      n_lo[h] = in ? load_weight(w_lo + k) : make_uint4(0, 0, 0, 0);
+      n_hi[h] = in ? load_weight(w_hi + k) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int t = 0; t < kTiles; ++t) {
+      if (t < tiles) {
+        const int r = t * kTokens + g;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const uint4 b = *reinterpret_cast<const uint4*>(&xs[r][8 * ((q + 4 * h) ^ ((r & 1) << 2))]);
+          mma_bf16(c[t], a_lo[h].x, a_hi[h].x, a_lo[h].y, a_hi[h].y, b.x, b.y);
+          mma_bf16(c[t], a_lo[h].z, a_hi[h].z, a_lo[h].w, a_hi[h].w, b.z, b.w);
+        }
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      a_lo[h] = n_lo[h];
+      a_hi[h] = n_hi[h];
+    }
+  }
+  // c[t][0], c[t][1]: row g, tokens 8t + 2q, 8t + 2q + 1; c[t][2], c[t][3]: row g + 8, same tokens.
+#pragma unroll
+  for (int t = 0; t < kTiles; ++t) {
+    if (t < tiles) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int tok = t * kTokens + 2 * q + (i & 1), row = n0 + g + (i >= 2 ? 8 : 0);
+        if (tok < M && row < N) {
+          if (partial)
+            partial[(int64_t(blockIdx.y) * M + tok) * N + row] = c[t][i];
+          else
+            store(y + int64_t(tok) * ldy + row, c[t][i]);
+        }
+      }
+    }
+  }
+}
+
+// y[m, n] = sum over s = 0, 1, ... of partial[s][m][n], always in that order.
+template <typename OutT>
+__global__ void __launch_bounds__(256) splitk_reduce_kernel(const float* __restrict__ partial, int splits, int M,
+                                                             int N, OutT* __restrict__ y, int64_t ldy) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, mn = int64_t(M) * N;
+  if (i >= mn) return;
+  float sum = 0.f;
+  for (int s = 0; s < splits; ++s) sum += partial[s * mn + i];
+  store(y + (i / N) * ldy + i % N, sum);
+}
+
+template <typename OutT, int kTiles>
+void launch_wide(const bf16* x, int64_t ldx, int M, int K, int k_split, const bf16* W, int N, void* y,
+                 int64_t ldy, float* partial, cudaStream_t stream, dim3 grid) {
+  gemv_wide_kernel<OutT, kTiles><<<grid, kWideWarps * 32, 0, stream>>>(x, ldx, M, K, k_split, W, N,
+                                                                         static_cast<OutT*>(y), ldy, partial);
+}
+
+template <typename OutT>
+void launch_wide_tiles(int tiles, const bf16* x, int64_t ldx, int M, int K, int k_split, const bf16* W, int N,
+                       void* y, int64_t ldy, float* partial, cudaStream_t stream, dim3 grid) {
+  if (tiles <= 2)
+    launch_wide<OutT, 2>(x, ldx, M, K, k_split, W, N, y, ldy, partial, stream, grid);
+  else if (tiles <= 4)
+    launch_wide<OutT, 4>(x, ldx, M, K, k_split, W, N, y, ldy, partial, stream, grid);
+  else if (tiles <= 8)
+    launch_wide<OutT, 8>(x, ldx, M, K, k_split, W, N, y, ldy, partial, stream, grid);
+  else
+    launch_wide<OutT, 16>(x, ldx, M, K, k_split, W, N, y, ldy, partial, stream, grid);
+}
+
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
 class GemvBackend final : public GemmBackend {
@@ -96,9 +235,14 @@ class GemvBackend final : public GemmBackend {
     spec_.formats = {"bf16"};
     spec_.capturable = true;
     spec_.summary = fmt::format(
-        "bandwidth-bound tensor-core kernel for M <= {} (W read once with 16-byte loads), cuBLAS above",
+        "bandwidth-bound tensor-core kernels for M <= {} (W read once with 16-byte loads), cuBLAS above",
         kernel_max_m);
   }
+  ~GemvBackend() override {
+    if (scratch_) cudaFree(scratch_);
+  }
+  GemvBackend(const GemvBackend&) = delete;
+  GemvBackend& operator=(const GemvBackend&) = delete;
   const BackendSpec& spec() const override { return spec_; }
 
   std::string prepare(const DeviceInfo& dev, std::string& code) override {
@@ -107,8 +251,29 @@ class GemvBackend final : public GemmBackend {
     code = "kernel " + sm_name(sm_version(dev)) + " in binary, " + lib + " for larger M";
     if (std::string why = check_arch_claim(spec_, dev); !why.empty()) return why;
     for (const void* k : {reinterpret_cast<const void*>(gemv_bf16_kernel<bf16>),
-                          reinterpret_cast<const void*>(gemv_bf16_kernel<float>)})
+                          reinterpret_cast<const void*>(gemv_bf16_kernel<float>),
+                          reinterpret_cast<const void*>(gemv_wide_kernel<bf16, 2>),
+                          reinterpret_cast<const void*>(gemv_wide_kernel<bf16, 4>),
+                          reinterpret_cast<const void*>(gemv_wide_kernel<bf16, 8>),
+                          reinterpret_cast<const void*>(gemv_wide_kernel<bf16, 16>),
+                          reinterpret_cast<const void*>(gemv_wide_kernel<float, 2>),
+                          reinterpret_cast<const void*>(gemv_wide_kernel<float, 4>),
+                          reinterpret_cast<const void*>(gemv_wide_kernel<float, 8>),
+                          reinterpret_cast<const void*>(gemv_wide_kernel<float, 16>),
+                          reinterpret_cast<const void*>(splitk_reduce_kernel<bf16>),
+                          reinterpret_cast<const void*>(splitk_reduce_kernel<float>)})
       if (std::string why = check_kernel_present(k, dev); !why.empty()) return why;
+    // The split-K scratch: fixed here so that run() never allocates (CUDA graph capture).
+    if (!scratch_) {
+      void* p = nullptr;
+      if (cudaError_t e = cudaMalloc(&p, size_t(kSplitScratchFloats) * sizeof(float)); e != cudaSuccess) {
+        cudaGetLastError();
+        return fmt::format("cannot allocate the {} MiB split-K scratch: {}",
+                           (size_t(kSplitScratchFloats) * sizeof(float)) >> 20, cudaGetErrorString(e));
+      }
+      scratch_ = static_cast<float*>(p);
+    }
+    multiprocessors_ = std::max(1, dev.multiprocessors);
     prepared_ = true;
     return "";
   }
@@ -123,6 +288,7 @@ class GemvBackend final : public GemmBackend {
     const bool kernel_fits = M <= kernel_max_m_ && K > 0 && K % 8 == 0 && ldx % 8 == 0 && aligned16(x) &&
                              aligned16(W) && token_groups <= 65535;
     if (!kernel_fits) return fallback_->run(x, ldx, M, K, W, N, y, ldy, out, stream);
+    if (M > kTokens && M <= kWideMaxM) return run_wide(x, ldx, M, K, W, N, y, ldy, out, stream);
     const dim3 grid(unsigned(ceil_div(N, kRows)), unsigned(token_groups));
     if (out == OutType::BF16)
       gemv_bf16_kernel<bf16><<<grid, kWarps * 32, 0, stream>>>(x, ldx, M, K, W, N, static_cast<bf16*>(y), ldy);
@@ -132,10 +298,38 @@ class GemvBackend final : public GemmBackend {
   }
 
  private:
+  // 8 < M <= kWideMaxM. The split count depends on the shape and the device only (deterministic results).
+  void run_wide(const bf16* x, int64_t ldx, int M, int K, const bf16* W, int N, void* y, int64_t ldy,
+                OutType out, cudaStream_t stream) {
+    const int64_t row_blocks = ceil_div(N, kWideRows), k_iters = ceil_div(K, kWideK);
+    int64_t splits = std::clamp<int64_t>(ceil_div(int64_t(kWideBlocksPerSm) * multiprocessors_, row_blocks), 1,
+                                         std::min<int64_t>(k_iters, 65535));
+    splits = std::min(splits, std::max<int64_t>(1, kSplitScratchFloats / (int64_t(M) * N)));
+    const int64_t k_split = ceil_div(k_iters, splits) * kWideK;
+    splits = ceil_div(K, k_split);  // no empty split; only ever smaller, so the scratch bound still holds
+    const dim3 grid(static_cast<unsigned>(row_blocks), static_cast<unsigned>(splits));
+    const int tiles = int(ceil_div(M, kTokens));
+    float* partial = splits > 1 ? scratch_ : nullptr;
+    if (out == OutType::BF16)
+      launch_wide_tiles<bf16>(tiles, x, ldx, M, K, int(k_split), W, N, y, ldy, partial, stream, grid);
+    else
+      launch_wide_tiles<float>(tiles, x, ldx, M, K, int(k_split), W, N, y, ldy, partial, stream, grid);
+    MS_CUDA_LAUNCH_CHECK();
+    if (!partial) return;
+    const unsigned blocks = unsigned(ceil_div(int64_t(M) * N, 256));
+    if (out == OutType::BF16)
+      splitk_reduce_kernel<bf16><<<blocks, 256, 0, stream>>>(partial, int(splits), M, N, static_cast<bf16*>(y), ldy);
+    else
+      splitk_reduce_kernel<float><<<blocks, 256, 0, stream>>>(partial, int(splits), M, N, static_cast<float*>(y), ldy);
+    MS_CUDA_LAUNCH_CHECK();
+  }
+
   BackendSpec spec_;
   int kernel_max_m_;
   std::unique_ptr<GemmBackend> fallback_;
   bool prepared_ = false;
+  float* scratch_ = nullptr;  // kSplitScratchFloats floats, from prepare()
+  int multiprocessors_ = 1;
 };
 
 }  // namespace

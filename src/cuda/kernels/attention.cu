@@ -61,10 +61,12 @@ __global__ void __launch_bounds__(128)
   detail::store_bf16<VPL>(out + int64_t(q_rows[s]) * out_stride + int64_t(h) * D + lane * VPL, acc);
 }
 
-template <int D, int WARPS_M, int WARPS_N, int BLOCK_N, bool DECODE, bool SPLIT>
+template <int D, int WARPS_M, int WARPS_N, int BLOCK_N, int STAGES, bool DECODE, bool SPLIT>
 void launch_attention(dim3 grid, const AttnParams& p, cudaStream_t stream) {
-  constexpr size_t smem = detail::attn_smem_bytes<D, WARPS_M, WARPS_N, BLOCK_N>();
-  auto kernel = detail::paged_attention_mma_kernel<D, WARPS_M, WARPS_N, BLOCK_N, DECODE, SPLIT>;
+  constexpr size_t smem = detail::attn_smem_bytes<D, WARPS_M, WARPS_N, BLOCK_N, STAGES>();
+  // sm_90 allows 227 KB of dynamic shared memory per block.
+  static_assert(smem <= 227 * 1024, "attention tile does not fit in shared memory");
+  auto kernel = detail::paged_attention_mma_kernel<D, WARPS_M, WARPS_N, BLOCK_N, STAGES, DECODE, SPLIT>;
   // A host-side attribute, not a stream operation: allowed while a graph is being captured.
   MS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   kernel<<<grid, 128, smem, stream>>>(p);
@@ -74,16 +76,19 @@ void launch_attention(dim3 grid, const AttnParams& p, cudaStream_t stream) {
 // Prefill: 64 rows (4 warps x 16) per block; 64-key tiles (32 for head_dim 256, to bound registers and smem).
 template <int D>
 void launch_prefill(dim3 grid, const AttnParams& p, cudaStream_t stream) {
-  launch_attention<D, 4, 1, (D == 256 ? 32 : 64), false, false>(grid, p, stream);
+  launch_attention<D, 4, 1, (D == 256 ? 32 : 64), 2, false, false>(grid, p, stream);
 }
 
-// Decode: 16 rows (the heads of a group) per block, each warp a quarter of every 64-key tile.
+// Decode: 16 rows (the heads of a group) per block, each warp a quarter of every 64-key tile; a 3-stage K/V
+// ring (two 64-key tiles in flight per block). Shared memory per block: 50 KB (head_dim 64), 100 KB (128: two
+// blocks per SM), 200 KB (256).
 template <int D>
 void launch_decode(dim3 grid, const AttnParams& p, bool split, cudaStream_t stream) {
+  constexpr int kStages = 3;
   if (split) {
-    launch_attention<D, 1, 4, 64, true, true>(grid, p, stream);
+    launch_attention<D, 1, 4, 64, kStages, true, true>(grid, p, stream);
   } else {
-    launch_attention<D, 1, 4, 64, true, false>(grid, p, stream);
+    launch_attention<D, 1, 4, 64, kStages, true, false>(grid, p, stream);
   }
 }
 

@@ -7,14 +7,16 @@
 // makes decode (one query, group heads) an ordinary tile.
 //
 // K/V tiles of BLOCK_N keys are gathered from the pages with cp.async (16-byte chunks, zero-filled past the
-// block's key range) into a two-stage shared-memory ring, read back with ldmatrix (XOR-swizzled rows: no bank
-// conflicts), and multiplied with mma.m16n8k16 (bf16 in, f32 out). Softmax is the online (flash-attention 2)
-// form in the exp2 domain, so a row's state is (m, l, acc) and tiles can be merged in any order.
+// block's key range) into a STAGES-deep shared-memory ring (STAGES - 1 tiles in flight while one is used), read
+// back with ldmatrix (XOR-swizzled rows: no bank conflicts), and multiplied with mma.m16n8k16 (bf16 in, f32
+// out). Softmax is the online (flash-attention 2) form in the exp2 domain, so a row's state is (m, l, acc) and
+// tiles can be merged in any order.
 //
 // Two shapes of block (4 warps each):
 //  - prefill: WARPS_M = 4, WARPS_N = 1: each warp owns 16 rows and all keys of a tile;
 //  - decode:  WARPS_M = 1, WARPS_N = 4: 16 rows shared by all warps, each warp takes a quarter of every key
-//    tile; the four partial states are merged through shared memory at the end.
+//    tile; the four partial states are merged through shared memory at the end. Decode does almost no math per
+//    byte, so it runs a deeper ring (3 stages: two tiles in flight) to keep more of the cache read in flight.
 // With SPLIT, the block handles only its part (a contiguous range of pages) of the keys and writes the
 // normalized partial output and its log2-sum-exp to the workspace; a merge kernel combines the parts.
 #pragma once
@@ -46,9 +48,9 @@ struct AttnParams {
   float* ws_lse;   // SPLIT only: [num_seqs, num_splits, heads] log2-sum-exp of the part (-inf: empty)
 };
 
-template <int D, int WARPS_M, int WARPS_N, int BLOCK_N>
+template <int D, int WARPS_M, int WARPS_N, int BLOCK_N, int STAGES>
 constexpr size_t attn_smem_bytes() {
-  return size_t(16 * WARPS_M * D + 2 * 2 * BLOCK_N * D) * sizeof(bf16);
+  return size_t(16 * WARPS_M * D + STAGES * 2 * BLOCK_N * D) * sizeof(bf16);
 }
 
 // Element offset of 16-byte chunk `ch` of row `r` in a [rows, D] bf16 tile: chunks are XOR-swizzled by
@@ -58,9 +60,10 @@ __device__ __forceinline__ int swz(int r, int ch) {
   return r * D + ((ch ^ (r & 7)) << 3);
 }
 
-template <int D, int WARPS_M, int WARPS_N, int BLOCK_N, bool DECODE, bool SPLIT>
+template <int D, int WARPS_M, int WARPS_N, int BLOCK_N, int STAGES, bool DECODE, bool SPLIT>
 __global__ void __launch_bounds__(128) paged_attention_mma_kernel(const AttnParams p) {
   constexpr int kThreads = 128;
+  static_assert(STAGES >= 2 && STAGES <= 4, "K/V ring depth");
   static_assert(WARPS_M * WARPS_N == 4, "4 warps");
   static_assert(WARPS_M == 1 || WARPS_N == 1, "rows or keys split over warps, not both");
   static_assert(!SPLIT || DECODE, "split-KV is a decode feature");
@@ -77,8 +80,8 @@ __global__ void __launch_bounds__(128) paged_attention_mma_kernel(const AttnPara
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
   bf16* sQ = reinterpret_cast<bf16*>(smem_raw);  // [BLOCK_M, D]
-  bf16* sK = sQ + BLOCK_M * D;                   // [2][BLOCK_N, D]
-  bf16* sV = sK + 2 * BLOCK_N * D;               // [2][BLOCK_N, D]
+  bf16* sK = sQ + BLOCK_M * D;                   // [STAGES][BLOCK_N, D]
+  bf16* sV = sK + STAGES * BLOCK_N * D;          // [STAGES][BLOCK_N, D]
 
   const int s = blockIdx.z, kvh = blockIdx.y;
   const int split = SPLIT ? int(blockIdx.x % unsigned(p.num_splits)) : 0;
@@ -153,8 +156,12 @@ __global__ void __launch_bounds__(128) paged_attention_mma_kernel(const AttnPara
       }
     }
   };
-  if (n_tiles > 0) load_kv(k_begin, 0);
-  cp_async_commit();
+  // Prologue: tiles 0 .. STAGES - 2, one commit group each (empty groups past the last tile keep the count).
+#pragma unroll
+  for (int i = 0; i < STAGES - 1; ++i) {
+    if (i < n_tiles) load_kv(k_begin + i * BLOCK_N, i);
+    cp_async_commit();
+  }
 
   // ---- Per-thread rows (lane / 4 and lane / 4 + 8 of the warp's 16) and their causal limits. Rows past the
   // end borrow the last row's limit: their Q is zero, nothing of them is stored, and they never see -inf only.
@@ -173,7 +180,7 @@ __global__ void __launch_bounds__(128) paged_attention_mma_kernel(const AttnPara
 #pragma unroll
   for (int i = 0; i < DTILES; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
 
-  cp_async_wait<1>();  // the Q group
+  cp_async_wait<STAGES - 1>();  // the Q group (the STAGES - 1 prologue groups may still be in flight)
   __syncthreads();
   uint32_t qf[KSTEPS][4];
 #pragma unroll
@@ -181,14 +188,19 @@ __global__ void __launch_bounds__(128) paged_attention_mma_kernel(const AttnPara
     ldmatrix_x4(qf[ks], sQ + swz<D>(warp_m * 16 + (lane & 7) + (((lane >> 3) & 1) << 3), ks * 2 + (lane >> 4)));
 
   for (int t = 0; t < n_tiles; ++t) {
-    if (t + 1 < n_tiles) load_kv(k_begin + (t + 1) * BLOCK_N, (t + 1) & 1);
+    // Tile t + STAGES - 1 goes to the stage read in iteration t - 1 (released by that iteration's final
+    // __syncthreads). One group per iteration, empty or not: tile t's group is then followed by exactly
+    // STAGES - 1 younger groups, so wait_group STAGES - 1 means tile t has landed.
+    const int stage = int(unsigned(t) % unsigned(STAGES));
+    if (t + STAGES - 1 < n_tiles)
+      load_kv(k_begin + (t + STAGES - 1) * BLOCK_N, int(unsigned(t + STAGES - 1) % unsigned(STAGES)));
     cp_async_commit();
-    cp_async_wait<1>();  // tile t has landed (for this thread) ...
-    __syncthreads();     // ... and for every thread
+    cp_async_wait<STAGES - 1>();  // tile t has landed (for this thread) ...
+    __syncthreads();              // ... and for every thread
     const int wk0 = k_begin + t * BLOCK_N + warp_n * WARP_N;  // first key of this warp's part of the tile
     if (wk0 < warp_kend) {
-      const bf16* k_s = sK + (t & 1) * BLOCK_N * D;
-      const bf16* v_s = sV + (t & 1) * BLOCK_N * D;
+      const bf16* k_s = sK + stage * BLOCK_N * D;
+      const bf16* v_s = sV + stage * BLOCK_N * D;
       // S = Q K^T for the warp's 16 rows x WARP_N keys.
       float sacc[NTILES][4];
 #pragma unroll
@@ -302,7 +314,8 @@ __global__ void __launch_bounds__(128) paged_attention_mma_kernel(const AttnPara
     }
   } else {
     // Merge the key-parts of the four warps through shared memory (the K/V ring is free now).
-    static_assert((2 * WARPS_N * 16 + WARPS_N * 16 * D) * sizeof(float) <= 2 * 2 * BLOCK_N * D * sizeof(bf16),
+    static_assert((2 * WARPS_N * 16 + WARPS_N * 16 * D) * sizeof(float) <=
+                      size_t(STAGES) * 2 * BLOCK_N * D * sizeof(bf16),
                   "merge scratch fits in the K/V ring");
     cp_async_wait<0>();
     __syncthreads();

@@ -25,9 +25,22 @@ constexpr int kSmallestTile = GemmCfg0::BN;
 int max_tiles(int E, int64_t P, int bn) { return int(std::min<int64_t>(E, P) + P / bn); }
 
 void launch(const void* kernel, dim3 grid, dim3 block, size_t smem, void* params, cudaStream_t stream,
-            const char* what) {
+            const char* what, bool programmatic = false) {
   void* args[] = {params};
-  cudaError_t e = cudaLaunchKernel(kernel, grid, block, args, smem, stream);
+  cudaError_t e;
+  if (programmatic) {
+    // Programmatic dependent launch: this grid may start while the previous kernel on the stream still runs; the
+    // kernel calls griddepcontrol.wait before touching anything that kernel writes (see gemm_body, combine_body).
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = stream;
+    cfg.attrs = attr, cfg.numAttrs = 1;
+    e = cudaLaunchKernelExC(&cfg, kernel, args);
+  } else {
+    e = cudaLaunchKernel(kernel, grid, block, args, smem, stream);
+  }
   if (e != cudaSuccess) throw_cuda_error(e, what, __FILE__, __LINE__);
 }
 }  // namespace
@@ -40,11 +53,17 @@ int fused_config_for(const MoeShape& s, int T) {
   return 3;
 }
 
+bool fused_direct_for(const MoeShape& s, int T) {
+  return T >= 1 && int64_t(T) * s.top_k <= std::max(kDirectMaxPairs, s.top_k);
+}
+
 FusedLayout fused_layout(const MoeShape& s, int T) {
   FusedLayout l;
   const int64_t P = int64_t(T) * s.top_k;
-  l.config = fused_config_for(s, T);
-  l.num_slots = max_tiles(s.num_experts, P, gemm_config_info(l.config).bn);
+  l.direct = fused_direct_for(s, T);
+  // Direct mode: one-row tiles, so the smallest tile configuration, and one slot per pair.
+  l.config = l.direct ? 0 : fused_config_for(s, T);
+  l.num_slots = l.direct ? int(P) : max_tiles(s.num_experts, P, gemm_config_info(l.config).bn);
   // The tile table is sized for the smallest tile of any configuration, so that the region only grows with T.
   const size_t tile_cap = size_t(max_tiles(s.num_experts, P, kSmallestTile));
   size_t off = 0;
@@ -114,21 +133,30 @@ void fused_run(const KernelTable& k, const MoeShape& s, const bf16* x, int T, co
   auto* y = reinterpret_cast<unsigned short*>(ws + l.y);
   const unsigned slots = unsigned(l.num_slots);
 
-  PrepParams pp{topk_ids, T * s.top_k, s.num_experts, cfg.bn, l.num_slots, tiles, perm_pair, pair_pos};
-  launch(k.prep, dim3(1), dim3(kPrepThreads), kPrepSmemBytes, &pp, stream, "moe prep launch");
+  // Direct mode: the GEMMs and combine take the routing straight from topk_ids; no prep launch. The down GEMM
+  // and combine are then programmatic dependents of the kernel before them (weights prefetched before the wait).
+  // The gate/up GEMM is launched normally, so everything before this call (x, topk_ids) is complete when the
+  // chain starts, and everything after it waits for the whole chain (every CTA of each kernel waits).
+  const int* direct_ids = l.direct ? topk_ids : nullptr;
+  const bool pdl = l.direct && k.pdl;
+  if (!l.direct) {
+    PrepParams pp{topk_ids, T * s.top_k, s.num_experts, cfg.bn, l.num_slots, tiles, perm_pair, pair_pos};
+    launch(k.prep, dim3(1), dim3(kPrepThreads), kPrepSmemBytes, &pp, stream, "moe prep launch");
+  }
 
   GemmParams gu{static_cast<const unsigned short*>(w.gate_up), reinterpret_cast<const unsigned short*>(x), act,
-                tiles, perm_pair, topk_weights, s.hidden, s.inter, s.top_k};
+                tiles, perm_pair, topk_weights, s.hidden, s.inter, s.top_k, direct_ids, s.num_experts};
   launch(k.gemm[l.config][kGateUp], dim3(unsigned(ceil_div(s.inter, cfg.bm / 2)), slots), dim3(cfg.threads),
          size_t(cfg.smem_bytes), &gu, stream, "moe gate/up GEMM launch");
 
   GemmParams dn{static_cast<const unsigned short*>(w.down), act, y, tiles, perm_pair, topk_weights, s.hidden, s.inter,
-                s.top_k};
+                s.top_k, direct_ids, s.num_experts};
   launch(k.gemm[l.config][kDown], dim3(unsigned(ceil_div(s.hidden, cfg.bm)), slots), dim3(cfg.threads),
-         size_t(cfg.smem_bytes), &dn, stream, "moe down GEMM launch");
+         size_t(cfg.smem_bytes), &dn, stream, "moe down GEMM launch", pdl);
 
-  CombineParams cp{y, pair_pos, reinterpret_cast<unsigned short*>(out), T, s.top_k, s.hidden};
-  launch(k.combine, dim3(unsigned(T)), dim3(kCombineThreads), 0, &cp, stream, "moe combine launch");
+  CombineParams cp{y, pair_pos, reinterpret_cast<unsigned short*>(out), T, s.top_k, s.hidden, direct_ids,
+                   s.num_experts};
+  launch(k.combine, dim3(unsigned(T)), dim3(kCombineThreads), 0, &cp, stream, "moe combine launch", pdl);
 }
 
 namespace {

@@ -9,6 +9,8 @@
 //   gemm     kGateUp: act = silu(x Wg^T) * (x Wu^T)          grid (ceil(I / (BM/2)), slots)
 //            kDown:   y   = topk_weight * (act Wd^T)          grid (ceil(H / BM), slots)
 //   combine  out[t] = sum of its k rows of y, in slot order (deterministic, no float atomics)
+// Direct mode (small T, GemmParams::direct_ids set): no prep launch; GEMM slot y is pair y as a one-row tile of
+// expert topk_ids[y], act/y rows are indexed by pair, and combine reads topk_ids for dropped pairs.
 //
 // GEMM layout ("swap AB"): weight rows are the MMA M dimension and tokens the N dimension, so a decode step
 // with one or two tokens per expert still fills whole m16n8k16 MMAs and every weight byte of an active expert
@@ -109,8 +111,24 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p, char* smem) {
   static_assert(CPR >= 8 && BK % 16 == 0, "the swizzle permutes 8 chunks");
   static_assert(MODE == kDown || BM % 16 == 0, "gate/up halves hold whole 8-wide output chunks");
 
-  const Tile tile = p.tiles[blockIdx.y];
-  if (tile.rows <= 0) return;  // the grid is sized for the worst routing; most slots are empty at decode
+  // Programmatic dependent launch (used by the direct path only; both calls are no-ops otherwise): the next
+  // kernel may be scheduled now; it waits for this grid's completion itself before reading what it writes.
+  moe_ptx::grid_dep_launch_dependents();
+  const bool direct = p.direct_ids != nullptr;
+  Tile tile;
+  if (direct) {
+    // topk_ids were written before the first kernel of this MoE call started, so they may be read before the
+    // wait; everything the previous kernel writes (act) is read only after it.
+    const int e = p.direct_ids[blockIdx.y];
+    tile.expert = e, tile.row0 = blockIdx.y, tile.rows = (e >= 0 && e < p.num_experts) ? 1 : 0, tile.pad = 0;
+  } else {
+    moe_ptx::grid_dep_wait();  // tiles come from the prep kernel
+    tile = p.tiles[blockIdx.y];
+  }
+  if (tile.rows <= 0) {
+    moe_ptx::grid_dep_wait();  // every CTA waits, so this grid completes only after its prerequisite
+    return;  // the grid is sized for the worst routing; most slots are empty at decode
+  }
 
   const int H = FIXED_H > 0 ? FIXED_H : p.hidden;
   const int I = FIXED_I > 0 ? FIXED_I : p.inter;
@@ -183,12 +201,17 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p, char* smem) {
 #pragma unroll
   for (int it = 0; it < B_ITERS; ++it) {
     const int n = tid / CPR + it * RPP;
-    b_row[it] = n >= tile.rows ? -1 : MODE == kGateUp ? p.perm_pair[tile.row0 + n] : tile.row0 + n;
+    b_row[it] = n >= tile.rows                 ? -1
+                : MODE == kGateUp && !direct ? p.perm_pair[tile.row0 + n]
+                                             : tile.row0 + n;
   }
   const int KT = (K + BK - 1) / BK;
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s)
     if (s < KT) load_a(s, s);
+  // Direct path: the weight slices above are prefetched while the previous kernel may still be running; the
+  // token rows (act, written by it) are loaded only after the wait, as are all outputs written below.
+  if (direct) moe_ptx::grid_dep_wait();
 #pragma unroll
   for (int it = 0; it < B_ITERS; ++it) {
     b_ok[it] = b_row[it] >= 0;
@@ -275,7 +298,7 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p, char* smem) {
       const int n = idx / OC, c = idx % OC;
       const int h = blockIdx.x * BM + c * 8;
       if (n >= tile.rows || h >= H) continue;
-      const float wt = p.topk_weights[p.perm_pair[tile.row0 + n]];
+      const float wt = p.topk_weights[direct ? tile.row0 + n : p.perm_pair[tile.row0 + n]];
       const float* yr = cs + n * LDC + c * 8;
       const F4 a = *reinterpret_cast<const F4*>(yr), b = *reinterpret_cast<const F4*>(yr + 4);
       U4 o;
@@ -292,13 +315,20 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p, char* smem) {
 // combine: one CTA per token, 8 hidden values per thread step.
 __device__ __forceinline__ void combine_body(const CombineParams& p) {
   using namespace moe_ptx;
+  grid_dep_wait();  // y comes from the down GEMM (a no-op unless launched as its programmatic dependent)
   const int t = blockIdx.x;
   if (t >= p.num_tokens) return;
-  const int* pos = p.pair_pos + (long long)t * p.top_k;
+  const long long pair0 = (long long)t * p.top_k;
   for (int c = threadIdx.x; c < p.hidden / 8; c += blockDim.x) {
     float a[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     for (int j = 0; j < p.top_k; ++j) {
-      const int r = pos[j];
+      int r;
+      if (p.direct_ids != nullptr) {
+        const int e = p.direct_ids[pair0 + j];
+        r = (e >= 0 && e < p.num_experts) ? int(pair0 + j) : -1;
+      } else {
+        r = p.pair_pos[pair0 + j];
+      }
       if (r < 0) continue;  // a dropped pair (expert id out of range) adds nothing
       const U4 v = *reinterpret_cast<const U4*>(p.y + (long long)r * p.hidden + c * 8);
       a[0] += bf16_lo(v.x), a[1] += bf16_hi(v.x), a[2] += bf16_lo(v.y), a[3] += bf16_hi(v.y);
@@ -376,6 +406,7 @@ inline KernelTable kernel_table() {
   t.gemm[2][kDown] = reinterpret_cast<const void*>(&moe_gemm_kernel<GemmCfg2, kDown>);
   t.gemm[3][kGateUp] = reinterpret_cast<const void*>(&moe_gemm_kernel<GemmCfg3, kGateUp>);
   t.gemm[3][kDown] = reinterpret_cast<const void*>(&moe_gemm_kernel<GemmCfg3, kDown>);
+  t.pdl = true;  // both ahead-of-time builds target sm_90a / sm_100a
   return t;
 }
 

@@ -35,16 +35,20 @@ moe_kernels::KernelTable fused_sm100_kernels();
 struct FusedLayout {
   int config = 0;     // GEMM tile configuration (index into moe_kernels::GemmCfg*)
   int num_slots = 0;  // tile slots: the GEMMs' grid y, an upper bound on tiles for any routing
+  bool direct = false;  // small-T direct mode: no prep, slot y = pair y (see moe_kernels::kDirectMaxPairs)
   size_t tiles = 0, perm_pair = 0, pair_pos = 0, act = 0, y = 0, total = 0;
 };
 FusedLayout fused_layout(const MoeShape& s, int T);
 // The configuration for T tokens: by the average number of tokens per expert.
 int fused_config_for(const MoeShape& s, int T);
+// Whether T tokens take the direct (prep-less, one pair per tile) path: T * top_k <= max(kDirectMaxPairs, top_k).
+bool fused_direct_for(const MoeShape& s, int T);
 // "" when the fused kernels support these shapes, else why not.
 std::string fused_shape_check(const MoeShape& s);
 // Checks that every kernel of `t` has code for this device and allows its dynamic shared memory. "" or why not.
 std::string fused_check_kernels(const moe_kernels::KernelTable& t, const DeviceInfo& dev);
-// prep -> gate/up GEMM with SwiGLU -> down GEMM with routing weights -> combine, all on `stream`, no host sync.
+// prep -> gate/up GEMM with SwiGLU -> down GEMM with routing weights -> combine, all on `stream`, no host sync
+// (direct mode: the same without prep).
 void fused_run(const moe_kernels::KernelTable& k, const MoeShape& s, const bf16* x, int T, const int32_t* topk_ids,
                const float* topk_weights, const MoeWeights& w, bf16* out, void* workspace, cudaStream_t stream);
 

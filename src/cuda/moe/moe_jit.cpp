@@ -176,6 +176,7 @@ class JitBackend final : public MoeBackend {
     code = code_;
     KernelTable t{};
     if (std::string r = lookup(t); !r.empty()) return r;
+    t.pdl = sm_version(dev) >= 90;
     if (std::string r = fused_check_kernels(t, dev); !r.empty()) return r;
     table_ = t;
     shape_ = shape;

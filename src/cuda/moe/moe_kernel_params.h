@@ -16,6 +16,10 @@ constexpr int kMaxExperts = 1024;
 constexpr int kPrepThreads = 512;
 constexpr int kPrepSmemBytes = (3 * kMaxExperts + 2) * 4;
 constexpr int kCombineThreads = 256;
+// Direct (small-T) mode is used while T * top_k <= max(kDirectMaxPairs, top_k): every pair is its own one-row tile,
+// so the prep kernel (a whole launch) is skipped. At T = 1 the pairs of a token have distinct experts, so this
+// is exactly the work the prep's tiles would have described.
+constexpr int kDirectMaxPairs = 8;
 
 // Routing -> per-expert tiles and the pair permutation, on the device (no host sync).
 struct PrepParams {
@@ -42,14 +46,23 @@ struct GemmParams {
   const int* perm_pair;
   const float* topk_weights;  // [P]
   int hidden, inter, top_k;
+  // Direct (small-T) mode when non-null: there is no prep kernel, tiles and perm_pair are unused, and grid slot y
+  // is pair y itself: tile {expert = direct_ids[y], row0 = y, rows = 1} (rows = 0 for an id outside
+  // [0, num_experts)), and sorted position == pair index (the identity permutation).
+  const int* direct_ids;  // [P] topk_ids, or nullptr
+  int num_experts;
 };
 
 // out[t, :] = bf16(sum over j < top_k of y[pair_pos[t * top_k + j], :]), slots in order (deterministic).
+// Direct mode (direct_ids non-null, pair_pos unused): row of pair i is i, dropped when direct_ids[i] is outside
+// [0, num_experts).
 struct CombineParams {
   const unsigned short* y;
   const int* pair_pos;
   unsigned short* out;
   int num_tokens, top_k, hidden;
+  const int* direct_ids;
+  int num_experts;
 };
 
 // A CTA computes a BM (weight rows) x BN (tokens) tile with WM x WN warps, streaming K in BK slices through a
@@ -89,6 +102,9 @@ struct KernelTable {
   const void* prep;
   const void* gemm[kNumGemmConfigs][2];  // [config][GemmMode]
   const void* combine;
+  // The GPU supports programmatic dependent launch (sm_90+): the direct path then launches the down GEMM and
+  // combine with cudaLaunchAttributeProgrammaticStreamSerialization.
+  bool pdl;
 };
 
 }  // namespace moe_kernels

@@ -54,6 +54,21 @@ __device__ __forceinline__ float bits_to_float(unsigned u) {
 __device__ __forceinline__ float bf16_lo(unsigned v) { return bits_to_float(v << 16); }
 __device__ __forceinline__ float bf16_hi(unsigned v) { return bits_to_float(v & 0xffff0000u); }
 
+// Programmatic dependent launch (sm_90+; no-ops on older GPUs and for grids launched without the attribute).
+// grid_dep_wait: blocks until every prerequisite grid has completed and its memory is visible; nothing a
+// prerequisite writes may be read (or anything it reads overwritten) before it. grid_dep_launch_dependents: lets
+// the dependent grid be scheduled early (it still waits in grid_dep_wait for this grid's completion).
+__device__ __forceinline__ void grid_dep_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void grid_dep_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ float exp2_approx(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
