@@ -4,6 +4,7 @@
 // scheduler; where the pages' storage lives is the executor's business.
 #pragma once
 
+#include <cstdint>
 #include <random>
 #include <string>
 #include <vector>
@@ -51,6 +52,8 @@ class Executor {
   virtual size_t active_weight_bytes() const = 0;
   // For /get_server_info: {"device", "kernel_backends": {family: {backend, reason}}, "cuda_graphs": {...}}.
   virtual nlohmann::json info() const = 0;
+  // The most top logprobs per token this executor returns (the CPU: any number).
+  virtual int64_t max_top_logprobs() const { return INT64_MAX; }
   // Runs the batch once with per-op device timing and returns the breakdown (GPU executors; for benchmarks).
   virtual std::string profile_step(const ForwardBatch& batch) {
     (void)batch;

@@ -45,6 +45,9 @@ GenerateResult ModelRunner::generate(const GenerateRequest& req) {
   for (int32_t id : req.input_ids)
     if (id < 0 || id >= V) throw_user("input id {} is outside the vocabulary [0, {})", id, V);
   if (req.max_new_tokens < 0) throw_user("max_new_tokens must be >= 0, got {}", req.max_new_tokens);
+  if (req.top_logprobs > exec_->max_top_logprobs())
+    throw_user("--top-logprobs {}: the {} executor returns at most {} per token", req.top_logprobs,
+               exec_->device_name(), exec_->max_top_logprobs());
   const int64_t total = P + req.max_new_tokens;
   if (total > c.max_position_embeddings)
     throw_user("prompt ({} tokens) + max_new_tokens ({}) = {} exceeds the context length {}", P, req.max_new_tokens,

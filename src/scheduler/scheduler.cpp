@@ -43,6 +43,10 @@ void Scheduler::validate(const Request& r) const {
     throw_user("the prompt has {} tokens, but the context length is {} (at least one token must be generated)", P,
                c.max_position_embeddings);
   if (r.params.max_new_tokens < 0) throw_user("max_new_tokens must be >= 0");
+  const int64_t max_top = runner_.executor().max_top_logprobs();
+  if (r.params.top_logprobs > max_top)
+    throw_user("{} top logprobs per token were asked for; the {} executor returns at most {}", r.params.top_logprobs,
+               runner_.executor().device_name(), max_top);
   const int64_t capacity = runner_.kv().shape().num_pages * runner_.kv().shape().page_size;
   if (P + 1 > capacity)
     throw_user("the prompt has {} tokens, more than the whole KV cache holds ({} tokens; raise --max-total-tokens)",

@@ -72,6 +72,7 @@ class GpuExecutor : public Executor {
   size_t active_weight_bytes() const override { return active_bytes_; }
   nlohmann::json info() const override;
   std::string profile_step(const ForwardBatch& batch) override;
+  int64_t max_top_logprobs() const override { return kMaxTop; }
 
  private:
   // Fills the metadata for a batch; returns the step inputs. pad_to > T pads a decode batch for a graph.
