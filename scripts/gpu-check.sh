@@ -5,7 +5,8 @@
 #   - `moeserve backends`, and the refusal of a backend compiled for another architecture;
 #   - the server end-to-end suite on the GPU (--device auto picks the GPU there).
 # Build on the development machine (./scripts/build.sh), then run this there with build/ carried along.
-# Env: MOESERVE_BUILD (default build), GPU_CHECK_E2E=0 to skip the node suite, OUT for logs.
+# Env: MOESERVE_BUILD (default build), GPU_CHECK_E2E=0 to skip the node suite, GPU_CHECK_TIMINGS=1 to add the
+# kernel timing reports, OUT for logs.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${MOESERVE_BUILD:-$ROOT/build}
@@ -60,7 +61,16 @@ if [[ ${GPU_CHECK_E2E:-1} != 0 ]] && command -v node >/dev/null; then
   done
 fi
 
+# Optional: the kernel timings too (MoE layer against its floor, sampler, GEMV bandwidth), all in one call.
+if [[ ${GPU_CHECK_TIMINGS:-0} != 0 ]]; then
+  "$BUILD/tests/test_cuda_moe" --gtest_also_run_disabled_tests --gtest_filter='*TimingReport*' >"$LOGS/moe_timing.log" 2>&1
+  "$BUILD/tests/test_cuda_sampling" --gtest_also_run_disabled_tests --gtest_filter='*Timing*' >"$LOGS/sampling_timing.log" 2>&1
+  "$BUILD/tests/test_cuda_gemm" --gtest_also_run_disabled_tests --gtest_filter='*Bandwidth*' >"$LOGS/gemm_bandwidth.log" 2>&1
+  grep -h 'info' "$LOGS/moe_timing.log" | grep -E 'T= *1 |T= *64 ' | cut -c1-150
+fi
+
 tar czf /tmp/gpu-check-logs.tgz -C "$LOGS" --exclude='*.tgz' . 2>/dev/null && mv /tmp/gpu-check-logs.tgz "$LOGS/logs.tgz"
 echo
+grep -h '^\[ info \]' "$LOGS"/test_gpu_*.log 2>/dev/null | cut -c1-150
 printf '%-34s %-5s %9s  %s\n' check result time summary
 printf '%s\n' "${rows[@]}"
