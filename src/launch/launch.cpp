@@ -45,6 +45,8 @@ std::unique_ptr<ModelRunner> make_runner(const LaunchOptions& o) {
     return std::make_unique<ModelRunner>(load_model(o.model_path), o.runner);
   }
 #ifdef MOESERVE_HAVE_CUDA
+  if (o.moe_backend == "cpu" || o.attention_backend == "cpu")
+    throw_user("--moe-runner-backend / --attention-backend cpu: the CPU kernels need --device cpu");
   cuda::GpuOptions g;
   g.mem_fraction_static = o.mem_fraction_static;
   g.max_total_tokens = o.runner.max_total_tokens;
@@ -54,14 +56,11 @@ std::unique_ptr<ModelRunner> make_runner(const LaunchOptions& o) {
   g.cuda_graph_bs = o.cuda_graph_bs;
   g.cuda_graph_max_bs = o.cuda_graph_max_bs;
   g.disable_cuda_graph = o.disable_cuda_graph;
-  g.backends.attention = o.attention_backend == "cpu" ? "auto" : o.attention_backend;
+  g.backends.attention = o.attention_backend;
   g.backends.moe = o.moe_backend;
   g.backends.gemm = o.gemm_backend;
-  if (o.moe_backend == "cpu" || o.attention_backend == "cpu")
-    throw_user("--moe-runner-backend / --attention-backend cpu: the CPU kernels need --device cpu");
   g.threads = o.runner.threads;
-  RunnerOptions ro = o.runner;
-  return std::make_unique<ModelRunner>(cuda::make_gpu_executor(o.model_path, g), ro);
+  return std::make_unique<ModelRunner>(cuda::make_gpu_executor(o.model_path, g), o.runner);
 #else
   throw_user("--device cuda: this binary was built without the CUDA backend");
 #endif

@@ -93,14 +93,6 @@ export async function postJson(base, pathName, body, headers = {}) {
   return { status: r.status, json, text };
 }
 
-export async function getJson(base, pathName) {
-  const r = await fetch(base + pathName);
-  const text = await r.text();
-  let json = null;
-  try { json = JSON.parse(text); } catch { /* not JSON */ }
-  return { status: r.status, json, text };
-}
-
 export async function metrics(base) {
   const text = await (await fetch(`${base}/metrics`)).text();
   const values = {};
