@@ -61,6 +61,8 @@ int main(int argc, char** argv) {
   f.add_string("model-path", &model_path, "checkpoint folder");
   f.add_int("context", &ctx, "tokens already in each sequence's KV cache for decode steps", 1);
   f.add_int("max-running-requests", &max_running, "as for serve", 1);
+  std::string gemm_backend = "auto";
+  f.add_string("gemm-backend", &gemm_backend, "as for serve (auto, cublas, cublaslt, gemv)");
   try {
     if (!f.parse(std::vector<std::string>(argv + 1, argv + argc))) return 0;
     LaunchOptions lo;
@@ -68,6 +70,7 @@ int main(int argc, char** argv) {
     lo.device = "cuda";
     lo.runner.chunked_prefill_size = 8192;
     lo.max_running_requests = max_running;
+    lo.gemm_backend = gemm_backend;
     auto runner = make_runner(lo);
     ModelRunner& r = *runner;
     for (int bs : {1, 64, 128}) {

@@ -31,7 +31,7 @@ int cmd_generate(const std::vector<std::string>& args) {
   double temperature = -1, top_p = -1, min_p = -1;
   bool as_json = false, ignore_eos = false, disable_graphs = false;
   double mem_fraction = 0;
-  std::string moe_backend = "auto";
+  std::string moe_backend = "auto", gemm_backend = "auto";
   FlagSet f("generate", "Offline generation for scripting and debugging: one request, printed as tokens or as "
                         "one JSON object shaped like the /generate response.");
   f.add_string("model-path", &model_path, "Hugging Face checkpoint folder (default: the built-in demo model)");
@@ -51,6 +51,7 @@ int cmd_generate(const std::vector<std::string>& args) {
   f.add_double("mem-fraction-static", &mem_fraction, "GPU memory fraction for weights + KV (0: 0.85)", 0, 1);
   f.add_bool("disable-cuda-graph", &disable_graphs, "no CUDA graphs");
   f.add_string("moe-runner-backend", &moe_backend, "MoE kernel backend (auto, or a name from `moeserve backends`)");
+  f.add_string("gemm-backend", &gemm_backend, "dense GEMM backend (auto, or a name from `moeserve backends`)");
   f.add_int("max-total-tokens", &max_total, "KV cache capacity in tokens (0: automatic)", 0);
   f.add_int("page-size", &page_size, "KV cache page size in tokens", 1, 4096);
   f.add_int("chunked-prefill-size", &chunk, "prefill chunk in tokens", 1);
@@ -87,6 +88,7 @@ int cmd_generate(const std::vector<std::string>& args) {
   lo.mem_fraction_static = mem_fraction;
   lo.disable_cuda_graph = disable_graphs;
   lo.moe_backend = moe_backend;
+  lo.gemm_backend = gemm_backend;
   auto runner_ptr = make_runner(lo);
   ModelRunner& runner = *runner_ptr;
   GenerationDefaults gd = GenerationDefaults::from_dir(model_path);

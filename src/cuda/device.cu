@@ -2,11 +2,29 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdlib>
+#include <string>
+
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "cuda/launch.h"
 
 namespace moeserve::cuda {
+
+bool pdl_enabled() {
+  static const bool enabled = [] {
+    const char* env = std::getenv("MOESERVE_PDL");
+    if (env != nullptr && std::string(env) == "0") return false;
+    int dev = 0, major = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    return major >= 9;
+  }();
+  return enabled;
+}
 
 namespace {
 void check(cudaError_t e, const char* what) {

@@ -41,6 +41,10 @@ std::unique_ptr<ModelRunner> make_runner(const LaunchOptions& o) {
       if (*v != "auto" && *v != "cpu")
         throw_user("{} {}: a GPU backend; this server runs on the CPU (--device cpu, or no GPU visible). Valid here: "
                    "auto, cpu", flag, *v);
+    if (o.gemm_backend != "auto")
+      throw_user("--gemm-backend {}: a GPU backend; this server runs on the CPU (--device cpu, or no GPU visible). "
+                 "Valid here: auto",
+                 o.gemm_backend);
     log_info("device: cpu");
     return std::make_unique<ModelRunner>(load_model(o.model_path), o.runner);
   }

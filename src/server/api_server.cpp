@@ -243,6 +243,7 @@ void bring_up(App& app) {
   lo.disable_cuda_graph = o.disable_cuda_graph;
   lo.attention_backend = o.attention_backend;
   lo.moe_backend = o.moe_runner_backend;
+  lo.gemm_backend = o.gemm_backend;
   auto runner = make_runner(lo);
   ro = runner->options();
   GenerationDefaults gd = GenerationDefaults::from_dir(o.model_path);

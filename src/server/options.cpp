@@ -28,6 +28,7 @@ void register_serve_flags(cli::FlagSet& f, ServeOptions& o) {
   f.add_string("moe-runner-backend", &o.moe_runner_backend,
                "MoE kernel backend (`moeserve backends` shows which can run here)",
                {"auto", "cpu", "cublas_ref", "fused_sm90", "jit", "fused_sm100_build"});
+  f.add_string("gemm-backend", &o.gemm_backend, "dense GEMM kernel backend", {"auto", "cublas", "cublaslt", "gemv"});
   f.add_string("fp4-gemm-backend", &o.fp4_gemm_backend, "FP4 GEMM kernel backend", {"auto"});
   f.add_string("reasoning-parser", &o.reasoning_parser, "split reasoning from content",
                {"", "qwen3", "qwen3-thinking", "deepseek-r1"});

@@ -19,6 +19,7 @@ struct ServeOptions {
   std::string dist_init_addr;
   std::string dtype = "auto", quantization, device = "auto", kv_cache_dtype = "auto";
   std::string attention_backend = "auto", moe_runner_backend = "auto", fp4_gemm_backend = "auto";
+  std::string gemm_backend = "auto";
   std::string reasoning_parser, tool_call_parser;
   int64_t context_length = 0;
   double mem_fraction_static = 0.0;

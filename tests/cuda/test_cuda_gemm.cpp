@@ -40,7 +40,12 @@ struct Dev {
     MS_CUDA_CHECK(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
     return h;
   }
-  void poison() { MS_CUDA_CHECK(cudaMemset(p, 0xFF, n * sizeof(T))); }
+  // NaN everywhere (bf16 and f32), finished before returning: the tests' stream does not order with the legacy
+  // default stream that cudaMemset uses.
+  void poison() {
+    MS_CUDA_CHECK(cudaMemset(p, 0xFF, n * sizeof(T)));
+    MS_CUDA_CHECK(cudaDeviceSynchronize());
+  }
 };
 
 struct Stream {
@@ -154,6 +159,73 @@ TEST(CudaGemm, GemvMatchesCublasOnDecodeShapes) {
 // shape is first seen during capture (cuBLASLt then plans it inside the capture). M pairs: gemv's small-M
 // kernel, its all-tokens kernel split-K (K = 264: 5 splits on 132 SMs, through the scratch and the reduction
 // kernel) and, with the threshold raised to 128, M = 128 and 9 (16 and 2 token tiles).
+// The decode-step fusion of the residual add + RMSNorm into the GEMV: y against an f64 reference of
+// bf16(rmsnorm(residual + delta) * w) . W (the normalized row rounded to bf16 on the CPU the same way), the
+// residual updated exactly once, and the counter left at zero (each shape runs twice on one counter).
+TEST(CudaGemm, NormGemvMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  Stream st;
+  EXPECT_FALSE(cuda::norm_gemv_fits(5, 2048));
+  EXPECT_FALSE(cuda::norm_gemv_fits(1, 4100));
+  EXPECT_FALSE(cuda::norm_gemv_fits(1, 8192));
+  Dev<int> counter(1);
+  MS_CUDA_CHECK(cudaMemset(counter.p, 0, 4));
+  uint32_t seed = 77;
+  for (auto [M, K, N] : {std::tuple{1, 2048, 5120}, {2, 512, 37}, {3, 4096, 1000}, {4, 64, 16}, {4, 2048, 129}})
+    for (bool with_delta : {true, false})
+      for (int call = 0; call < 2; ++call) {
+        const std::string where = fmt::format("M {} K {} N {} delta {} call {}", M, K, N, with_delta, call);
+        std::mt19937 g(seed++);
+        std::normal_distribution<float> nd(0, 1);
+        std::vector<float> res(size_t(M) * K);
+        for (auto& v : res) v = nd(g) * 3.0f;
+        const auto delta = random_bf16(size_t(M) * K, seed++, 2.0f);
+        const auto nw = random_bf16(size_t(K), seed++, 1.5f);
+        const auto w = random_bf16(size_t(N) * K, seed++, 0.05f);
+        Dev<float> d_res(res.size());
+        Dev<uint16_t> d_delta(delta.size()), d_nw(nw.size()), d_w(w.size()), d_y(size_t(M) * N);
+        d_res.upload(res);
+        d_delta.upload(delta);
+        d_nw.upload(nw);
+        d_w.upload(w);
+        d_y.poison();
+        cuda::norm_gemv(d_res.p, with_delta ? as_bf16(d_delta) : nullptr, as_bf16(d_nw), 1e-6f, M, K, as_bf16(d_w), N,
+                        reinterpret_cast<cuda::bf16*>(d_y.p), N, counter.p, st.s);
+        MS_CUDA_CHECK(cudaStreamSynchronize(st.s));
+        const auto y = d_y.download();
+        const auto res_out = d_res.download();
+        int bad = 0;
+        for (int t = 0; t < M; ++t) {
+          std::vector<float> x(K);
+          double ss = 0;
+          for (int k = 0; k < K; ++k) {
+            x[k] = res[size_t(t) * K + k] + (with_delta ? bf16_to_f32(delta[size_t(t) * K + k]) : 0.0f);
+            ss += double(x[k]) * x[k];
+            const float want_res = with_delta ? x[k] : res[size_t(t) * K + k];
+            ASSERT_EQ(res_out[size_t(t) * K + k], want_res) << where << " residual t " << t << " k " << k;
+          }
+          const float inv = float(1.0 / std::sqrt(ss / K + 1e-6));
+          std::vector<float> xn(K);
+          for (int k = 0; k < K; ++k) xn[k] = bf16_to_f32(f32_to_bf16(bf16_to_f32(nw[k]) * (x[k] * inv)));
+          for (int n = 0; n < N; ++n) {
+            double want = 0, mag = 0;
+            for (int k = 0; k < K; ++k) {
+              const double p = double(xn[k]) * bf16_to_f32(w[size_t(n) * K + k]);
+              want += p;
+              mag += std::fabs(p);
+            }
+            const float got = bf16_to_f32(y[size_t(t) * N + n]);
+            // bf16 output (2^-8 relative) plus a rounding flip of a normalized input element.
+            const double tol = 8e-3 * std::fabs(want) + 2e-2 * mag / std::sqrt(double(K)) + 1e-3;
+            if (!(std::fabs(got - want) <= tol) && ++bad <= 5)
+              ADD_FAILURE() << where << " t " << t << " n " << n << ": got " << got << ", want " << want;
+          }
+        }
+        ASSERT_EQ(bad, 0) << where << ": outputs out of tolerance";
+        EXPECT_EQ(counter.download()[0], 0) << where << ": the counter is left at zero";
+      }
+}
+
 TEST(CudaGemm, CudaGraphReplayMatchesEagerRun) {
   SKIP_WITHOUT_GPU();
   auto backends = cuda::make_gemm_backends();

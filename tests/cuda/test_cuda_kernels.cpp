@@ -570,13 +570,16 @@ TEST(CudaKernels, PagedAttentionDecodeMatchesCpu) {
     PagedScenario sc = build_scenario(c, kDecodeSeqs, seed++);
     auto want = attention_reference(sc);
     DeviceScenario dev(sc);
-    for (int splits : {1, 3, 4, 16}) {
-      const size_t ws_bytes = cuda::decode_workspace_bytes(dev.meta.num_seqs, c.heads, c.head_dim, splits);
-      DevBuf<uint8_t> ws(ws_bytes);
-      ws.poison();
+    // One workspace for every split count, zeroed once: each launch must leave its merge counters at zero
+    // (as the decode graphs of all batch sizes share one workspace).
+    const size_t ws_bytes = cuda::decode_workspace_bytes(dev.meta.num_seqs, c.heads, c.head_dim, 16);
+    DevBuf<uint8_t> ws(ws_bytes);
+    ws.poison();
+    cuda::init_decode_workspace(ws.get(), ws_bytes, st.get());
+    for (int splits : {1, 3, 4, 16, 3}) {
       dev.out.poison();
       cuda::paged_attention_decode(dev.q.bf(), sc.q_stride, dev.k.bf(), dev.v.bf(), dev.meta, dev.shape, splits,
-                                   ws_bytes ? ws.get() : nullptr, dev.out.bf(), sc.out_stride, st.get());
+                                   ws.get(), ws_bytes, dev.out.bf(), sc.out_stride, st.get());
       st.sync();
       compare_attention(sc, want, dev.out.download(), fmt::format("decode num_splits={}", splits));
     }
@@ -603,10 +606,11 @@ TEST(CudaKernels, PagedAttentionDecodeRingBoundaries) {
       for (int splits : {1, 2, 5}) {
         const size_t ws_bytes = cuda::decode_workspace_bytes(dev.meta.num_seqs, c.heads, c.head_dim, splits);
         DevBuf<uint8_t> ws(ws_bytes);
-        ws.poison();
+        ws.poison();  // the partial outputs and sums must all be written before the merge reads them
+        cuda::init_decode_workspace(ws.get(), ws_bytes, st.get());
         dev.out.poison();
         cuda::paged_attention_decode(dev.q.bf(), sc.q_stride, dev.k.bf(), dev.v.bf(), dev.meta, dev.shape, splits,
-                                     ws_bytes ? ws.get() : nullptr, dev.out.bf(), sc.out_stride, st.get());
+                                     ws_bytes ? ws.get() : nullptr, ws_bytes, dev.out.bf(), sc.out_stride, st.get());
         st.sync();
         compare_attention(sc, want, dev.out.download(), fmt::format("decode ring num_splits={}", splits));
       }
@@ -627,9 +631,10 @@ TEST(CudaKernels, DecodeAndPrefillAgreeOnDecodeBatches) {
   auto a = to_f32(dev.out.download());
   const size_t ws_bytes = cuda::decode_workspace_bytes(dev.meta.num_seqs, sc.c.heads, sc.c.head_dim, 8);
   DevBuf<uint8_t> ws(ws_bytes);
+  cuda::init_decode_workspace(ws.get(), ws_bytes, st.get());
   dev.out.poison();
   cuda::paged_attention_decode(dev.q.bf(), sc.q_stride, dev.k.bf(), dev.v.bf(), dev.meta, dev.shape, 8, ws.get(),
-                               dev.out.bf(), sc.out_stride, st.get());
+                               ws_bytes, dev.out.bf(), sc.out_stride, st.get());
   st.sync();
   compare_attention(sc, a, dev.out.download(), "decode(8 splits) vs prefill");
 }
@@ -642,6 +647,7 @@ TEST(CudaKernels, LaunchesAreGraphCapturable) {
   DeviceScenario dev(sc);
   const size_t ws_bytes = cuda::decode_workspace_bytes(dev.meta.num_seqs, sc.c.heads, sc.c.head_dim, 4);
   DevBuf<uint8_t> ws(ws_bytes);
+  cuda::init_decode_workspace(ws.get(), ws_bytes, st.get());
   DevBuf<uint16_t> out_prefill(size_t(sc.rows) * sc.out_stride), out_norm(size_t(sc.rows) * 2048);
   std::mt19937 g(501);
   std::vector<float> x(size_t(sc.rows) * 2048);
@@ -654,7 +660,7 @@ TEST(CudaKernels, LaunchesAreGraphCapturable) {
     cuda::paged_attention_prefill(dev.q.bf(), sc.q_stride, dev.k.bf(), dev.v.bf(), dev.meta, dev.shape, 1,
                                   out_prefill.bf(), sc.out_stride, st.get());
     cuda::paged_attention_decode(dev.q.bf(), sc.q_stride, dev.k.bf(), dev.v.bf(), dev.meta, dev.shape, 4, ws.get(),
-                                 dev.out.bf(), sc.out_stride, st.get());
+                                 ws_bytes, dev.out.bf(), sc.out_stride, st.get());
   };
   dev.out.poison();
   out_prefill.poison();
@@ -693,8 +699,8 @@ TEST(CudaKernels, UnsupportedHeadDimIsAnInternalError) {
   EXPECT_THROW(cuda::paged_attention_prefill(buf.bf(), 384, buf.bf(), buf.bf(), meta, shape, 1, buf.bf(), 384,
                                              st.get()),
                InternalError);
-  EXPECT_THROW(cuda::paged_attention_decode(buf.bf(), 384, buf.bf(), buf.bf(), meta, shape, 1, nullptr, buf.bf(),
-                                            384, st.get()),
+  EXPECT_THROW(cuda::paged_attention_decode(buf.bf(), 384, buf.bf(), buf.bf(), meta, shape, 1, nullptr, 0,
+                                            buf.bf(), 384, st.get()),
                InternalError);
   cuda::RopeArgs rope;
   EXPECT_THROW(cuda::qk_norm_rope_store_kv(buf.bf(), 6 * 320, 1, 4, 1, 320, nullptr, nullptr, 1e-6f, nullptr, rope,

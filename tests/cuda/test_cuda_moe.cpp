@@ -225,6 +225,145 @@ TEST(CudaMoe, RouteTopkMatchesCpuIncludingTies) {
     }
 }
 
+// The fused router (GEMV + routing in one launch, T <= 8): logits against an f64 reference, the routing
+// exactly as the CPU routes the GPU's own logits; called twice per shape so that the grid counter it leaves
+// behind is shown to be reset, with a graph replay of a third input.
+TEST(CudaMoe, FusedRouterMatchesCpu) {
+  if (moeserve::cuda::list_devices().empty()) GTEST_SKIP() << "no CUDA device";
+  Stream st;
+  struct Shape {
+    int E, k, H;
+  };
+  EXPECT_FALSE(moe_router_topk_fits(9, 2048, 128, 8));
+  EXPECT_FALSE(moe_router_topk_fits(1, 2048 + 4, 128, 8));
+  EXPECT_FALSE(moe_router_topk_fits(1, 8192, 128, 8));
+  DevBuf<int> counter(1);
+  MS_CUDA_CHECK(cudaMemset(counter.p, 0, 4));
+  uint64_t seed = 900;
+  for (const Shape sh : {Shape{128, 8, 2048}, Shape{60, 4, 520}, Shape{8, 2, 72}, Shape{512, 10, 4096}})
+    for (int T : {1, 2, 5, 8})
+      for (bool renorm : {true, false}) {
+        ASSERT_TRUE(moe_router_topk_fits(T, sh.H, sh.E, sh.k));
+        const auto w = random_bf16(size_t(sh.E) * sh.H, std::sqrt(3.0f / sh.H), seed++);
+        DevBuf<uint16_t> d_w(w.size()), d_x(size_t(T) * sh.H);
+        d_w.upload(w);
+        DevBuf<float> d_logits(size_t(T) * sh.E), d_weights(size_t(T) * sh.k);
+        DevBuf<int32_t> d_ids(size_t(T) * sh.k);
+        for (int call = 0; call < 3; ++call) {
+          const auto x = random_bf16(size_t(T) * sh.H, 2.0f, seed++);
+          d_x.upload(x);
+          MS_CUDA_CHECK(cudaMemset(d_ids.p, 0xff, d_ids.n * 4));
+          MS_CUDA_CHECK(cudaMemset(d_weights.p, 0xff, d_weights.n * 4));
+          MS_CUDA_CHECK(cudaMemset(d_logits.p, 0xff, d_logits.n * 4));
+          auto run = [&] {
+            moe_router_topk(reinterpret_cast<const bf16*>(d_x.p), reinterpret_cast<const bf16*>(d_w.p), T, sh.H,
+                            sh.E, sh.k, renorm, d_logits.p, counter.p, d_ids.p, d_weights.p, st.s);
+          };
+          if (call < 2) {
+            run();
+          } else {  // captured and replayed
+            cudaGraph_t graph{};
+            MS_CUDA_CHECK(cudaStreamBeginCapture(st.s, cudaStreamCaptureModeGlobal));
+            run();
+            MS_CUDA_CHECK(cudaStreamEndCapture(st.s, &graph));
+            cudaGraphExec_t exec{};
+            MS_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+            MS_CUDA_CHECK(cudaGraphLaunch(exec, st.s));
+            MS_CUDA_CHECK(cudaStreamSynchronize(st.s));
+            cudaGraphExecDestroy(exec);
+            cudaGraphDestroy(graph);
+          }
+          MS_CUDA_CHECK(cudaStreamSynchronize(st.s));
+          const auto logits = d_logits.download(d_logits.n);
+          const std::string where = fmt::format("E{} k{} H{} T{} renorm {} call {}", sh.E, sh.k, sh.H, T, renorm, call);
+          for (int t = 0; t < T; ++t)
+            for (int e = 0; e < sh.E; ++e) {
+              double want = 0;
+              for (int h = 0; h < sh.H; ++h)
+                want += double(bf16_to_f32(x[size_t(t) * sh.H + h])) * double(bf16_to_f32(w[size_t(e) * sh.H + h]));
+              ASSERT_NEAR(logits[size_t(t) * sh.E + e], want, 1e-4 * (1 + std::fabs(want))) << where;
+            }
+          std::vector<int32_t> want_ids(size_t(T) * sh.k);
+          std::vector<float> want_w(size_t(T) * sh.k);
+          kernels::route_topk(logits.data(), T, sh.E, sh.k, renorm, want_ids.data(), want_w.data());
+          const auto ids = d_ids.download(want_ids.size());
+          const auto wts = d_weights.download(want_w.size());
+          for (size_t i = 0; i < ids.size(); ++i) {
+            ASSERT_EQ(ids[i], want_ids[i]) << where << " pair " << i;
+            ASSERT_NEAR(wts[i], want_w[i], 1e-6f * std::max(1.0f, std::fabs(want_w[i]))) << where << " pair " << i;
+          }
+        }
+        EXPECT_EQ(counter.download(1)[0], 0) << "the grid counter is left at zero";
+      }
+}
+
+// The post-attention residual add + RMSNorm fused in front of the router (T <= 4): the normalized rows it
+// writes for the experts against the CPU's (within one bf16 step: the sum of squares is ordered differently),
+// the residual updated exactly once, logits against an f64 dot product of those rows, the routing as the CPU
+// routes the GPU's logits.
+TEST(CudaMoe, FusedNormRouterMatchesCpu) {
+  if (moeserve::cuda::list_devices().empty()) GTEST_SKIP() << "no CUDA device";
+  Stream st;
+  EXPECT_FALSE(moe_norm_router_topk_fits(5, 2048, 128, 8));
+  DevBuf<int> counter(1);
+  MS_CUDA_CHECK(cudaMemset(counter.p, 0, 4));
+  uint64_t seed = 1900;
+  struct Shape {
+    int E, k, H;
+  };
+  for (const Shape sh : {Shape{128, 8, 2048}, Shape{8, 2, 64}, Shape{60, 3, 72}})
+    for (int T : {1, 3, 4})
+      for (int call = 0; call < 2; ++call) {
+        const std::string where = fmt::format("E{} k{} H{} T{} call {}", sh.E, sh.k, sh.H, T, call);
+        const auto w = random_bf16(size_t(sh.E) * sh.H, std::sqrt(3.0f / sh.H), seed++);
+        const auto delta = random_bf16(size_t(T) * sh.H, 1.0f, seed++);
+        const auto nw = random_bf16(size_t(sh.H), 1.5f, seed++);
+        std::vector<float> res(size_t(T) * sh.H);
+        std::mt19937 g(uint32_t(seed++));
+        std::normal_distribution<float> nd(0, 2);
+        for (auto& v : res) v = nd(g);
+        DevBuf<uint16_t> d_w(w.size()), d_delta(delta.size()), d_nw(nw.size()), d_xn(size_t(T) * sh.H);
+        DevBuf<float> d_res(res.size()), d_logits(size_t(T) * sh.E), d_weights(size_t(T) * sh.k);
+        DevBuf<int32_t> d_ids(size_t(T) * sh.k);
+        d_w.upload(w), d_delta.upload(delta), d_nw.upload(nw), d_res.upload(res);
+        MS_CUDA_CHECK(cudaMemset(d_xn.p, 0xff, d_xn.n * 2));
+        MS_CUDA_CHECK(cudaMemset(d_ids.p, 0xff, d_ids.n * 4));
+        moe_norm_router_topk(d_res.p, reinterpret_cast<const bf16*>(d_delta.p), reinterpret_cast<const bf16*>(d_nw.p),
+                             1e-6f, reinterpret_cast<bf16*>(d_xn.p), reinterpret_cast<const bf16*>(d_w.p), T, sh.H,
+                             sh.E, sh.k, true, d_logits.p, counter.p, d_ids.p, d_weights.p, st.s);
+        MS_CUDA_CHECK(cudaStreamSynchronize(st.s));
+        const auto xn = d_xn.download(d_xn.n);
+        const auto res_out = d_res.download(d_res.n);
+        const auto logits = d_logits.download(d_logits.n);
+        for (int t = 0; t < T; ++t) {
+          double ss = 0;
+          std::vector<float> x(sh.H);
+          for (int h = 0; h < sh.H; ++h) {
+            x[h] = res[size_t(t) * sh.H + h] + bf16_to_f32(delta[size_t(t) * sh.H + h]);
+            ss += double(x[h]) * x[h];
+            ASSERT_EQ(res_out[size_t(t) * sh.H + h], x[h]) << where << " residual t " << t << " h " << h;
+          }
+          const double inv = 1.0 / std::sqrt(ss / sh.H + 1e-6);
+          for (int h = 0; h < sh.H; ++h) {
+            const double want = double(bf16_to_f32(nw[h])) * x[h] * inv;
+            const float got = bf16_to_f32(xn[size_t(t) * sh.H + h]);
+            ASSERT_NEAR(got, want, std::fabs(want) * (1.0 / 128) + 1e-6) << where << " xn t " << t << " h " << h;
+          }
+          for (int e = 0; e < sh.E; ++e) {
+            double want = 0;
+            for (int h = 0; h < sh.H; ++h)
+              want += double(bf16_to_f32(xn[size_t(t) * sh.H + h])) * double(bf16_to_f32(w[size_t(e) * sh.H + h]));
+            ASSERT_NEAR(logits[size_t(t) * sh.E + e], want, 1e-4 * (1 + std::fabs(want))) << where << " e " << e;
+          }
+        }
+        std::vector<int32_t> want_ids(size_t(T) * sh.k);
+        std::vector<float> want_w(size_t(T) * sh.k);
+        kernels::route_topk(logits.data(), T, sh.E, sh.k, true, want_ids.data(), want_w.data());
+        EXPECT_EQ(d_ids.download(want_ids.size()), want_ids) << where;
+        EXPECT_EQ(counter.download(1)[0], 0) << where << ": the grid counter is left at zero";
+      }
+}
+
 class CudaMoeShapes : public ::testing::TestWithParam<Case> {};
 
 TEST_P(CudaMoeShapes, EveryRunnableBackendMatchesCpuReference) {

@@ -37,6 +37,22 @@ TEST(Launch, GpuBackendOnTheCpuIsRefused) {
   }
 }
 
+TEST(Launch, GpuGemmBackendOnTheCpuIsRefused) {
+  if (cuda_device_available()) GTEST_SKIP() << "a GPU is visible: this checks machines without one";
+  LaunchOptions lo;
+  lo.model_path = "/nonexistent";
+  lo.device = "cpu";
+  lo.gemm_backend = "gemv";
+  try {
+    make_runner(lo);
+    FAIL() << "a GPU GEMM backend on the CPU must be refused";
+  } catch (const UserError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("--gemm-backend gemv"), std::string::npos) << what;
+    EXPECT_NE(what.find("Valid here: auto"), std::string::npos) << what;
+  }
+}
+
 TEST(Launch, BackendReportWithoutAGpuSaysSo) {
   if (cuda_device_available()) GTEST_SKIP() << "a GPU is visible";
   const std::string r = backends_report("");

@@ -1,4 +1,4 @@
-// The GEMM backends behind make_gemm_backends(), visible to each other: "gemv" falls back to cuBLAS for the
+// The GEMM backends behind make_gemm_backends(), visible to each other: "gemv" falls back to cuBLASLt for the
 // shapes its kernel is not written for.
 #pragma once
 

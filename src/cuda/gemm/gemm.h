@@ -1,7 +1,7 @@
 // Dense GEMM on the GPU: y[M, N] = x[M, K] . W[N, K]^T, x and W BF16 row-major (W as stored in the
 // checkpoint: [out_features, in_features]), y BF16 or F32, f32 accumulation. Backends: cuBLAS (cublasGemmEx),
 // cuBLASLt (heuristic algorithm per shape, cached) and gemv (bandwidth-bound tensor-core kernels for decode,
-// M <= 64, cuBLAS above). Graph-capturable: workspaces are fixed in prepare(). FP8 / NVFP4 weights will join
+// M <= 8, cuBLASLt above). Graph-capturable: workspaces are fixed in prepare(). FP8 / NVFP4 weights will join
 // as further formats whose run() also takes scale pointers (cuBLASLt's A/B scale attributes).
 #pragma once
 
@@ -30,8 +30,21 @@ class GemmBackend {
 std::vector<std::unique_ptr<GemmBackend>> make_gemm_backends();
 // The gemv backend with another threshold: its kernels serve M <= kernel_max_m (M <= 8: one token group per
 // block; 8 < M <= 128: all tokens per block with split-K; above 128, only when a test raises the threshold:
-// the first kernel's token-group loop), cuBLAS serves the rest and the shapes the kernels cannot take.
-std::unique_ptr<GemmBackend> make_gemv_backend(int kernel_max_m = 64);
+// the first kernel's token-group loop), cuBLASLt serves the rest and the shapes the kernels cannot take.
+// The default, 8, keeps the one-group kernel only: on the H200 the split-K kernel lost to cuBLASLt from M = 16
+// (q/k/v 5120 x 2048 at M = 64: 19.6 us against 6.8; test_cuda_gemm's Bandwidth table).
+std::unique_ptr<GemmBackend> make_gemv_backend(int kernel_max_m = 8);
+
+// A decode step's residual add + RMSNorm fused into the GEMV that consumes it (M <= kNormGemvMaxM tokens,
+// K <= 4096, K % 8 == 0):
+// x = bf16(rmsnorm(residual + delta) * norm_w) (f32 norm, as add_rmsnorm), y = x W^T (BF16 out); residual +=
+// delta afterwards (delta == nullptr: the residual is the input as is and is not written). `counter`: one int
+// of device memory, zero before the first call, left at zero. Every block normalizes the rows itself (a few KB
+// from L2), so the norm costs no launch. A fixed kernel, not a GemmBackend: it serves the decode graphs only.
+constexpr int kNormGemvMaxM = 4;
+bool norm_gemv_fits(int M, int K);
+void norm_gemv(float* residual, const bf16* delta, const bf16* norm_w, float eps, int M, int K, const bf16* W, int N,
+               bf16* y, int64_t ldy, int* counter, cudaStream_t stream);
 
 // Against a CPU reference on random shapes (odd M, N, K included). "" on pass.
 std::string gemm_self_test(GemmBackend& b, double& max_err);

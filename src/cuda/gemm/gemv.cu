@@ -8,7 +8,7 @@
 //    the block's 4 warps (64 W rows). Blocks split K (split-K) so that 2048- and 5120-row matrices fill the
 //    SMs; each split writes its f32 partial sums to a scratch buffer fixed at prepare(), and a second kernel
 //    adds them in split order (deterministic) and writes y.
-// Larger M (prefill) goes to cuBLAS, which is compute-bound there and better at it.
+// Larger M (prefill) goes to cuBLASLt, which is compute-bound there and better at it.
 //
 // The reduction order over k does not matter, so each lane feeds the MMA the k values it loaded itself
 // (8 consecutive ones per 16-byte load) instead of the canonical fragment layout: lane (g = lane/4,
@@ -21,6 +21,9 @@
 #include <fmt/format.h>
 
 #include "cuda/gemm/backends.h"
+#include "cuda/fused_norm.cuh"
+#include "cuda/launch.h"
+#include "cuda/pdl.cuh"
 
 namespace moeserve::cuda {
 namespace {
@@ -29,6 +32,7 @@ constexpr int kWarps = 8;            // per block; they split K
 constexpr int kRows = 16;            // W rows per block: the MMA's M
 constexpr int kTokens = 8;           // tokens per block: the MMA's N
 constexpr int kKPerIteration = 64;   // per warp and iteration: two 16-byte chunks per lane and row
+constexpr unsigned kPrefetchBlocks = 512;  // blocks that prefetch their rows: 16 MiB for K = 2048
 
 __device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                          uint32_t b0, uint32_t b1) {
@@ -39,23 +43,49 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// W is read exactly once: stream it past L1. x is re-read by every block: keep it cached.
+// W is read exactly once: stream it past L1.
 __device__ __forceinline__ uint4 load_weight(const bf16* p) { return __ldcs(reinterpret_cast<const uint4*>(p)); }
-__device__ __forceinline__ uint4 load_token(const bf16* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
+// x is written by the kernel before (a programmatic dependent launch starts this one while that kernel runs):
+// never the non-coherent path (ld.global.nc / __ldg), whose cached lines may predate the wait; read via L2.
+__device__ __forceinline__ uint4 load_token(const bf16* p) { return __ldcg(reinterpret_cast<const uint4*>(p)); }
 
 __device__ __forceinline__ void store(float* p, float v) { *p = v; }
 __device__ __forceinline__ void store(bf16* p, float v) { *p = __float2bfloat16_rn(v); }
 
+// The fused norm prologue of gemv_bf16_kernel<OutT, true> (norm_gemv): x = rmsnorm(residual + delta) * w is
+// computed by every block into shared memory; the last block adds delta into the residual.
+struct NormArgs {
+  float* residual;   // [M, K] f32
+  const bf16* delta;  // [M, K] or nullptr (then the residual is only read)
+  const bf16* weight;  // [K]
+  float eps;
+  int* counter;
+};
+constexpr int kNormPad = 8;  // bf16 of padding per shared row: the 8 token rows a quarter-warp reads hit 8 banks
+
 // Block (blockIdx.x, blockIdx.y) computes rows [16 bx, 16 bx + 16) for tokens [8 by, 8 by + 8). Needs
-// K % 8 == 0, ldx % 8 == 0 and 16-byte aligned x and W (checked on the host).
-template <typename OutT>
-__global__ void __launch_bounds__(kWarps * 32) gemv_bf16_kernel(const bf16* __restrict__ x, int64_t ldx, int M,
+// K % 8 == 0, ldx % 8 == 0 and 16-byte aligned x and W (checked on the host). NORM: x is the normalized
+// residual (NormArgs), one token group (M <= 8), K + kNormPad bf16 of dynamic shared memory per token.
+template <typename OutT, bool NORM = false>
+__global__ void __launch_bounds__(kWarps * 32) gemv_bf16_kernel(const bf16* x, int64_t ldx, int M,
                                                                  int K, const bf16* __restrict__ W, int N,
-                                                                 OutT* __restrict__ y, int64_t ldy) {
+                                                                 OutT* __restrict__ y, int64_t ldy, NormArgs na) {
   __shared__ float partial[kWarps][kRows][kTokens];
+  extern __shared__ __align__(16) bf16 norm_rows[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, q = lane % 4;
   const int n0 = blockIdx.x * kRows, t0 = blockIdx.y * kTokens;
+  // The block's weight rows are contiguous: start them towards L2 (one bulk prefetch) while the kernel before
+  // may still run. Only the first kPrefetchBlocks blocks do: beyond that the prefetched lines of a large matrix
+  // (lm_head) would push each other out of L2 before use.
+  if (threadIdx.x == 0 && blockIdx.y == 0 && blockIdx.x < kPrefetchBlocks)
+    prefetch_l2(W + int64_t(n0) * K, unsigned(min(kRows, N - n0)) * unsigned(K) * unsigned(sizeof(bf16)));
+  pdl_enter();
+  if constexpr (NORM) {
+    norm_rows_to_smem(na.residual, na.delta, na.weight, na.eps, M, K, norm_rows, K + kNormPad);
+    x = norm_rows;
+    ldx = K + kNormPad;
+  }
   const int tokens = min(kTokens, M - t0);
   // Rows past N read row N-1 (valid memory) and are never stored: no branch in the streaming loop.
   const bf16* w_lo = W + int64_t(min(n0 + g, N - 1)) * K + 8 * q;
@@ -73,7 +103,10 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_bf16_kernel(const bf16* __re
       const bool in = k + 8 * q < K;
       a_lo[h] = in ? load_weight(w_lo + k) : make_uint4(0, 0, 0, 0);
       a_hi[h] = in ? load_weight(w_hi + k) : make_uint4(0, 0, 0, 0);
-      b[h] = in && has_token ? load_token(xt + k) : make_uint4(0, 0, 0, 0);
+      if constexpr (NORM)
+        b[h] = in && has_token ? *reinterpret_cast<const uint4*>(xt + k) : make_uint4(0, 0, 0, 0);
+      else
+        b[h] = in && has_token ? load_token(xt + k) : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -94,6 +127,9 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_bf16_kernel(const bf16* __re
     for (int w = 0; w < kWarps; ++w) sum += partial[w][r][t];
     if (t < tokens && n0 + r < N) store(y + int64_t(t0 + t) * ldy + n0 + r, sum);
   }
+  if constexpr (NORM) {
+    if (na.delta != nullptr && finished_last(na.counter)) add_to_residual(na.residual, na.delta, M, K);
+  }
 }
 
 // ---- gemv_wide_kernel: 8 < M <= kWideMaxM ----
@@ -112,7 +148,7 @@ constexpr int64_t kSplitScratchFloats = int64_t(4) << 20;
 // partial[by][m][n] (f32, dense [splits][M][N]). Needs K % 8 == 0, ldx % 8 == 0, 16-byte aligned x and W,
 // k_split % 64 == 0 and M <= 8 kTiles.
 template <typename OutT, int kTiles>
-__global__ void __launch_bounds__(kWideWarps * 32) gemv_wide_kernel(const bf16* __restrict__ x, int64_t ldx,
+__global__ void __launch_bounds__(kWideWarps * 32) gemv_wide_kernel(const bf16* x, int64_t ldx,
                                                                      int M, int K, int k_split,
                                                                      const bf16* __restrict__ W, int N,
                                                                      OutT* __restrict__ y, int64_t ldy,
@@ -125,6 +161,7 @@ __global__ void __launch_bounds__(kWideWarps * 32) gemv_wide_kernel(const bf16* 
   const int n0 = blockIdx.x * kWideRows + warp * kRows;
   const int kb = blockIdx.y * k_split, ke = min(K, kb + k_split);
   const int tiles = (M + kTokens - 1) / kTokens;  // <= kTiles (host)
+  pdl_enter();
   // Rows past N read row N-1 (valid memory) and are never stored: no branch in the streaming loop.
   const bf16* w_lo = W + int64_t(min(n0 + g, N - 1)) * K + 8 * q;
   const bf16* w_hi = W + int64_t(min(n0 + g + 8, N - 1)) * K + 8 * q;
@@ -196,8 +233,9 @@ __global__ void __launch_bounds__(kWideWarps * 32) gemv_wide_kernel(const bf16* 
 
 // y[m, n] = sum over s = 0, 1, ... of partial[s][m][n], always in that order.
 template <typename OutT>
-__global__ void __launch_bounds__(256) splitk_reduce_kernel(const float* __restrict__ partial, int splits, int M,
+__global__ void __launch_bounds__(256) splitk_reduce_kernel(const float* partial, int splits, int M,
                                                              int N, OutT* __restrict__ y, int64_t ldy) {
+  pdl_enter();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, mn = int64_t(M) * N;
   if (i >= mn) return;
   float sum = 0.f;
@@ -208,8 +246,8 @@ __global__ void __launch_bounds__(256) splitk_reduce_kernel(const float* __restr
 template <typename OutT, int kTiles>
 void launch_wide(const bf16* x, int64_t ldx, int M, int K, int k_split, const bf16* W, int N, void* y,
                  int64_t ldy, float* partial, cudaStream_t stream, dim3 grid) {
-  gemv_wide_kernel<OutT, kTiles><<<grid, kWideWarps * 32, 0, stream>>>(x, ldx, M, K, k_split, W, N,
-                                                                         static_cast<OutT*>(y), ldy, partial);
+  launch_pdl(gemv_wide_kernel<OutT, kTiles>, grid, dim3(kWideWarps * 32), 0, stream, x, ldx, M, K, k_split, W, N,
+             static_cast<OutT*>(y), ldy, partial);
 }
 
 template <typename OutT>
@@ -229,13 +267,13 @@ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 
 
 class GemvBackend final : public GemmBackend {
  public:
-  explicit GemvBackend(int kernel_max_m) : kernel_max_m_(kernel_max_m), fallback_(make_cublas_backend()) {
+  explicit GemvBackend(int kernel_max_m) : kernel_max_m_(kernel_max_m), fallback_(make_cublaslt_backend()) {
     spec_.name = "gemv";
     spec_.family = OpFamily::Gemm;
     spec_.formats = {"bf16"};
     spec_.capturable = true;
     spec_.summary = fmt::format(
-        "bandwidth-bound tensor-core kernels for M <= {} (W read once with 16-byte loads), cuBLAS above",
+        "bandwidth-bound tensor-core kernels for M <= {} (W read once with 16-byte loads), cuBLASLt above",
         kernel_max_m);
   }
   ~GemvBackend() override {
@@ -247,7 +285,7 @@ class GemvBackend final : public GemmBackend {
 
   std::string prepare(const DeviceInfo& dev, std::string& code) override {
     std::string lib;
-    if (std::string why = fallback_->prepare(dev, lib); !why.empty()) return "its cuBLAS fallback: " + why;
+    if (std::string why = fallback_->prepare(dev, lib); !why.empty()) return "its cuBLASLt fallback: " + why;
     code = "kernel " + sm_name(sm_version(dev)) + " in binary, " + lib + " for larger M";
     if (std::string why = check_arch_claim(spec_, dev); !why.empty()) return why;
     for (const void* k : {reinterpret_cast<const void*>(gemv_bf16_kernel<bf16>),
@@ -260,6 +298,7 @@ class GemvBackend final : public GemmBackend {
                           reinterpret_cast<const void*>(gemv_wide_kernel<float, 4>),
                           reinterpret_cast<const void*>(gemv_wide_kernel<float, 8>),
                           reinterpret_cast<const void*>(gemv_wide_kernel<float, 16>),
+                          reinterpret_cast<const void*>(gemv_bf16_kernel<bf16, true>),
                           reinterpret_cast<const void*>(splitk_reduce_kernel<bf16>),
                           reinterpret_cast<const void*>(splitk_reduce_kernel<float>)})
       if (std::string why = check_kernel_present(k, dev); !why.empty()) return why;
@@ -291,10 +330,11 @@ class GemvBackend final : public GemmBackend {
     if (M > kTokens && M <= kWideMaxM) return run_wide(x, ldx, M, K, W, N, y, ldy, out, stream);
     const dim3 grid(unsigned(ceil_div(N, kRows)), unsigned(token_groups));
     if (out == OutType::BF16)
-      gemv_bf16_kernel<bf16><<<grid, kWarps * 32, 0, stream>>>(x, ldx, M, K, W, N, static_cast<bf16*>(y), ldy);
+      launch_pdl(gemv_bf16_kernel<bf16>, grid, dim3(kWarps * 32), 0, stream, x, ldx, M, K, W, N,
+                 static_cast<bf16*>(y), ldy, NormArgs{});
     else
-      gemv_bf16_kernel<float><<<grid, kWarps * 32, 0, stream>>>(x, ldx, M, K, W, N, static_cast<float*>(y), ldy);
-    MS_CUDA_LAUNCH_CHECK();
+      launch_pdl(gemv_bf16_kernel<float>, grid, dim3(kWarps * 32), 0, stream, x, ldx, M, K, W, N,
+                 static_cast<float*>(y), ldy, NormArgs{});
   }
 
  private:
@@ -314,14 +354,14 @@ class GemvBackend final : public GemmBackend {
       launch_wide_tiles<bf16>(tiles, x, ldx, M, K, int(k_split), W, N, y, ldy, partial, stream, grid);
     else
       launch_wide_tiles<float>(tiles, x, ldx, M, K, int(k_split), W, N, y, ldy, partial, stream, grid);
-    MS_CUDA_LAUNCH_CHECK();
     if (!partial) return;
     const unsigned blocks = unsigned(ceil_div(int64_t(M) * N, 256));
     if (out == OutType::BF16)
-      splitk_reduce_kernel<bf16><<<blocks, 256, 0, stream>>>(partial, int(splits), M, N, static_cast<bf16*>(y), ldy);
+      launch_pdl(splitk_reduce_kernel<bf16>, dim3(blocks), dim3(256), 0, stream, partial, int(splits), M, N,
+                 static_cast<bf16*>(y), ldy);
     else
-      splitk_reduce_kernel<float><<<blocks, 256, 0, stream>>>(partial, int(splits), M, N, static_cast<float*>(y), ldy);
-    MS_CUDA_LAUNCH_CHECK();
+      launch_pdl(splitk_reduce_kernel<float>, dim3(blocks), dim3(256), 0, stream, partial, int(splits), M, N,
+                 static_cast<float*>(y), ldy);
   }
 
   BackendSpec spec_;
@@ -333,6 +373,21 @@ class GemvBackend final : public GemmBackend {
 };
 
 }  // namespace
+
+bool norm_gemv_fits(int M, int K) { return M >= 1 && M <= kNormGemvMaxM && K > 0 && K % 8 == 0 && K <= 4096; }
+
+void norm_gemv(float* residual, const bf16* delta, const bf16* norm_w, float eps, int M, int K, const bf16* W, int N,
+               bf16* y, int64_t ldy, int* counter, cudaStream_t stream) {
+  MS_CHECK(norm_gemv_fits(M, K) && N > 0 && ldy >= N, "norm_gemv: M {} K {} N {} ldy {} do not fit", M, K, N, ldy);
+  MS_CHECK(aligned16(residual) && aligned16(W) && (delta == nullptr || aligned16(delta)) &&
+               (reinterpret_cast<uintptr_t>(norm_w) & 7) == 0 && (delta == nullptr || counter != nullptr),
+           "norm_gemv: residual, delta and W must be 16-byte aligned, the norm weight 8-byte aligned, and an update "
+           "of the residual needs a counter");
+  const size_t smem = size_t(M) * size_t(K + kNormPad) * sizeof(bf16);  // <= 4 x 4104 x 2: under 48 KiB
+  launch_pdl(gemv_bf16_kernel<bf16, true>, dim3(unsigned(ceil_div(N, kRows))), dim3(kWarps * 32), smem, stream,
+             static_cast<const bf16*>(nullptr), int64_t(0), M, K, W, N, y, ldy,
+             NormArgs{residual, delta, norm_w, eps, counter});
+}
 
 std::unique_ptr<GemmBackend> make_gemv_backend(int kernel_max_m) {
   return std::make_unique<GemvBackend>(kernel_max_m);

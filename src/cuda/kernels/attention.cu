@@ -1,65 +1,18 @@
 // Paged attention launchers: prefill (flash-attention tiles over the new tokens) and decode (split-KV over the
-// cached keys, then a merge). Both run the tensor-core kernel of attention_mma.cuh; see there for the tiling.
+// cached keys, merged by the last block of each group). Both run the tensor-core kernel of attention_mma.cuh; see there for the tiling.
 #include <cmath>
 #include <limits>
 
 #include "cuda/kernels/attention_mma.cuh"
 #include "cuda/kernels/kernel_utils.cuh"
 #include "cuda/kernels/ops.h"
+#include "cuda/launch.h"
 
 namespace moeserve::cuda {
 
 namespace {
 
 using detail::AttnParams;
-
-// Split-KV merge: one warp per (sequence, q head); out = sum_z 2^(lse_z - M) o_z / sum_z 2^(lse_z - M).
-template <int D>
-__global__ void __launch_bounds__(128)
-    merge_splits_kernel(const float* ws_o, const float* ws_lse, const int32_t* new_lens, const int32_t* q_rows,
-                        int num_splits, int heads, bf16* out, int64_t out_stride) {
-  constexpr int VPL = D / 32;
-  constexpr float kNegInf = -INFINITY;
-  const int s = blockIdx.y;
-  const int h = blockIdx.x * 4 + (threadIdx.x >> 5);
-  const int lane = threadIdx.x & 31;
-  if (h >= heads || new_lens[s] <= 0) return;
-  const int64_t base = int64_t(s) * num_splits * heads + h;  // part z of this head: base + z * heads
-  float M = kNegInf;
-  for (int z = lane; z < num_splits; z += 32) M = fmaxf(M, ws_lse[base + int64_t(z) * heads]);
-  M = detail::warp_max(M);
-  float acc[VPL];
-#pragma unroll
-  for (int j = 0; j < VPL; ++j) acc[j] = 0.0f;
-  float W = 0.0f;
-  if (M != kNegInf) {
-    for (int z = 0; z < num_splits; ++z) {
-      const float lse = ws_lse[base + int64_t(z) * heads];
-      if (lse == kNegInf) continue;  // an empty part: its partial output was never written
-      const float w = exp2f(lse - M);
-      W += w;
-      const float* o = ws_o + (base + int64_t(z) * heads) * D + lane * VPL;
-      if constexpr (VPL == 2) {
-        const float2 v = *reinterpret_cast<const float2*>(o);
-        acc[0] += w * v.x;
-        acc[1] += w * v.y;
-      } else {
-#pragma unroll
-        for (int j = 0; j < VPL; j += 4) {
-          const float4 v = *reinterpret_cast<const float4*>(o + j);
-          acc[j] += w * v.x;
-          acc[j + 1] += w * v.y;
-          acc[j + 2] += w * v.z;
-          acc[j + 3] += w * v.w;
-        }
-      }
-    }
-  }
-  const float inv = W > 0.0f ? 1.0f / W : 0.0f;
-#pragma unroll
-  for (int j = 0; j < VPL; ++j) acc[j] *= inv;
-  detail::store_bf16<VPL>(out + int64_t(q_rows[s]) * out_stride + int64_t(h) * D + lane * VPL, acc);
-}
 
 template <int D, int WARPS_M, int WARPS_N, int BLOCK_N, int STAGES, bool DECODE, bool SPLIT>
 void launch_attention(dim3 grid, const AttnParams& p, cudaStream_t stream) {
@@ -69,8 +22,7 @@ void launch_attention(dim3 grid, const AttnParams& p, cudaStream_t stream) {
   auto kernel = detail::paged_attention_mma_kernel<D, WARPS_M, WARPS_N, BLOCK_N, STAGES, DECODE, SPLIT>;
   // A host-side attribute, not a stream operation: allowed while a graph is being captured.
   MS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  kernel<<<grid, 128, smem, stream>>>(p);
-  MS_CUDA_LAUNCH_CHECK();
+  launch_pdl(kernel, grid, dim3(128), smem, stream, p);
 }
 
 // Prefill: 64 rows (4 warps x 16) per block; 64-key tiles (32 for head_dim 256, to bound registers and smem).
@@ -153,26 +105,54 @@ void paged_attention_prefill(const bf16* q, int64_t q_stride, const bf16* k_cach
   }
 }
 
-size_t decode_workspace_bytes(int num_seqs, int heads, int head_dim, int num_splits) {
-  if (num_splits <= 1 || num_seqs <= 0) return 0;  // one part: written straight to out
+namespace {
+// Workspace of a split decode: partial outputs and their log2-sum-exps from the front, the per-group counters
+// from the back (counter i at the i-th int before the end), so a counter sits at the same address whatever the
+// batch size and split count of the launch: decode graphs of every batch size share one workspace, and the
+// counters each launch leaves at zero are the ones the next launch finds.
+struct DecodeWorkspace {
+  size_t o = 0, lse = 0, parts_end = 0, counters = 0;
+};
+DecodeWorkspace decode_workspace(int num_seqs, int heads, int head_dim, int num_splits) {
+  DecodeWorkspace w;
+  if (num_splits <= 1 || num_seqs <= 0) return w;  // one part: written straight to out
   const size_t parts = size_t(num_seqs) * size_t(num_splits) * size_t(heads);
-  return round_up_256(parts * size_t(head_dim) * sizeof(float)) + round_up_256(parts * sizeof(float));
+  w.lse = round_up_256(parts * size_t(head_dim) * sizeof(float));
+  w.parts_end = w.lse + round_up_256(parts * sizeof(float));
+  // One counter per (sequence, kv head, row tile): at most one per (sequence, q head).
+  w.counters = round_up_256(size_t(num_seqs) * size_t(heads) * sizeof(int));
+  return w;
+}
+}  // namespace
+
+size_t decode_workspace_bytes(int num_seqs, int heads, int head_dim, int num_splits) {
+  const DecodeWorkspace w = decode_workspace(num_seqs, heads, head_dim, num_splits);
+  return w.parts_end + w.counters;
+}
+
+void init_decode_workspace(void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  if (workspace_bytes == 0) return;
+  MS_CHECK(workspace != nullptr, "init_decode_workspace: no workspace");
+  MS_CUDA_CHECK(cudaMemsetAsync(workspace, 0, workspace_bytes, stream));
 }
 
 void paged_attention_decode(const bf16* q, int64_t q_stride, const bf16* k_cache, const bf16* v_cache,
                             const AttnMeta& meta, const AttnShape& shape, int num_splits, void* workspace,
-                            bf16* out, int64_t out_stride, cudaStream_t stream) {
+                            size_t workspace_bytes, bf16* out, int64_t out_stride, cudaStream_t stream) {
   AttnParams p = make_params("paged_attention_decode", q, q_stride, k_cache, v_cache, meta, shape, out, out_stride);
   MS_CHECK(num_splits >= 1 && num_splits <= 1024, "paged_attention_decode: num_splits {}", num_splits);
   if (meta.num_seqs == 0) return;
   const bool split = num_splits > 1;
   if (split) {
-    MS_CHECK(workspace != nullptr && detail::aligned_to(workspace, 16), "paged_attention_decode: workspace");
-    const size_t parts = size_t(meta.num_seqs) * size_t(num_splits) * size_t(shape.heads);
+    const DecodeWorkspace w = decode_workspace(meta.num_seqs, shape.heads, shape.head_dim, num_splits);
+    MS_CHECK(workspace != nullptr && detail::aligned_to(workspace, 16) && workspace_bytes % sizeof(int) == 0 &&
+                 workspace_bytes >= w.parts_end + w.counters,
+             "paged_attention_decode: workspace of {} bytes, {} needed", workspace_bytes, w.parts_end + w.counters);
+    char* base = static_cast<char*>(workspace);
     p.num_splits = num_splits;
-    p.ws_o = static_cast<float*>(workspace);
-    p.ws_lse = reinterpret_cast<float*>(static_cast<char*>(workspace) +
-                                        round_up_256(parts * size_t(shape.head_dim) * sizeof(float)));
+    p.ws_o = reinterpret_cast<float*>(base + w.o);
+    p.ws_lse = reinterpret_cast<float*>(base + w.lse);
+    p.ws_count_end = reinterpret_cast<int*>(base + workspace_bytes);
   }
   const int m_tiles = int(ceil_div(p.group, 16));
   const dim3 grid(unsigned(m_tiles * num_splits), unsigned(shape.kv_heads), unsigned(meta.num_seqs));
@@ -181,23 +161,6 @@ void paged_attention_decode(const bf16* q, int64_t q_stride, const bf16* k_cache
     case 128: launch_decode<128>(grid, p, split, stream); break;
     default: launch_decode<256>(grid, p, split, stream); break;
   }
-  if (!split) return;
-  const dim3 mgrid(unsigned(ceil_div(shape.heads, 4)), unsigned(meta.num_seqs));
-  switch (shape.head_dim) {
-    case 64:
-      merge_splits_kernel<64><<<mgrid, 128, 0, stream>>>(p.ws_o, p.ws_lse, meta.new_lens, meta.q_rows, num_splits,
-                                                          shape.heads, out, out_stride);
-      break;
-    case 128:
-      merge_splits_kernel<128><<<mgrid, 128, 0, stream>>>(p.ws_o, p.ws_lse, meta.new_lens, meta.q_rows,
-                                                           num_splits, shape.heads, out, out_stride);
-      break;
-    default:
-      merge_splits_kernel<256><<<mgrid, 128, 0, stream>>>(p.ws_o, p.ws_lse, meta.new_lens, meta.q_rows,
-                                                           num_splits, shape.heads, out, out_stride);
-      break;
-  }
-  MS_CUDA_LAUNCH_CHECK();
 }
 
 }  // namespace moeserve::cuda

@@ -18,13 +18,18 @@
 //    tile; the four partial states are merged through shared memory at the end. Decode does almost no math per
 //    byte, so it runs a deeper ring (3 stages: two tiles in flight) to keep more of the cache read in flight.
 // With SPLIT, the block handles only its part (a contiguous range of pages) of the keys and writes the
-// normalized partial output and its log2-sum-exp to the workspace; a merge kernel combines the parts.
+// normalized partial output and its log2-sum-exp to the workspace; the last block of a (sequence, kv head,
+// row tile) to finish (a counter in the workspace) merges the parts in split order, so the result does not
+// depend on which block finished last, and resets the counter for the next launch. A sequence is cut into at
+// most num_splits parts of at least kMinSplitKeys keys (effective_splits): a graph captured with 16 parts
+// serves short contexts with few.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 
 #include "cuda/kernels/mma_sm80.cuh"
+#include "cuda/pdl.cuh"
 
 namespace moeserve::cuda::detail {
 
@@ -46,7 +51,66 @@ struct AttnParams {
   int num_splits;  // SPLIT only: key parts per sequence; grid.x = row tiles * num_splits
   float* ws_o;     // SPLIT only: [num_seqs, num_splits, heads, D] normalized partial outputs
   float* ws_lse;   // SPLIT only: [num_seqs, num_splits, heads] log2-sum-exp of the part (-inf: empty)
+  int* ws_count_end;  // SPLIT only: counter i (finished parts of group i = (seq, kv head, row tile)) is at
+                      // ws_count_end[-1 - i]; zero between launches
 };
+
+// Split-KV merge of one (sequence s, q head h) by one warp over the first `parts` parts:
+// out = sum_z 2^(lse_z - M) o_z / sum_z 2^(lse_z - M), z in order. The parts were written by other blocks of this
+// grid: read through L2. Lane z holds part z's weight; the partial outputs' loads are independent of each other
+// (unrolled), so the merge costs a few L2 round trips, not one per part.
+template <int D>
+__device__ __forceinline__ void merge_split_head(const AttnParams& p, int s, int h, int parts, int lane) {
+  constexpr int VPL = D / 32;
+  constexpr float kNegInf = -INFINITY;
+  const int64_t base = int64_t(s) * p.num_splits * p.heads + h;  // part z of this head: base + z * heads
+  float M = kNegInf;
+  for (int z = lane; z < parts; z += 32) M = fmaxf(M, __ldcg(p.ws_lse + base + int64_t(z) * p.heads));
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+  float acc[VPL];
+#pragma unroll
+  for (int j = 0; j < VPL; ++j) acc[j] = 0.0f;
+  float W = 0.0f;
+  if (M != kNegInf) {
+    for (int z0 = 0; z0 < parts; z0 += 32) {
+      const int z = z0 + lane;
+      const float lse = z < parts ? __ldcg(p.ws_lse + base + int64_t(z) * p.heads) : kNegInf;
+      const float wz = lse == kNegInf ? 0.0f : exp2f(lse - M);  // an empty part was never written: weight 0
+      W += wz;
+      const int n = min(32, parts - z0);
+#pragma unroll 4
+      for (int j = 0; j < n; ++j) {
+        const float w = __shfl_sync(0xffffffffu, wz, j);
+        if (w == 0.0f) continue;  // warp-uniform
+        const float* o = p.ws_o + (base + int64_t(z0 + j) * p.heads) * D + lane * VPL;
+#pragma unroll
+        for (int e = 0; e < VPL; e += 2) {
+          const float2 v = __ldcg(reinterpret_cast<const float2*>(o + e));
+          acc[e] += w * v.x;
+          acc[e + 1] += w * v.y;
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) W += __shfl_xor_sync(0xffffffffu, W, o);
+  const float inv = W > 0.0f ? 1.0f / W : 0.0f;
+  bf16* dst = p.out + int64_t(p.q_rows[s]) * p.out_stride + int64_t(h) * D + lane * VPL;
+#pragma unroll
+  for (int j = 0; j < VPL; j += 2)
+    *reinterpret_cast<__nv_bfloat162*>(dst + j) = __floats2bfloat162_rn(acc[j] * inv, acc[j + 1] * inv);
+}
+
+// Split-KV: the parts a sequence of `key_end` keys is really cut into: at most num_splits, and none shorter than
+// kMinSplitKeys keys (short contexts gain nothing from more blocks, and the merge costs per part). Blocks of
+// parts past this exit at once (they are not counted).
+constexpr int kMinSplitKeys = 128;
+__device__ __forceinline__ int effective_splits(int num_splits, int key_end, int page_size) {
+  const int n_pages = (key_end + page_size - 1) / page_size;
+  const int min_pages = (kMinSplitKeys + page_size - 1) / page_size;
+  return max(1, min(num_splits, (n_pages + min_pages - 1) / min_pages));
+}
 
 template <int D, int WARPS_M, int WARPS_N, int BLOCK_N, int STAGES>
 constexpr size_t attn_smem_bytes() {
@@ -82,7 +146,9 @@ __global__ void __launch_bounds__(128) paged_attention_mma_kernel(const AttnPara
   bf16* sQ = reinterpret_cast<bf16*>(smem_raw);  // [BLOCK_M, D]
   bf16* sK = sQ + BLOCK_M * D;                   // [STAGES][BLOCK_N, D]
   bf16* sV = sK + STAGES * BLOCK_N * D;          // [STAGES][BLOCK_N, D]
+  __shared__ int merge_here;                     // SPLIT: this block finished last
 
+  pdl_enter();  // q (and the new token's K/V) come from the kernel before
   const int s = blockIdx.z, kvh = blockIdx.y;
   const int split = SPLIT ? int(blockIdx.x % unsigned(p.num_splits)) : 0;
   // Prefill takes the row tiles last-first: the late (longest) causal tiles start early.
@@ -99,10 +165,13 @@ __global__ void __launch_bounds__(128) paged_attention_mma_kernel(const AttnPara
   const int last_row = min(row0 + BLOCK_M, rows_total) - 1;
   const int key_end = max(start + last_row / G + 1, 0);  // keys [0, key_end) are visible to some row
   int k_begin = 0, k_end = key_end;
+  int parts = 1;  // SPLIT: the parts this sequence's keys are cut into (the same in every block of the group)
   if constexpr (SPLIT) {
     const int P = p.page_size;
     const int n_pages = (key_end + P - 1) / P;
-    const int pages_per_split = (n_pages + p.num_splits - 1) / p.num_splits;
+    parts = effective_splits(p.num_splits, key_end, P);
+    if (split >= parts) return;  // not needed at this length
+    const int pages_per_split = (n_pages + parts - 1) / parts;
     k_begin = min(split * pages_per_split, n_pages) * P;
     k_end = min(k_begin + pages_per_split * P, key_end);
   }
@@ -356,6 +425,23 @@ __global__ void __launch_bounds__(128) paged_attention_mma_kernel(const AttnPara
       emit(row, d, o0 * inv, o1 * inv);
       if (d == 0) emit_lse(row, M, L);
     }
+  }
+
+  if constexpr (SPLIT) {
+    // Publish this part, count it; the block that brings the count to num_splits merges all of them.
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) {
+      const int m_tiles = int(gridDim.x / unsigned(p.num_splits));
+      int* counter = p.ws_count_end - 1 - ((int64_t(s) * p.kv_heads + kvh) * m_tiles + m_tile);
+      merge_here = atomicAdd(counter, 1) == parts - 1;
+      if (merge_here) *counter = 0;  // every part has counted: ready for the next launch
+    }
+    __syncthreads();
+    if (!merge_here) return;
+    __threadfence();
+    for (int r = warp; r < BLOCK_M && row0 + r < rows_total; r += kThreads / 32)
+      merge_split_head<D>(p, s, kvh * G + row0 + r, parts, lane);
   }
 }
 

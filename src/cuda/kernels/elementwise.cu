@@ -4,6 +4,8 @@
 
 #include "cuda/kernels/kernel_utils.cuh"
 #include "cuda/kernels/ops.h"
+#include "cuda/launch.h"
+#include "cuda/pdl.cuh"
 
 namespace moeserve::cuda {
 
@@ -17,6 +19,7 @@ using detail::store_bf16;
 // Embedding: one block per token.
 
 __global__ void embedding_vec8_kernel(const int32_t* ids, const bf16* table, int H, float* residual) {
+  pdl_enter();
   const int64_t t = blockIdx.x;
   const bf16* src = table + int64_t(ids[t]) * H;
   float* dst = residual + t * H;
@@ -29,6 +32,7 @@ __global__ void embedding_vec8_kernel(const int32_t* ids, const bf16* table, int
 }
 
 __global__ void embedding_scalar_kernel(const int32_t* ids, const bf16* table, int H, float* residual) {
+  pdl_enter();
   const int64_t t = blockIdx.x;
   const bf16* src = table + int64_t(ids[t]) * H;
   for (int i = threadIdx.x; i < H; i += blockDim.x) residual[t * H + i] = __bfloat162float(src[i]);
@@ -41,6 +45,7 @@ __global__ void embedding_scalar_kernel(const int32_t* ids, const bf16* table, i
 template <int NV, bool ADD>
 __global__ void __launch_bounds__(1024) rmsnorm_vec4_kernel(const float* in, float* residual, const bf16* xadd,
                                                              const bf16* w, float eps, int dim, bf16* out) {
+  pdl_enter();
   __shared__ float scratch[33];
   const int64_t base = int64_t(blockIdx.x) * dim;
   const int nvec = dim >> 2;
@@ -82,6 +87,7 @@ __global__ void __launch_bounds__(1024) rmsnorm_vec4_kernel(const float* in, flo
 template <bool ADD>
 __global__ void rmsnorm_scalar_kernel(const float* in, float* residual, const bf16* xadd, const bf16* w, float eps,
                                       int dim, bf16* out) {
+  pdl_enter();
   __shared__ float scratch[33];
   const int64_t base = int64_t(blockIdx.x) * dim;
   float ss = 0.0f;
@@ -119,10 +125,11 @@ void launch_rmsnorm(const float* in, float* residual, const bf16* xadd, const bf
                   : nv == 2 ? rmsnorm_vec4_kernel<2, ADD>
                   : nv == 4 ? rmsnorm_vec4_kernel<4, ADD>
                             : rmsnorm_vec4_kernel<8, ADD>;
-    kernel<<<rows, threads, 0, stream>>>(in, residual, xadd, w, eps, dim, out);
+    launch_pdl(kernel, dim3(rows), dim3(threads), 0, stream, in, residual, xadd, w, eps, dim, out);
   } else {
     int threads = dim <= 256 ? int(ceil_div(dim, 32) * 32) : dim <= 4096 ? 256 : 1024;
-    rmsnorm_scalar_kernel<ADD><<<rows, threads, 0, stream>>>(in, residual, xadd, w, eps, dim, out);
+    launch_pdl(rmsnorm_scalar_kernel<ADD>, dim3(rows), dim3(threads), 0, stream, in, residual, xadd, w, eps, dim,
+               out);
   }
   MS_CUDA_LAUNCH_CHECK();
 }
@@ -133,6 +140,7 @@ void launch_rmsnorm(const float* in, float* residual, const bf16* xadd, const bf
 __device__ __forceinline__ float silu_mul_f(float g, float u) { return g / (1.0f + expf(-g)) * u; }
 
 __global__ void silu_mul_vec8_kernel(const bf16* gate_up, int64_t T, int I, bf16* out) {
+  pdl_enter();
   const int groups = I / 8;
   const int64_t n = T * groups;
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
@@ -148,6 +156,7 @@ __global__ void silu_mul_vec8_kernel(const bf16* gate_up, int64_t T, int I, bf16
 }
 
 __global__ void silu_mul_scalar_kernel(const bf16* gate_up, int64_t T, int I, bf16* out) {
+  pdl_enter();
   const int64_t n = T * I;
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
     const int64_t t = e / I;
@@ -190,9 +199,11 @@ void silu_mul(const bf16* gate_up, int T, int I, bf16* out, cudaStream_t stream)
   if (T == 0) return;
   constexpr int threads = 256;
   if (I % 8 == 0 && aligned_to(gate_up, 16) && aligned_to(out, 16)) {
-    silu_mul_vec8_kernel<<<grid_for(int64_t(T) * (I / 8), threads), threads, 0, stream>>>(gate_up, T, I, out);
+    launch_pdl(silu_mul_vec8_kernel, dim3(grid_for(int64_t(T) * (I / 8), threads)), dim3(threads), 0, stream, gate_up,
+               int64_t(T), I, out);
   } else {
-    silu_mul_scalar_kernel<<<grid_for(int64_t(T) * I, threads), threads, 0, stream>>>(gate_up, T, I, out);
+    launch_pdl(silu_mul_scalar_kernel, dim3(grid_for(int64_t(T) * I, threads)), dim3(threads), 0, stream, gate_up,
+               int64_t(T), I, out);
   }
   MS_CUDA_LAUNCH_CHECK();
 }

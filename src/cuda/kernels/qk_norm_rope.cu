@@ -1,11 +1,14 @@
 // The attention input stage: per-head RMSNorm of q and k (Qwen3's q_norm / k_norm), rotary embedding, and the
-// store of k and v into the paged cache. One block per token: the cos/sin table of the token's position is
-// computed once into shared memory, then each warp takes whole heads (D / 32 consecutive elements a lane for
-// head_dim 64 / 128 / 256; any other head_dim up to 256 takes a scalar path).
+// store of k and v into the paged cache. Block (t, y) takes token t's heads [8 y, 8 y + 8), one per warp (so a
+// decode step of one token still spreads over several SMs): the cos/sin table of the token's position is
+// computed into shared memory, then each warp takes its head (D / 32 consecutive elements a lane for head_dim
+// 64 / 128 / 256; any other head_dim up to 256 takes a scalar path).
 #include <algorithm>
 
 #include "cuda/kernels/kernel_utils.cuh"
 #include "cuda/kernels/ops.h"
+#include "cuda/launch.h"
+#include "cuda/pdl.cuh"
 
 namespace moeserve::cuda {
 
@@ -54,6 +57,7 @@ __global__ void __launch_bounds__(kWarps * 32) qk_norm_rope_store_kv_kernel(cons
   constexpr int VPL = D / 32;  // elements per lane
   __shared__ float cos_s[D / 2], sin_s[D / 2];
   __shared__ float buf[kWarps][D];
+  pdl_enter();
   const int64_t t = blockIdx.x;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int half = p.rotary_dim / 2;
@@ -72,7 +76,7 @@ __global__ void __launch_bounds__(kWarps * 32) qk_norm_rope_store_kv_kernel(cons
   const int64_t cache_row = int64_t(slot) * p.kv_heads * D;
   bf16* row = p.qkv + t * p.qkv_stride;
   const int nh = p.heads + 2 * p.kv_heads;
-  for (int h = warp; h < nh; h += kWarps) {  // h is warp-uniform
+  for (int h = blockIdx.y * kWarps + warp; h < nh && h < int(blockIdx.y + 1) * kWarps; h += kWarps) {  // once
     bf16* x = row + int64_t(h) * D + lane * VPL;
     if (h >= p.heads + p.kv_heads) {  // v head: stored unchanged
       if (slot >= 0) {
@@ -130,6 +134,7 @@ __global__ void __launch_bounds__(kWarps * 32) qk_norm_rope_store_kv_generic_ker
   constexpr int kMaxPerLane = kMaxGenericDim / 32;
   __shared__ float cos_s[kMaxGenericDim / 2], sin_s[kMaxGenericDim / 2];
   __shared__ float buf[kWarps][kMaxGenericDim];
+  pdl_enter();
   const int64_t t = blockIdx.x;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int half = p.rotary_dim / 2;
@@ -147,7 +152,7 @@ __global__ void __launch_bounds__(kWarps * 32) qk_norm_rope_store_kv_generic_ker
   const int64_t cache_row = int64_t(slot) * p.kv_heads * D;
   bf16* row = p.qkv + t * p.qkv_stride;
   const int nh = p.heads + 2 * p.kv_heads;
-  for (int h = warp; h < nh; h += kWarps) {
+  for (int h = blockIdx.y * kWarps + warp; h < nh && h < int(blockIdx.y + 1) * kWarps; h += kWarps) {
     bf16* x = row + int64_t(h) * D;
     if (h >= p.heads + p.kv_heads) {
       if (slot >= 0) {
@@ -208,11 +213,11 @@ __global__ void __launch_bounds__(kWarps * 32) qk_norm_rope_store_kv_generic_ker
 }
 
 template <int D>
-void launch(const QkNormRopeParams& p, int T, bool vec, cudaStream_t stream) {
+void launch(const QkNormRopeParams& p, dim3 grid, bool vec, cudaStream_t stream) {
   if (vec) {
-    qk_norm_rope_store_kv_kernel<D, true><<<T, kWarps * 32, 0, stream>>>(p);
+    launch_pdl(qk_norm_rope_store_kv_kernel<D, true>, grid, dim3(kWarps * 32), 0, stream, p);
   } else {
-    qk_norm_rope_store_kv_kernel<D, false><<<T, kWarps * 32, 0, stream>>>(p);
+    launch_pdl(qk_norm_rope_store_kv_kernel<D, false>, grid, dim3(kWarps * 32), 0, stream, p);
   }
 }
 
@@ -241,13 +246,15 @@ void qk_norm_rope_store_kv(bf16* qkv, int64_t qkv_stride, int T, int heads, int 
   const bool vec = qkv_stride % per_lane == 0 && detail::aligned_to(qkv, vec_bytes) &&
                    detail::aligned_to(q_norm, vec_bytes) && detail::aligned_to(k_norm, vec_bytes) &&
                    detail::aligned_to(k_cache, vec_bytes) && detail::aligned_to(v_cache, vec_bytes);
+  const dim3 grid(unsigned(T), unsigned(ceil_div(heads + 2 * kv_heads, kWarps)));
   switch (head_dim) {
-    case 64: launch<64>(p, T, vec, stream); break;
-    case 128: launch<128>(p, T, vec, stream); break;
-    case 256: launch<256>(p, T, vec, stream); break;
-    default: qk_norm_rope_store_kv_generic_kernel<<<T, kWarps * 32, 0, stream>>>(p, head_dim); break;
+    case 64: launch<64>(p, grid, vec, stream); break;
+    case 128: launch<128>(p, grid, vec, stream); break;
+    case 256: launch<256>(p, grid, vec, stream); break;
+    default:
+      launch_pdl(qk_norm_rope_store_kv_generic_kernel, grid, dim3(kWarps * 32), 0, stream, p, head_dim);
+      break;
   }
-  MS_CUDA_LAUNCH_CHECK();
 }
 
 }  // namespace moeserve::cuda

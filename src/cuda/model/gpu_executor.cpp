@@ -1,6 +1,7 @@
 #include "cuda/model/gpu_executor.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <chrono>
 #include <cstring>
 #include <map>
@@ -153,6 +154,10 @@ GpuExecutor::GpuExecutor(const std::string& model_dir, const GpuOptions& opts) :
                                 int(cfg_.num_experts_per_tok), WeightFormat::BF16, max_tokens};
   be_ = select_backends(dev_, shapes, opts_.backends);
   ModelBackends mb{be_.gemm, be_.moe, be_.attention == "reference_paged"};
+  // Opt-in (MOESERVE_FUSED_DECODE=1): on the H200 the fused norm prologues cost more than the launches they
+  // save (served q30b8l decode step at batch 1: 829.9 us fused, 786.2 us without; docs/PERF.md).
+  const char* fused_env = std::getenv("MOESERVE_FUSED_DECODE");
+  mb.fused_small_steps = be_.gemm->spec().name == "gemv" && fused_env != nullptr && std::string(fused_env) == "1";
 
   // Activations, metadata and sampling buffers for the largest step.
   const int64_t ctx = cfg_.max_position_embeddings;

@@ -130,10 +130,13 @@ void GpuQwen3::plan_workspace(int max_tokens, int max_rows, int max_seqs, int ma
     router_logits_ = DeviceArray<float>(alloc_, T * size_t(c.num_experts), part);
     topk_ids_ = DeviceArray<int32_t>(alloc_, T * size_t(c.num_experts_per_tok), part);
     topk_w_ = DeviceArray<float>(alloc_, T * size_t(c.num_experts_per_tok), part);
+
     MoeShape ms{int(c.num_experts), int(H), int(c.moe_intermediate_size), int(c.num_experts_per_tok),
                 WeightFormat::BF16, max_tokens};
     moe_ws_ = DeviceArray<uint8_t>(alloc_, std::max<size_t>(b.moe->workspace_bytes(ms), 256), part);
   }
+  grid_counter_ = DeviceArray<int>(alloc_, 1, part);
+  MS_CUDA_CHECK(cudaMemset(grid_counter_.get(), 0, grid_counter_.bytes()));
   if (c.intermediate_size > 0) {
     mlp_ = DeviceArray<bf16>(alloc_, T * 2 * size_t(c.intermediate_size), part);
     mlp_act_ = DeviceArray<bf16>(alloc_, T * size_t(c.intermediate_size), part);
@@ -141,6 +144,7 @@ void GpuQwen3::plan_workspace(int max_tokens, int max_rows, int max_seqs, int ma
   decode_ws_ = DeviceArray<uint8_t>(
       alloc_, std::max<size_t>(decode_workspace_bytes(max_seqs, int(c.num_heads), int(D), max_decode_splits), 256),
       part);
+  init_decode_workspace(decode_ws_.get(), decode_ws_.bytes(), nullptr);
   // Rows that a padded (graph) step does not compute keep finite values: zero everything once.
   MS_CUDA_CHECK(cudaMemset(residual_.get(), 0, residual_.bytes()));
   MS_CUDA_CHECK(cudaMemset(xn_.get(), 0, xn_.bytes()));
@@ -178,16 +182,25 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
   const double act = double(T) * H;
   if (prof) prof->start(s);
 
+  // Steps of a few tokens: the residual add + RMSNorm run inside the q/k/v GEMV and the router (no launch of
+  // their own), and the router GEMV and top-k are one launch.
+  const bool fuse_qkv_norm = be_.fused_small_steps && norm_gemv_fits(T, H);
   embedding(in.tokens, embed_.get(), T, H, residual_.get(), s);
   mark("embedding", act * 6, 0);
   for (size_t l = 0; l < layers_.size(); ++l) {
     GpuLayer& L = layers_[l];
-    if (l == 0) rmsnorm(residual_.get(), L.input_norm.get(), eps, T, H, xn_.get(), s);
-    else add_rmsnorm(residual_.get(), o_.get(), L.input_norm.get(), eps, T, H, xn_.get(), s);
-    mark("add_rmsnorm", act * 12, 0);
-    gemm.run(xn_.get(), H, T, H, L.qkv.get(), QKV, qkv_.get(), QKV, OutType::BF16, s);
     auto g1 = gemm_cost(T, QKV, H, 2);
-    mark("gemm qkv", g1.first, g1.second);
+    if (fuse_qkv_norm) {
+      norm_gemv(residual_.get(), l == 0 ? nullptr : o_.get(), L.input_norm.get(), eps, T, H, L.qkv.get(), QKV,
+                qkv_.get(), QKV, grid_counter_.get(), s);
+      mark("norm+gemm qkv", g1.first + act * 12, g1.second);
+    } else {
+      if (l == 0) rmsnorm(residual_.get(), L.input_norm.get(), eps, T, H, xn_.get(), s);
+      else add_rmsnorm(residual_.get(), o_.get(), L.input_norm.get(), eps, T, H, xn_.get(), s);
+      mark("add_rmsnorm", act * 12, 0);
+      gemm.run(xn_.get(), H, T, H, L.qkv.get(), QKV, qkv_.get(), QKV, OutType::BF16, s);
+      mark("gemm qkv", g1.first, g1.second);
+    }
     bf16* kc = kv_.get() + l * 2 * layer_elems;
     bf16* vc = kc + layer_elems;
     qk_norm_rope_store_kv(qkv_.get(), QKV, T, Hq, Hkv, D, L.q_norm.get(), L.k_norm.get(), eps, in.positions, rope_,
@@ -196,8 +209,8 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
     if (be_.reference_attention)
       paged_attention_reference(qkv_.get(), QKV, kc, vc, in.attn, ash, in.decode ? 1 : in.max_new, attn_.get(), QD, s);
     else if (in.decode)
-      paged_attention_decode(qkv_.get(), QKV, kc, vc, in.attn, ash, in.decode_splits, decode_ws_.get(), attn_.get(),
-                             QD, s);
+      paged_attention_decode(qkv_.get(), QKV, kc, vc, in.attn, ash, in.decode_splits, decode_ws_.get(),
+                             decode_ws_.bytes(), attn_.get(), QD, s);
     else
       paged_attention_prefill(qkv_.get(), QKV, kc, vc, in.attn, ash, in.max_new, attn_.get(), QD, s);
     mark(in.decode ? "attention decode" : "attention prefill", double(in.kv_tokens) * Hkv * D * 4 + 4.0 * T * QD,
@@ -205,15 +218,31 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
     gemm.run(attn_.get(), QD, T, QD, L.o.get(), H, o_.get(), H, OutType::BF16, s);
     auto g2 = gemm_cost(T, H, QD, 2);
     mark("gemm o_proj", g2.first, g2.second);
-    add_rmsnorm(residual_.get(), o_.get(), L.post_norm.get(), eps, T, H, xn_.get(), s);
-    mark("add_rmsnorm", act * 12, 0);
+    const int E = int(c.num_experts), K = int(c.num_experts_per_tok);
+    const bool fuse_router_norm =
+        L.is_moe && be_.fused_small_steps && moe_norm_router_topk_fits(T, H, E, K);
+    if (!fuse_router_norm) {
+      add_rmsnorm(residual_.get(), o_.get(), L.post_norm.get(), eps, T, H, xn_.get(), s);
+      mark("add_rmsnorm", act * 12, 0);
+    }
     if (L.is_moe) {
-      const int E = int(c.num_experts), K = int(c.num_experts_per_tok), I = int(c.moe_intermediate_size);
-      gemm.run(xn_.get(), H, T, H, L.router.get(), E, router_logits_.get(), E, OutType::F32, s);
+      const int I = int(c.moe_intermediate_size);
       auto g3 = gemm_cost(T, E, H, 4);
-      mark("gemm router", g3.first, g3.second);
-      moe_route_topk(router_logits_.get(), T, E, K, c.norm_topk_prob, topk_ids_.get(), topk_w_.get(), s);
-      mark("moe route_topk", 4.0 * T * E, 0);
+      if (fuse_router_norm) {  // decode of a few tokens: norm, router and top-k in one launch
+        moe_norm_router_topk(residual_.get(), o_.get(), L.post_norm.get(), eps, xn_.get(), L.router.get(), T, H, E, K,
+                             c.norm_topk_prob, router_logits_.get(), grid_counter_.get(), topk_ids_.get(),
+                             topk_w_.get(), s);
+        mark("norm+router+topk", g3.first + act * 12, g3.second);
+      } else if (be_.fused_small_steps && moe_router_topk_fits(T, H, E, K)) {  // decode-sized: one launch
+        moe_router_topk(xn_.get(), L.router.get(), T, H, E, K, c.norm_topk_prob, router_logits_.get(),
+                        grid_counter_.get(), topk_ids_.get(), topk_w_.get(), s);
+        mark("router+topk", g3.first, g3.second);
+      } else {
+        gemm.run(xn_.get(), H, T, H, L.router.get(), E, router_logits_.get(), E, OutType::F32, s);
+        mark("gemm router", g3.first, g3.second);
+        moe_route_topk(router_logits_.get(), T, E, K, c.norm_topk_prob, topk_ids_.get(), topk_w_.get(), s);
+        mark("moe route_topk", 4.0 * T * E, 0);
+      }
       be_.moe->run(xn_.get(), T, topk_ids_.get(), topk_w_.get(), L.moe, o_.get(), moe_ws_.get(), s);
       const double experts = std::min<double>(E, double(T) * K);  // distinct experts touched, at most
       mark("moe experts", experts * 3.0 * H * I * 2 + act * 4 + double(T) * K * I * 4, 6.0 * T * K * H * I);

@@ -60,6 +60,9 @@ struct ModelBackends {
   GemmBackend* gemm = nullptr;
   MoeBackend* moe = nullptr;
   bool reference_attention = false;  // the plain kernel (head sizes the tensor-core kernels do not cover)
+  // Steps of a few tokens use the fused decode kernels (norm + GEMV, norm + router + top-k): with the gemv GEMM
+  // backend (whose kernels they are) and MOESERVE_FUSED_DECODE=1 (off by default: slower, see gpu_executor).
+  bool fused_small_steps = false;
 };
 
 class GpuQwen3 {
@@ -99,6 +102,7 @@ class GpuQwen3 {
   DeviceArray<float> residual_, router_logits_, topk_w_, logits_;
   DeviceArray<bf16> xn_, qkv_, attn_, o_, mlp_, mlp_act_, final_rows_;
   DeviceArray<int32_t> topk_ids_;
+  DeviceArray<int> grid_counter_;  // the fused kernels' last-block counter (zero between launches)
   DeviceArray<uint8_t> moe_ws_, decode_ws_;
 };
 

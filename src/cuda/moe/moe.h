@@ -38,6 +38,24 @@ struct MoeWeights {
 void moe_route_topk(const float* logits, int T, int E, int k, bool renormalize, int32_t* ids, float* weights,
                     cudaStream_t stream);
 
+// The router GEMV and the routing above in one launch, for decode-sized steps: logits[t, e] = x[t] . router[e]
+// (x [T, H] bf16, router [E, H] bf16, f32 sums), then the same softmax / top-k / renormalisation. `logits` is
+// [T, E] f32 scratch; `counter` one int of device memory, zero before the first call (each call leaves it zero).
+// Serves moe_router_topk_fits(T, H, E, k) shapes: T <= 8, H a multiple of 8 up to 4096.
+constexpr int kFusedRouterMaxTokens = 8;
+bool moe_router_topk_fits(int T, int H, int E, int k);
+void moe_router_topk(const bf16* x, const bf16* router, int T, int H, int E, int k, bool renormalize,
+                     float* logits, int* counter, int32_t* ids, float* weights, cudaStream_t stream);
+
+// The same with the post-attention residual add + RMSNorm in front (decode steps of T <= 4 tokens): x =
+// bf16(rmsnorm(residual + delta) * norm_w) is computed by every block, written to xn_out (the experts' input)
+// and routed; residual += delta. Replaces add_rmsnorm + moe_router_topk: one launch instead of two.
+constexpr int kFusedNormRouterMaxTokens = 4;
+bool moe_norm_router_topk_fits(int T, int H, int E, int k);
+void moe_norm_router_topk(float* residual, const bf16* delta, const bf16* norm_w, float eps, bf16* xn_out,
+                          const bf16* router, int T, int H, int E, int k, bool renormalize, float* logits,
+                          int* counter, int32_t* ids, float* weights, cudaStream_t stream);
+
 class MoeBackend {
  public:
   virtual ~MoeBackend() = default;

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "cuda/launch.h"
 #include "cuda/moe/moe_internal.h"
 
 namespace moeserve::cuda {
@@ -28,9 +29,9 @@ void launch(const void* kernel, dim3 grid, dim3 block, size_t smem, void* params
             const char* what, bool programmatic = false) {
   void* args[] = {params};
   cudaError_t e;
-  if (programmatic) {
+  if (programmatic && pdl_enabled()) {
     // Programmatic dependent launch: this grid may start while the previous kernel on the stream still runs; the
-    // kernel calls griddepcontrol.wait before touching anything that kernel writes (see gemm_body, combine_body).
+    // kernel calls griddepcontrol.wait before touching anything that kernel writes (see moe_gemm_kernels.cuh).
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
@@ -115,8 +116,35 @@ std::string fused_check_kernels(const KernelTable& t, const DeviceInfo& dev) {
   return "";
 }
 
+size_t fused_direct_counters(const MoeShape& s) {
+  return size_t(kDirectMaxPairs) * size_t(ceil_div(s.hidden, gemm_config_info(0).bm));
+}
+
+std::string DeviceCounters::ensure(size_t n) {
+  if (n <= n_) return "";
+  if (p_) cudaFree(p_);
+  p_ = nullptr, n_ = 0;
+  void* p = nullptr;
+  if (cudaError_t e = cudaMalloc(&p, n * sizeof(int)); e != cudaSuccess) {
+    cudaGetLastError();
+    return fmt::format("cannot allocate {} counters: {}", n, cudaGetErrorString(e));
+  }
+  if (cudaError_t e = cudaMemset(p, 0, n * sizeof(int)); e != cudaSuccess) {
+    cudaGetLastError();
+    cudaFree(p);
+    return fmt::format("cannot zero {} counters: {}", n, cudaGetErrorString(e));
+  }
+  p_ = static_cast<int*>(p), n_ = n;
+  return "";
+}
+
+DeviceCounters::~DeviceCounters() {
+  if (p_) cudaFree(p_);
+}
+
 void fused_run(const KernelTable& k, const MoeShape& s, const bf16* x, int T, const int32_t* topk_ids,
-               const float* topk_weights, const MoeWeights& w, bf16* out, void* workspace, cudaStream_t stream) {
+               const float* topk_weights, const MoeWeights& w, bf16* out, void* workspace, int* combine_counters,
+               cudaStream_t stream) {
   MS_CHECK(T >= 0 && T <= s.max_tokens, "moe: {} tokens, the backend was prepared for at most {}", T, s.max_tokens);
   MS_CHECK(w.format == WeightFormat::BF16 && w.gate_up && w.down, "moe: bf16 weights expected");
   auto aligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
@@ -133,26 +161,30 @@ void fused_run(const KernelTable& k, const MoeShape& s, const bf16* x, int T, co
   auto* y = reinterpret_cast<unsigned short*>(ws + l.y);
   const unsigned slots = unsigned(l.num_slots);
 
-  // Direct mode: the GEMMs and combine take the routing straight from topk_ids; no prep launch. The down GEMM
-  // and combine are then programmatic dependents of the kernel before them (weights prefetched before the wait).
-  // The gate/up GEMM is launched normally, so everything before this call (x, topk_ids) is complete when the
-  // chain starts, and everything after it waits for the whole chain (every CTA of each kernel waits).
-  const int* direct_ids = l.direct ? topk_ids : nullptr;
-  const bool pdl = l.direct && k.pdl;
-  if (!l.direct) {
+  // Direct mode: the GEMMs take the routing straight from topk_ids (no prep launch) and the down GEMM's last
+  // CTAs do the combine (when counters are given). Every kernel is a programmatic dependent of the one before
+  // (weights prefetched before the wait where the routing allows; see moe_gemm_kernels.cuh).
+  const bool direct = l.direct;
+  const int* direct_ids = direct ? topk_ids : nullptr;
+  const bool fused_combine = direct && combine_counters != nullptr;
+  const bool pdl = k.pdl;
+  if (!direct) {
     PrepParams pp{topk_ids, T * s.top_k, s.num_experts, cfg.bn, l.num_slots, tiles, perm_pair, pair_pos};
-    launch(k.prep, dim3(1), dim3(kPrepThreads), kPrepSmemBytes, &pp, stream, "moe prep launch");
+    launch(k.prep, dim3(1), dim3(kPrepThreads), kPrepSmemBytes, &pp, stream, "moe prep launch", pdl);
   }
 
   GemmParams gu{static_cast<const unsigned short*>(w.gate_up), reinterpret_cast<const unsigned short*>(x), act,
-                tiles, perm_pair, topk_weights, s.hidden, s.inter, s.top_k, direct_ids, s.num_experts};
+                tiles, perm_pair, topk_weights, s.hidden, s.inter, s.top_k, direct_ids, s.num_experts,
+                nullptr, nullptr};
   launch(k.gemm[l.config][kGateUp], dim3(unsigned(ceil_div(s.inter, cfg.bm / 2)), slots), dim3(cfg.threads),
-         size_t(cfg.smem_bytes), &gu, stream, "moe gate/up GEMM launch");
+         size_t(cfg.smem_bytes), &gu, stream, "moe gate/up GEMM launch", pdl);
 
   GemmParams dn{static_cast<const unsigned short*>(w.down), act, y, tiles, perm_pair, topk_weights, s.hidden, s.inter,
-                s.top_k, direct_ids, s.num_experts};
+                s.top_k, direct_ids, s.num_experts, fused_combine ? combine_counters : nullptr,
+                fused_combine ? reinterpret_cast<unsigned short*>(out) : nullptr};
   launch(k.gemm[l.config][kDown], dim3(unsigned(ceil_div(s.hidden, cfg.bm)), slots), dim3(cfg.threads),
          size_t(cfg.smem_bytes), &dn, stream, "moe down GEMM launch", pdl);
+  if (fused_combine) return;
 
   CombineParams cp{y, pair_pos, reinterpret_cast<unsigned short*>(out), T, s.top_k, s.hidden, direct_ids,
                    s.num_experts};
@@ -176,6 +208,7 @@ class FusedAotBackend final : public MoeBackend {
     if (std::string r = fused_check_kernels(table_, dev); !r.empty()) return r;
     code = built_for_ + " in binary";
     if (std::string r = fused_shape_check(shape); !r.empty()) return r;
+    if (std::string r = counters_.ensure(fused_direct_counters(shape)); !r.empty()) return r;
     shape_ = shape;
     ready_ = true;
     return "";
@@ -185,11 +218,12 @@ class FusedAotBackend final : public MoeBackend {
            void* workspace, cudaStream_t stream) override {
     // Never launch kernels whose code was not checked against this device (fused_sm100_build on Hopper).
     MS_CHECK(ready_, "moe backend {} used without a successful prepare()", spec_.name);
-    fused_run(table_, shape_, x, T, topk_ids, topk_weights, w, out, workspace, stream);
+    fused_run(table_, shape_, x, T, topk_ids, topk_weights, w, out, workspace, counters_.get(), stream);
   }
 
  private:
   BackendSpec spec_;
+  DeviceCounters counters_;
   KernelTable table_;
   std::string built_for_;
   MoeShape shape_;

@@ -10,7 +10,13 @@
 //            kDown:   y   = topk_weight * (act Wd^T)          grid (ceil(H / BM), slots)
 //   combine  out[t] = sum of its k rows of y, in slot order (deterministic, no float atomics)
 // Direct mode (small T, GemmParams::direct_ids set): no prep launch; GEMM slot y is pair y as a one-row tile of
-// expert topk_ids[y], act/y rows are indexed by pair, and combine reads topk_ids for dropped pairs.
+// expert topk_ids[y], act/y rows are indexed by pair, and the combine is done by the down GEMM's last CTA of
+// each (token, hidden block) (GemmParams::combine_counters), or by the combine kernel reading topk_ids.
+//
+// Programmatic dependent launch (all kernels may be launched with the attribute): prep, gate/up and combine
+// wait for the kernel before them first and only then let their dependent start; the down GEMM lets its
+// dependent start at once and prefetches its weight slices before waiting. So the down GEMM's early reads of
+// topk_ids (direct mode) come after the gate/up's wait, i.e. after the router finished.
 //
 // GEMM layout ("swap AB"): weight rows are the MMA M dimension and tokens the N dimension, so a decode step
 // with one or two tokens per expert still fills whole m16n8k16 MMAs and every weight byte of an active expert
@@ -38,9 +44,55 @@ __device__ __forceinline__ int swz(int row, int chunk) {
 
 __device__ __forceinline__ float silu(float g) { return g / (1.0f + moe_ptx::exp2_approx(-1.4426950408889634f * g)); }
 
+// 16 bytes written by another CTA of this grid: read through L2 (never a stale L1 line).
+__device__ __forceinline__ U4 load_cg(const unsigned short* p) {
+  U4 v;
+  asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+
+// Direct-mode down GEMM, fused combine (see GemmParams::combine_counters): every CTA calls this after its rows
+// of y are written (or after finding its pair dropped); the last of a token's top_k CTAs for this block of
+// hidden rows [h0, h0 + BM) writes the token's output there.
+template <int BM>
+__device__ __forceinline__ void direct_combine_tail(const GemmParams& p, int H) {
+  __shared__ int combine_here;
+  __threadfence();
+  __syncthreads();
+  const int t = blockIdx.y / p.top_k;
+  if (threadIdx.x == 0) {
+    int* c = p.combine_counters + t * gridDim.x + blockIdx.x;
+    combine_here = atomicAdd(c, 1) == p.top_k - 1;
+    if (combine_here) *c = 0;  // all of the token's CTAs have counted: ready for the next launch
+  }
+  __syncthreads();
+  if (!combine_here) return;
+  __threadfence();
+  const long long pair0 = (long long)t * p.top_k;
+  for (int c = threadIdx.x; c < BM / 8; c += blockDim.x) {
+    const int h = blockIdx.x * BM + c * 8;
+    if (h >= H) break;
+    float a[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int j = 0; j < p.top_k; ++j) {
+      const int e = p.direct_ids[pair0 + j];
+      if (e < 0 || e >= p.num_experts) continue;  // a dropped pair adds nothing
+      const U4 v = load_cg(p.dst + (pair0 + j) * H + h);
+      a[0] += moe_ptx::bf16_lo(v.x), a[1] += moe_ptx::bf16_hi(v.x), a[2] += moe_ptx::bf16_lo(v.y);
+      a[3] += moe_ptx::bf16_hi(v.y), a[4] += moe_ptx::bf16_lo(v.z), a[5] += moe_ptx::bf16_hi(v.z);
+      a[6] += moe_ptx::bf16_lo(v.w), a[7] += moe_ptx::bf16_hi(v.w);
+    }
+    U4 o;
+    o.x = moe_ptx::pack_bf16x2(a[0], a[1]), o.y = moe_ptx::pack_bf16x2(a[2], a[3]);
+    o.z = moe_ptx::pack_bf16x2(a[4], a[5]), o.w = moe_ptx::pack_bf16x2(a[6], a[7]);
+    *reinterpret_cast<U4*>(p.combine_out + (long long)t * H + h) = o;
+  }
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // prep: one CTA of kPrepThreads. smem: 3 * kMaxExperts + 2 ints.
 __device__ __forceinline__ void prep_body(const PrepParams& p, char* smem) {
+  moe_ptx::grid_dep_wait();  // topk_ids come from the router
+  moe_ptx::grid_dep_launch_dependents();
   int* s_cnt = reinterpret_cast<int*>(smem);  // [E]
   int* s_off = s_cnt + kMaxExperts;           // [E + 1] first sorted position of each expert
   int* s_toff = s_off + kMaxExperts + 1;      // [E + 1] first tile of each expert
@@ -111,14 +163,16 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p, char* smem) {
   static_assert(CPR >= 8 && BK % 16 == 0, "the swizzle permutes 8 chunks");
   static_assert(MODE == kDown || BM % 16 == 0, "gate/up halves hold whole 8-wide output chunks");
 
-  // Programmatic dependent launch (used by the direct path only; both calls are no-ops otherwise): the next
-  // kernel may be scheduled now; it waits for this grid's completion itself before reading what it writes.
+  // Programmatic dependent launch (no-ops unless launched with the attribute). The gate/up GEMM reads x and the
+  // routing (or the prep's tiles) first thing: it waits before anything, then lets the down GEMM be scheduled.
+  // The down GEMM lets the next kernel be scheduled at once; that kernel waits for this grid's completion.
+  if (MODE == kGateUp) moe_ptx::grid_dep_wait();
   moe_ptx::grid_dep_launch_dependents();
   const bool direct = p.direct_ids != nullptr;
   Tile tile;
   if (direct) {
-    // topk_ids were written before the first kernel of this MoE call started, so they may be read before the
-    // wait; everything the previous kernel writes (act) is read only after it.
+    // topk_ids were complete before the gate/up GEMM passed its wait, which is before this grid could start,
+    // so they may be read before the wait; everything the previous kernel writes (act) is read only after it.
     const int e = p.direct_ids[blockIdx.y];
     tile.expert = e, tile.row0 = blockIdx.y, tile.rows = (e >= 0 && e < p.num_experts) ? 1 : 0, tile.pad = 0;
   } else {
@@ -127,6 +181,9 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p, char* smem) {
   }
   if (tile.rows <= 0) {
     moe_ptx::grid_dep_wait();  // every CTA waits, so this grid completes only after its prerequisite
+    // A dropped pair still counts towards its token's fused combine.
+    if (MODE == kDown && direct && p.combine_counters != nullptr)
+      direct_combine_tail<BM>(p, FIXED_H > 0 ? FIXED_H : p.hidden);
     return;  // the grid is sized for the worst routing; most slots are empty at decode
   }
 
@@ -308,6 +365,7 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p, char* smem) {
       o.w = pack_bf16x2(b.z * wt, b.w * wt);
       *reinterpret_cast<U4*>(p.dst + (long long)(tile.row0 + n) * H + h) = o;
     }
+    if (direct && p.combine_counters != nullptr) direct_combine_tail<BM>(p, H);
   }
 }
 
@@ -316,6 +374,7 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p, char* smem) {
 __device__ __forceinline__ void combine_body(const CombineParams& p) {
   using namespace moe_ptx;
   grid_dep_wait();  // y comes from the down GEMM (a no-op unless launched as its programmatic dependent)
+  grid_dep_launch_dependents();
   const int t = blockIdx.x;
   if (t >= p.num_tokens) return;
   const long long pair0 = (long long)t * p.top_k;

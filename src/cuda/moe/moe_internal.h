@@ -47,10 +47,29 @@ bool fused_direct_for(const MoeShape& s, int T);
 std::string fused_shape_check(const MoeShape& s);
 // Checks that every kernel of `t` has code for this device and allows its dynamic shared memory. "" or why not.
 std::string fused_check_kernels(const moe_kernels::KernelTable& t, const DeviceInfo& dev);
-// prep -> gate/up GEMM with SwiGLU -> down GEMM with routing weights -> combine, all on `stream`, no host sync
-// (direct mode: the same without prep).
+// Device ints, zeroed when allocated: the direct path's fused-combine counters (each launch leaves them at zero
+// again). One set per backend: a backend must not run on two streams at once.
+class DeviceCounters {
+ public:
+  DeviceCounters() = default;
+  DeviceCounters(const DeviceCounters&) = delete;
+  DeviceCounters& operator=(const DeviceCounters&) = delete;
+  ~DeviceCounters();
+  std::string ensure(size_t n);  // "" or why not
+  int* get() const { return p_; }
+
+ private:
+  int* p_ = nullptr;
+  size_t n_ = 0;
+};
+// Counters the direct path's fused combine needs for these shapes.
+size_t fused_direct_counters(const MoeShape& s);
+// prep -> gate/up GEMM with SwiGLU -> down GEMM with routing weights -> combine, all on `stream`, no host sync.
+// Direct mode: the same without prep, and with combine_counters (fused_direct_counters(s) of them) the combine
+// is done by the down GEMM (no combine launch).
 void fused_run(const moe_kernels::KernelTable& k, const MoeShape& s, const bf16* x, int T, const int32_t* topk_ids,
-               const float* topk_weights, const MoeWeights& w, bf16* out, void* workspace, cudaStream_t stream);
+               const float* topk_weights, const MoeWeights& w, bf16* out, void* workspace, int* combine_counters,
+               cudaStream_t stream);
 
 // Relative error allowed against the f32 CPU reference: the GPU paths round the SwiGLU output (and the fused
 // path each weighted expert output) to BF16, about 2^-9 relative each.

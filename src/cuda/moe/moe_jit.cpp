@@ -178,6 +178,7 @@ class JitBackend final : public MoeBackend {
     if (std::string r = lookup(t); !r.empty()) return r;
     t.pdl = sm_version(dev) >= 90;
     if (std::string r = fused_check_kernels(t, dev); !r.empty()) return r;
+    if (std::string r = counters_.ensure(fused_direct_counters(shape)); !r.empty()) return r;
     table_ = t;
     shape_ = shape;
     ready_ = true;
@@ -189,7 +190,7 @@ class JitBackend final : public MoeBackend {
   void run(const bf16* x, int T, const int32_t* topk_ids, const float* topk_weights, const MoeWeights& w, bf16* out,
            void* workspace, cudaStream_t stream) override {
     MS_CHECK(ready_, "moe backend jit used without a successful prepare()");
-    fused_run(table_, shape_, x, T, topk_ids, topk_weights, w, out, workspace, stream);
+    fused_run(table_, shape_, x, T, topk_ids, topk_weights, w, out, workspace, counters_.get(), stream);
   }
 
  private:
@@ -262,6 +263,7 @@ class JitBackend final : public MoeBackend {
   cudaLibrary_t library_ = nullptr;
   std::string key_, code_;
   KernelTable table_{};
+  DeviceCounters counters_;
   MoeShape shape_;
   bool ready_ = false;
 };

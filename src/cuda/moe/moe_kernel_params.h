@@ -51,6 +51,11 @@ struct GemmParams {
   // [0, num_experts)), and sorted position == pair index (the identity permutation).
   const int* direct_ids;  // [P] topk_ids, or nullptr
   int num_experts;
+  // kDown in direct mode, when non-null: the combine is fused. Counter (t, blockIdx.x) counts the finished CTAs
+  // of token t's pairs for that block of hidden rows; the one that brings it to top_k sums the token's rows of y
+  // in slot order into combine_out [T, H] (as the combine kernel would) and resets the counter to zero.
+  int* combine_counters;          // [T, gridDim.x], zero between launches
+  unsigned short* combine_out;    // bf16 bits
 };
 
 // out[t, :] = bf16(sum over j < top_k of y[pair_pos[t * top_k + j], :]), slots in order (deterministic).

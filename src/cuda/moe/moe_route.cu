@@ -4,7 +4,10 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "cuda/fused_norm.cuh"
+#include "cuda/launch.h"
 #include "cuda/moe/moe.h"
+#include "cuda/pdl.cuh"
 
 namespace moeserve::cuda {
 
@@ -26,19 +29,16 @@ constexpr int kRouteWarpsPerBlock = 4;
 // (p, e) ranks before (q, f): larger probability, then lower expert index (torch.topk's order).
 __device__ __forceinline__ bool route_before(float p, int e, float q, int f) { return p > q || (p == q && e < f); }
 
-// One warp per token; lane l holds experts l, l + 32, ...
-__global__ void __launch_bounds__(kRouteWarpsPerBlock * 32)
-    route_topk_kernel(const float* logits, int T, int E, int k, bool renormalize, int32_t* ids, float* weights) {
-  const int lane = threadIdx.x & 31;
-  const int t = blockIdx.x * kRouteWarpsPerBlock + (threadIdx.x >> 5);
-  if (t >= T) return;
-  const float* l = logits + size_t(t) * E;
+// One warp routes token t from its logits row l: lane l holds experts l, l + 32, ... The row may have been
+// written by other blocks of the same grid (the fused router): read through L2.
+__device__ __forceinline__ void route_token(const float* l, int t, int E, int k, bool renormalize, int32_t* ids,
+                                            float* weights, int lane) {
   float v[kRouteMaxPerLane];
   float mx = -INFINITY;
 #pragma unroll
   for (int i = 0; i < kRouteMaxPerLane; ++i) {
     const int e = lane + 32 * i;
-    v[i] = e < E ? l[e] : -INFINITY;
+    v[i] = e < E ? __ldcg(l + e) : -INFINITY;
     mx = fmaxf(mx, v[i]);
   }
 #pragma unroll
@@ -77,6 +77,89 @@ __global__ void __launch_bounds__(kRouteWarpsPerBlock * 32)
   if (lane < k) weights[size_t(t) * k + lane] = renormalize ? chosen_p / total : chosen_p;
 }
 
+// One warp per token.
+__global__ void __launch_bounds__(kRouteWarpsPerBlock * 32)
+    route_topk_kernel(const float* logits, int T, int E, int k, bool renormalize, int32_t* ids, float* weights) {
+  pdl_enter();
+  const int t = blockIdx.x * kRouteWarpsPerBlock + (threadIdx.x >> 5);
+  if (t >= T) return;
+  route_token(logits + size_t(t) * E, t, E, k, renormalize, ids, weights, threadIdx.x & 31);
+}
+
+// ---- The router GEMV fused with routing (T <= kFusedRouterMaxTokens). Warp w of block b computes expert
+// e = 4 b + w for every token: its weight row (H bf16, 16-byte chunks c = lane + 32 i < H / 8) is loaded into registers
+// before the programmatic wait, the token rows after it; products of bf16 values are exact in f32 and summed in
+// f32. The block that finishes last (a grid-wide counter, reset by that block) routes every token.
+// NORM: the token rows are rmsnorm(residual + delta) * norm_w, computed by every block into shared memory; the
+// last block also writes them to xn_out (the experts' input) and adds delta into the residual.
+constexpr int kFusedRouterWarps = 4;
+constexpr int kFusedRouterMaxChunks = 16;  // 16-byte chunks per lane: H <= 32 * 16 * 8 = 4096
+constexpr int kNormPad = 8;                // bf16 of padding per shared row
+
+struct RouterNorm {
+  float* residual;
+  const bf16* delta;
+  const bf16* weight;
+  float eps;
+  bf16* xn_out;
+};
+
+template <int CHUNKS, bool NORM>
+__global__ void __launch_bounds__(kFusedRouterWarps * 32)
+    router_topk_kernel(const bf16* x, const bf16* w, int T, int H, int E, int k, bool renormalize, float* logits,
+                       int* counter, int32_t* ids, float* weights, RouterNorm rn) {
+  extern __shared__ __align__(16) bf16 xs[];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int e = blockIdx.x * kFusedRouterWarps + warp;
+  const int nch = H / 8;  // 16-byte chunks of a row; lane + 32 i < nch, i < CHUNKS (host)
+  uint4 wr[CHUNKS];
+#pragma unroll
+  for (int i = 0; i < CHUNKS; ++i)
+    wr[i] = e < E && lane + 32 * i < nch
+                ? __ldcs(reinterpret_cast<const uint4*>(w + size_t(e) * H) + lane + 32 * i)
+                : make_uint4(0, 0, 0, 0);
+  pdl_enter();
+  int64_t ldx = H;
+  if constexpr (NORM) {
+    norm_rows_to_smem(rn.residual, rn.delta, rn.weight, rn.eps, T, H, xs, H + kNormPad);
+    x = xs;
+    ldx = H + kNormPad;
+  }
+  if (e < E) {
+    for (int t = 0; t < T; ++t) {
+      const uint4* xr = reinterpret_cast<const uint4*>(x + t * ldx);
+      float acc = 0.0f;
+#pragma unroll
+      for (int i = 0; i < CHUNKS; ++i) {
+        if (lane + 32 * i < nch) {
+          const uint4 xv = NORM ? xr[lane + 32 * i] : __ldcg(xr + lane + 32 * i);  // not .nc: see pdl.cuh
+          const __nv_bfloat162* a = reinterpret_cast<const __nv_bfloat162*>(&wr[i]);
+          const __nv_bfloat162* b = reinterpret_cast<const __nv_bfloat162*>(&xv);
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const float2 fa = __bfloat1622float2(a[j]), fb = __bfloat1622float2(b[j]);
+            acc = fmaf(fa.x, fb.x, acc);
+            acc = fmaf(fa.y, fb.y, acc);
+          }
+        }
+      }
+#pragma unroll
+      for (int d = 16; d > 0; d >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, d);
+      if (lane == 0) logits[size_t(t) * E + e] = acc;
+    }
+  }
+  if (!finished_last(counter)) return;
+  if constexpr (NORM) {
+    for (int i = threadIdx.x; i < T * H / 8; i += blockDim.x) {
+      const int t = i / (H / 8), c = i % (H / 8);
+      reinterpret_cast<uint4*>(rn.xn_out + size_t(t) * H)[c] = reinterpret_cast<const uint4*>(xs + t * ldx)[c];
+    }
+    add_to_residual(rn.residual, rn.delta, T, H);
+  }
+  for (int t = warp; t < T; t += kFusedRouterWarps)
+    route_token(logits + size_t(t) * E, t, E, k, renormalize, ids, weights, lane);
+}
+
 }  // namespace
 
 void moe_route_topk(const float* logits, int T, int E, int k, bool renormalize, int32_t* ids, float* weights,
@@ -87,8 +170,55 @@ void moe_route_topk(const float* logits, int T, int E, int k, bool renormalize, 
            kRouteMaxTopK);
   if (T <= 0) return;
   const int blocks = int(ceil_div(T, kRouteWarpsPerBlock));
-  route_topk_kernel<<<blocks, kRouteWarpsPerBlock * 32, 0, stream>>>(logits, T, E, k, renormalize, ids, weights);
-  MS_CUDA_LAUNCH_CHECK();
+  launch_pdl(route_topk_kernel, dim3(blocks), dim3(kRouteWarpsPerBlock * 32), 0, stream, logits, T, E, k,
+             renormalize, ids, weights);
+}
+
+bool moe_router_topk_fits(int T, int H, int E, int k) {
+  return T >= 1 && T <= kFusedRouterMaxTokens && H > 0 && H % 8 == 0 && H <= 256 * kFusedRouterMaxChunks && E >= 1 &&
+         E <= 32 * kRouteMaxPerLane && k >= 1 && k <= E && k <= kRouteMaxTopK;
+}
+
+namespace {
+template <bool NORM>
+void launch_router(const bf16* x, const bf16* router, int T, int H, int E, int k, bool renormalize, float* logits,
+                   int* counter, int32_t* ids, float* weights, const RouterNorm& rn, cudaStream_t stream) {
+  MS_CHECK(moe_router_topk_fits(T, H, E, k), "moe_router_topk: T {} H {} E {} top_k {} do not fit the fused kernel",
+           T, H, E, k);
+  MS_CHECK((reinterpret_cast<uintptr_t>(x) & 15) == 0 && (reinterpret_cast<uintptr_t>(router) & 15) == 0 &&
+               counter != nullptr,
+           "moe_router_topk: x and the router weights must be 16-byte aligned, and a counter is needed");
+  const dim3 grid(unsigned(ceil_div(E, kFusedRouterWarps)));
+  const int chunks = int(ceil_div(H / 8, 32));
+  auto kernel = chunks <= 4   ? router_topk_kernel<4, NORM>
+                : chunks <= 8 ? router_topk_kernel<8, NORM>
+                              : router_topk_kernel<16, NORM>;
+  const size_t smem = NORM ? size_t(T) * size_t(H + kNormPad) * sizeof(bf16) : 0;
+  launch_pdl(kernel, grid, dim3(kFusedRouterWarps * 32), smem, stream, x, router, T, H, E, k, renormalize, logits,
+             counter, ids, weights, rn);
+}
+}  // namespace
+
+void moe_router_topk(const bf16* x, const bf16* router, int T, int H, int E, int k, bool renormalize,
+                     float* logits, int* counter, int32_t* ids, float* weights, cudaStream_t stream) {
+  launch_router<false>(x, router, T, H, E, k, renormalize, logits, counter, ids, weights, RouterNorm{}, stream);
+}
+
+bool moe_norm_router_topk_fits(int T, int H, int E, int k) {
+  return T <= kFusedNormRouterMaxTokens && moe_router_topk_fits(T, H, E, k);
+}
+
+void moe_norm_router_topk(float* residual, const bf16* delta, const bf16* norm_w, float eps, bf16* xn_out,
+                          const bf16* router, int T, int H, int E, int k, bool renormalize, float* logits,
+                          int* counter, int32_t* ids, float* weights, cudaStream_t stream) {
+  MS_CHECK(moe_norm_router_topk_fits(T, H, E, k), "moe_norm_router_topk: T {} (at most {})", T,
+           kFusedNormRouterMaxTokens);
+  MS_CHECK(residual != nullptr && delta != nullptr && norm_w != nullptr && xn_out != nullptr &&
+               (reinterpret_cast<uintptr_t>(residual) & 15) == 0 && (reinterpret_cast<uintptr_t>(delta) & 7) == 0 &&
+               (reinterpret_cast<uintptr_t>(norm_w) & 7) == 0 && (reinterpret_cast<uintptr_t>(xn_out) & 15) == 0,
+           "moe_norm_router_topk: residual / xn_out 16-byte and delta / norm weight 8-byte aligned");
+  launch_router<true>(xn_out, router, T, H, E, k, renormalize, logits, counter, ids, weights,
+                      RouterNorm{residual, delta, norm_w, eps, xn_out}, stream);
 }
 
 }  // namespace moeserve::cuda
