@@ -4,12 +4,14 @@
 # 1 request (512 in / 128 out), 64 and 128 concurrent (512 / 128) and prefill-heavy (512 in / 1 out), and
 # prints one table with SPEC.md's targets beside the figures.
 # Env: MODELS (default "q30b8l"; "q30b8l q30b" for both: q30b needs ~57 GiB of disk, the q30b8l copy is removed
-# first), BENCH_DIR (models; default /tmp/moeserve-bench), SERVE_ARGS (extra serve flags), OUT (logs).
+# first), BENCH_DIR (models; default /tmp/moeserve-bench), SERVE_ARGS (extra serve flags), OUT (where logs.tgz
+# goes).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${MOESERVE_BUILD:-$ROOT/build}
 BIN=$BUILD/bin/moeserve
-LOGS=${OUT:-/tmp/gpu-bench}
+LOGS=$(mktemp -d /tmp/gpu-bench.XXXXXX)  # every log; OUT gets them as one archive (logs.tgz)
+ARCHIVE=${OUT:-/tmp}/logs.tgz
 DIR=${BENCH_DIR:-/tmp/moeserve-bench}
 MODELS=${MODELS:-q30b8l}
 PORT=${PORT:-30123}
@@ -80,6 +82,7 @@ for m in $MODELS; do
   grep -E 'backend |KV cache|CUDA graphs|weights:|GPU ready' "$LOGS/serve-$m.log" | cut -c1-220
   kill $pid; wait $pid 2>/dev/null
 done
+mkdir -p "$(dirname "$ARCHIVE")" && tar czf "$ARCHIVE" -C "$LOGS" . 2>/dev/null && echo "logs: $ARCHIVE"
 echo
 cat "$LOGS/engine-times.txt" 2>/dev/null
 printf '%-8s %-9s %-62s %s\n' model scenario measured target

@@ -6,12 +6,14 @@
 #   - the server end-to-end suite on the GPU (--device auto picks the GPU there).
 # Build on the development machine (./scripts/build.sh), then run this there with build/ carried along.
 # Env: MOESERVE_BUILD (default build), GPU_CHECK_E2E=0 to skip the node suite, GPU_CHECK_TIMINGS=1 to add the
-# kernel timing reports, OUT for logs.
+# kernel timing reports, OUT: where logs.tgz (every log) goes; the logs themselves are written under /tmp, so
+# that a device run brings back one archive rather than dozens of files.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${MOESERVE_BUILD:-$ROOT/build}
-LOGS=${OUT:-/tmp/gpu-check}
-mkdir -p "$LOGS"
+LOGS=$(mktemp -d /tmp/gpu-check.XXXXXX)
+ARCHIVE=${OUT:-/tmp}/logs.tgz
+mkdir -p "$(dirname "$ARCHIVE")"
 export MOESERVE_TEST_DATA=$ROOT/tests/data
 export MOESERVE_CACHE=${MOESERVE_CACHE:-/tmp/moeserve-cache}
 export NCCL_NVLS_ENABLE=0
@@ -69,7 +71,7 @@ if [[ ${GPU_CHECK_TIMINGS:-0} != 0 ]]; then
   grep -h 'info' "$LOGS/moe_timing.log" | grep -E 'T= *1 |T= *64 ' | cut -c1-150
 fi
 
-tar czf /tmp/gpu-check-logs.tgz -C "$LOGS" --exclude='*.tgz' . 2>/dev/null && mv /tmp/gpu-check-logs.tgz "$LOGS/logs.tgz"
+tar czf "$ARCHIVE" -C "$LOGS" . 2>/dev/null && echo "logs: $ARCHIVE"
 echo
 grep -h '^\[ info \]' "$LOGS"/test_gpu_*.log 2>/dev/null | cut -c1-150
 printf '%-34s %-5s %9s  %s\n' check result time summary
