@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# A/B of engine variants on the GPU machine in one call: for each variant (environment settings and gpu_profile
+# flags), the served decode step at batch 1, 64 and 128 (graph replay + sampling + copies, host-timed) from
+# build/bench/gpu_profile, one row a variant, plus the full per-op report of each in logs.tgz.
+#   scripts/gpu-ab.sh MODEL_DIR 'base=' 'nopdl=MOESERVE_PDL=0' 'gemv=--gemm-backend gemv' ...
+# A variant is NAME=WORDS: words with '=' are environment settings, the rest are gpu_profile flags.
+# Env: OUT (where logs.tgz goes), MOESERVE_BUILD (default build).
+set -uo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+BUILD=${MOESERVE_BUILD:-$ROOT/build}
+MODEL=${1:?usage: gpu-ab.sh MODEL_DIR NAME=SETTINGS...}
+shift
+LOGS=$(mktemp -d /tmp/gpu-ab.XXXXXX)
+printf '%-14s %12s %12s %12s\n' variant 'bs1 us' 'bs64 us' 'bs128 us'
+for v in "$@"; do
+  name=${v%%=*}
+  words=${v#*=}
+  envs=()
+  flags=()
+  for w in $words; do
+    if [[ $w == *=* && $w != --* ]]; then envs+=("$w"); else flags+=("$w"); fi
+  done
+  env "${envs[@]}" "$BUILD/bench/gpu_profile" --model-path "$MODEL" "${flags[@]}" >"$LOGS/$name.log" 2>&1
+  mapfile -t served < <(grep 'served decode step' "$LOGS/$name.log" | grep -oE '[0-9]+\.[0-9]+ us' | cut -d' ' -f1)
+  printf '%-14s %12s %12s %12s\n' "$name" "${served[0]:-fail}" "${served[1]:-fail}" "${served[2]:-fail}"
+done
+mkdir -p "${OUT:-/tmp}" && tar czf "${OUT:-/tmp}/logs.tgz" -C "$LOGS" . && echo "logs: ${OUT:-/tmp}/logs.tgz"
