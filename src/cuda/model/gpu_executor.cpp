@@ -199,6 +199,9 @@ GpuExecutor::GpuExecutor(const std::string& model_dir, const GpuOptions& opts) :
                "{:.2f} of {}); raise --mem-fraction-static or use a smaller model",
                format_bytes(alloc_.in_use()), frac, format_bytes(total));
   model_->allocate_kv(pages, int(opts_.page_size));
+  // The startup memsets (KV cache, activations, the kernels' zeroed counters) run on the legacy stream, which
+  // does not order with the executor's non-blocking stream: finish them before any step or graph warm-up.
+  MS_CUDA_CHECK(cudaDeviceSynchronize());
   KVPoolShape ks;
   ks.num_layers = cfg_.num_layers;
   ks.num_pages = pages;
@@ -340,8 +343,8 @@ StepInputs GpuExecutor::prepare(const ForwardBatch& batch, const std::vector<Sam
   in.attn.q_rows = darr(L.q_rows);
   in.attn.num_seqs = Sp;
   in.attn.page_size = int(ps);
-  in.logit_rows = identity && pad_to <= T ? nullptr : darr(L.logit_rows);
-  if (pad_to > T) in.logit_rows = nullptr;  // padded decode: rows are the sequences, in order
+  // Padded decode: rows are the sequences, in order; otherwise gathered unless they are the tokens in order.
+  in.logit_rows = identity || pad_to > T ? nullptr : darr(L.logit_rows);
   in.T = Tp;
   in.R = pad_to > T ? Rp : R;
   in.max_new = max_new;
