@@ -8,6 +8,8 @@
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${MOESERVE_BUILD:-$ROOT/build}
+source "$ROOT/scripts/lib/ensure-built.sh"
+ensure_built "$BUILD" bench/gpu_profile
 MODEL=${1:?usage: gpu-ab.sh MODEL_DIR NAME=SETTINGS...}
 shift
 LOGS=$(mktemp -d /tmp/gpu-ab.XXXXXX)

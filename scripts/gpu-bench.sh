@@ -9,6 +9,8 @@
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${MOESERVE_BUILD:-$ROOT/build}
+source "$ROOT/scripts/lib/ensure-built.sh"
+ensure_built "$BUILD" bin/moeserve
 BIN=$BUILD/bin/moeserve
 LOGS=$(mktemp -d /tmp/gpu-bench.XXXXXX)  # every log; OUT gets them as one archive (logs.tgz)
 ARCHIVE=${OUT:-/tmp}/logs.tgz

@@ -4,13 +4,16 @@
 #   - every GPU test binary (kernels, GEMM, sampling, MoE backends, GPU parity against transformers);
 #   - `moeserve backends`, and the refusal of a backend compiled for another architecture;
 #   - the server end-to-end suite on the GPU (--device auto picks the GPU there).
-# Build on the development machine (./scripts/build.sh), then run this there with build/ carried along.
+# Builds when the binaries are missing (scripts/lib/ensure-built.sh); on the GPU machine, which lacks some build
+# dependencies, build on the development machine (./scripts/build.sh) and carry build/ along.
 # Env: MOESERVE_BUILD (default build), GPU_CHECK_E2E=0 to skip the node suite, GPU_CHECK_TIMINGS=1 to add the
 # kernel timing reports, OUT: where logs.tgz (every log) goes; the logs themselves are written under /tmp, so
 # that a device run brings back one archive rather than dozens of files.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${MOESERVE_BUILD:-$ROOT/build}
+source "$ROOT/scripts/lib/ensure-built.sh"
+ensure_built "$BUILD" bin/moeserve tests/test_cuda
 LOGS=$(mktemp -d /tmp/gpu-check.XXXXXX)
 ARCHIVE=${OUT:-/tmp}/logs.tgz
 mkdir -p "$(dirname "$ARCHIVE")"
