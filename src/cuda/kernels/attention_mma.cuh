@@ -428,7 +428,7 @@ __global__ void __launch_bounds__(128) paged_attention_mma_kernel(const AttnPara
   }
 
   if constexpr (SPLIT) {
-    // Publish this part, count it; the block that brings the count to num_splits merges all of them.
+    // Publish this part, count it; the block that brings the count to `parts` merges all of them.
     __threadfence();
     __syncthreads();
     if (tid == 0) {
