@@ -17,7 +17,8 @@ bool pdl_enabled() {
     const char* env = std::getenv("MOESERVE_PDL");
     if (env != nullptr && std::string(env) == "0") return false;
     int dev = 0, major = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
       cudaGetLastError();
       return false;
     }

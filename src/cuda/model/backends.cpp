@@ -346,7 +346,8 @@ SelectedBackends select_backends(const DeviceInfo& dev, const ModelShapes& shape
           size_t call = 0;
           for (int M : {1, 2, 4, 8, 64})
             us += time_us([&] {
-              const bf16* wc = reinterpret_cast<const bf16*>(static_cast<const char*>(w.p) + (call++ % copies) * w_bytes);
+              const char* copy = static_cast<const char*>(w.p) + (call++ % copies) * w_bytes;
+              const bf16* wc = reinterpret_cast<const bf16*>(copy);
               b->run(x.as<bf16>(), shapes.hidden, M, shapes.hidden, wc, shapes.qkv_out, y.p, shapes.qkv_out,
                      OutType::BF16, nullptr);
             });

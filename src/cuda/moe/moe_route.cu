@@ -87,9 +87,9 @@ __global__ void __launch_bounds__(kRouteWarpsPerBlock * 32)
 }
 
 // ---- The router GEMV fused with routing (T <= kFusedRouterMaxTokens). Warp w of block b computes expert
-// e = 4 b + w for every token: its weight row (H bf16, 16-byte chunks c = lane + 32 i < H / 8) is loaded into registers
-// before the programmatic wait, the token rows after it; products of bf16 values are exact in f32 and summed in
-// f32. The block that finishes last (a grid-wide counter, reset by that block) routes every token.
+// e = 4 b + w for every token: its weight row (H bf16, 16-byte chunks c = lane + 32 i < H / 8) is loaded into
+// registers before the programmatic wait, the token rows after it; products of bf16 values are exact in f32 and
+// summed in f32. The block that finishes last (a grid-wide counter, reset by that block) routes every token.
 // NORM: the token rows are rmsnorm(residual + delta) * norm_w, computed by every block into shared memory; the
 // last block also writes them to xn_out (the experts' input) and adds delta into the residual.
 constexpr int kFusedRouterWarps = 4;
