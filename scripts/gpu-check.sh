@@ -76,6 +76,6 @@ fi
 
 tar czf "$ARCHIVE" -C "$LOGS" . 2>/dev/null && echo "logs: $ARCHIVE"
 echo
-grep -h '^\[ info \]' "$LOGS"/test_gpu_*.log 2>/dev/null | cut -c1-150
+grep -h '^\[ info \]' "$LOGS"/test_cuda.log "$LOGS"/test_gpu_*.log 2>/dev/null | cut -c1-150
 printf '%-34s %-5s %9s  %s\n' check result time summary
 printf '%s\n' "${rows[@]}"

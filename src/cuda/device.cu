@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "cuda/launch.h"
+#include "cuda/pdl.cuh"
 
 namespace moeserve::cuda {
 
@@ -28,6 +29,32 @@ bool pdl_enabled() {
 }
 
 namespace {
+__device__ __forceinline__ unsigned long long global_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// t[0]: A's end. A lets its dependent start at once, then spins.
+__global__ void pdl_probe_a(unsigned long long* t, unsigned long long spin_ns) {
+  pdl_enter();
+  const unsigned long long start = global_ns();
+  unsigned long long now = start;
+  while (now - start < spin_ns) now = global_ns();
+  __threadfence();
+  if (threadIdx.x == 0) t[0] = global_ns();
+}
+
+// t[1]: B's entry, before the wait; t[2]: after it.
+__global__ void pdl_probe_b(unsigned long long* t) {
+  const unsigned long long entry = global_ns();
+  pdl_wait();
+  if (threadIdx.x == 0) {
+    t[1] = entry;
+    t[2] = global_ns();
+  }
+}
+
 void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw InternalError(fmt::format("CUDA {} failed: {}", what, cudaGetErrorString(e)));
 }
@@ -48,6 +75,41 @@ __global__ void rmsnorm_kernel(const float* x, const float* w, float eps, int di
   for (int i = threadIdx.x; i < dim; i += blockDim.x) out[size_t(blockIdx.x) * dim + i] = w[i] * (xr[i] * inv);
 }
 }  // namespace
+
+PdlProbe pdl_overlap_probe(double spin_us) {
+  unsigned long long* d = nullptr;
+  check(cudaMalloc(&d, 3 * sizeof(unsigned long long)), "cudaMalloc");
+  cudaStream_t st = nullptr;
+  check(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), "cudaStreamCreate");
+  const auto spin_ns = static_cast<unsigned long long>(spin_us * 1000.0);
+  auto launch = [&] {
+    pdl_probe_a<<<1, 32, 0, st>>>(d, spin_ns);
+    launch_pdl(pdl_probe_b, dim3(1), dim3(32), 0, st, d);
+  };
+  auto read = [&](double& entry, double& after) {
+    unsigned long long h[3];
+    check(cudaStreamSynchronize(st), "cudaStreamSynchronize");
+    check(cudaMemcpy(h, d, sizeof(h), cudaMemcpyDeviceToHost), "cudaMemcpy");
+    entry = (double(h[1]) - double(h[0])) / 1000.0;
+    after = (double(h[2]) - double(h[0])) / 1000.0;
+  };
+  PdlProbe r;
+  launch();
+  read(r.eager_b_entry_us, r.eager_b_after_wait_us);
+  cudaGraph_t g = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  check(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+  launch();
+  check(cudaStreamEndCapture(st, &g), "cudaStreamEndCapture");
+  check(cudaGraphInstantiate(&exec, g, 0), "cudaGraphInstantiate");
+  check(cudaGraphLaunch(exec, st), "cudaGraphLaunch");
+  read(r.graph_b_entry_us, r.graph_b_after_wait_us);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(g);
+  cudaStreamDestroy(st);
+  cudaFree(d);
+  return r;
+}
 
 std::vector<DeviceInfo> list_devices() {
   std::vector<DeviceInfo> r;

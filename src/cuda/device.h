@@ -20,6 +20,15 @@ std::vector<DeviceInfo> list_devices();
 // The SM architectures whose code this binary contains, e.g. {90} for sm_90a.
 std::vector<int> compiled_architectures();
 
+// Programmatic dependent launch, observed: kernel A (one block) spins for spin_us; kernel B, launched after it
+// with launch_pdl, reads the global timer on entry (before pdl_wait) and after pdl_wait. Done eagerly and inside
+// a captured graph. Times in us relative to A's end: b_entry < 0 means B was running while A still ran (the
+// launch overlapped); b_after_wait must be >= 0 (the wait waited).
+struct PdlProbe {
+  double eager_b_entry_us = 0, eager_b_after_wait_us = 0, graph_b_entry_us = 0, graph_b_after_wait_us = 0;
+};
+PdlProbe pdl_overlap_probe(double spin_us);
+
 // RMSNorm on the GPU for f32 rows (a first kernel, tested against the CPU reference). Throws InternalError
 // on CUDA failures.
 void rmsnorm_f32(const float* x_host, const float* w_host, float eps, int rows, int dim, float* out_host);
