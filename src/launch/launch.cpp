@@ -77,15 +77,7 @@ std::string backends_report(const std::string& model_path) {
   cuda::ModelShapes shapes;  // Qwen3-30B-A3B shapes unless a model is given
   std::string which = "Qwen3-30B-A3B shapes (hidden 2048, 128 experts, top-8, moe_intermediate 768)";
   if (!model_path.empty()) {
-    ModelConfig c = ModelConfig::from_file(model_path + "/config.json");
-    shapes.hidden = int(c.hidden_size);
-    shapes.qkv_out = int((c.num_heads + 2 * c.num_kv_heads) * c.head_dim);
-    shapes.vocab = int(c.vocab_size);
-    shapes.head_dim = int(c.head_dim);
-    shapes.moe = c.is_moe();
-    if (shapes.moe)
-      shapes.moe_shape = cuda::MoeShape{int(c.num_experts), int(c.hidden_size), int(c.moe_intermediate_size),
-                                        int(c.num_experts_per_tok), cuda::WeightFormat::BF16, 512};
+    shapes = cuda::model_shapes(ModelConfig::from_file(model_path + "/config.json"), 512);
     which = model_path;
   }
   std::string out;

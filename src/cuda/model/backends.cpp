@@ -265,6 +265,20 @@ void run_self_test(BackendStatus& st, const std::function<std::string(double&)>&
 
 }  // namespace
 
+ModelShapes model_shapes(const ModelConfig& c, int max_tokens) {
+  ModelShapes s;
+  s.hidden = int(c.hidden_size);
+  s.qkv_out = int((c.num_heads + 2 * c.num_kv_heads) * c.head_dim);
+  s.vocab = int(c.vocab_size);
+  s.head_dim = int(c.head_dim);
+  s.moe = c.is_moe();
+  s.max_tokens = std::min(max_tokens, 512);
+  if (s.moe)
+    s.moe_shape = MoeShape{int(c.num_experts), int(c.hidden_size), int(c.moe_intermediate_size),
+                           int(c.num_experts_per_tok), WeightFormat::BF16, max_tokens};
+  return s;
+}
+
 SelectedBackends select_backends(const DeviceInfo& dev, const ModelShapes& shapes, const BackendRequest& req) {
   SelectedBackends out;
   TrialCache cache;

@@ -11,6 +11,7 @@
 #include "cuda/gemm/gemm.h"
 #include "cuda/moe/moe.h"
 #include "cuda/registry.h"
+#include "model/config.h"
 
 namespace moeserve::cuda {
 
@@ -28,6 +29,8 @@ struct ModelShapes {
   MoeShape moe_shape{128, 2048, 768, 8, WeightFormat::BF16, 512};
   int max_tokens = 512;
 };
+// A model's shapes for steps of up to max_tokens tokens (the GEMM trial stops at 512; the MoE plan takes them all).
+ModelShapes model_shapes(const ModelConfig& c, int max_tokens);
 
 struct SelectedBackends {
   std::vector<std::unique_ptr<GemmBackend>> gemms;

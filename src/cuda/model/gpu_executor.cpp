@@ -142,17 +142,7 @@ GpuExecutor::GpuExecutor(const std::string& model_dir, const GpuOptions& opts) :
   const int max_rows = max_seqs;
 
   // Backends for this model's shapes.
-  ModelShapes shapes;
-  shapes.hidden = int(cfg_.hidden_size);
-  shapes.qkv_out = int((cfg_.num_heads + 2 * cfg_.num_kv_heads) * cfg_.head_dim);
-  shapes.vocab = int(cfg_.vocab_size);
-  shapes.head_dim = int(cfg_.head_dim);
-  shapes.moe = cfg_.is_moe();
-  shapes.max_tokens = std::min(max_tokens, 512);
-  if (shapes.moe)
-    shapes.moe_shape = MoeShape{int(cfg_.num_experts), int(cfg_.hidden_size), int(cfg_.moe_intermediate_size),
-                                int(cfg_.num_experts_per_tok), WeightFormat::BF16, max_tokens};
-  be_ = select_backends(dev_, shapes, opts_.backends);
+  be_ = select_backends(dev_, model_shapes(cfg_, max_tokens), opts_.backends);
   ModelBackends mb{be_.gemm, be_.moe, be_.attention == "reference_paged"};
   // Opt-in (MOESERVE_FUSED_DECODE=1): on the H200 the fused norm prologues cost more than the launches they
   // save (served q30b8l decode step at batch 1: 829.9 us fused, 786.2 us without; docs/PERF.md).
