@@ -302,8 +302,9 @@ class GemvBackend final : public GemmBackend {
                           reinterpret_cast<const void*>(splitk_reduce_kernel<bf16>),
                           reinterpret_cast<const void*>(splitk_reduce_kernel<float>)})
       if (std::string why = check_kernel_present(k, dev); !why.empty()) return why;
-    // The split-K scratch: fixed here so that run() never allocates (CUDA graph capture).
-    if (!scratch_) {
+    // The split-K scratch: fixed here so that run() never allocates (CUDA graph capture). Only a threshold
+    // above one token group reaches the split-K kernel.
+    if (!scratch_ && kernel_max_m_ > kTokens) {
       void* p = nullptr;
       if (cudaError_t e = cudaMalloc(&p, size_t(kSplitScratchFloats) * sizeof(float)); e != cudaSuccess) {
         cudaGetLastError();
@@ -368,7 +369,7 @@ class GemvBackend final : public GemmBackend {
   int kernel_max_m_;
   std::unique_ptr<GemmBackend> fallback_;
   bool prepared_ = false;
-  float* scratch_ = nullptr;  // kSplitScratchFloats floats, from prepare()
+  float* scratch_ = nullptr;  // kSplitScratchFloats floats, from prepare() (thresholds above kTokens only)
   int multiprocessors_ = 1;
 };
 
