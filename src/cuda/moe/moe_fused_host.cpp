@@ -27,22 +27,13 @@ int max_tiles(int E, int64_t P, int bn) { return int(std::min<int64_t>(E, P) + P
 
 void launch(const void* kernel, dim3 grid, dim3 block, size_t smem, void* params, cudaStream_t stream,
             const char* what, bool programmatic = false) {
+  // Programmatic dependent launch: this grid may start while the previous kernel on the stream still runs; the
+  // kernel calls griddepcontrol.wait before touching anything that kernel writes (see moe_gemm_kernels.cuh).
   void* args[] = {params};
-  cudaError_t e;
-  if (programmatic && pdl_enabled()) {
-    // Programmatic dependent launch: this grid may start while the previous kernel on the stream still runs; the
-    // kernel calls griddepcontrol.wait before touching anything that kernel writes (see moe_gemm_kernels.cuh).
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = stream;
-    cfg.attrs = attr, cfg.numAttrs = 1;
-    e = cudaLaunchKernelExC(&cfg, kernel, args);
-  } else {
-    e = cudaLaunchKernel(kernel, grid, block, args, smem, stream);
-  }
-  if (e != cudaSuccess) throw_cuda_error(e, what, __FILE__, __LINE__);
+  cudaLaunchAttribute attr;
+  const cudaLaunchConfig_t cfg = pdl_config(grid, block, smem, stream, attr, programmatic);
+  if (cudaError_t e = cudaLaunchKernelExC(&cfg, kernel, args); e != cudaSuccess)
+    throw_cuda_error(e, what, __FILE__, __LINE__);
 }
 }  // namespace
 
