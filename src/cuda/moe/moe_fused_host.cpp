@@ -182,43 +182,49 @@ void fused_run(const KernelTable& k, const MoeShape& s, const bf16* x, int T, co
   launch(k.combine, dim3(unsigned(T)), dim3(kCombineThreads), 0, &cp, stream, "moe combine launch", pdl);
 }
 
+size_t FusedBackendBase::workspace_bytes(const MoeShape& shape) const {
+  return fused_layout(shape, shape.max_tokens).total;
+}
+
+void FusedBackendBase::run(const bf16* x, int T, const int32_t* topk_ids, const float* topk_weights,
+                           const MoeWeights& w, bf16* out, void* workspace, cudaStream_t stream) {
+  // Never launch kernels whose code was not checked against this device (fused_sm100_build on Hopper).
+  MS_CHECK(ready_, "moe backend {} used without a successful prepare()", spec_.name);
+  fused_run(table_, shape_, x, T, topk_ids, topk_weights, w, out, workspace, counters_.get(), stream);
+}
+
+std::string FusedBackendBase::set_ready(const KernelTable& t, const MoeShape& shape) {
+  if (std::string r = counters_.ensure(fused_direct_counters(shape)); !r.empty()) return r;
+  table_ = t;
+  shape_ = shape;
+  ready_ = true;
+  return "";
+}
+
 namespace {
 
 // fused_sm90 and fused_sm100_build: the same launcher over an ahead-of-time kernel table.
-class FusedAotBackend final : public MoeBackend {
+class FusedAotBackend final : public FusedBackendBase {
  public:
   FusedAotBackend(BackendSpec spec, KernelTable (*table)(), std::string built_for)
-      : spec_(std::move(spec)), table_(table()), built_for_(std::move(built_for)) {}
-  const BackendSpec& spec() const override { return spec_; }
+      : aot_table_(table()), built_for_(std::move(built_for)) {
+    spec_ = std::move(spec);
+  }
 
   std::string prepare(const DeviceInfo& dev, const MoeShape& shape, std::string& code) override {
     ready_ = false;
     code = "absent";
     if (std::string r = check_arch_claim(spec_, dev); !r.empty()) return r;
     // Binary before shapes: a build without code for this GPU is the more fundamental refusal.
-    if (std::string r = fused_check_kernels(table_, dev); !r.empty()) return r;
+    if (std::string r = fused_check_kernels(aot_table_, dev); !r.empty()) return r;
     code = built_for_ + " in binary";
     if (std::string r = fused_shape_check(shape); !r.empty()) return r;
-    if (std::string r = counters_.ensure(fused_direct_counters(shape)); !r.empty()) return r;
-    shape_ = shape;
-    ready_ = true;
-    return "";
-  }
-  size_t workspace_bytes(const MoeShape& shape) const override { return fused_layout(shape, shape.max_tokens).total; }
-  void run(const bf16* x, int T, const int32_t* topk_ids, const float* topk_weights, const MoeWeights& w, bf16* out,
-           void* workspace, cudaStream_t stream) override {
-    // Never launch kernels whose code was not checked against this device (fused_sm100_build on Hopper).
-    MS_CHECK(ready_, "moe backend {} used without a successful prepare()", spec_.name);
-    fused_run(table_, shape_, x, T, topk_ids, topk_weights, w, out, workspace, counters_.get(), stream);
+    return set_ready(aot_table_, shape);
   }
 
  private:
-  BackendSpec spec_;
-  DeviceCounters counters_;
-  KernelTable table_;
+  KernelTable aot_table_;
   std::string built_for_;
-  MoeShape shape_;
-  bool ready_ = false;
 };
 
 }  // namespace

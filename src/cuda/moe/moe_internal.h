@@ -71,6 +71,25 @@ void fused_run(const moe_kernels::KernelTable& k, const MoeShape& s, const bf16*
                const float* topk_weights, const MoeWeights& w, bf16* out, void* workspace, int* combine_counters,
                cudaStream_t stream);
 
+// What the ahead-of-time and JIT fused backends share: the checked kernel table and the shapes it was prepared
+// for, the combine counters, and run() over fused_run. Each backend fills spec_ and, in prepare(), calls
+// set_ready once its table's code has been checked against the device.
+class FusedBackendBase : public MoeBackend {
+ public:
+  const BackendSpec& spec() const override { return spec_; }
+  size_t workspace_bytes(const MoeShape& shape) const override;
+  void run(const bf16* x, int T, const int32_t* topk_ids, const float* topk_weights, const MoeWeights& w, bf16* out,
+           void* workspace, cudaStream_t stream) override;
+
+ protected:
+  std::string set_ready(const moe_kernels::KernelTable& t, const MoeShape& shape);  // "" or why not
+  BackendSpec spec_;
+  moe_kernels::KernelTable table_{};
+  MoeShape shape_;
+  DeviceCounters counters_;
+  bool ready_ = false;
+};
+
 // Relative error allowed against the f32 CPU reference: the GPU paths round the SwiGLU output (and the fused
 // path each weighted expert output) to BF16, about 2^-9 relative each.
 constexpr double kMoeSelfTestTolerance = 2e-2;

@@ -131,7 +131,7 @@ void write_file_atomic(const fs::path& p, const std::string& data) {
   if (ec) fs::remove(tmp, ec);
 }
 
-class JitBackend final : public MoeBackend {
+class JitBackend final : public FusedBackendBase {
  public:
   explicit JitBackend(std::string source_override) : override_(std::move(source_override)) {
     spec_.name = "jit";
@@ -143,7 +143,6 @@ class JitBackend final : public MoeBackend {
     spec_.summary = "the fused kernels compiled by NVRTC for this GPU and these shapes (disk-cached)";
   }
   ~JitBackend() override { unload(); }
-  const BackendSpec& spec() const override { return spec_; }
 
   std::string prepare(const DeviceInfo& dev, const MoeShape& shape, std::string& code) override {
     ready_ = false;
@@ -178,19 +177,7 @@ class JitBackend final : public MoeBackend {
     if (std::string r = lookup(t); !r.empty()) return r;
     t.pdl = sm_version(dev) >= 90;
     if (std::string r = fused_check_kernels(t, dev); !r.empty()) return r;
-    if (std::string r = counters_.ensure(fused_direct_counters(shape)); !r.empty()) return r;
-    table_ = t;
-    shape_ = shape;
-    ready_ = true;
-    return "";
-  }
-
-  size_t workspace_bytes(const MoeShape& shape) const override { return fused_layout(shape, shape.max_tokens).total; }
-
-  void run(const bf16* x, int T, const int32_t* topk_ids, const float* topk_weights, const MoeWeights& w, bf16* out,
-           void* workspace, cudaStream_t stream) override {
-    MS_CHECK(ready_, "moe backend jit used without a successful prepare()");
-    fused_run(table_, shape_, x, T, topk_ids, topk_weights, w, out, workspace, counters_.get(), stream);
+    return set_ready(t, shape);
   }
 
  private:
@@ -258,14 +245,9 @@ class JitBackend final : public MoeBackend {
     key_.clear();
   }
 
-  BackendSpec spec_;
   std::string override_;
   cudaLibrary_t library_ = nullptr;
   std::string key_, code_;
-  KernelTable table_{};
-  DeviceCounters counters_;
-  MoeShape shape_;
-  bool ready_ = false;
 };
 
 }  // namespace
