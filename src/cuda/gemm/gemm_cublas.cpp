@@ -45,6 +45,17 @@ void zero_output(void* y, int64_t ldy, int M, int N, OutType out, cudaStream_t s
   MS_CUDA_CHECK(cudaMemset2DAsync(y, size_t(ldy) * elt, 0, size_t(N) * elt, size_t(M), stream));
 }
 
+// The fixed workspace a library backend takes in prepare() (run() must not allocate: graph capture). "" or why not.
+std::string allocate_workspace(const char* lib, void*& ws) {
+  if (cudaError_t e = cudaMalloc(&ws, kWorkspaceBytes); e != cudaSuccess) {
+    cudaGetLastError();
+    ws = nullptr;
+    return fmt::format("cannot allocate the {} MiB {} workspace: {}", kWorkspaceBytes >> 20, lib,
+                       cudaGetErrorString(e));
+  }
+  return "";
+}
+
 class CublasBackend final : public GemmBackend {
  public:
   CublasBackend() {
@@ -74,11 +85,9 @@ class CublasBackend final : public GemmBackend {
     // f32 accumulation all the way: split-K partial sums must not be reduced in BF16.
     cublasSetMathMode(h, cublasMath_t(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION));
     void* ws = nullptr;
-    if (cudaError_t e = cudaMalloc(&ws, kWorkspaceBytes); e != cudaSuccess) {
-      cudaGetLastError();
+    if (std::string why = allocate_workspace("cuBLAS", ws); !why.empty()) {
       cublasDestroy(h);
-      return fmt::format("cannot allocate the {} MiB cuBLAS workspace: {}", kWorkspaceBytes >> 20,
-                         cudaGetErrorString(e));
+      return why;
     }
     handle_ = h;
     workspace_ = ws;
@@ -151,11 +160,9 @@ class CublasLtBackend final : public GemmBackend {
     if (cublasStatus_t st = cublasLtCreate(&h); st != CUBLAS_STATUS_SUCCESS)
       return "cublasLtCreate failed: " + status_text(st);
     void* ws = nullptr;
-    if (cudaError_t e = cudaMalloc(&ws, kWorkspaceBytes); e != cudaSuccess) {
-      cudaGetLastError();
+    if (std::string why = allocate_workspace("cuBLASLt", ws); !why.empty()) {
       cublasLtDestroy(h);
-      return fmt::format("cannot allocate the {} MiB cuBLASLt workspace: {}", kWorkspaceBytes >> 20,
-                         cudaGetErrorString(e));
+      return why;
     }
     handle_ = h;
     workspace_ = ws;
