@@ -16,6 +16,7 @@
 
 #include "core/dtype.h"
 #include "cuda/device.h"
+#include "cuda_test_util.h"
 #include "cuda/gemm/gemm.h"
 
 using namespace moeserve;
@@ -23,30 +24,7 @@ using cuda::OutType;
 
 namespace {
 
-#define SKIP_WITHOUT_GPU() \
-  if (moeserve::cuda::list_devices().empty()) GTEST_SKIP() << "no CUDA device"
-
-template <typename T>
-struct Dev {
-  T* p = nullptr;
-  size_t n = 0;
-  explicit Dev(size_t count) : n(count) { MS_CUDA_CHECK(cudaMalloc(&p, count * sizeof(T))); }
-  ~Dev() { cudaFree(p); }
-  Dev(const Dev&) = delete;
-  Dev& operator=(const Dev&) = delete;
-  void upload(const std::vector<T>& h) { MS_CUDA_CHECK(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice)); }
-  std::vector<T> download() const {
-    std::vector<T> h(n);
-    MS_CUDA_CHECK(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
-    return h;
-  }
-  // NaN everywhere (bf16 and f32), finished before returning: the tests' stream does not order with the legacy
-  // default stream that cudaMemset uses.
-  void poison() {
-    MS_CUDA_CHECK(cudaMemset(p, 0xFF, n * sizeof(T)));
-    MS_CUDA_CHECK(cudaDeviceSynchronize());
-  }
-};
+using cuda_test::Dev;
 
 struct Stream {
   cudaStream_t s = nullptr;

@@ -15,6 +15,7 @@
 
 #include "core/dtype.h"
 #include "cuda/device.h"
+#include "cuda_test_util.h"
 #include "cuda/sampling/sampling.h"
 #include "kernels/sampling/sampling.h"
 
@@ -23,27 +24,7 @@ using cuda::SampleRowParams;
 
 namespace {
 
-#define SKIP_WITHOUT_GPU() \
-  if (moeserve::cuda::list_devices().empty()) GTEST_SKIP() << "no CUDA device"
-
-template <typename T>
-struct Dev {
-  T* p = nullptr;
-  size_t n = 0;
-  explicit Dev(size_t count) : n(count) { MS_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(count, 1) * sizeof(T))); }
-  ~Dev() { cudaFree(p); }
-  Dev(const Dev&) = delete;
-  Dev& operator=(const Dev&) = delete;
-  void upload(const std::vector<T>& h) {
-    if (!h.empty()) MS_CUDA_CHECK(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
-  }
-  std::vector<T> download() const {
-    std::vector<T> h(n);
-    if (n) MS_CUDA_CHECK(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
-    return h;
-  }
-  void poison() { MS_CUDA_CHECK(cudaMemset(p, 0xFF, std::max<size_t>(n, 1) * sizeof(T))); }
-};
+using cuda_test::Dev;
 
 // Rows with their parameters and penalty / ban lists, packed the way the executor packs them.
 struct Batch {
