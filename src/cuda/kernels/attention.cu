@@ -1,6 +1,7 @@
 // Paged attention launchers: prefill (flash-attention tiles over the new tokens) and decode (split-KV over the
 // cached keys, merged by the last block of each group). Both run the tensor-core kernel of attention_mma.cuh; see there for the tiling.
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 
 #include "cuda/kernels/attention_mma.cuh"
@@ -106,6 +107,16 @@ void paged_attention_prefill(const bf16* q, int64_t q_stride, const bf16* k_cach
 }
 
 namespace {
+// Experiment: MOESERVE_ATTN_MIN_SPLIT_KEYS sets the shortest split-KV part (default detail::kMinSplitKeys).
+int decode_min_split_keys() {
+  static const int keys = [] {
+    const char* e = std::getenv("MOESERVE_ATTN_MIN_SPLIT_KEYS");
+    const int v = e != nullptr ? std::atoi(e) : 0;
+    return v > 0 ? v : detail::kMinSplitKeys;
+  }();
+  return keys;
+}
+
 // Workspace of a split decode: partial outputs and their log2-sum-exps from the front, the per-group counters
 // from the back (counter i at the i-th int before the end), so a counter sits at the same address whatever the
 // batch size and split count of the launch: decode graphs of every batch size share one workspace, and the
@@ -153,6 +164,7 @@ void paged_attention_decode(const bf16* q, int64_t q_stride, const bf16* k_cache
     p.ws_o = reinterpret_cast<float*>(base + w.o);
     p.ws_lse = reinterpret_cast<float*>(base + w.lse);
     p.ws_count_end = reinterpret_cast<int*>(base + workspace_bytes);
+    p.min_split_keys = decode_min_split_keys();
   }
   const int m_tiles = int(ceil_div(p.group, 16));
   const dim3 grid(unsigned(m_tiles * num_splits), unsigned(shape.kv_heads), unsigned(meta.num_seqs));

@@ -51,6 +51,7 @@ struct AttnParams {
   int num_splits;  // SPLIT only: key parts per sequence; grid.x = row tiles * num_splits
   float* ws_o;     // SPLIT only: [num_seqs, num_splits, heads, D] normalized partial outputs
   float* ws_lse;   // SPLIT only: [num_seqs, num_splits, heads] log2-sum-exp of the part (-inf: empty)
+  int min_split_keys;  // SPLIT only: no part shorter than this (effective_splits)
   int* ws_count_end;  // SPLIT only: counter i (finished parts of group i = (seq, kv head, row tile)) is at
                       // ws_count_end[-1 - i]; zero between launches
 };
@@ -105,10 +106,10 @@ __device__ __forceinline__ void merge_split_head(const AttnParams& p, int s, int
 // Split-KV: the parts a sequence of `key_end` keys is really cut into: at most num_splits, and none shorter than
 // kMinSplitKeys keys (short contexts gain nothing from more blocks, and the merge costs per part). Blocks of
 // parts past this exit at once (they are not counted).
-constexpr int kMinSplitKeys = 128;
-__device__ __forceinline__ int effective_splits(int num_splits, int key_end, int page_size) {
+constexpr int kMinSplitKeys = 128;  // the default of AttnParams::min_split_keys
+__device__ __forceinline__ int effective_splits(int num_splits, int key_end, int page_size, int min_split_keys) {
   const int n_pages = (key_end + page_size - 1) / page_size;
-  const int min_pages = (kMinSplitKeys + page_size - 1) / page_size;
+  const int min_pages = (max(min_split_keys, 1) + page_size - 1) / page_size;
   return max(1, min(num_splits, (n_pages + min_pages - 1) / min_pages));
 }
 
@@ -169,7 +170,7 @@ __global__ void __launch_bounds__(128) paged_attention_mma_kernel(const AttnPara
   if constexpr (SPLIT) {
     const int P = p.page_size;
     const int n_pages = (key_end + P - 1) / P;
-    parts = effective_splits(p.num_splits, key_end, P);
+    parts = effective_splits(p.num_splits, key_end, P, p.min_split_keys);
     if (split >= parts) return;  // not needed at this length
     const int pages_per_split = (n_pages + parts - 1) / parts;
     k_begin = min(split * pages_per_split, n_pages) * P;
@@ -349,16 +350,16 @@ __global__ void __launch_bounds__(128) paged_attention_mma_kernel(const AttnPara
   // ---- Output. emit(): two adjacent elements of one row; emit_lse(): the row's log2-sum-exp (SPLIT).
   auto emit = [&](int row, int d, float o0, float o1) {
     const int i = row / G, h = kvh * G + (row - i * G);
-    if constexpr (SPLIT) {
+    if (SPLIT && parts > 1) {
       float* dst = p.ws_o + ((int64_t(s) * p.num_splits + split) * p.heads + h) * D + d;
       *reinterpret_cast<float2*>(dst) = make_float2(o0, o1);
-    } else {
+    } else {  // one part: normalized already, straight to out (no workspace, no merge)
       bf16* dst = p.out + int64_t(q_row_base + i) * p.out_stride + int64_t(h) * D + d;
       *reinterpret_cast<__nv_bfloat162*>(dst) = __floats2bfloat162_rn(o0, o1);
     }
   };
   auto emit_lse = [&](int row, float m, float l) {
-    if constexpr (SPLIT) {
+    if (SPLIT && parts > 1) {
       const int h = kvh * G + row;  // decode: row < G
       p.ws_lse[(int64_t(s) * p.num_splits + split) * p.heads + h] = l > 0.0f ? m + log2f(l) : kNegInf;
     }
@@ -427,7 +428,7 @@ __global__ void __launch_bounds__(128) paged_attention_mma_kernel(const AttnPara
     }
   }
 
-  if constexpr (SPLIT) {
+  if (SPLIT && parts > 1) {
     // Publish this part, count it; the block that brings the count to `parts` merges all of them.
     __threadfence();
     __syncthreads();
