@@ -24,7 +24,7 @@ struct BackendRequest {
 
 // The shapes the trials use.
 struct ModelShapes {
-  int hidden = 2048, qkv_out = 5120, vocab = 151936, head_dim = 128;
+  int hidden = 2048, qkv_out = 5120, attn_width = 4096, vocab = 151936, head_dim = 128;
   bool moe = true;
   MoeShape moe_shape{128, 2048, 768, 8, WeightFormat::BF16, 512};
   int max_tokens = 512;
