@@ -687,6 +687,52 @@ TEST(CudaKernels, LaunchesAreGraphCapturable) {
   cudaGraphDestroy(graph);
 }
 
+// Attention timings for docs/PERF.md and for profiling the kernels alone (ncu on this binary needs little device
+// memory). Run with --gtest_also_run_disabled_tests --gtest_filter='*AttentionTiming*'. Qwen3-30B-A3B heads,
+// contexts of 512 tokens; events around 50 back-to-back launches, after 5 untimed ones.
+TEST(CudaKernelsBench, DISABLED_AttentionTiming) {
+  REQUIRE_GPU();
+  Stream st;
+  struct Case {
+    const char* name;
+    int seqs, start, new_len, splits;
+  };
+  const Case cases[] = {{"decode bs1 ctx512", 1, 511, 1, 16},   {"decode bs64 ctx512", 64, 511, 1, 1},
+                        {"decode bs128 ctx512", 128, 511, 1, 1}, {"prefill 1x512", 1, 0, 512, 0},
+                        {"prefill 16x512", 16, 0, 512, 0}};
+  cudaEvent_t e0{}, e1{};
+  ck(cudaEventCreate(&e0), "event");
+  ck(cudaEventCreate(&e1), "event");
+  for (const Case& c : cases) {
+    PagedScenario sc = build_scenario(kAttnConfigs[0], std::vector<SeqSpec>(size_t(c.seqs), SeqSpec{c.start, c.new_len}),
+                                      900);
+    DeviceScenario dev(sc);
+    const size_t ws_bytes =
+        c.splits > 0 ? cuda::decode_workspace_bytes(dev.meta.num_seqs, sc.c.heads, sc.c.head_dim, c.splits) : 0;
+    DevBuf<uint8_t> ws(std::max<size_t>(ws_bytes, 16));
+    cuda::init_decode_workspace(ws.get(), ws_bytes, st.get());
+    auto launch = [&] {
+      if (c.splits > 0)
+        cuda::paged_attention_decode(dev.q.bf(), sc.q_stride, dev.k.bf(), dev.v.bf(), dev.meta, dev.shape, c.splits,
+                                     ws.get(), ws_bytes, dev.out.bf(), sc.out_stride, st.get());
+      else
+        cuda::paged_attention_prefill(dev.q.bf(), sc.q_stride, dev.k.bf(), dev.v.bf(), dev.meta, dev.shape,
+                                      c.new_len, dev.out.bf(), sc.out_stride, st.get());
+    };
+    for (int i = 0; i < 5; ++i) launch();
+    constexpr int kIters = 50;
+    ck(cudaEventRecord(e0, st.get()), "record");
+    for (int i = 0; i < kIters; ++i) launch();
+    ck(cudaEventRecord(e1, st.get()), "record");
+    st.sync();
+    float ms = 0;
+    ck(cudaEventElapsedTime(&ms, e0, e1), "elapsed");
+    std::printf("[ info ] attention %-20s %8.1f us per launch\n", c.name, 1000.0 * ms / kIters);
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+}
+
 TEST(CudaKernels, UnsupportedHeadDimIsAnInternalError) {
   REQUIRE_GPU();
   Stream st;
