@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "core/error.h"
@@ -37,12 +39,22 @@ void launch(const void* kernel, dim3 grid, dim3 block, size_t smem, void* params
 }
 }  // namespace
 
+// Prefill tiles on wgmma (configuration 4, the same tile shape as 3) instead of mma.sync: MOESERVE_MOE_WGMMA=1
+// (A/B measurement). Builds that do not target sm_90a compile configuration 4 as configuration 3.
+bool moe_wgmma_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("MOESERVE_MOE_WGMMA");
+    return e != nullptr && std::string(e) == "1";
+  }();
+  return on;
+}
+
 int fused_config_for(const MoeShape& s, int T) {
   const double per_expert = double(T) * s.top_k / std::max(1, s.num_experts);
   if (per_expert <= 5) return 0;
   if (per_expert <= 12) return 1;
   if (per_expert <= 40) return 2;
-  return 3;
+  return moe_wgmma_enabled() ? 4 : 3;
 }
 
 bool fused_direct_for(const MoeShape& s, int T) {

@@ -162,6 +162,12 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p, char* smem) {
   static_assert(THREADS % CPR == 0 && BM % RPP == 0 && BN % RPP == 0 && A_ITERS > 0 && B_ITERS > 0, "loads");
   static_assert(CPR >= 8 && BK % 16 == 0, "the swizzle permutes 8 chunks");
   static_assert(MODE == kDown || BM % 16 == 0, "gate/up halves hold whole 8-wide output chunks");
+  // The wgmma main loop (sm_90a builds of a WGMMA configuration): two warpgroups, each 64 weight rows x all BN
+  // tokens, reading the swizzled tiles through descriptors, which need a 1024-byte aligned base.
+  constexpr bool kWgmma = Cfg::WGMMA && MOE_HAVE_WGMMA;
+  static_assert(!kWgmma || (BM == 128 && BN == 128 && BK == 64 && THREADS == 256),
+                "wgmma tiles: 2 warpgroups x (64 weight rows x 128 tokens), 128-byte rows");
+  if constexpr (Cfg::WGMMA) smem = moe_ptx::align_smem(smem, 1024);
 
   // Programmatic dependent launch (no-ops unless launched with the attribute). The gate/up GEMM reads x and the
   // routing (or the prep's tiles) first thing: it waits before anything, then lets the down GEMM be scheduled.
@@ -243,14 +249,6 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p, char* smem) {
     }
   };
 
-  float acc[MT][NT][4];
-#pragma unroll
-  for (int mi = 0; mi < MT; ++mi)
-#pragma unroll
-    for (int ni = 0; ni < NT; ++ni)
-#pragma unroll
-      for (int q = 0; q < 4; ++q) acc[mi][ni][q] = 0.0f;
-
   // Prologue: the perm_pair loads are issued first but used last, so their latency hides behind the weight
   // slices' copies (whose addresses are known already). Group s then holds B slice s (group 0 also every
   // prologue A slice), so waiting for group kt still covers slice kt.
@@ -280,56 +278,100 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p, char* smem) {
     if (s < KT) load_b(s, s);
     cp_async_commit();  // empty groups too: the wait below counts groups
   }
-#pragma unroll 1  // rolled in both builds (the JIT knows K): the cp.async ring hides latency, unrolling adds registers
-  for (int kt = 0; kt < KT; ++kt) {
-    cp_async_wait<STAGES - 2>();  // this thread's copies for slice kt have landed...
-    __syncthreads();              // ...and everyone's; everyone is also done reading slice kt - 1
-    const int next = kt + STAGES - 1;
-    if (next < KT) load_a(next % STAGES, next), load_b(next % STAGES, next);  // refills slice kt - 1's stage
-    cp_async_commit();
-
-    const unsigned short* as = As + (kt % STAGES) * BM * BK;
-    const unsigned short* bs = Bs + (kt % STAGES) * BN * BK;
-#pragma unroll
-    for (int kk = 0; kk < BK / 16; ++kk) {
-      unsigned af[MT][4], bfr[NT][2];
-#pragma unroll
-      for (int mi = 0; mi < MT; ++mi) {
-        // matrices: rows 0-7 / k 0-7, rows 8-15 / k 0-7, rows 0-7 / k 8-15, rows 8-15 / k 8-15 = a0..a3
-        const int r = wm * WTM + mi * 16 + (lane & 15);
-        ldsm_x4(as + swz<BK>(r, kk * 2 + (lane >> 4)), af[mi][0], af[mi][1], af[mi][2], af[mi][3]);
-      }
-#pragma unroll
-      for (int nj = 0; nj < NT / 2; ++nj) {
-        // matrices: tokens 0-7 / k 0-7, tokens 0-7 / k 8-15, tokens 8-15 / k 0-7, tokens 8-15 / k 8-15
-        const int n = wn * WTN + nj * 16 + (lane & 7) + ((lane >> 4) << 3);
-        ldsm_x4(bs + swz<BK>(n, kk * 2 + ((lane >> 3) & 1)), bfr[2 * nj][0], bfr[2 * nj][1], bfr[2 * nj + 1][0],
-                bfr[2 * nj + 1][1]);
-      }
-#pragma unroll
-      for (int mi = 0; mi < MT; ++mi)
-#pragma unroll
-        for (int ni = 0; ni < NT; ++ni) mma_bf16_16816(acc[mi][ni], af[mi], bfr[ni]);
-    }
-  }
-  cp_async_wait<0>();
-  __syncthreads();  // the ring is reused as the accumulator tile
-
-  // Accumulators -> smem as [token][weight row] f32, then 16-byte stores of whole output rows.
+  // Accumulators -> smem as [token][weight row] f32 after the main loop, then 16-byte stores of whole output rows.
   constexpr int LDC = BM + 4;
   float* cs = reinterpret_cast<float*>(smem);
-  {
-    const int g = lane >> 2, tig = lane & 3;
+  if constexpr (kWgmma) {
+#if MOE_HAVE_WGMMA
+    float d[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) d[i] = 0.0f;
+    const int wg = warp / 4;  // warpgroup: weight rows [64 wg, 64 wg + 64) of the tile
+    const unsigned as_addr = smem_addr(As) + unsigned(wg * 64 * BK * 2), bs_addr = smem_addr(Bs);
+#pragma unroll 1
+    for (int kt = 0; kt < KT; ++kt) {
+      cp_async_wait<STAGES - 2>();  // this thread's copies for slice kt have landed...
+      fence_proxy_async_smem();     // ...are visible to wgmma's (async proxy) reads...
+      __syncthreads();              // ...and so are everyone's; slice kt - 1's wgmma completed (waited below)
+      const int next = kt + STAGES - 1;
+      if (next < KT) load_a(next % STAGES, next), load_b(next % STAGES, next);
+      cp_async_commit();
+      const unsigned a_st = as_addr + unsigned((kt % STAGES) * BM * BK * 2);
+      const unsigned b_st = bs_addr + unsigned((kt % STAGES) * BN * BK * 2);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < BK / 16; ++kk)
+        wgmma_m64n128k16_bf16(d, wgmma_desc_sw128(a_st + kk * 32), wgmma_desc_sw128(b_st + kk * 32));
+      wgmma_commit();
+      wgmma_wait<0>();  // the stage is refilled by the next iteration's loads
+    }
+    cp_async_wait<0>();
+    __syncthreads();  // the ring is reused as the accumulator tile
+    const int g = lane >> 2, tig = lane & 3, m = wg * 64 + (warp & 3) * 16 + g;
+#pragma unroll
+    for (int jn = 0; jn < BN / 8; ++jn) {
+      const int n = jn * 8 + tig * 2;
+      cs[n * LDC + m] = d[4 * jn];
+      cs[(n + 1) * LDC + m] = d[4 * jn + 1];
+      cs[n * LDC + m + 8] = d[4 * jn + 2];
+      cs[(n + 1) * LDC + m + 8] = d[4 * jn + 3];
+    }
+#endif
+  } else {
+    float acc[MT][NT][4];
 #pragma unroll
     for (int mi = 0; mi < MT; ++mi)
 #pragma unroll
-      for (int ni = 0; ni < NT; ++ni) {
-        const int m = wm * WTM + mi * 16 + g, n = wn * WTN + ni * 8 + tig * 2;
-        cs[n * LDC + m] = acc[mi][ni][0];
-        cs[(n + 1) * LDC + m] = acc[mi][ni][1];
-        cs[n * LDC + m + 8] = acc[mi][ni][2];
-        cs[(n + 1) * LDC + m + 8] = acc[mi][ni][3];
+      for (int ni = 0; ni < NT; ++ni)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) acc[mi][ni][q] = 0.0f;
+#pragma unroll 1  // rolled in both builds (the JIT knows K): the cp.async ring hides latency, unrolling adds registers
+    for (int kt = 0; kt < KT; ++kt) {
+      cp_async_wait<STAGES - 2>();  // this thread's copies for slice kt have landed...
+      __syncthreads();              // ...and everyone's; everyone is also done reading slice kt - 1
+      const int next = kt + STAGES - 1;
+      if (next < KT) load_a(next % STAGES, next), load_b(next % STAGES, next);  // refills slice kt - 1's stage
+      cp_async_commit();
+
+      const unsigned short* as = As + (kt % STAGES) * BM * BK;
+      const unsigned short* bs = Bs + (kt % STAGES) * BN * BK;
+#pragma unroll
+      for (int kk = 0; kk < BK / 16; ++kk) {
+        unsigned af[MT][4], bfr[NT][2];
+#pragma unroll
+        for (int mi = 0; mi < MT; ++mi) {
+          // matrices: rows 0-7 / k 0-7, rows 8-15 / k 0-7, rows 0-7 / k 8-15, rows 8-15 / k 8-15 = a0..a3
+          const int r = wm * WTM + mi * 16 + (lane & 15);
+          ldsm_x4(as + swz<BK>(r, kk * 2 + (lane >> 4)), af[mi][0], af[mi][1], af[mi][2], af[mi][3]);
+        }
+#pragma unroll
+        for (int nj = 0; nj < NT / 2; ++nj) {
+          // matrices: tokens 0-7 / k 0-7, tokens 0-7 / k 8-15, tokens 8-15 / k 0-7, tokens 8-15 / k 8-15
+          const int n = wn * WTN + nj * 16 + (lane & 7) + ((lane >> 4) << 3);
+          ldsm_x4(bs + swz<BK>(n, kk * 2 + ((lane >> 3) & 1)), bfr[2 * nj][0], bfr[2 * nj][1], bfr[2 * nj + 1][0],
+                  bfr[2 * nj + 1][1]);
+        }
+#pragma unroll
+        for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+          for (int ni = 0; ni < NT; ++ni) mma_bf16_16816(acc[mi][ni], af[mi], bfr[ni]);
       }
+    }
+    cp_async_wait<0>();
+    __syncthreads();  // the ring is reused as the accumulator tile
+    {
+      const int g = lane >> 2, tig = lane & 3;
+#pragma unroll
+      for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < NT; ++ni) {
+          const int m = wm * WTM + mi * 16 + g, n = wn * WTN + ni * 8 + tig * 2;
+          cs[n * LDC + m] = acc[mi][ni][0];
+          cs[(n + 1) * LDC + m] = acc[mi][ni][1];
+          cs[n * LDC + m + 8] = acc[mi][ni][2];
+          cs[(n + 1) * LDC + m + 8] = acc[mi][ni][3];
+        }
+    }
   }
   __syncthreads();
 
@@ -433,6 +475,8 @@ MOE_JIT_GEMM(2, kGateUp, gu)
 MOE_JIT_GEMM(2, kDown, dn)
 MOE_JIT_GEMM(3, kGateUp, gu)
 MOE_JIT_GEMM(3, kDown, dn)
+MOE_JIT_GEMM(4, kGateUp, gu)
+MOE_JIT_GEMM(4, kDown, dn)
 #undef MOE_JIT_GEMM
 
 #else
@@ -465,6 +509,8 @@ inline KernelTable kernel_table() {
   t.gemm[2][kDown] = reinterpret_cast<const void*>(&moe_gemm_kernel<GemmCfg2, kDown>);
   t.gemm[3][kGateUp] = reinterpret_cast<const void*>(&moe_gemm_kernel<GemmCfg3, kGateUp>);
   t.gemm[3][kDown] = reinterpret_cast<const void*>(&moe_gemm_kernel<GemmCfg3, kDown>);
+  t.gemm[4][kGateUp] = reinterpret_cast<const void*>(&moe_gemm_kernel<GemmCfg4, kGateUp>);
+  t.gemm[4][kDown] = reinterpret_cast<const void*>(&moe_gemm_kernel<GemmCfg4, kDown>);
   t.pdl = true;  // both ahead-of-time builds target sm_90a / sm_100a
   return t;
 }
