@@ -165,8 +165,8 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p, char* smem) {
   // The wgmma main loop (sm_90a builds of a WGMMA configuration): two warpgroups, each 64 weight rows x all BN
   // tokens, reading the swizzled tiles through descriptors, which need a 1024-byte aligned base.
   constexpr bool kWgmma = Cfg::WGMMA && MOE_HAVE_WGMMA;
-  static_assert(!kWgmma || (BM == 128 && BN == 128 && BK == 64 && THREADS == 256),
-                "wgmma tiles: 2 warpgroups x (64 weight rows x 128 tokens), 128-byte rows");
+  static_assert(!kWgmma || (BM == 128 && (BN == 128 || BN == 64) && BK == 64 && THREADS == 256),
+                "wgmma tiles: 2 warpgroups x (64 weight rows x BN = 64 or 128 tokens), 128-byte rows");
   if constexpr (Cfg::WGMMA) smem = moe_ptx::align_smem(smem, 1024);
 
   // Programmatic dependent launch (no-ops unless launched with the attribute). The gate/up GEMM reads x and the
@@ -283,9 +283,9 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p, char* smem) {
   float* cs = reinterpret_cast<float*>(smem);
   if constexpr (kWgmma) {
 #if MOE_HAVE_WGMMA
-    float d[64];
+    float d[BN / 2];  // 64 x BN f32 over the warpgroup's 128 threads
 #pragma unroll
-    for (int i = 0; i < 64; ++i) d[i] = 0.0f;
+    for (int i = 0; i < BN / 2; ++i) d[i] = 0.0f;
     const int wg = warp / 4;  // warpgroup: weight rows [64 wg, 64 wg + 64) of the tile
     const unsigned as_addr = smem_addr(As) + unsigned(wg * 64 * BK * 2), bs_addr = smem_addr(Bs);
 #pragma unroll 1
@@ -301,7 +301,7 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p, char* smem) {
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < BK / 16; ++kk)
-        wgmma_m64n128k16_bf16(d, wgmma_desc_sw128(a_st + kk * 32), wgmma_desc_sw128(b_st + kk * 32));
+        wgmma_m64nk16_bf16(d, wgmma_desc_sw128(a_st + kk * 32), wgmma_desc_sw128(b_st + kk * 32));
       wgmma_commit();
       wgmma_wait<0>();  // the stage is refilled by the next iteration's loads
     }
@@ -477,6 +477,8 @@ MOE_JIT_GEMM(3, kGateUp, gu)
 MOE_JIT_GEMM(3, kDown, dn)
 MOE_JIT_GEMM(4, kGateUp, gu)
 MOE_JIT_GEMM(4, kDown, dn)
+MOE_JIT_GEMM(5, kGateUp, gu)
+MOE_JIT_GEMM(5, kDown, dn)
 #undef MOE_JIT_GEMM
 
 #else
@@ -511,6 +513,8 @@ inline KernelTable kernel_table() {
   t.gemm[3][kDown] = reinterpret_cast<const void*>(&moe_gemm_kernel<GemmCfg3, kDown>);
   t.gemm[4][kGateUp] = reinterpret_cast<const void*>(&moe_gemm_kernel<GemmCfg4, kGateUp>);
   t.gemm[4][kDown] = reinterpret_cast<const void*>(&moe_gemm_kernel<GemmCfg4, kDown>);
+  t.gemm[5][kGateUp] = reinterpret_cast<const void*>(&moe_gemm_kernel<GemmCfg5, kGateUp>);
+  t.gemm[5][kDown] = reinterpret_cast<const void*>(&moe_gemm_kernel<GemmCfg5, kDown>);
   t.pdl = true;  // both ahead-of-time builds target sm_90a / sm_100a
   return t;
 }

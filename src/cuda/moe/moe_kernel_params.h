@@ -90,8 +90,9 @@ using GemmCfg0 = GemmConfig<32, 16, 2, 1, 128, 4, 4>;    // decode: <= ~5 tokens
 using GemmCfg1 = GemmConfig<64, 32, 4, 1, 64, 4, 4>;     // batched decode: <= ~12
 using GemmCfg2 = GemmConfig<128, 64, 4, 2, 64, 3, 2>;    // small prefill: <= ~40
 using GemmCfg3 = GemmConfig<128, 128, 2, 4, 64, 3, 2>;   // prefill
-using GemmCfg4 = GemmConfig<128, 128, 2, 4, 64, 3, 2, true>;  // prefill on wgmma (sm_90a; MOESERVE_MOE_WGMMA=1)
-constexpr int kNumGemmConfigs = 5;
+using GemmCfg4 = GemmConfig<128, 128, 2, 4, 64, 3, 2, true>;  // prefill on wgmma (sm_90a builds)
+using GemmCfg5 = GemmConfig<128, 64, 4, 2, 64, 3, 2, true>;   // small prefill on wgmma (opt-in, see the host)
+constexpr int kNumGemmConfigs = 6;
 
 #ifndef __CUDACC_RTC__  // host-side helper; NVRTC treats unannotated functions as host code and rejects them
 struct GemmConfigInfo {
@@ -102,7 +103,8 @@ constexpr GemmConfigInfo gemm_config_info(int i) {
          : i == 1 ? GemmConfigInfo{GemmCfg1::BM, GemmCfg1::BN, GemmCfg1::THREADS, GemmCfg1::SMEM_BYTES}
          : i == 2 ? GemmConfigInfo{GemmCfg2::BM, GemmCfg2::BN, GemmCfg2::THREADS, GemmCfg2::SMEM_BYTES}
          : i == 3 ? GemmConfigInfo{GemmCfg3::BM, GemmCfg3::BN, GemmCfg3::THREADS, GemmCfg3::SMEM_BYTES}
-                  : GemmConfigInfo{GemmCfg4::BM, GemmCfg4::BN, GemmCfg4::THREADS, GemmCfg4::SMEM_BYTES};
+         : i == 4 ? GemmConfigInfo{GemmCfg4::BM, GemmCfg4::BN, GemmCfg4::THREADS, GemmCfg4::SMEM_BYTES}
+                  : GemmConfigInfo{GemmCfg5::BM, GemmCfg5::BN, GemmCfg5::THREADS, GemmCfg5::SMEM_BYTES};
 }
 #endif
 
