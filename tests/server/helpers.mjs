@@ -121,11 +121,13 @@ export async function onGpu(base) {
 // A greedy output produced inside a batch (or after preemption and recompute) against the same request alone.
 // On the CPU they are identical. On the GPU a batch runs other GEMM kernels (the gemv kernel alone, cuBLASLt in
 // a batch), so BF16 sums round differently: tokens must agree until the first step where the solo run's top-2
-// gap is a near-tie (< 0.1), and the logprobs of agreed tokens within 0.25. Most steps move by under 0.06; the
-// 0.25 covers a near-tie in the demo model's random router, where one rounding picks another expert: on the
+// gap is a near-tie (< 0.1), and the logprobs of agreed tokens within 0.35. Most steps move by under 0.06; the
+// 0.35 covers a near-tie in the demo model's random router, where one rounding picks another expert: on the
 // H200 the 4-token prompt [7467, 7484, 7501, 7518] gives a first-token logprob of -5.230 through the gemv
-// kernel and -5.401 through cuBLASLt (the CPU's f32: -5.396), the same token. Accuracy against transformers
-// is checked by the parity tests at 0.05, on fixtures with decisive routing.
+// kernel and -5.401 through cuBLASLt (the CPU's f32: -5.396), the same token; and once the batched prefill
+// ran its experts on wgmma tiles (the solo request on mma.sync tiles), request 8 of the KV-exhaustion test moved
+// by 0.256 at step 4, the same token. Accuracy against transformers is checked by the parity tests at 0.05, on
+// fixtures with decisive routing.
 export async function assertSameGreedy(base, prompt, maxNew, batchedJson, soloIds, label) {
   if (!(await onGpu(base))) {
     assert.deepEqual(batchedJson.output_ids, soloIds, label);
@@ -138,6 +140,6 @@ export async function assertSameGreedy(base, prompt, maxNew, batchedJson, soloId
     if (top[0][0] - top[1][0] < 0.1) break;
     assert.equal(b.output_token_logprobs[i][1], a.output_token_logprobs[i][1], `${label} step ${i}`);
     const d = Math.abs(b.output_token_logprobs[i][0] - a.output_token_logprobs[i][0]);
-    assert.ok(d < 0.25, `${label} step ${i}: logprob differs by ${d}`);
+    assert.ok(d < 0.35, `${label} step ${i}: logprob differs by ${d}`);
   }
 }

@@ -88,13 +88,15 @@ std::string gemm_self_test(GemmBackend& b, double& max_err) {
     }
 
     DeviceBuffer dx(xb.size() * 2), dw(wb.size() * 2), dy(size_t(c.M) * ldy * 4);
-    MS_CUDA_CHECK(cudaMemcpy(dx.p, xb.data(), xb.size() * 2, cudaMemcpyHostToDevice));
-    MS_CUDA_CHECK(cudaMemcpy(dw.p, wb.data(), wb.size() * 2, cudaMemcpyHostToDevice));
+    // Everything on the test's stream: a plain cudaMemcpy / cudaMemset runs on the legacy default stream, which a
+    // non-blocking stream does not wait for (the poison memset once landed after the kernel's store: a NaN).
+    MS_CUDA_CHECK(cudaMemcpyAsync(dx.p, xb.data(), xb.size() * 2, cudaMemcpyHostToDevice, stream.s));
+    MS_CUDA_CHECK(cudaMemcpyAsync(dw.p, wb.data(), wb.size() * 2, cudaMemcpyHostToDevice, stream.s));
     for (OutType out : {OutType::BF16, OutType::F32}) {
       const std::string where = fmt::format("{}: M={} N={} K={} ldx={} ldy={} out={}", b.spec().name, c.M, c.N,
                                             c.K, ldx, ldy, out_name(out));
       const size_t elt = out == OutType::BF16 ? 2 : 4, bytes = size_t(c.M) * ldy * elt;
-      MS_CUDA_CHECK(cudaMemset(dy.p, 0xFF, bytes));
+      MS_CUDA_CHECK(cudaMemsetAsync(dy.p, 0xFF, bytes, stream.s));
       try {
         b.run(static_cast<const bf16*>(dx.p), ldx, c.M, c.K, static_cast<const bf16*>(dw.p), c.N, dy.p, ldy, out,
               stream.s);
@@ -103,7 +105,8 @@ std::string gemm_self_test(GemmBackend& b, double& max_err) {
         return where + ": " + e.what();
       }
       std::vector<uint8_t> got(bytes);
-      MS_CUDA_CHECK(cudaMemcpy(got.data(), dy.p, bytes, cudaMemcpyDeviceToHost));
+      MS_CUDA_CHECK(cudaMemcpyAsync(got.data(), dy.p, bytes, cudaMemcpyDeviceToHost, stream.s));
+      MS_CUDA_CHECK(cudaStreamSynchronize(stream.s));
       for (int m = 0; m < c.M; ++m) {
         for (int64_t n = 0; n < ldy; ++n) {
           const size_t i = size_t(m) * ldy + n;
