@@ -66,11 +66,13 @@ if [[ ${GPU_CHECK_E2E:-1} != 0 ]] && command -v node >/dev/null; then
   done
 fi
 
-# Optional: the kernel timings too (MoE layer against its floor, sampler, GEMV bandwidth), all in one call.
+# Optional: the kernel timings too (MoE layer against its floor, sampler, GEMV bandwidth, attention), all in one call.
 if [[ ${GPU_CHECK_TIMINGS:-0} != 0 ]]; then
   "$BUILD/tests/test_cuda_moe" --gtest_also_run_disabled_tests --gtest_filter='*TimingReport*' >"$LOGS/moe_timing.log" 2>&1
   "$BUILD/tests/test_cuda_sampling" --gtest_also_run_disabled_tests --gtest_filter='*Timing*' >"$LOGS/sampling_timing.log" 2>&1
   "$BUILD/tests/test_cuda_gemm" --gtest_also_run_disabled_tests --gtest_filter='*Bandwidth*' >"$LOGS/gemm_bandwidth.log" 2>&1
+  "$BUILD/tests/test_cuda_kernels" --gtest_also_run_disabled_tests --gtest_filter='*AttentionTiming*' >"$LOGS/attention_timing.log" 2>&1
+  grep -h 'info' "$LOGS/attention_timing.log" | cut -c1-150
   grep -h 'info' "$LOGS/moe_timing.log" | grep -E 'T= *1 |T= *64 ' | cut -c1-150
 fi
 
