@@ -36,15 +36,19 @@ std::string resolve_device(const std::string& device) {
 std::unique_ptr<ModelRunner> make_runner(const LaunchOptions& o) {
   const std::string dev = resolve_device(o.device);
   if (dev == "cpu") {
-    for (auto& [flag, v] : {std::pair<const char*, const std::string*>{"--attention-backend", &o.attention_backend},
-                            {"--moe-runner-backend", &o.moe_backend}})
-      if (*v != "auto" && *v != "cpu")
+    // Every backend flag: the choices the CPU has for it (GEMM has no named CPU backend).
+    struct CpuChoices {
+      const char* flag;
+      const std::string* value;
+      bool has_cpu;
+    };
+    for (const CpuChoices& c : {CpuChoices{"--attention-backend", &o.attention_backend, true},
+                                CpuChoices{"--moe-runner-backend", &o.moe_backend, true},
+                                CpuChoices{"--gemm-backend", &o.gemm_backend, false}})
+      if (*c.value != "auto" && !(c.has_cpu && *c.value == "cpu"))
         throw_user("{} {}: a GPU backend; this server runs on the CPU (--device cpu, or no GPU visible). Valid here: "
-                   "auto, cpu", flag, *v);
-    if (o.gemm_backend != "auto")
-      throw_user("--gemm-backend {}: a GPU backend; this server runs on the CPU (--device cpu, or no GPU visible). "
-                 "Valid here: auto",
-                 o.gemm_backend);
+                   "{}",
+                   c.flag, *c.value, c.has_cpu ? "auto, cpu" : "auto");
     log_info("device: cpu");
     return std::make_unique<ModelRunner>(load_model(o.model_path), o.runner);
   }

@@ -21,36 +21,35 @@ TEST(Launch, AutoPicksCpuWithoutAGpuAndCudaIsRefused) {
   EXPECT_THROW(resolve_device("tpu"), UserError);
 }
 
+// The UserError message of make_runner on the CPU with `lo`'s backend choices; "" (and a failure) if it ran.
+std::string cpu_refusal(LaunchOptions lo, const char* what_for) {
+  lo.model_path = "/nonexistent";  // refused before the model is read
+  lo.device = "cpu";
+  try {
+    make_runner(lo);
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << what_for << " on the CPU must be refused";
+  return "";
+}
+
 TEST(Launch, GpuBackendOnTheCpuIsRefused) {
   if (cuda_device_available()) GTEST_SKIP() << "a GPU is visible: this checks machines without one";
   LaunchOptions lo;
-  lo.model_path = "/nonexistent";  // refused before the model is read
-  lo.device = "cpu";
   lo.moe_backend = "fused_sm90";
-  try {
-    make_runner(lo);
-    FAIL() << "a GPU MoE backend on the CPU must be refused";
-  } catch (const UserError& e) {
-    const std::string what = e.what();
-    EXPECT_NE(what.find("--moe-runner-backend fused_sm90"), std::string::npos) << what;
-    EXPECT_NE(what.find("auto, cpu"), std::string::npos) << what;
-  }
+  const std::string what = cpu_refusal(lo, "a GPU MoE backend");
+  EXPECT_NE(what.find("--moe-runner-backend fused_sm90"), std::string::npos) << what;
+  EXPECT_NE(what.find("auto, cpu"), std::string::npos) << what;
 }
 
 TEST(Launch, GpuGemmBackendOnTheCpuIsRefused) {
   if (cuda_device_available()) GTEST_SKIP() << "a GPU is visible: this checks machines without one";
   LaunchOptions lo;
-  lo.model_path = "/nonexistent";
-  lo.device = "cpu";
   lo.gemm_backend = "gemv";
-  try {
-    make_runner(lo);
-    FAIL() << "a GPU GEMM backend on the CPU must be refused";
-  } catch (const UserError& e) {
-    const std::string what = e.what();
-    EXPECT_NE(what.find("--gemm-backend gemv"), std::string::npos) << what;
-    EXPECT_NE(what.find("Valid here: auto"), std::string::npos) << what;
-  }
+  const std::string what = cpu_refusal(lo, "a GPU GEMM backend");
+  EXPECT_NE(what.find("--gemm-backend gemv"), std::string::npos) << what;
+  EXPECT_NE(what.find("Valid here: auto"), std::string::npos) << what;
 }
 
 TEST(Launch, BackendReportWithoutAGpuSaysSo) {
