@@ -125,8 +125,8 @@ __device__ __forceinline__ int swz(int r, int ch) {
   return r * D + ((ch ^ (r & 7)) << 3);
 }
 
-template <int D, int WARPS_M, int WARPS_N, int BLOCK_N, int STAGES, bool DECODE, bool SPLIT>
-__global__ void __launch_bounds__(128) paged_attention_mma_kernel(const AttnParams p) {
+template <int D, int WARPS_M, int WARPS_N, int BLOCK_N, int STAGES, bool DECODE, bool SPLIT, int MIN_BLOCKS = 1>
+__global__ void __launch_bounds__(128, MIN_BLOCKS) paged_attention_mma_kernel(const AttnParams p) {
   constexpr int kThreads = 128;
   static_assert(STAGES >= 2 && STAGES <= 4, "K/V ring depth");
   static_assert(WARPS_M * WARPS_N == 4, "4 warps");

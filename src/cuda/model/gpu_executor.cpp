@@ -55,6 +55,16 @@ struct MetaLayout {
   }
 };
 
+// Experiment (MOESERVE_META_2D=0 turns it off for A/B): each step copies only the used part of every block-table
+// row (one 2-D copy) instead of whole rows.
+bool meta_2d_copy() {
+  static const bool on = [] {
+    const char* e = std::getenv("MOESERVE_META_2D");
+    return !(e != nullptr && std::string(e) == "0");
+  }();
+  return on;
+}
+
 // Split-KV parts per decode sequence: one wave of blocks (two per SM fit at head_dim <= 128, one at 256).
 int decode_splits_for(int bs, int kv_heads, int head_dim, int sms) {
   const int blocks = head_dim > 128 ? sms : 2 * sms;
@@ -78,7 +88,8 @@ class GpuExecutor : public Executor {
  private:
   // Fills the metadata for a batch; returns the step inputs. pad_to > T pads a decode batch for a graph.
   StepInputs prepare(const ForwardBatch& batch, const std::vector<SampleSpec>& specs, int pad_to);
-  void upload_meta(size_t bytes);
+  // Copies the first `bytes` of the metadata, then the first table_pages entries of table_rows block-table rows.
+  void upload_meta(size_t bytes, int table_rows = 0, int table_pages = 0);
   void run_sampling(int rows, bool with_penalties);
   void capture_graphs();
   void record_decode(int bs, StepInputs& in, bool greedy);
@@ -317,8 +328,15 @@ StepInputs GpuExecutor::prepare(const ForwardBatch& batch, const std::vector<Sam
     }
     prm[r] = p;
   }
-  const size_t used = L.block_tables + size_t(std::max(S, 1)) * size_t(L.max_pages) * 4;
-  upload_meta(used);
+  if (meta_2d_copy()) {
+    // Only the pages in use of each table row: at 128 sequences of 512 tokens that is 17 KB, where the whole rows
+    // (max_pages = 2,561 at a 40,960-token context) are 1.3 MB on every step's critical path.
+    int64_t pages = 0;
+    for (const auto& q : batch.seqs) pages = std::max<int64_t>(pages, (q.start + q.num_tokens + ps - 1) / ps);
+    upload_meta(L.block_tables, S, int(pages));
+  } else {
+    upload_meta(L.block_tables + size_t(std::max(S, 1)) * size_t(L.max_pages) * 4);
+  }
 
   const char* d = reinterpret_cast<const char*>(dev_meta_.get());
   auto darr = [&](size_t off) { return reinterpret_cast<const int32_t*>(d + off); };
@@ -347,8 +365,14 @@ StepInputs GpuExecutor::prepare(const ForwardBatch& batch, const std::vector<Sam
   return in;
 }
 
-void GpuExecutor::upload_meta(size_t bytes) {
+void GpuExecutor::upload_meta(size_t bytes, int table_rows, int table_pages) {
   MS_CUDA_CHECK(cudaMemcpyAsync(dev_meta_.get(), host_meta_.get(), bytes, cudaMemcpyHostToDevice, stream_));
+  if (table_rows > 0 && table_pages > 0) {
+    const size_t pitch = size_t(layout_->max_pages) * 4, off = layout_->block_tables;
+    MS_CUDA_CHECK(cudaMemcpy2DAsync(dev_meta_.get() + off, pitch, static_cast<const char*>(host_meta_.get()) + off,
+                                    pitch, size_t(table_pages) * 4, size_t(table_rows), cudaMemcpyHostToDevice,
+                                    stream_));
+  }
   auto grow_upload = [&](DeviceArray<int32_t>& dst, const std::vector<int32_t>& src) {
     if (src.empty()) return;
     if (dst.size() < src.size()) dst = DeviceArray<int32_t>(alloc_, src.size() * 2, "activations");

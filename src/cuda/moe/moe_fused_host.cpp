@@ -43,7 +43,7 @@ void launch(const void* kernel, dim3 grid, dim3 block, size_t smem, void* params
 // target sm_90a compile them as mma.sync). MOESERVE_MOE_WGMMA: 0 none (A/B), 1 (default) prefill tiles (3 -> 4:
 // on the H200 a layer of 8,192 tokens took 1,611 us against 2,602, 384 TFLOP/s), 2 small-prefill tiles too
 // (2 -> 5: 512 tokens 319 us against 366; the MoE tests pass with it, the server suites have not run with it yet,
-// so it stays opt-in).
+// so it stays opt-in), 3: 2 and the prefill tiles with one slice's MMAs in flight (4 -> 6, experiment).
 int moe_wgmma_level() {
   static const int level = [] {
     const char* e = std::getenv("MOESERVE_MOE_WGMMA");
@@ -57,7 +57,7 @@ int fused_config_for(const MoeShape& s, int T) {
   if (per_expert <= 5) return 0;
   if (per_expert <= 12) return 1;
   if (per_expert <= 40) return moe_wgmma_level() >= 2 ? 5 : 2;
-  return moe_wgmma_level() >= 1 ? 4 : 3;
+  return moe_wgmma_level() >= 3 ? 6 : moe_wgmma_level() >= 1 ? 4 : 3;
 }
 
 bool fused_direct_for(const MoeShape& s, int T) {

@@ -164,10 +164,10 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p, char* smem) {
   static_assert(MODE == kDown || BM % 16 == 0, "gate/up halves hold whole 8-wide output chunks");
   // The wgmma main loop (sm_90a builds of a WGMMA configuration): two warpgroups, each 64 weight rows x all BN
   // tokens, reading the swizzled tiles through descriptors, which need a 1024-byte aligned base.
-  constexpr bool kWgmma = Cfg::WGMMA && MOE_HAVE_WGMMA;
+  constexpr bool kWgmma = Cfg::WGMMA > 0 && MOE_HAVE_WGMMA;
   static_assert(!kWgmma || (BM == 128 && (BN == 128 || BN == 64) && BK == 64 && THREADS == 256),
                 "wgmma tiles: 2 warpgroups x (64 weight rows x BN = 64 or 128 tokens), 128-byte rows");
-  if constexpr (Cfg::WGMMA) smem = moe_ptx::align_smem(smem, 1024);
+  if constexpr (Cfg::WGMMA > 0) smem = moe_ptx::align_smem(smem, 1024);
 
   // Programmatic dependent launch (no-ops unless launched with the attribute). The gate/up GEMM reads x and the
   // routing (or the prep's tiles) first thing: it waits before anything, then lets the down GEMM be scheduled.
@@ -288,14 +288,17 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p, char* smem) {
     for (int i = 0; i < BN / 2; ++i) d[i] = 0.0f;
     const int wg = warp / 4;  // warpgroup: weight rows [64 wg, 64 wg + 64) of the tile
     const unsigned as_addr = smem_addr(As) + unsigned(wg * 64 * BK * 2), bs_addr = smem_addr(Bs);
+    constexpr bool kInFlight = Cfg::WGMMA == 2;
 #pragma unroll 1
     for (int kt = 0; kt < KT; ++kt) {
       cp_async_wait<STAGES - 2>();  // this thread's copies for slice kt have landed...
       fence_proxy_async_smem();     // ...are visible to wgmma's (async proxy) reads...
       __syncthreads();              // ...and so are everyone's; slice kt - 1's wgmma completed (waited below)
-      const int next = kt + STAGES - 1;
-      if (next < KT) load_a(next % STAGES, next), load_b(next % STAGES, next);
-      cp_async_commit();
+      const int next = kt + STAGES - 1;  // refills the stage of slice kt - 1
+      if constexpr (!kInFlight) {
+        if (next < KT) load_a(next % STAGES, next), load_b(next % STAGES, next);
+        cp_async_commit();
+      }
       const unsigned a_st = as_addr + unsigned((kt % STAGES) * BM * BK * 2);
       const unsigned b_st = bs_addr + unsigned((kt % STAGES) * BN * BK * 2);
       wgmma_fence();
@@ -303,8 +306,16 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p, char* smem) {
       for (int kk = 0; kk < BK / 16; ++kk)
         wgmma_m64nk16_bf16(d, wgmma_desc_sw128(a_st + kk * 32), wgmma_desc_sw128(b_st + kk * 32));
       wgmma_commit();
-      wgmma_wait<0>();  // the stage is refilled by the next iteration's loads
+      if constexpr (kInFlight) {
+        wgmma_wait<1>();  // this warpgroup's MMAs of slice kt - 1 are done (slice kt's may still run)...
+        __syncthreads();  // ...and the other warpgroup's: slice kt - 1's stage may be refilled
+        if (next < KT) load_a(next % STAGES, next), load_b(next % STAGES, next);
+        cp_async_commit();
+      } else {
+        wgmma_wait<0>();  // the stage is refilled by the next iteration's loads
+      }
     }
+    wgmma_wait<0>();
     cp_async_wait<0>();
     __syncthreads();  // the ring is reused as the accumulator tile
     const int g = lane >> 2, tig = lane & 3, m = wg * 64 + (warp & 3) * 16 + g;
@@ -479,6 +490,8 @@ MOE_JIT_GEMM(4, kGateUp, gu)
 MOE_JIT_GEMM(4, kDown, dn)
 MOE_JIT_GEMM(5, kGateUp, gu)
 MOE_JIT_GEMM(5, kDown, dn)
+MOE_JIT_GEMM(6, kGateUp, gu)
+MOE_JIT_GEMM(6, kDown, dn)
 #undef MOE_JIT_GEMM
 
 #else
@@ -515,6 +528,8 @@ inline KernelTable kernel_table() {
   t.gemm[4][kDown] = reinterpret_cast<const void*>(&moe_gemm_kernel<GemmCfg4, kDown>);
   t.gemm[5][kGateUp] = reinterpret_cast<const void*>(&moe_gemm_kernel<GemmCfg5, kGateUp>);
   t.gemm[5][kDown] = reinterpret_cast<const void*>(&moe_gemm_kernel<GemmCfg5, kDown>);
+  t.gemm[6][kGateUp] = reinterpret_cast<const void*>(&moe_gemm_kernel<GemmCfg6, kGateUp>);
+  t.gemm[6][kDown] = reinterpret_cast<const void*>(&moe_gemm_kernel<GemmCfg6, kDown>);
   t.pdl = true;  // both ahead-of-time builds target sm_90a / sm_100a
   return t;
 }

@@ -72,16 +72,18 @@ struct CombineParams {
 
 // A CTA computes a BM (weight rows) x BN (tokens) tile with WM x WN warps, streaming K in BK slices through a
 // STAGES-deep cp.async ring. MINB is the occupancy asked of the register allocator.
-// WGMMA: the main loop runs on sm_90a's warpgroup MMA (two warpgroups of 64 weight rows x BN tokens) where the
-// build targets sm_90a, else on mma.sync like the others; its tiles need a 1024-byte aligned base (1 KB more).
-template <int BM_, int BN_, int WM_, int WN_, int BK_, int STAGES_, int MINB_, bool WGMMA_ = false>
+// WGMMA > 0: the main loop runs on sm_90a's warpgroup MMA (two warpgroups of 64 weight rows x BN tokens) where
+// the build targets sm_90a, else on mma.sync like the others; its tiles need a 1024-byte aligned base (1 KB more).
+// 1: each slice's MMAs complete before the ring is refilled; 2: one slice's MMAs stay in flight while the ring
+// is refilled (experiment).
+template <int BM_, int BN_, int WM_, int WN_, int BK_, int STAGES_, int MINB_, int WGMMA_ = 0>
 struct GemmConfig {
   static constexpr int BM = BM_, BN = BN_, WM = WM_, WN = WN_, BK = BK_, STAGES = STAGES_, MINB = MINB_;
-  static constexpr bool WGMMA = WGMMA_;
+  static constexpr int WGMMA = WGMMA_;
   static constexpr int THREADS = WM * WN * 32;
   static constexpr int PIPE_BYTES = STAGES * (BM + BN) * BK * 2;
   static constexpr int EPI_BYTES = BN * (BM + 4) * 4;  // f32 accumulator tile, padded against bank conflicts
-  static constexpr int SMEM_BYTES = (PIPE_BYTES > EPI_BYTES ? PIPE_BYTES : EPI_BYTES) + (WGMMA ? 1024 : 0);
+  static constexpr int SMEM_BYTES = (PIPE_BYTES > EPI_BYTES ? PIPE_BYTES : EPI_BYTES) + (WGMMA > 0 ? 1024 : 0);
 };
 
 // Chosen by the average tokens per expert (T * top_k / E) so that one tile usually holds all of an expert's
@@ -90,9 +92,10 @@ using GemmCfg0 = GemmConfig<32, 16, 2, 1, 128, 4, 4>;    // decode: <= ~5 tokens
 using GemmCfg1 = GemmConfig<64, 32, 4, 1, 64, 4, 4>;     // batched decode: <= ~12
 using GemmCfg2 = GemmConfig<128, 64, 4, 2, 64, 3, 2>;    // small prefill: <= ~40
 using GemmCfg3 = GemmConfig<128, 128, 2, 4, 64, 3, 2>;   // prefill
-using GemmCfg4 = GemmConfig<128, 128, 2, 4, 64, 3, 2, true>;  // prefill on wgmma (sm_90a builds)
-using GemmCfg5 = GemmConfig<128, 64, 4, 2, 64, 3, 2, true>;   // small prefill on wgmma (opt-in, see the host)
-constexpr int kNumGemmConfigs = 6;
+using GemmCfg4 = GemmConfig<128, 128, 2, 4, 64, 3, 2, 1>;  // prefill on wgmma (sm_90a builds)
+using GemmCfg5 = GemmConfig<128, 64, 4, 2, 64, 3, 2, 1>;   // small prefill on wgmma (opt-in, see the host)
+using GemmCfg6 = GemmConfig<128, 128, 2, 4, 64, 3, 2, 2>;  // prefill on wgmma, MMAs in flight (experiment)
+constexpr int kNumGemmConfigs = 7;
 
 #ifndef __CUDACC_RTC__  // host-side helper; NVRTC treats unannotated functions as host code and rejects them
 struct GemmConfigInfo {
@@ -104,7 +107,8 @@ constexpr GemmConfigInfo gemm_config_info(int i) {
          : i == 2 ? GemmConfigInfo{GemmCfg2::BM, GemmCfg2::BN, GemmCfg2::THREADS, GemmCfg2::SMEM_BYTES}
          : i == 3 ? GemmConfigInfo{GemmCfg3::BM, GemmCfg3::BN, GemmCfg3::THREADS, GemmCfg3::SMEM_BYTES}
          : i == 4 ? GemmConfigInfo{GemmCfg4::BM, GemmCfg4::BN, GemmCfg4::THREADS, GemmCfg4::SMEM_BYTES}
-                  : GemmConfigInfo{GemmCfg5::BM, GemmCfg5::BN, GemmCfg5::THREADS, GemmCfg5::SMEM_BYTES};
+         : i == 5 ? GemmConfigInfo{GemmCfg5::BM, GemmCfg5::BN, GemmCfg5::THREADS, GemmCfg5::SMEM_BYTES}
+                  : GemmConfigInfo{GemmCfg6::BM, GemmCfg6::BN, GemmCfg6::THREADS, GemmCfg6::SMEM_BYTES};
 }
 #endif
 
