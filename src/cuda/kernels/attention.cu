@@ -15,12 +15,12 @@ namespace {
 
 using detail::AttnParams;
 
-template <int D, int WARPS_M, int WARPS_N, int BLOCK_N, int STAGES, bool DECODE, bool SPLIT, int MIN_BLOCKS = 1>
+template <int D, int WARPS_M, int WARPS_N, int BLOCK_N, int STAGES, bool DECODE, bool SPLIT>
 void launch_attention(dim3 grid, const AttnParams& p, cudaStream_t stream) {
   constexpr size_t smem = detail::attn_smem_bytes<D, WARPS_M, WARPS_N, BLOCK_N, STAGES>();
   // sm_90 allows 227 KB of dynamic shared memory per block.
   static_assert(smem <= 227 * 1024, "attention tile does not fit in shared memory");
-  auto kernel = detail::paged_attention_mma_kernel<D, WARPS_M, WARPS_N, BLOCK_N, STAGES, DECODE, SPLIT, MIN_BLOCKS>;
+  auto kernel = detail::paged_attention_mma_kernel<D, WARPS_M, WARPS_N, BLOCK_N, STAGES, DECODE, SPLIT>;
   // A host-side attribute, not a stream operation: allowed while a graph is being captured.
   MS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   launch_pdl(kernel, grid, dim3(128), smem, stream, p);
@@ -29,21 +29,8 @@ void launch_attention(dim3 grid, const AttnParams& p, cudaStream_t stream) {
 // Prefill: 64 rows (4 warps x 16) per block. Key tiles of 32 at head_dim 128 and 256 (at 128: 168 registers and
 // 48 KB, 3 blocks an SM where 64-key tiles allow 2; on the H200 a 16 x 512-token prefill took 274 us per layer
 // against 387 with 64-key tiles, and 345 with 3 stages of 32 keys); head_dim 64 keeps 64 (not measured with 32).
-// Experiment: MOESERVE_ATTN_PREFILL_MINB=4 asks the register allocator for 4 blocks an SM (128 registers) at
-// head_dim 128.
-int prefill_min_blocks() {
-  static const int v = [] {
-    const char* e = std::getenv("MOESERVE_ATTN_PREFILL_MINB");
-    return e != nullptr ? std::atoi(e) : 0;
-  }();
-  return v;
-}
-
 template <int D>
 void launch_prefill(dim3 grid, const AttnParams& p, cudaStream_t stream) {
-  if constexpr (D == 128) {
-    if (prefill_min_blocks() == 4) return launch_attention<D, 4, 1, 32, 2, false, false, 4>(grid, p, stream);
-  }
   launch_attention<D, 4, 1, (D == 64 ? 64 : 32), 2, false, false>(grid, p, stream);
 }
 

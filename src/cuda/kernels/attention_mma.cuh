@@ -125,8 +125,8 @@ __device__ __forceinline__ int swz(int r, int ch) {
   return r * D + ((ch ^ (r & 7)) << 3);
 }
 
-template <int D, int WARPS_M, int WARPS_N, int BLOCK_N, int STAGES, bool DECODE, bool SPLIT, int MIN_BLOCKS = 1>
-__global__ void __launch_bounds__(128, MIN_BLOCKS) paged_attention_mma_kernel(const AttnParams p) {
+template <int D, int WARPS_M, int WARPS_N, int BLOCK_N, int STAGES, bool DECODE, bool SPLIT>
+__global__ void __launch_bounds__(128) paged_attention_mma_kernel(const AttnParams p) {
   constexpr int kThreads = 128;
   static_assert(STAGES >= 2 && STAGES <= 4, "K/V ring depth");
   static_assert(WARPS_M * WARPS_N == 4, "4 warps");
@@ -149,18 +149,24 @@ __global__ void __launch_bounds__(128, MIN_BLOCKS) paged_attention_mma_kernel(co
   bf16* sV = sK + STAGES * BLOCK_N * D;          // [STAGES][BLOCK_N, D]
   __shared__ int merge_here;                     // SPLIT: this block finished last
 
-  pdl_enter();  // q (and the new token's K/V) come from the kernel before
+  // Prefill waits for the kernel before (q, and this step's K/V) first thing. Decode first reads what that kernel
+  // does not write (the step's metadata, the cached keys of earlier steps) and starts their copies, then waits.
+  if constexpr (!DECODE) pdl_enter();
+  // A decode block that has nothing to do still waits, so the grid never completes before the kernel before it.
+  auto exit_early = [] {
+    if constexpr (DECODE) pdl_wait();
+  };
   const int s = blockIdx.z, kvh = blockIdx.y;
   const int split = SPLIT ? int(blockIdx.x % unsigned(p.num_splits)) : 0;
   // Prefill takes the row tiles last-first: the late (longest) causal tiles start early.
   const int m_tile = SPLIT ? int(blockIdx.x / unsigned(p.num_splits)) : DECODE ? int(blockIdx.x)
                                                                                : int(gridDim.x - 1 - blockIdx.x);
   const int new_len = p.new_lens[s];
-  if (new_len <= 0) return;  // padding sequence
+  if (new_len <= 0) return exit_early();  // padding sequence
   const int G = p.group;
   const int rows_total = DECODE ? G : new_len * G;  // decode: the first (only) new token
   const int row0 = m_tile * BLOCK_M;
-  if (row0 >= rows_total) return;
+  if (row0 >= rows_total) return exit_early();
   const int kv_len = p.kv_lens[s];
   const int start = kv_len - new_len;  // position of query 0
   const int last_row = min(row0 + BLOCK_M, rows_total) - 1;
@@ -171,7 +177,7 @@ __global__ void __launch_bounds__(128, MIN_BLOCKS) paged_attention_mma_kernel(co
     const int P = p.page_size;
     const int n_pages = (key_end + P - 1) / P;
     parts = effective_splits(p.num_splits, key_end, P, p.min_split_keys);
-    if (split >= parts) return;  // not needed at this length
+    if (split >= parts) return exit_early();  // not needed at this length
     const int pages_per_split = (n_pages + parts - 1) / parts;
     k_begin = min(split * pages_per_split, n_pages) * P;
     k_end = min(k_begin + pages_per_split * P, key_end);
@@ -184,17 +190,22 @@ __global__ void __launch_bounds__(128, MIN_BLOCKS) paged_attention_mma_kernel(co
   const int q_row_base = p.q_rows[s];
 
   // ---- Q tile -> shared (zeros past the last row).
-  for (int c = tid; c < BLOCK_M * CPR; c += kThreads) {
-    const int r = c / CPR, ch = c % CPR, row = row0 + r;
-    const bool valid = row < rows_total;
-    const bf16* src = p.q;
-    if (valid) {
-      const int i = row / G, g = row - i * G;
-      src = p.q + int64_t(q_row_base + i) * p.q_stride + int64_t(kvh * G + g) * D + ch * 8;
+  auto load_q = [&] {
+    for (int c = tid; c < BLOCK_M * CPR; c += kThreads) {
+      const int r = c / CPR, ch = c % CPR, row = row0 + r;
+      const bool valid = row < rows_total;
+      const bf16* src = p.q;
+      if (valid) {
+        const int i = row / G, g = row - i * G;
+        src = p.q + int64_t(q_row_base + i) * p.q_stride + int64_t(kvh * G + g) * D + ch * 8;
+      }
+      cp_async_16(sQ + swz<D>(r, ch), src, valid);
     }
-    cp_async_16(sQ + swz<D>(r, ch), src, valid);
+  };
+  if constexpr (!DECODE) {
+    load_q();
+    cp_async_commit();
   }
-  cp_async_commit();
 
   // ---- K/V tile loader: thread (ld_rg, ld_ch) copies chunk ld_ch of RPT consecutive keys, following the
   // block table page by page (one division per tile).
@@ -204,7 +215,10 @@ __global__ void __launch_bounds__(128, MIN_BLOCKS) paged_attention_mma_kernel(co
   const bf16* k_head = p.k_cache + int64_t(kvh) * D;
   const bf16* v_head = p.v_cache + int64_t(kvh) * D;
   const int ld_ch = tid % CPR, ld_rg = tid / CPR;
-  auto load_kv = [&](int tile_start, int stage) {
+  // Decode: keys from `start` on are this step's, written by the kernel before. kAll copies every row (zeros past
+  // k_end); kCached skips this step's rows (copied before the wait); kNew copies only them (after the wait).
+  enum { kAll, kCached, kNew };
+  auto load_kv = [&](int tile_start, int stage, int rows = kAll) {
     int key = tile_start + ld_rg * RPT;
     int page_idx = key / P;
     int off = key - page_idx * P;
@@ -215,9 +229,12 @@ __global__ void __launch_bounds__(128, MIN_BLOCKS) paged_attention_mma_kernel(co
     for (int j = 0; j < RPT; ++j) {
       const int r = ld_rg * RPT + j;
       const bool valid = key < k_end;
+      const bool fresh = DECODE && valid && key >= start;  // written this step
       const int64_t o = valid ? (int64_t(page) * P + off) * kv_row_stride + ld_ch * 8 : 0;
-      cp_async_16(dk + swz<D>(r, ld_ch), k_head + o, valid);
-      cp_async_16(dv + swz<D>(r, ld_ch), v_head + o, valid);
+      if (rows == kAll || (rows == kCached && !fresh) || (rows == kNew && fresh)) {
+        cp_async_16(dk + swz<D>(r, ld_ch), k_head + o, valid);
+        cp_async_16(dv + swz<D>(r, ld_ch), v_head + o, valid);
+      }
       ++key;
       if (++off == P) {
         off = 0;
@@ -229,7 +246,15 @@ __global__ void __launch_bounds__(128, MIN_BLOCKS) paged_attention_mma_kernel(co
   // Prologue: tiles 0 .. STAGES - 2, one commit group each (empty groups past the last tile keep the count).
 #pragma unroll
   for (int i = 0; i < STAGES - 1; ++i) {
-    if (i < n_tiles) load_kv(k_begin + i * BLOCK_N, i);
+    if (i < n_tiles) load_kv(k_begin + i * BLOCK_N, i, DECODE ? kCached : kAll);
+    cp_async_commit();
+  }
+  if constexpr (DECODE) {
+    pdl_enter();  // q and this step's K/V come from the kernel before
+    load_q();
+#pragma unroll
+    for (int i = 0; i < STAGES - 1; ++i)
+      if (i < n_tiles) load_kv(k_begin + i * BLOCK_N, i, kNew);
     cp_async_commit();
   }
 
@@ -250,7 +275,10 @@ __global__ void __launch_bounds__(128, MIN_BLOCKS) paged_attention_mma_kernel(co
 #pragma unroll
   for (int i = 0; i < DTILES; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
 
-  cp_async_wait<STAGES - 1>();  // the Q group (the STAGES - 1 prologue groups may still be in flight)
+  if constexpr (DECODE)
+    cp_async_wait<0>();  // Q and the prologue tiles (started before the wait: usually landed by now)
+  else
+    cp_async_wait<STAGES - 1>();  // the Q group (the STAGES - 1 prologue groups may still be in flight)
   __syncthreads();
   uint32_t qf[KSTEPS][4];
 #pragma unroll

@@ -45,10 +45,17 @@ __global__ void embedding_scalar_kernel(const int32_t* ids, const bf16* table, i
 template <int NV, bool ADD>
 __global__ void __launch_bounds__(1024) rmsnorm_vec4_kernel(const float* in, float* residual, const bf16* xadd,
                                                              const bf16* w, float eps, int dim, bf16* out) {
-  pdl_enter();
   __shared__ float scratch[33];
   const int64_t base = int64_t(blockIdx.x) * dim;
   const int nvec = dim >> 2;
+  // The norm weight is never written: load it before the programmatic wait, while the kernel before may still run.
+  float wv[NV][4];
+#pragma unroll
+  for (int k = 0; k < NV; ++k) {
+    const int i = threadIdx.x + k * blockDim.x;
+    if (i < nvec) load_bf16<4>(w + 4 * i, wv[k]);
+  }
+  pdl_enter();
   const float4* src = reinterpret_cast<const float4*>((ADD ? residual : in) + base);
   float4 v[NV];
   float ss = 0.0f;
@@ -75,9 +82,8 @@ __global__ void __launch_bounds__(1024) rmsnorm_vec4_kernel(const float* in, flo
   for (int k = 0; k < NV; ++k) {
     const int i = threadIdx.x + k * blockDim.x;
     if (i < nvec) {
-      float wv[4];
-      load_bf16<4>(w + 4 * i, wv);
-      float o[4] = {wv[0] * (v[k].x * inv), wv[1] * (v[k].y * inv), wv[2] * (v[k].z * inv), wv[3] * (v[k].w * inv)};
+      float o[4] = {wv[k][0] * (v[k].x * inv), wv[k][1] * (v[k].y * inv), wv[k][2] * (v[k].z * inv),
+                    wv[k][3] * (v[k].w * inv)};
       store_bf16<4>(out + base + 4 * i, o);
     }
   }

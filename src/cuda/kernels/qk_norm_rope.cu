@@ -57,10 +57,11 @@ __global__ void __launch_bounds__(kWarps * 32) qk_norm_rope_store_kv_kernel(cons
   constexpr int VPL = D / 32;  // elements per lane
   __shared__ float cos_s[D / 2], sin_s[D / 2];
   __shared__ float buf[kWarps][D];
-  pdl_enter();
   const int64_t t = blockIdx.x;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int half = p.rotary_dim / 2;
+  // Before the programmatic wait, everything that does not come from the kernel before: the step's positions and
+  // slots (copied in before the step's first kernel), the rotary table and the norm weights.
   if (half > 0) {
     // As transformers (and the CPU reference): the angle in f32, then cos / sin, then the scaling.
     const float pos = float(p.positions[t]);
@@ -71,12 +72,17 @@ __global__ void __launch_bounds__(kWarps * 32) qk_norm_rope_store_kv_kernel(cons
       sin_s[i] = sn * p.attention_scaling;
     }
   }
-  __syncthreads();
   const int32_t slot = p.slots != nullptr ? p.slots[t] : -1;
   const int64_t cache_row = int64_t(slot) * p.kv_heads * D;
   bf16* row = p.qkv + t * p.qkv_stride;
   const int nh = p.heads + 2 * p.kv_heads;
-  for (int h = blockIdx.y * kWarps + warp; h < nh && h < int(blockIdx.y + 1) * kWarps; h += kWarps) {  // once
+  const int h = blockIdx.y * kWarps + warp;  // this warp's head
+  const bf16* norm_w = h < p.heads ? p.q_norm : h < p.heads + p.kv_heads ? p.k_norm : nullptr;
+  float wv[VPL];
+  if (h < nh && norm_w != nullptr) load_n<VPL, VEC>(norm_w + lane * VPL, wv);
+  pdl_enter();
+  __syncthreads();
+  if (h < nh) {
     bf16* x = row + int64_t(h) * D + lane * VPL;
     if (h >= p.heads + p.kv_heads) {  // v head: stored unchanged
       if (slot >= 0) {
@@ -88,19 +94,16 @@ __global__ void __launch_bounds__(kWarps * 32) qk_norm_rope_store_kv_kernel(cons
           for (int j = 0; j < VPL; ++j) dst[j] = x[j];
         }
       }
-      continue;
+      return;
     }
     const bool is_q = h < p.heads;
     float v[VPL];
     load_n<VPL, VEC>(x, v);
-    const bf16* w = is_q ? p.q_norm : p.k_norm;
-    if (w != nullptr) {
+    if (norm_w != nullptr) {
       float ss = 0.0f;
 #pragma unroll
       for (int j = 0; j < VPL; ++j) ss += v[j] * v[j];
       const float inv = rsqrtf(detail::warp_sum(ss) / float(D) + p.eps);
-      float wv[VPL];
-      load_n<VPL, VEC>(w + lane * VPL, wv);
 #pragma unroll
       for (int j = 0; j < VPL; ++j) v[j] = wv[j] * (v[j] * inv);
     }
