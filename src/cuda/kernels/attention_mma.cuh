@@ -420,9 +420,13 @@ __global__ void __launch_bounds__(128) paged_attention_mma_kernel(const AttnPara
     float* red_m = reinterpret_cast<float*>(sK);  // [WARPS_N][16]
     float* red_l = red_m + WARPS_N * 16;          // [WARPS_N][16]
     float* red_o = red_l + WARPS_N * 16;          // [WARPS_N][16][D]
+    // Only the tile's real rows (a decode group of 8 heads fills half of the 16): the merge is a chain of
+    // dependent shared-memory steps in few warps, so every skipped row shortens the kernel.
+    const int valid_rows = min(16, rows_total - row0);
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const int r = (lane >> 2) + 8 * i;
+      if (r >= valid_rows) continue;
       if ((lane & 3) == 0) {
         red_m[warp_n * 16 + r] = m_r[i];
         red_l[warp_n * 16 + r] = l_r[i];
@@ -433,7 +437,7 @@ __global__ void __launch_bounds__(128) paged_attention_mma_kernel(const AttnPara
             make_float2(acc[dt][2 * i], acc[dt][2 * i + 1]);
     }
     __syncthreads();
-    for (int e = tid; e < 16 * (D / 2); e += kThreads) {
+    for (int e = tid; e < valid_rows * (D / 2); e += kThreads) {
       const int r = e / (D / 2), d = (e % (D / 2)) * 2, row = row0 + r;
       if (row >= rows_total) continue;
       float M = kNegInf;
