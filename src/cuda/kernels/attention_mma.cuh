@@ -348,10 +348,14 @@ __global__ void __launch_bounds__(128) paged_attention_mma_kernel(const AttnPara
           rs += p0 + p1;
         }
         l_r[i] = l_r[i] * alpha + rs;
+        // Once the rows' maxima settle, alpha is exactly 1 for every row of the warp: skip the rescale of the
+        // accumulators (2 x DTILES multiplies a thread, a large part of a decode tile's instructions).
+        if (__any_sync(0xffffffffu, alpha != 1.0f)) {
 #pragma unroll
-        for (int dt = 0; dt < DTILES; ++dt) {
-          acc[dt][2 * i] *= alpha;
-          acc[dt][2 * i + 1] *= alpha;
+          for (int dt = 0; dt < DTILES; ++dt) {
+            acc[dt][2 * i] *= alpha;
+            acc[dt][2 * i + 1] *= alpha;
+          }
         }
       }
       // acc += P V: the S accumulators of two n8 tiles are exactly the A fragment of one k16 step.
