@@ -17,7 +17,6 @@
 // agree on the mapping (it depends on q only), so the products pair up exactly. gemv_wide_kernel uses the same
 // per-lane mapping, with token g's chunk read from shared memory instead of global memory.
 #include <algorithm>
-#include <cstdlib>
 
 #include <fmt/format.h>
 
@@ -44,15 +43,6 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// Experiment (MOESERVE_GEMV_WARPS16=0 turns it off for A/B): 16 warps a block for long rows over few blocks.
-bool gemv_warps16() {
-  static const bool on = [] {
-    const char* e = std::getenv("MOESERVE_GEMV_WARPS16");
-    return !(e != nullptr && std::string(e) == "0");
-  }();
-  return on;
-}
-
 // W is read exactly once: stream it past L1.
 __device__ __forceinline__ uint4 load_weight(const bf16* p) { return __ldcs(reinterpret_cast<const uint4*>(p)); }
 // x is written by the kernel before (a programmatic dependent launch starts this one while that kernel runs):
@@ -76,12 +66,11 @@ constexpr int kNormPad = 8;  // bf16 of padding per shared row: the 8 token rows
 // Block (blockIdx.x, blockIdx.y) computes rows [16 bx, 16 bx + 16) for tokens [8 by, 8 by + 8). Needs
 // K % 8 == 0, ldx % 8 == 0 and 16-byte aligned x and W (checked on the host). NORM: x is the normalized
 // residual (NormArgs), one token group (M <= 8), K + kNormPad bf16 of dynamic shared memory per token.
-// WARPS: the warps of a block, which split K (16 for long rows over few blocks, see run()).
-template <typename OutT, bool NORM = false, int WARPS = kWarps>
-__global__ void __launch_bounds__(WARPS * 32) gemv_bf16_kernel(const bf16* x, int64_t ldx, int M,
-                                                                int K, const bf16* __restrict__ W, int N,
-                                                                OutT* __restrict__ y, int64_t ldy, NormArgs na) {
-  __shared__ float partial[WARPS][kRows][kTokens];
+template <typename OutT, bool NORM = false>
+__global__ void __launch_bounds__(kWarps * 32) gemv_bf16_kernel(const bf16* x, int64_t ldx, int M,
+                                                                 int K, const bf16* __restrict__ W, int N,
+                                                                 OutT* __restrict__ y, int64_t ldy, NormArgs na) {
+  __shared__ float partial[kWarps][kRows][kTokens];
   extern __shared__ __align__(16) bf16 norm_rows[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, q = lane % 4;
@@ -106,7 +95,7 @@ __global__ void __launch_bounds__(WARPS * 32) gemv_bf16_kernel(const bf16* x, in
 
   float c[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll 4
-  for (int k0 = warp * kKPerIteration; k0 < K; k0 += WARPS * kKPerIteration) {
+  for (int k0 = warp * kKPerIteration; k0 < K; k0 += kWarps * kKPerIteration) {
     uint4 a_lo[2], a_hi[2], b[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -135,7 +124,7 @@ __global__ void __launch_bounds__(WARPS * 32) gemv_bf16_kernel(const bf16* x, in
     const int r = threadIdx.x % kRows, t = threadIdx.x / kRows;  // consecutive threads: consecutive y addresses
     float sum = 0.f;
 #pragma unroll
-    for (int w = 0; w < WARPS; ++w) sum += partial[w][r][t];
+    for (int w = 0; w < kWarps; ++w) sum += partial[w][r][t];
     if (t < tokens && n0 + r < N) store(y + int64_t(t0 + t) * ldy + n0 + r, sum);
   }
   if constexpr (NORM) {
@@ -301,8 +290,6 @@ class GemvBackend final : public GemmBackend {
     if (std::string why = check_arch_claim(spec_, dev); !why.empty()) return why;
     for (const void* k : {reinterpret_cast<const void*>(gemv_bf16_kernel<bf16>),
                           reinterpret_cast<const void*>(gemv_bf16_kernel<float>),
-                          reinterpret_cast<const void*>(gemv_bf16_kernel<bf16, false, 16>),
-                          reinterpret_cast<const void*>(gemv_bf16_kernel<float, false, 16>),
                           reinterpret_cast<const void*>(gemv_wide_kernel<bf16, 2>),
                           reinterpret_cast<const void*>(gemv_wide_kernel<bf16, 4>),
                           reinterpret_cast<const void*>(gemv_wide_kernel<bf16, 8>),
@@ -343,18 +330,6 @@ class GemvBackend final : public GemmBackend {
     if (!kernel_fits) return fallback_->run(x, ldx, M, K, W, N, y, ldy, out, stream);
     if (M > kTokens && M <= kWideMaxM) return run_wide(x, ldx, M, K, W, N, y, ldy, out, stream);
     const dim3 grid(unsigned(ceil_div(N, kRows)), unsigned(token_groups));
-    // Long rows over fewer blocks than two per SM (o_proj: 2,048 rows of 4,096 are 128 blocks): 16 warps a block
-    // keep twice the weight loads in flight per SM.
-    const bool wide_k = gemv_warps16() && K >= 4096 && int64_t(grid.x) * grid.y < 2 * int64_t(multiprocessors_);
-    if (wide_k) {
-      if (out == OutType::BF16)
-        launch_pdl(gemv_bf16_kernel<bf16, false, 16>, grid, dim3(16 * 32), 0, stream, x, ldx, M, K, W, N,
-                   static_cast<bf16*>(y), ldy, NormArgs{});
-      else
-        launch_pdl(gemv_bf16_kernel<float, false, 16>, grid, dim3(16 * 32), 0, stream, x, ldx, M, K, W, N,
-                   static_cast<float*>(y), ldy, NormArgs{});
-      return;
-    }
     if (out == OutType::BF16)
       launch_pdl(gemv_bf16_kernel<bf16>, grid, dim3(kWarps * 32), 0, stream, x, ldx, M, K, W, N,
                  static_cast<bf16*>(y), ldy, NormArgs{});
