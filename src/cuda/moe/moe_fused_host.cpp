@@ -39,15 +39,15 @@ void launch(const void* kernel, dim3 grid, dim3 block, size_t smem, void* params
 }
 }  // namespace
 
-// Which configurations run on wgmma (configurations 4 and 5 have the tile shapes of 3 and 2; builds that do not
-// target sm_90a compile them as mma.sync). MOESERVE_MOE_WGMMA: 0 none (A/B), 1 (default) prefill tiles (3 -> 4:
-// on the H200 a layer of 8,192 tokens took 1,611 us against 2,602, 384 TFLOP/s), 2 small-prefill tiles too
-// (2 -> 5: 512 tokens 319 us against 366; the MoE tests pass with it, the server suites have not run with it yet,
-// so it stays opt-in), 3: 2 and the prefill tiles with one slice's MMAs in flight (4 -> 6, experiment).
+// Which configurations run on wgmma (configurations 4 and 5 have the tile shapes of 3 and 2, configuration 6 is 4
+// with one slice's MMAs in flight while the ring refills; builds that do not target sm_90a compile them as
+// mma.sync). MOESERVE_MOE_WGMMA: 0 none (A/B), 1 the prefill tiles (3 -> 4: a layer of 8,192 tokens 1,611 us
+// against 2,602 on mma.sync), 2 the small-prefill tiles too (2 -> 5: 512 tokens 328 against 370 us), 3 (default)
+// both and 4 -> 6 (8,192 tokens 1,605 against 1,660 us in the fused_sm90 build; H200, session 5).
 int moe_wgmma_level() {
   static const int level = [] {
     const char* e = std::getenv("MOESERVE_MOE_WGMMA");
-    return e != nullptr && *e != '\0' ? std::atoi(e) : 1;
+    return e != nullptr && *e != '\0' ? std::atoi(e) : 3;
   }();
   return level;
 }
