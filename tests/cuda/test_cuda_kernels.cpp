@@ -639,6 +639,80 @@ TEST(CudaKernels, DecodeAndPrefillAgreeOnDecodeBatches) {
   compare_attention(sc, a, dev.out.download(), "decode(8 splits) vs prefill");
 }
 
+// Decode with the input stage fused into the attention launch against the two-launch path (qk_norm_rope_store_kv,
+// then paged_attention_decode; both checked against the CPU above): the same outputs and the same cache
+// contents. The fused run starts from caches whose new-token slots are NaN, so a read of the slot before it is
+// written shows. Starts of 1,499 with one part put the new key in a tile loaded by the main loop (not the
+// prologue); a group of 20 has two row tiles per kv head.
+TEST(CudaKernels, DecodeWithFusedInputStageMatchesTwoLaunches) {
+  REQUIRE_GPU();
+  Stream st;
+  uint32_t seed = 450;
+  for (const auto& c : kAttnConfigs) {
+    PagedScenario sc = build_scenario(c, kDecodeSeqs, seed++);
+    std::mt19937 g(seed * 7);
+    const int H = c.heads, KV = c.kv_heads, D = c.head_dim, P = c.page_size;
+    const int64_t stride = int64_t(H + 2 * KV) * D + 8;
+    const auto qkv = random_bf16(size_t(sc.rows) * stride, g, 0, 1.5f);
+    const auto qn = random_bf16(D, g, 1, 0.3f), kn = random_bf16(D, g, 1, 0.3f);
+    std::vector<float> inv_freq(D / 2);
+    for (int i = 0; i < D / 2; ++i) inv_freq[i] = 1.0f / std::pow(1e6f, float(2 * i) / float(D));
+    std::vector<int32_t> pos(sc.rows, 0), slots(sc.rows, -1);
+    auto fresh = sc.k;  // caches with the new tokens' slots poisoned
+    auto fresh_v = sc.v;
+    for (size_t s = 0; s < sc.seqs.size(); ++s) {
+      if (sc.seqs[s].new_len == 0) continue;
+      const int at = sc.seqs[s].start, r = sc.q_rows[s];
+      pos[r] = at;
+      slots[r] = sc.block_tables[s * sc.max_pages + at / P] * P + at % P;
+      const size_t base = size_t(slots[r]) * KV * D;
+      std::fill(fresh.begin() + base, fresh.begin() + base + size_t(KV) * D, kPoison16);
+      std::fill(fresh_v.begin() + base, fresh_v.begin() + base + size_t(KV) * D, kPoison16);
+    }
+    DevBuf<uint16_t> d_qn(qn), d_kn(kn);
+    DevBuf<float> d_freq(inv_freq);
+    DevBuf<int32_t> d_pos(pos), d_slots(slots);
+    cuda::RopeArgs rope;
+    rope.inv_freq = d_freq.get();
+    rope.rotary_dim = D;
+    rope.attention_scaling = 0.95f;
+    for (int splits : {1, 3, 16}) {
+      const std::string ctx = fmt::format("fused input stage, num_splits={}, {}", splits, sc.name());
+      DeviceScenario two(sc), one(sc);
+      const size_t ws_bytes = cuda::decode_workspace_bytes(two.meta.num_seqs, H, D, splits);
+      DevBuf<uint8_t> ws(ws_bytes);
+      cuda::init_decode_workspace(ws.get(), ws_bytes, st.get());
+      DevBuf<uint16_t> qkv_two(qkv), qkv_one(qkv);
+      cuda::qk_norm_rope_store_kv(qkv_two.bf(), stride, sc.rows, H, KV, D, d_qn.bf(), d_kn.bf(), 1e-6f, d_pos.get(),
+                                  rope, d_slots.get(), two.k.bf(), two.v.bf(), st.get());
+      two.out.poison();
+      cuda::paged_attention_decode(qkv_two.bf(), stride, two.k.bf(), two.v.bf(), two.meta, two.shape, splits,
+                                   ws.get(), ws_bytes, two.out.bf(), sc.out_stride, st.get());
+      one.k.upload(fresh);
+      one.v.upload(fresh_v);
+      one.out.poison();
+      const cuda::AttnInputStage stage{d_qn.bf(), d_kn.bf(), 1e-6f, d_pos.get(), rope, d_slots.get()};
+      cuda::paged_attention_decode_fused_input(qkv_one.bf(), stride, one.k.bf(), one.v.bf(), one.meta, one.shape,
+                                               stage, splits, ws.get(), ws_bytes, one.out.bf(), sc.out_stride,
+                                               st.get());
+      st.sync();
+      compare_attention(sc, to_f32(two.out.download()), one.out.download(), ctx);
+      Mismatches m(ctx);
+      if (qkv_one.download() != qkv) m.add("the fused launch modified qkv");
+      const auto k2 = two.k.download(), k1 = one.k.download(), v2 = two.v.download(), v1 = one.v.download();
+      for (size_t e = 0; e < k2.size(); ++e) {
+        if (k1[e] != k2[e] && (k1[e] == kPoison16 || k2[e] == kPoison16 ||
+                               !close(bf16_to_f32(k2[e]), bf16_to_f32(k1[e]), 1e-2f, 1e-2f)))
+          m.add(fmt::format("k cache element {} (slot {})", e, e / (size_t(KV) * D)), bf16_to_f32(k2[e]),
+                bf16_to_f32(k1[e]));
+        if (v1[e] != v2[e])
+          m.add(fmt::format("v cache element {} (slot {})", e, e / (size_t(KV) * D)), bf16_to_f32(v2[e]),
+                bf16_to_f32(v1[e]));
+      }
+    }
+  }
+}
+
 // ------------------------------------------------------------------------------------------------------------
 TEST(CudaKernels, LaunchesAreGraphCapturable) {
   REQUIRE_GPU();

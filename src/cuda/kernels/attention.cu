@@ -15,12 +15,12 @@ namespace {
 
 using detail::AttnParams;
 
-template <int D, int WARPS_M, int WARPS_N, int BLOCK_N, int STAGES, bool DECODE, bool SPLIT>
+template <int D, int WARPS_M, int WARPS_N, int BLOCK_N, int STAGES, bool DECODE, bool SPLIT, bool FUSED_IN = false>
 void launch_attention(dim3 grid, const AttnParams& p, cudaStream_t stream) {
   constexpr size_t smem = detail::attn_smem_bytes<D, WARPS_M, WARPS_N, BLOCK_N, STAGES>();
   // sm_90 allows 227 KB of dynamic shared memory per block.
   static_assert(smem <= 227 * 1024, "attention tile does not fit in shared memory");
-  auto kernel = detail::paged_attention_mma_kernel<D, WARPS_M, WARPS_N, BLOCK_N, STAGES, DECODE, SPLIT>;
+  auto kernel = detail::paged_attention_mma_kernel<D, WARPS_M, WARPS_N, BLOCK_N, STAGES, DECODE, SPLIT, FUSED_IN>;
   // A host-side attribute, not a stream operation: allowed while a graph is being captured.
   MS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   launch_pdl(kernel, grid, dim3(128), smem, stream, p);
@@ -37,13 +37,13 @@ void launch_prefill(dim3 grid, const AttnParams& p, cudaStream_t stream) {
 // Decode: 16 rows (the heads of a group) per block, each warp a quarter of every 64-key tile; a 3-stage K/V
 // ring (two 64-key tiles in flight per block). Shared memory per block: 50 KB (head_dim 64), 100 KB (128: two
 // blocks per SM), 200 KB (256).
-template <int D>
+template <int D, bool FUSED_IN>
 void launch_decode(dim3 grid, const AttnParams& p, bool split, cudaStream_t stream) {
   constexpr int kStages = 3;
   if (split) {
-    launch_attention<D, 1, 4, 64, kStages, true, true>(grid, p, stream);
+    launch_attention<D, 1, 4, 64, kStages, true, true, FUSED_IN>(grid, p, stream);
   } else {
-    launch_attention<D, 1, 4, 64, kStages, true, false>(grid, p, stream);
+    launch_attention<D, 1, 4, 64, kStages, true, false, FUSED_IN>(grid, p, stream);
   }
 }
 
@@ -149,10 +149,9 @@ void init_decode_workspace(void* workspace, size_t workspace_bytes, cudaStream_t
   MS_CUDA_CHECK(cudaMemsetAsync(workspace, 0, workspace_bytes, stream));
 }
 
-void paged_attention_decode(const bf16* q, int64_t q_stride, const bf16* k_cache, const bf16* v_cache,
-                            const AttnMeta& meta, const AttnShape& shape, int num_splits, void* workspace,
-                            size_t workspace_bytes, bf16* out, int64_t out_stride, cudaStream_t stream) {
-  AttnParams p = make_params("paged_attention_decode", q, q_stride, k_cache, v_cache, meta, shape, out, out_stride);
+namespace {
+void run_decode(AttnParams p, const AttnMeta& meta, const AttnShape& shape, int num_splits, void* workspace,
+                size_t workspace_bytes, bool fused_in, cudaStream_t stream) {
   MS_CHECK(num_splits >= 1 && num_splits <= 1024, "paged_attention_decode: num_splits {}", num_splits);
   if (meta.num_seqs == 0) return;
   const bool split = num_splits > 1;
@@ -170,11 +169,55 @@ void paged_attention_decode(const bf16* q, int64_t q_stride, const bf16* k_cache
   }
   const int m_tiles = int(ceil_div(p.group, 16));
   const dim3 grid(unsigned(m_tiles * num_splits), unsigned(shape.kv_heads), unsigned(meta.num_seqs));
-  switch (shape.head_dim) {
-    case 64: launch_decode<64>(grid, p, split, stream); break;
-    case 128: launch_decode<128>(grid, p, split, stream); break;
-    default: launch_decode<256>(grid, p, split, stream); break;
+  switch (shape.head_dim * 2 + (fused_in ? 1 : 0)) {
+    case 128: launch_decode<64, false>(grid, p, split, stream); break;
+    case 129: launch_decode<64, true>(grid, p, split, stream); break;
+    case 256: launch_decode<128, false>(grid, p, split, stream); break;
+    case 257: launch_decode<128, true>(grid, p, split, stream); break;
+    case 512: launch_decode<256, false>(grid, p, split, stream); break;
+    default: launch_decode<256, true>(grid, p, split, stream); break;
   }
+}
+}  // namespace
+
+void paged_attention_decode(const bf16* q, int64_t q_stride, const bf16* k_cache, const bf16* v_cache,
+                            const AttnMeta& meta, const AttnShape& shape, int num_splits, void* workspace,
+                            size_t workspace_bytes, bf16* out, int64_t out_stride, cudaStream_t stream) {
+  AttnParams p = make_params("paged_attention_decode", q, q_stride, k_cache, v_cache, meta, shape, out, out_stride);
+  run_decode(p, meta, shape, num_splits, workspace, workspace_bytes, false, stream);
+}
+
+bool attention_input_stage_fusable(const AttnShape& shape, const RopeArgs& rope) {
+  return (shape.head_dim == 64 || shape.head_dim == 128 || shape.head_dim == 256) &&
+         rope.rotary_dim == shape.head_dim && rope.inv_freq != nullptr;
+}
+
+void paged_attention_decode_fused_input(const bf16* qkv, int64_t qkv_stride, bf16* k_cache, bf16* v_cache,
+                                        const AttnMeta& meta, const AttnShape& shape, const AttnInputStage& in,
+                                        int num_splits, void* workspace, size_t workspace_bytes, bf16* out,
+                                        int64_t out_stride, cudaStream_t stream) {
+  AttnParams p =
+      make_params("paged_attention_decode_fused_input", qkv, qkv_stride, k_cache, v_cache, meta, shape, out, out_stride);
+  MS_CHECK(attention_input_stage_fusable(shape, in.rope),
+           "paged_attention_decode_fused_input: needs RoPE over the whole head (rotary_dim {}, head_dim {})",
+           in.rope.rotary_dim, shape.head_dim);
+  MS_CHECK(qkv_stride >= int64_t(shape.heads + 2 * shape.kv_heads) * shape.head_dim,
+           "paged_attention_decode_fused_input: row stride {} holds no q/k/v row of {} heads", qkv_stride,
+           shape.heads + 2 * shape.kv_heads);
+  MS_CHECK(in.positions != nullptr && in.slots != nullptr, "paged_attention_decode_fused_input: positions and slots");
+  const uintptr_t vec = uintptr_t(shape.head_dim / 32) * sizeof(bf16);
+  MS_CHECK(detail::aligned_to(in.q_norm, vec) && detail::aligned_to(in.k_norm, vec),
+           "paged_attention_decode_fused_input: norm weights aligned to {} bytes", vec);
+  p.q_norm = in.q_norm;
+  p.k_norm = in.k_norm;
+  p.eps = in.eps;
+  p.positions = in.positions;
+  p.inv_freq = in.rope.inv_freq;
+  p.rope_scaling = in.rope.attention_scaling;
+  p.slots = in.slots;
+  p.k_store = k_cache;
+  p.v_store = v_cache;
+  run_decode(p, meta, shape, num_splits, workspace, workspace_bytes, true, stream);
 }
 
 }  // namespace moeserve::cuda

@@ -28,6 +28,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "cuda/kernels/kernel_utils.cuh"
 #include "cuda/kernels/mma_sm80.cuh"
 #include "cuda/pdl.cuh"
 
@@ -54,7 +55,41 @@ struct AttnParams {
   int min_split_keys;  // SPLIT only: no part shorter than this (effective_splits)
   int* ws_count_end;  // SPLIT only: counter i (finished parts of group i = (seq, kv head, row tile)) is at
                       // ws_count_end[-1 - i]; zero between launches
+  // FUSED_IN only (decode with the input stage inside): q is the raw q/k/v row of the token (q heads, then k
+  // heads, then v heads); q and k are RMS-normed (weights q_norm / k_norm, skipped when null) and rotated over
+  // the whole head (rotary_dim == D) at positions[row], and the new k / v are stored at slots[row] of the caches.
+  const bf16* q_norm;
+  const bf16* k_norm;
+  float eps;
+  const int32_t* positions;
+  const float* inv_freq;
+  float rope_scaling;
+  const int32_t* slots;
+  bf16* k_store;  // the caches again, writable
+  bf16* v_store;
 };
+
+// The attention input stage of one head, done by one warp (FUSED_IN): the lane holds elements
+// [lane * VPL, lane * VPL + VPL) of x (raw, f32); RMSNorm with w (unless null), then the rotate-half RoPE over
+// the whole head with the lane's (cos, sin) pairs, whose partner elements sit in lane ^ 16. The same math, in
+// the same order, as qk_norm_rope_store_kv.
+template <int VPL>
+__device__ __forceinline__ void norm_rope_head(float (&x)[VPL], const float (&w)[VPL], bool norm, float eps,
+                                               const float (&cs)[VPL], const float (&sn)[VPL], int lane) {
+  if (norm) {
+    float ss = 0.0f;
+#pragma unroll
+    for (int j = 0; j < VPL; ++j) ss += x[j] * x[j];
+    const float inv = rsqrtf(warp_sum(ss) / float(VPL * 32) + eps);
+#pragma unroll
+    for (int j = 0; j < VPL; ++j) x[j] = w[j] * (x[j] * inv);
+  }
+#pragma unroll
+  for (int j = 0; j < VPL; ++j) {
+    const float other = __shfl_xor_sync(0xffffffffu, x[j], 16);
+    x[j] = lane < 16 ? x[j] * cs[j] - other * sn[j] : x[j] * cs[j] + other * sn[j];
+  }
+}
 
 // Split-KV merge of one (sequence s, q head h) by one warp over the first `parts` parts:
 // out = sum_z 2^(lse_z - M) o_z / sum_z 2^(lse_z - M), z in order. The parts were written by other blocks of this
@@ -125,13 +160,14 @@ __device__ __forceinline__ int swz(int r, int ch) {
   return r * D + ((ch ^ (r & 7)) << 3);
 }
 
-template <int D, int WARPS_M, int WARPS_N, int BLOCK_N, int STAGES, bool DECODE, bool SPLIT>
+template <int D, int WARPS_M, int WARPS_N, int BLOCK_N, int STAGES, bool DECODE, bool SPLIT, bool FUSED_IN = false>
 __global__ void __launch_bounds__(128) paged_attention_mma_kernel(const AttnParams p) {
   constexpr int kThreads = 128;
   static_assert(STAGES >= 2 && STAGES <= 4, "K/V ring depth");
   static_assert(WARPS_M * WARPS_N == 4, "4 warps");
   static_assert(WARPS_M == 1 || WARPS_N == 1, "rows or keys split over warps, not both");
   static_assert(!SPLIT || DECODE, "split-KV is a decode feature");
+  static_assert(!FUSED_IN || (DECODE && BLOCK_N >= STAGES), "the fused input stage is a decode feature");
   constexpr int BLOCK_M = 16 * WARPS_M;
   constexpr int WARP_N = BLOCK_N / WARPS_N;  // keys of a tile handled by one warp
   static_assert(WARP_N % 16 == 0, "whole k16 steps of P V per warp");
@@ -249,7 +285,52 @@ __global__ void __launch_bounds__(128) paged_attention_mma_kernel(const AttnPara
     if (i < n_tiles) load_kv(k_begin + i * BLOCK_N, i, DECODE ? kCached : kAll);
     cp_async_commit();
   }
-  if constexpr (DECODE) {
+  if constexpr (FUSED_IN) {
+    // Before the wait: the rotary (cos, sin) of the lane's elements at the token's position and the norm
+    // weights (neither comes from the kernel before). Element e pairs with e +- D / 2: frequency e mod D / 2.
+    constexpr int VPL = D / 32;
+    float cs[VPL], sn[VPL], qw[VPL], kw[VPL];
+    const float pos = float(p.positions[q_row_base]);
+#pragma unroll
+    for (int j = 0; j < VPL; ++j) {
+      sincosf(p.inv_freq[(lane * VPL + j) % (D / 2)] * pos, &sn[j], &cs[j]);
+      cs[j] *= p.rope_scaling;
+      sn[j] *= p.rope_scaling;
+    }
+    if (p.q_norm != nullptr) load_bf16<VPL>(p.q_norm + lane * VPL, qw);
+    if (p.k_norm != nullptr) load_bf16<VPL>(p.k_norm + lane * VPL, kw);
+    const int32_t slot = p.slots[q_row_base];
+    pdl_enter();  // q, k and v come from the kernel before
+    // Rows (q heads of the tile, zeros past the group), then the new k and v when this block's keys hold the
+    // new key (every such block stores them to the cache: the same bytes, and its own later loads see them).
+    const bf16* row = p.q + int64_t(q_row_base) * p.q_stride;
+    const bool has_new = start >= k_begin && start < k_end;
+    const int rel = start - k_begin, t_new = rel / BLOCK_N, r_new = rel - t_new * BLOCK_N;
+    const int at = (lane * VPL / 8) * 8;  // the lane's elements sit in 16-byte chunk lane * VPL / 8 ...
+    const int within = lane * VPL % 8;    // ... at this offset
+    for (int item = warp; item < 18; item += 4) {
+      float x[VPL];
+      if (item < 16) {
+        const int r = row0 + item;
+        if (r < rows_total) {
+          load_bf16<VPL>(row + int64_t(kvh * G + r) * D + lane * VPL, x);
+          norm_rope_head<VPL>(x, qw, p.q_norm != nullptr, p.eps, cs, sn, lane);
+        } else {
+#pragma unroll
+          for (int j = 0; j < VPL; ++j) x[j] = 0.0f;
+        }
+        store_bf16<VPL>(sQ + swz<D>(item, at / 8) + within, x);
+      } else if (has_new) {
+        const bool is_k = item == 16;
+        load_bf16<VPL>(row + int64_t(p.heads + (is_k ? 0 : p.kv_heads) + kvh) * D + lane * VPL, x);
+        if (is_k) norm_rope_head<VPL>(x, kw, p.k_norm != nullptr, p.eps, cs, sn, lane);
+        if (t_new < STAGES - 1) store_bf16<VPL>((is_k ? sK : sV) + t_new * BLOCK_N * D + swz<D>(r_new, at / 8) + within, x);
+        if (slot >= 0)
+          store_bf16<VPL>((is_k ? p.k_store : p.v_store) + (int64_t(slot) * p.kv_heads + kvh) * D + lane * VPL, x);
+      }
+    }
+    cp_async_commit();  // (empty) keeps the group count of the unfused path
+  } else if constexpr (DECODE) {
     pdl_enter();  // q and this step's K/V come from the kernel before
     load_q();
 #pragma unroll

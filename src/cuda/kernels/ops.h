@@ -81,4 +81,23 @@ void paged_attention_decode(const bf16* q, int64_t q_stride, const bf16* k_cache
                             const AttnMeta& meta, const AttnShape& shape, int num_splits, void* workspace,
                             size_t workspace_bytes, bf16* out, int64_t out_stride, cudaStream_t stream);
 
+// Decode with the attention input stage inside the attention launch (one kernel where the unfused step runs
+// qk_norm_rope_store_kv, then paged_attention_decode): qkv holds each token's raw q/k/v row as
+// qk_norm_rope_store_kv takes it; every block norms and rotates the q heads it needs, and the blocks whose keys
+// hold the new token also norm and rotate its k and store k and v at slots[row] of the caches. qkv is not
+// modified. Needs RoPE over the whole head (attention_input_stage_fusable); the math is qk_norm_rope_store_kv's.
+struct AttnInputStage {
+  const bf16* q_norm = nullptr;  // [head_dim] or null (no norm)
+  const bf16* k_norm = nullptr;
+  float eps = 1e-6f;
+  const int32_t* positions = nullptr;  // [rows] the position of each token row
+  RopeArgs rope;
+  const int32_t* slots = nullptr;  // [rows] cache slot of each token row (< 0: not stored)
+};
+bool attention_input_stage_fusable(const AttnShape& shape, const RopeArgs& rope);
+void paged_attention_decode_fused_input(const bf16* qkv, int64_t qkv_stride, bf16* k_cache, bf16* v_cache,
+                                        const AttnMeta& meta, const AttnShape& shape, const AttnInputStage& in,
+                                        int num_splits, void* workspace, size_t workspace_bytes, bf16* out,
+                                        int64_t out_stride, cudaStream_t stream);
+
 }  // namespace moeserve::cuda

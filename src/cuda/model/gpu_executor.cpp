@@ -159,6 +159,8 @@ GpuExecutor::GpuExecutor(const std::string& model_dir, const GpuOptions& opts) :
   // save (served q30b8l decode step at batch 1: 829.9 us fused, 786.2 us without; docs/PERF.md).
   const char* fused_env = std::getenv("MOESERVE_FUSED_DECODE");
   mb.fused_small_steps = be_.gemm->spec().name == "gemv" && fused_env != nullptr && std::string(fused_env) == "1";
+  const char* fused_in_env = std::getenv("MOESERVE_ATTN_FUSED_IN");
+  mb.fused_attention_input = !(fused_in_env != nullptr && std::string(fused_in_env) == "0");
 
   // Activations, metadata and sampling buffers for the largest step.
   const int64_t ctx = cfg_.max_position_embeddings;

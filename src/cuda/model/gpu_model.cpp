@@ -203,18 +203,28 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
     }
     bf16* kc = kv_.get() + l * 2 * layer_elems;
     bf16* vc = kc + layer_elems;
-    qk_norm_rope_store_kv(qkv_.get(), QKV, T, Hq, Hkv, D, L.q_norm.get(), L.k_norm.get(), eps, in.positions, rope_,
-                          in.slots, kc, vc, s);
-    mark("qk_norm_rope_kv", 4.0 * T * QKV, 0);
-    if (be_.reference_attention)
+    // Decode steps of models with RoPE over the whole head: the input stage runs inside the attention launch.
+    const bool fused_input = in.decode && !be_.reference_attention && be_.fused_attention_input &&
+                             attention_input_stage_fusable(ash, rope_);
+    if (!fused_input) {
+      qk_norm_rope_store_kv(qkv_.get(), QKV, T, Hq, Hkv, D, L.q_norm.get(), L.k_norm.get(), eps, in.positions,
+                            rope_, in.slots, kc, vc, s);
+      mark("qk_norm_rope_kv", 4.0 * T * QKV, 0);
+    }
+    if (be_.reference_attention) {
       paged_attention_reference(qkv_.get(), QKV, kc, vc, in.attn, ash, in.decode ? 1 : in.max_new, attn_.get(), QD, s);
-    else if (in.decode)
+    } else if (fused_input) {
+      const AttnInputStage stage{L.q_norm.get(), L.k_norm.get(), eps, in.positions, rope_, in.slots};
+      paged_attention_decode_fused_input(qkv_.get(), QKV, kc, vc, in.attn, ash, stage, in.decode_splits,
+                                         decode_ws_.get(), decode_ws_.bytes(), attn_.get(), QD, s);
+    } else if (in.decode) {
       paged_attention_decode(qkv_.get(), QKV, kc, vc, in.attn, ash, in.decode_splits, decode_ws_.get(),
                              decode_ws_.bytes(), attn_.get(), QD, s);
-    else
+    } else {
       paged_attention_prefill(qkv_.get(), QKV, kc, vc, in.attn, ash, in.max_new, attn_.get(), QD, s);
-    mark(in.decode ? "attention decode" : "attention prefill", double(in.kv_tokens) * Hkv * D * 4 + 4.0 * T * QD,
-         4.0 * double(in.attn_pairs) * Hq * D);
+    }
+    mark(fused_input ? "attention decode+qk_norm_rope_kv" : in.decode ? "attention decode" : "attention prefill",
+         double(in.kv_tokens) * Hkv * D * 4 + 4.0 * T * QD, 4.0 * double(in.attn_pairs) * Hq * D);
     gemm.run(attn_.get(), QD, T, QD, L.o.get(), H, o_.get(), H, OutType::BF16, s);
     auto g2 = gemm_cost(T, H, QD, 2);
     mark("gemm o_proj", g2.first, g2.second);

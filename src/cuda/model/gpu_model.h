@@ -63,6 +63,9 @@ struct ModelBackends {
   // Steps of a few tokens use the fused decode kernels (norm + GEMV, norm + router + top-k): with the gemv GEMM
   // backend (whose kernels they are) and MOESERVE_FUSED_DECODE=1 (off by default: slower, see gpu_executor).
   bool fused_small_steps = false;
+  // Decode steps run the attention input stage (q/k norm, RoPE, KV store) inside the decode attention launch
+  // where the model allows it (RoPE over the whole head); MOESERVE_ATTN_FUSED_IN=0 turns it off (A/B).
+  bool fused_attention_input = true;
 };
 
 class GpuQwen3 {

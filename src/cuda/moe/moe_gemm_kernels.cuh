@@ -182,7 +182,9 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p, char* smem) {
     const int e = p.direct_ids[blockIdx.y];
     tile.expert = e, tile.row0 = blockIdx.y, tile.rows = (e >= 0 && e < p.num_experts) ? 1 : 0, tile.pad = 0;
   } else {
-    moe_ptx::grid_dep_wait();  // tiles come from the prep kernel
+    // Tiles come from the prep kernel. The gate/up GEMM has waited for it above; the down GEMM may read them
+    // before its wait: the prep completed before the gate/up GEMM passed its wait, which is before this grid
+    // could start (the same argument as topk_ids in direct mode).
     tile = p.tiles[blockIdx.y];
   }
   if (tile.rows <= 0) {
@@ -264,9 +266,17 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p, char* smem) {
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s)
     if (s < KT) load_a(s, s);
-  // Direct path: the weight slices above are prefetched while the previous kernel may still be running; the
-  // token rows (act, written by it) are loaded only after the wait, as are all outputs written below.
-  if (direct) moe_ptx::grid_dep_wait();
+  // The down GEMM: the weight slices above are loaded while the gate/up GEMM may still be running; the token
+  // rows (act, written by it) are loaded only after the wait, as are all outputs written below. In direct mode
+  // (a few tokens: each CTA's slice is small and the whole grid is resident) the rest of the CTA's weight rows,
+  // one contiguous block, also starts towards L2, so HBM stays busy through the gate/up GEMM's tail.
+  if constexpr (MODE == kDown) {
+    if (direct && tid == 0) {
+      const int rows = min(BM, H - int(blockIdx.x) * BM);
+      moe_ptx::prefetch_l2_bulk(wexp + (long long)blockIdx.x * BM * K, unsigned(rows) * unsigned(K) * 2u);
+    }
+    moe_ptx::grid_dep_wait();
+  }
 #pragma unroll
   for (int it = 0; it < B_ITERS; ++it) {
     b_ok[it] = b_row[it] >= 0;
