@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cmath>
 #include <filesystem>
 #include <iostream>
@@ -408,7 +409,9 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaMoeShapes,
 TEST(CudaMoe, CapturedGraphReplaysWithNewRoutings) {
   if (moeserve::cuda::list_devices().empty()) GTEST_SKIP() << "no CUDA device";
   for (const Case c : {Case{128, 8, 512, 256}, Case{8, 2, 320, 192}})
-    for (int T : {1, 3, 5, 64, 200}) {  // 1 and 3 (E8/k2) / 1 (E128/k8): the direct small-T path
+    // 1 and 3 (E8/k2) / 1 (E128/k8): the direct small-T path; 600 and 1,100 (E128/k8: 4,800 and 8,800 pairs, more
+    // than one prep chunk): the two-launch prep over 2 and 3 CTAs, whose counters each replay must find at zero.
+    for (int T : {1, 3, 5, 64, 200, 600, 1100}) {
       Layer L(c, 555 + T);
       const MoeShape shape = L.shape(T);
       for (auto& b : make_moe_backends()) {
@@ -636,7 +639,10 @@ TEST(CudaMoe, DISABLED_TimingReport) {
     MS_CUDA_CHECK(cudaMemset(dn.back()->p, 0x3c, dn.back()->n * 2));
   }
   std::cout << "[   info   ] " << device().name << ", MoE layer E128 top-8 H2048 I768, bf16\n";
-  for (int T : {1, 4, 16, 64, 128, 512, 2048, 8192}) {
+  // MOESERVE_TIMING_T=N times only T = N (for ncu).
+  std::vector<int> Ts = {1, 4, 16, 64, 128, 512, 2048, 8192};
+  if (const char* e = std::getenv("MOESERVE_TIMING_T"); e != nullptr && std::atoi(e) > 0) Ts = {std::atoi(e)};
+  for (int T : Ts) {
     MoeShape shape;
     shape.num_experts = c.E, shape.hidden = c.H, shape.inter = c.I, shape.top_k = c.k, shape.max_tokens = T;
     const Step s = make_step(c, T, 77 + T);

@@ -27,6 +27,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/kernels/kernel_utils.cuh"
 #include "cuda/kernels/mma_sm80.cuh"
@@ -301,30 +302,50 @@ __global__ void __launch_bounds__(128) paged_attention_mma_kernel(const AttnPara
     if (p.k_norm != nullptr) load_bf16<VPL>(p.k_norm + lane * VPL, kw);
     const int32_t slot = p.slots[q_row_base];
     pdl_enter();  // q, k and v come from the kernel before
-    // Rows (q heads of the tile, zeros past the group), then the new k and v when this block's keys hold the
-    // new key (every such block stores them to the cache: the same bytes, and its own later loads see them).
+    // Items: the tile's 16 rows (q heads; zeros past the group), then the new k and v when this block's keys
+    // hold the new key (every such block stores them to the cache: the same bytes, and its own later loads see
+    // them). Warp w takes items w, w + 4, ...: all its loads are issued first (one round trip), then the math.
     const bf16* row = p.q + int64_t(q_row_base) * p.q_stride;
     const bool has_new = start >= k_begin && start < k_end;
     const int rel = start - k_begin, t_new = rel / BLOCK_N, r_new = rel - t_new * BLOCK_N;
     const int at = (lane * VPL / 8) * 8;  // the lane's elements sit in 16-byte chunk lane * VPL / 8 ...
     const int within = lane * VPL % 8;    // ... at this offset
-    for (int item = warp; item < 18; item += 4) {
-      float x[VPL];
-      if (item < 16) {
-        const int r = row0 + item;
-        if (r < rows_total) {
-          load_bf16<VPL>(row + int64_t(kvh * G + r) * D + lane * VPL, x);
-          norm_rope_head<VPL>(x, qw, p.q_norm != nullptr, p.eps, cs, sn, lane);
-        } else {
+    constexpr int kItems = 18, kRounds = (kItems + 3) / 4;
+    using Raw = std::conditional_t<VPL == 2, uint32_t, std::conditional_t<VPL == 4, uint2, uint4>>;
+    static_assert(sizeof(Raw) == VPL * sizeof(bf16), "a lane's elements in one vector");
+    Raw raw[kRounds];
+    auto item_src = [&](int item) -> const bf16* {
+      if (item < 16) return row0 + item < rows_total ? row + int64_t(kvh * G + row0 + item) * D : nullptr;
+      if (item < kItems && has_new) return row + int64_t(p.heads + (item == 16 ? 0 : p.kv_heads) + kvh) * D;
+      return nullptr;
+    };
 #pragma unroll
-          for (int j = 0; j < VPL; ++j) x[j] = 0.0f;
-        }
+    for (int i = 0; i < kRounds; ++i) {
+      const bf16* src = item_src(warp + 4 * i);
+      if (src != nullptr) raw[i] = *reinterpret_cast<const Raw*>(src + lane * VPL);
+    }
+#pragma unroll
+    for (int i = 0; i < kRounds; ++i) {
+      const int item = warp + 4 * i;
+      if (item >= kItems) break;
+      const bool present = item_src(item) != nullptr;  // warp-uniform
+      if (item >= 16 && !present) continue;
+      float x[VPL];
+      const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw[i]);
+#pragma unroll
+      for (int j = 0; j < VPL / 2; ++j) {
+        const float2 f = present ? __bfloat1622float2(h[j]) : make_float2(0.0f, 0.0f);
+        x[2 * j] = f.x;
+        x[2 * j + 1] = f.y;
+      }
+      if (item < 16) {
+        if (present) norm_rope_head<VPL>(x, qw, p.q_norm != nullptr, p.eps, cs, sn, lane);
         store_bf16<VPL>(sQ + swz<D>(item, at / 8) + within, x);
-      } else if (has_new) {
+      } else {
         const bool is_k = item == 16;
-        load_bf16<VPL>(row + int64_t(p.heads + (is_k ? 0 : p.kv_heads) + kvh) * D + lane * VPL, x);
         if (is_k) norm_rope_head<VPL>(x, kw, p.k_norm != nullptr, p.eps, cs, sn, lane);
-        if (t_new < STAGES - 1) store_bf16<VPL>((is_k ? sK : sV) + t_new * BLOCK_N * D + swz<D>(r_new, at / 8) + within, x);
+        if (t_new < STAGES - 1)
+          store_bf16<VPL>((is_k ? sK : sV) + t_new * BLOCK_N * D + swz<D>(r_new, at / 8) + within, x);
         if (slot >= 0)
           store_bf16<VPL>((is_k ? p.k_store : p.v_store) + (int64_t(slot) * p.kv_heads + kvh) * D + lane * VPL, x);
       }

@@ -203,8 +203,10 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
     }
     bf16* kc = kv_.get() + l * 2 * layer_elems;
     bf16* vc = kc + layer_elems;
-    // Decode steps of models with RoPE over the whole head: the input stage runs inside the attention launch.
-    const bool fused_input = in.decode && !be_.reference_attention && be_.fused_attention_input &&
+    // Decode steps of up to 64 sequences, in models with RoPE over the whole head: the input stage runs inside
+    // the attention launch. (H200, q30b8l served step: batch 1 -5 to -10 us, 64 even, 128 +16 us: there the
+    // attention runs two waves of blocks, and each block's input stage lengthens both.)
+    const bool fused_input = in.decode && T <= 64 && !be_.reference_attention && be_.fused_attention_input &&
                              attention_input_stage_fusable(ash, rope_);
     if (!fused_input) {
       qk_norm_rope_store_kv(qkv_.get(), QKV, T, Hq, Hkv, D, L.q_norm.get(), L.k_norm.get(), eps, in.positions,

@@ -126,6 +126,8 @@ size_t fused_direct_counters(const MoeShape& s) {
   return size_t(kDirectMaxPairs) * size_t(ceil_div(s.hidden, gemm_config_info(0).bm));
 }
 
+size_t fused_counters(const MoeShape& s) { return fused_direct_counters(s) + 2 * size_t(s.num_experts) + 2; }
+
 std::string DeviceCounters::ensure(size_t n) {
   if (n <= n_) return "";
   if (p_) cudaFree(p_);
@@ -149,7 +151,7 @@ DeviceCounters::~DeviceCounters() {
 }
 
 void fused_run(const KernelTable& k, const MoeShape& s, const bf16* x, int T, const int32_t* topk_ids,
-               const float* topk_weights, const MoeWeights& w, bf16* out, void* workspace, int* combine_counters,
+               const float* topk_weights, const MoeWeights& w, bf16* out, void* workspace, int* counters,
                cudaStream_t stream) {
   MS_CHECK(T >= 0 && T <= s.max_tokens, "moe: {} tokens, the backend was prepared for at most {}", T, s.max_tokens);
   MS_CHECK(w.format == WeightFormat::BF16 && w.gate_up && w.down, "moe: bf16 weights expected");
@@ -172,11 +174,25 @@ void fused_run(const KernelTable& k, const MoeShape& s, const bf16* x, int T, co
   // (weights prefetched before the wait where the routing allows; see moe_gemm_kernels.cuh).
   const bool direct = l.direct;
   const int* direct_ids = direct ? topk_ids : nullptr;
+  int* combine_counters = counters;
   const bool fused_combine = direct && combine_counters != nullptr;
   const bool pdl = k.pdl;
   if (!direct) {
-    PrepParams pp{topk_ids, T * s.top_k, s.num_experts, cfg.bn, l.num_slots, tiles, perm_pair, pair_pos};
-    launch(k.prep, dim3(1), dim3(kPrepThreads), kPrepSmemBytes, &pp, stream, "moe prep launch", pdl);
+    const int P = T * s.top_k;
+    PrepParams pp{topk_ids, P, s.num_experts, cfg.bn, l.num_slots, tiles, perm_pair, pair_pos, kPrepWhole,
+                  nullptr, nullptr, nullptr};
+    if (P > kPrepChunk && counters != nullptr) {
+      pp.counts = counters + fused_direct_counters(s);
+      pp.offsets = pp.counts + s.num_experts;
+      pp.done = pp.offsets + s.num_experts + 1;
+      const dim3 grid(unsigned(ceil_div(P, kPrepChunk)));
+      pp.mode = kPrepCount;
+      launch(k.prep, grid, dim3(kPrepThreads), kPrepSmemBytes, &pp, stream, "moe prep (count) launch", pdl);
+      pp.mode = kPrepScatter;
+      launch(k.prep, grid, dim3(kPrepThreads), kPrepSmemBytes, &pp, stream, "moe prep (scatter) launch", pdl);
+    } else {
+      launch(k.prep, dim3(1), dim3(kPrepThreads), kPrepSmemBytes, &pp, stream, "moe prep launch", pdl);
+    }
   }
 
   GemmParams gu{static_cast<const unsigned short*>(w.gate_up), reinterpret_cast<const unsigned short*>(x), act,
@@ -209,7 +225,7 @@ void FusedBackendBase::run(const bf16* x, int T, const int32_t* topk_ids, const 
 }
 
 std::string FusedBackendBase::set_ready(const KernelTable& t, const MoeShape& shape) {
-  if (std::string r = counters_.ensure(fused_direct_counters(shape)); !r.empty()) return r;
+  if (std::string r = counters_.ensure(fused_counters(shape)); !r.empty()) return r;
   table_ = t;
   shape_ = shape;
   ready_ = true;

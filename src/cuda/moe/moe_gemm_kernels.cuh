@@ -89,29 +89,20 @@ __device__ __forceinline__ void direct_combine_tail(const GemmParams& p, int H) 
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// prep: one CTA of kPrepThreads. smem: 3 * kMaxExperts + 2 ints.
-__device__ __forceinline__ void prep_body(const PrepParams& p, char* smem) {
-  moe_ptx::grid_dep_wait();  // topk_ids come from the router
-  moe_ptx::grid_dep_launch_dependents();
-  int* s_cnt = reinterpret_cast<int*>(smem);  // [E]
-  int* s_off = s_cnt + kMaxExperts;           // [E + 1] first sorted position of each expert
-  int* s_toff = s_off + kMaxExperts + 1;      // [E + 1] first tile of each expert
-  const int tid = threadIdx.x, nt = blockDim.x, E = p.num_experts, P = p.num_pairs, BN = p.tile_rows;
-  for (int e = tid; e < E; e += nt) s_cnt[e] = 0;
-  __syncthreads();
-  // The rank inside the expert comes from a shared atomic, so the order of an expert's rows varies from run to
-  // run; results do not: every output element is computed from its own row alone, in a fixed k order.
-  for (int i = tid; i < P; i += nt) {
-    const int e = p.topk_ids[i];
-    p.pair_pos[i] = (e >= 0 && e < E) ? atomicAdd(&s_cnt[e], 1) : -1;
-  }
-  __syncthreads();
-  if (tid < 32) {  // exclusive scans of rows and tiles per expert, 32 experts per step
+// prep (see PrepParams): kPrepThreads a CTA. smem: 3 * kMaxExperts + 2 ints.
+// The rank inside the expert comes from atomics, so the order of an expert's rows varies from run to run; results
+// do not: every output element is computed from its own row alone, in a fixed k order.
+
+// Exclusive scans of the rows and tiles of each expert (one warp, 32 experts a step) from cnt; writes off[0..E]
+// and toff[0..E] (shared), and the tile table.
+__device__ __forceinline__ void prep_scan_and_tiles(const PrepParams& p, const int* cnt, int* s_off, int* s_toff) {
+  const int tid = threadIdx.x, nt = blockDim.x, E = p.num_experts, BN = p.tile_rows;
+  if (tid < 32) {
     const int lane = tid;
     int carry = 0, tcarry = 0;
     for (int base = 0; base < E; base += 32) {
       const int e = base + lane;
-      int c = e < E ? s_cnt[e] : 0;
+      int c = e < E ? cnt[e] : 0;
       int t = (c + BN - 1) / BN;
 #pragma unroll
       for (int d = 1; d < 32; d <<= 1) {
@@ -126,7 +117,7 @@ __device__ __forceinline__ void prep_body(const PrepParams& p, char* smem) {
   }
   __syncthreads();
   for (int e = tid; e < E; e += nt) {
-    const int n = s_cnt[e];
+    const int n = cnt[e];
     for (int j = 0, s = s_toff[e]; j * BN < n && s < p.num_slots; ++j, ++s) {
       Tile t;
       t.expert = e, t.row0 = s_off[e] + j * BN, t.rows = n - j * BN < BN ? n - j * BN : BN, t.pad = 0;
@@ -138,12 +129,105 @@ __device__ __forceinline__ void prep_body(const PrepParams& p, char* smem) {
     t.expert = 0, t.row0 = 0, t.rows = 0, t.pad = 0;
     p.tiles[s] = t;
   }
-  for (int i = tid; i < P; i += nt) {
-    const int r = p.pair_pos[i];  // written by this same thread above
-    if (r < 0) continue;
-    const int pos = s_off[p.topk_ids[i]] + r;
-    p.perm_pair[pos] = i;
-    p.pair_pos[i] = pos;
+}
+
+__device__ __forceinline__ void prep_body(const PrepParams& p, char* smem) {
+  moe_ptx::grid_dep_wait();  // topk_ids come from the router (kPrepScatter: the counts from kPrepCount)
+  moe_ptx::grid_dep_launch_dependents();
+  int* s_cnt = reinterpret_cast<int*>(smem);  // [E]
+  int* s_off = s_cnt + kMaxExperts;           // [E + 1] first sorted position of each expert
+  int* s_toff = s_off + kMaxExperts + 1;      // [E + 1] first tile of each expert (kPrepCount: ranks reserved)
+  const int tid = threadIdx.x, nt = blockDim.x, E = p.num_experts, P = p.num_pairs;
+  // Pairs [i0, i1) of this CTA; thread tid takes i0 + tid + k nt, kPrepUnroll of them at a time with their loads
+  // issued together (one at a time, each load's round trip came in turn).
+  const int i0 = p.mode == kPrepWhole ? 0 : int(blockIdx.x) * kPrepChunk;
+  const int i1 = p.mode == kPrepWhole ? P : min(P, i0 + kPrepChunk);
+
+  if (p.mode == kPrepScatter) {
+    for (int b = i0 + tid; b < i1; b += nt * kPrepUnroll) {
+      int r[kPrepUnroll], e[kPrepUnroll];
+#pragma unroll
+      for (int u = 0; u < kPrepUnroll; ++u) {
+        const int i = b + u * nt;
+        r[u] = i < i1 ? p.pair_pos[i] : -1;
+        e[u] = i < i1 ? p.topk_ids[i] : 0;
+      }
+#pragma unroll
+      for (int u = 0; u < kPrepUnroll; ++u) {
+        if (r[u] < 0) continue;
+        const int i = b + u * nt, pos = p.offsets[e[u]] + r[u];
+        p.perm_pair[pos] = i;
+        p.pair_pos[i] = pos;
+      }
+    }
+    return;
+  }
+
+  for (int e = tid; e < E; e += nt) s_cnt[e] = 0;
+  __syncthreads();
+  for (int b = i0 + tid; b < i1; b += nt * kPrepUnroll) {
+    int e[kPrepUnroll];
+#pragma unroll
+    for (int u = 0; u < kPrepUnroll; ++u) e[u] = b + u * nt < i1 ? p.topk_ids[b + u * nt] : -1;
+#pragma unroll
+    for (int u = 0; u < kPrepUnroll; ++u)
+      if (b + u * nt < i1) p.pair_pos[b + u * nt] = (e[u] >= 0 && e[u] < E) ? atomicAdd(&s_cnt[e[u]], 1) : -1;
+  }
+  __syncthreads();
+
+  if (p.mode == kPrepCount) {
+    // Reserve this CTA's ranks of each expert, then make the pairs' ranks step-wide. A thread rereads only the
+    // pair_pos entries it wrote itself.
+    for (int e = tid; e < E; e += nt) s_toff[e] = s_cnt[e] > 0 ? atomicAdd(&p.counts[e], s_cnt[e]) : 0;
+    __syncthreads();
+    for (int b = i0 + tid; b < i1; b += nt * kPrepUnroll) {
+      int r[kPrepUnroll], e[kPrepUnroll];
+#pragma unroll
+      for (int u = 0; u < kPrepUnroll; ++u) {
+        const int i = b + u * nt;
+        r[u] = i < i1 ? p.pair_pos[i] : -1;
+        e[u] = i < i1 ? p.topk_ids[i] : 0;
+      }
+#pragma unroll
+      for (int u = 0; u < kPrepUnroll; ++u)
+        if (r[u] >= 0) p.pair_pos[b + u * nt] = s_toff[e[u]] + r[u];
+    }
+    // The last CTA to finish sees every reservation: it scans them and resets the counters for the next launch.
+    __threadfence();
+    __syncthreads();
+    __shared__ int s_last;
+    if (tid == 0) s_last = atomicAdd(p.done, 1) == int(gridDim.x) - 1;
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence();
+    for (int e = tid; e < E; e += nt) {
+      s_cnt[e] = __ldcg(p.counts + e);
+      p.counts[e] = 0;
+    }
+    if (tid == 0) *p.done = 0;
+    __syncthreads();
+    prep_scan_and_tiles(p, s_cnt, s_off, s_toff);
+    for (int e = tid; e <= E; e += nt) p.offsets[e] = s_off[e];
+    return;
+  }
+
+  prep_scan_and_tiles(p, s_cnt, s_off, s_toff);
+  __syncthreads();
+  for (int b = tid; b < P; b += nt * kPrepUnroll) {
+    int r[kPrepUnroll], e[kPrepUnroll];
+#pragma unroll
+    for (int u = 0; u < kPrepUnroll; ++u) {
+      const int i = b + u * nt;
+      r[u] = i < P ? p.pair_pos[i] : -1;  // written by this same thread above
+      e[u] = i < P ? p.topk_ids[i] : 0;
+    }
+#pragma unroll
+    for (int u = 0; u < kPrepUnroll; ++u) {
+      if (r[u] < 0) continue;
+      const int i = b + u * nt, pos = s_off[e[u]] + r[u];
+      p.perm_pair[pos] = i;
+      p.pair_pos[i] = pos;
+    }
   }
 }
 
@@ -267,16 +351,10 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p, char* smem) {
   for (int s = 0; s < STAGES - 1; ++s)
     if (s < KT) load_a(s, s);
   // The down GEMM: the weight slices above are loaded while the gate/up GEMM may still be running; the token
-  // rows (act, written by it) are loaded only after the wait, as are all outputs written below. In direct mode
-  // (a few tokens: each CTA's slice is small and the whole grid is resident) the rest of the CTA's weight rows,
-  // one contiguous block, also starts towards L2, so HBM stays busy through the gate/up GEMM's tail.
-  if constexpr (MODE == kDown) {
-    if (direct && tid == 0) {
-      const int rows = min(BM, H - int(blockIdx.x) * BM);
-      moe_ptx::prefetch_l2_bulk(wexp + (long long)blockIdx.x * BM * K, unsigned(rows) * unsigned(K) * 2u);
-    }
-    moe_ptx::grid_dep_wait();
-  }
+  // rows (act, written by it) are loaded only after the wait, as are all outputs written below. (Also starting
+  // the rest of the CTA's weight rows towards L2 here, one bulk prefetch, made the layer at 1 token slower on
+  // the H200: 26.7 -> 29.0 us.)
+  if constexpr (MODE == kDown) moe_ptx::grid_dep_wait();
 #pragma unroll
   for (int it = 0; it < B_ITERS; ++it) {
     b_ok[it] = b_row[it] >= 0;

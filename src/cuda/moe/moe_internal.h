@@ -62,13 +62,16 @@ class DeviceCounters {
   int* p_ = nullptr;
   size_t n_ = 0;
 };
-// Counters the direct path's fused combine needs for these shapes.
+// Counters the direct path's fused combine needs for these shapes, then those of the two-launch prep (counts,
+// offsets, done); fused_counters is both.
 size_t fused_direct_counters(const MoeShape& s);
+size_t fused_counters(const MoeShape& s);
 // prep -> gate/up GEMM with SwiGLU -> down GEMM with routing weights -> combine, all on `stream`, no host sync.
-// Direct mode: the same without prep, and with combine_counters (fused_direct_counters(s) of them) the combine
-// is done by the down GEMM (no combine launch).
+// counters: fused_counters(s) device ints (zero between launches), or null. Direct mode: the same without prep,
+// and with counters the combine is done by the down GEMM (no combine launch). Prefill-sized steps with counters
+// run the prep as two launches over many CTAs (PrepParams).
 void fused_run(const moe_kernels::KernelTable& k, const MoeShape& s, const bf16* x, int T, const int32_t* topk_ids,
-               const float* topk_weights, const MoeWeights& w, bf16* out, void* workspace, int* combine_counters,
+               const float* topk_weights, const MoeWeights& w, bf16* out, void* workspace, int* counters,
                cudaStream_t stream);
 
 // What the ahead-of-time and JIT fused backends share: the checked kernel table and the shapes it was prepared

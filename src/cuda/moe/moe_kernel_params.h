@@ -21,7 +21,16 @@ constexpr int kCombineThreads = 256;
 // is exactly the work the prep's tiles would have described.
 constexpr int kDirectMaxPairs = 8;
 
-// Routing -> per-expert tiles and the pair permutation, on the device (no host sync).
+// Routing -> per-expert tiles and the pair permutation, on the device (no host sync). Up to kPrepChunk pairs one
+// CTA does it all (kPrepWhole). More pairs take two launches of ceil(P / kPrepChunk) CTAs, one chunk of pairs
+// each (one CTA alone took 114-153 us at 65,536 pairs on the H200):
+//  kPrepCount: each CTA ranks its pairs within their experts, reserves each expert's block of ranks with one
+//    global atomic (counts, zero between launches) and stores every pair's rank within its expert in pair_pos;
+//    the last CTA to finish (done) scans the counts into offsets and the tile table and zeroes counts and done;
+//  kPrepScatter: pair_pos = offsets[expert] + rank, and perm_pair its inverse.
+enum PrepMode { kPrepWhole = 0, kPrepCount = 1, kPrepScatter = 2 };
+constexpr int kPrepUnroll = 8;                           // pairs a thread has in flight
+constexpr int kPrepChunk = kPrepThreads * kPrepUnroll;  // pairs a CTA of the two-launch prep takes
 struct PrepParams {
   const int* topk_ids;  // [P] expert of each (token, slot) pair; ids outside [0, E) are dropped
   int num_pairs;        // P = T * top_k
@@ -31,6 +40,10 @@ struct PrepParams {
   Tile* tiles;          // [num_slots]
   int* perm_pair;       // [P] sorted position -> pair index (t * top_k + j)
   int* pair_pos;        // [P] pair index -> sorted position, -1 for dropped pairs
+  int mode;             // PrepMode
+  int* counts;          // kPrepCount: [E] ints, zero between launches
+  int* offsets;         // kPrepCount / kPrepScatter: [E + 1] first sorted position of each expert
+  int* done;            // kPrepCount: CTAs finished, zero between launches
 };
 
 enum GemmMode { kGateUp = 0, kDown = 1 };

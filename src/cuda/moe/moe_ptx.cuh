@@ -69,14 +69,6 @@ __device__ __forceinline__ void grid_dep_launch_dependents() {
 #endif
 }
 
-// Starts pulling [p, p + bytes) from memory into L2 without waiting (sm_90 bulk prefetch; p 16-byte aligned,
-// bytes a multiple of 16). A hint: nothing waits for it, and the lines may be gone again before they are read.
-__device__ __forceinline__ void prefetch_l2_bulk(const void* p, unsigned bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
-#endif
-}
-
 // ---- sm_90a warpgroup MMA (wgmma), used by the prefill tile configuration where the build targets sm_90a. ----
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define MOE_HAVE_WGMMA 1
