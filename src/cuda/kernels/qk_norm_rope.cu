@@ -76,60 +76,56 @@ __global__ void __launch_bounds__(kWarps * 32) qk_norm_rope_store_kv_kernel(cons
   const int64_t cache_row = int64_t(slot) * p.kv_heads * D;
   bf16* row = p.qkv + t * p.qkv_stride;
   const int nh = p.heads + 2 * p.kv_heads;
-  // Warp w takes heads blockIdx.y * 8 + w, then every gridDim.y * 8 further (one block a token for long steps),
-  // kBatch heads at a time with all their loads issued first: one head at a time kept too few bytes in flight
-  // (8,192 tokens: 104 us a layer on the H200 against 39 of floor).
-  constexpr int kBatch = 4;
-  float qw[VPL], kw[VPL];
-  if (p.q_norm != nullptr) load_n<VPL, VEC>(p.q_norm + lane * VPL, qw);
-  if (p.k_norm != nullptr) load_n<VPL, VEC>(p.k_norm + lane * VPL, kw);
+  const int h = blockIdx.y * kWarps + warp;  // this warp's head
+  const bf16* norm_w = h < p.heads ? p.q_norm : h < p.heads + p.kv_heads ? p.k_norm : nullptr;
+  float wv[VPL];
+  if (h < nh && norm_w != nullptr) load_n<VPL, VEC>(norm_w + lane * VPL, wv);
   pdl_enter();
   __syncthreads();
-  const int step = int(gridDim.y) * kWarps;
-  for (int h0 = int(blockIdx.y) * kWarps + warp; h0 < nh; h0 += kBatch * step) {
-    float v[kBatch][VPL];
+  if (h < nh) {
+    bf16* x = row + int64_t(h) * D + lane * VPL;
+    if (h >= p.heads + p.kv_heads) {  // v head: stored unchanged
+      if (slot >= 0) {
+        bf16* dst = p.v_cache + cache_row + int64_t(h - p.heads - p.kv_heads) * D + lane * VPL;
+        if constexpr (VEC) {
+          detail::copy_bf16<VPL>(dst, x);
+        } else {
 #pragma unroll
-    for (int u = 0; u < kBatch; ++u)
-      if (h0 + u * step < nh) load_n<VPL, VEC>(row + int64_t(h0 + u * step) * D + lane * VPL, v[u]);
-#pragma unroll
-    for (int u = 0; u < kBatch; ++u) {
-      const int h = h0 + u * step;
-      if (h >= nh) break;
-      if (h >= p.heads + p.kv_heads) {  // v head: stored unchanged
-        if (slot >= 0) store_n<VPL, VEC>(p.v_cache + cache_row + int64_t(h - p.heads - p.kv_heads) * D + lane * VPL, v[u]);
-        continue;
-      }
-      const bool is_q = h < p.heads;
-      const bf16* norm_w = is_q ? p.q_norm : p.k_norm;
-      if (norm_w != nullptr) {
-        float ss = 0.0f;
-#pragma unroll
-        for (int j = 0; j < VPL; ++j) ss += v[u][j] * v[u][j];
-        const float inv = rsqrtf(detail::warp_sum(ss) / float(D) + p.eps);
-#pragma unroll
-        for (int j = 0; j < VPL; ++j) v[u][j] = (is_q ? qw[j] : kw[j]) * (v[u][j] * inv);
-      }
-      if (half > 0) {
-        float* b = buf[warp];
-#pragma unroll
-        for (int j = 0; j < VPL; ++j) b[lane * VPL + j] = v[u][j];
-        __syncwarp();
-#pragma unroll
-        for (int j = 0; j < VPL; ++j) {
-          const int i = lane * VPL + j;
-          if (i < half) {
-            v[u][j] = v[u][j] * cos_s[i] - b[i + half] * sin_s[i];
-          } else if (i < 2 * half) {
-            const int k = i - half;
-            v[u][j] = v[u][j] * cos_s[k] + b[k] * sin_s[k];
-          }
+          for (int j = 0; j < VPL; ++j) dst[j] = x[j];
         }
-        __syncwarp();  // buf is rewritten by this warp's next head
       }
-      store_n<VPL, VEC>(row + int64_t(h) * D + lane * VPL, v[u]);
-      if (!is_q && slot >= 0)
-        store_n<VPL, VEC>(p.k_cache + cache_row + int64_t(h - p.heads) * D + lane * VPL, v[u]);
+      return;
     }
+    const bool is_q = h < p.heads;
+    float v[VPL];
+    load_n<VPL, VEC>(x, v);
+    if (norm_w != nullptr) {
+      float ss = 0.0f;
+#pragma unroll
+      for (int j = 0; j < VPL; ++j) ss += v[j] * v[j];
+      const float inv = rsqrtf(detail::warp_sum(ss) / float(D) + p.eps);
+#pragma unroll
+      for (int j = 0; j < VPL; ++j) v[j] = wv[j] * (v[j] * inv);
+    }
+    if (half > 0) {
+      float* b = buf[warp];
+#pragma unroll
+      for (int j = 0; j < VPL; ++j) b[lane * VPL + j] = v[j];
+      __syncwarp();
+#pragma unroll
+      for (int j = 0; j < VPL; ++j) {
+        const int i = lane * VPL + j;
+        if (i < half) {
+          v[j] = v[j] * cos_s[i] - b[i + half] * sin_s[i];
+        } else if (i < 2 * half) {
+          const int k = i - half;
+          v[j] = v[j] * cos_s[k] + b[k] * sin_s[k];
+        }
+      }
+      __syncwarp();  // buf is rewritten by this warp's next head
+    }
+    store_n<VPL, VEC>(x, v);
+    if (!is_q && slot >= 0) store_n<VPL, VEC>(p.k_cache + cache_row + int64_t(h - p.heads) * D + lane * VPL, v);
   }
 }
 
@@ -159,7 +155,7 @@ __global__ void __launch_bounds__(kWarps * 32) qk_norm_rope_store_kv_generic_ker
   const int64_t cache_row = int64_t(slot) * p.kv_heads * D;
   bf16* row = p.qkv + t * p.qkv_stride;
   const int nh = p.heads + 2 * p.kv_heads;
-  for (int h = blockIdx.y * kWarps + warp; h < nh; h += gridDim.y * kWarps) {
+  for (int h = blockIdx.y * kWarps + warp; h < nh && h < int(blockIdx.y + 1) * kWarps; h += kWarps) {
     bf16* x = row + int64_t(h) * D;
     if (h >= p.heads + p.kv_heads) {
       if (slot >= 0) {
@@ -253,10 +249,7 @@ void qk_norm_rope_store_kv(bf16* qkv, int64_t qkv_stride, int T, int heads, int 
   const bool vec = qkv_stride % per_lane == 0 && detail::aligned_to(qkv, vec_bytes) &&
                    detail::aligned_to(q_norm, vec_bytes) && detail::aligned_to(k_norm, vec_bytes) &&
                    detail::aligned_to(k_cache, vec_bytes) && detail::aligned_to(v_cache, vec_bytes);
-  // A few tokens: their heads spread over several blocks each (latency); many: one block a token, so the rotary
-  // table of a position is computed once (at 8,192 tokens 5 blocks a token took 104 us a layer on the H200).
-  const int head_blocks = T >= 256 ? 1 : int(ceil_div(heads + 2 * kv_heads, kWarps));
-  const dim3 grid{unsigned(T), unsigned(head_blocks)};
+  const dim3 grid(unsigned(T), unsigned(ceil_div(heads + 2 * kv_heads, kWarps)));
   switch (head_dim) {
     case 64: launch<64>(p, grid, vec, stream); break;
     case 128: launch<128>(p, grid, vec, stream); break;
