@@ -131,6 +131,28 @@ __device__ __forceinline__ void prep_scan_and_tiles(const PrepParams& p, const i
   }
 }
 
+// Pairs [i0, i1): pair_pos holds each pair's rank within its expert (or -1); it becomes the pair's sorted
+// position off[expert] + rank, and perm_pair its inverse. Thread tid takes pairs i0 + tid + k * blockDim.x.
+__device__ __forceinline__ void prep_scatter(const PrepParams& p, int i0, int i1, const int* off) {
+  const int nt = blockDim.x;
+  for (int b = i0 + int(threadIdx.x); b < i1; b += nt * kPrepUnroll) {
+    int r[kPrepUnroll], e[kPrepUnroll];
+#pragma unroll
+    for (int u = 0; u < kPrepUnroll; ++u) {
+      const int i = b + u * nt;
+      r[u] = i < i1 ? p.pair_pos[i] : -1;
+      e[u] = i < i1 ? p.topk_ids[i] : 0;
+    }
+#pragma unroll
+    for (int u = 0; u < kPrepUnroll; ++u) {
+      if (r[u] < 0) continue;
+      const int i = b + u * nt, pos = off[e[u]] + r[u];
+      p.perm_pair[pos] = i;
+      p.pair_pos[i] = pos;
+    }
+  }
+}
+
 __device__ __forceinline__ void prep_body(const PrepParams& p, char* smem) {
   moe_ptx::grid_dep_wait();  // topk_ids come from the router (kPrepScatter: the counts from kPrepCount)
   moe_ptx::grid_dep_launch_dependents();
@@ -143,25 +165,7 @@ __device__ __forceinline__ void prep_body(const PrepParams& p, char* smem) {
   const int i0 = p.mode == kPrepWhole ? 0 : int(blockIdx.x) * kPrepChunk;
   const int i1 = p.mode == kPrepWhole ? P : min(P, i0 + kPrepChunk);
 
-  if (p.mode == kPrepScatter) {
-    for (int b = i0 + tid; b < i1; b += nt * kPrepUnroll) {
-      int r[kPrepUnroll], e[kPrepUnroll];
-#pragma unroll
-      for (int u = 0; u < kPrepUnroll; ++u) {
-        const int i = b + u * nt;
-        r[u] = i < i1 ? p.pair_pos[i] : -1;
-        e[u] = i < i1 ? p.topk_ids[i] : 0;
-      }
-#pragma unroll
-      for (int u = 0; u < kPrepUnroll; ++u) {
-        if (r[u] < 0) continue;
-        const int i = b + u * nt, pos = p.offsets[e[u]] + r[u];
-        p.perm_pair[pos] = i;
-        p.pair_pos[i] = pos;
-      }
-    }
-    return;
-  }
+  if (p.mode == kPrepScatter) return prep_scatter(p, i0, i1, p.offsets);
 
   for (int e = tid; e < E; e += nt) s_cnt[e] = 0;
   __syncthreads();
@@ -213,22 +217,7 @@ __device__ __forceinline__ void prep_body(const PrepParams& p, char* smem) {
 
   prep_scan_and_tiles(p, s_cnt, s_off, s_toff);
   __syncthreads();
-  for (int b = tid; b < P; b += nt * kPrepUnroll) {
-    int r[kPrepUnroll], e[kPrepUnroll];
-#pragma unroll
-    for (int u = 0; u < kPrepUnroll; ++u) {
-      const int i = b + u * nt;
-      r[u] = i < P ? p.pair_pos[i] : -1;  // written by this same thread above
-      e[u] = i < P ? p.topk_ids[i] : 0;
-    }
-#pragma unroll
-    for (int u = 0; u < kPrepUnroll; ++u) {
-      if (r[u] < 0) continue;
-      const int i = b + u * nt, pos = s_off[e[u]] + r[u];
-      p.perm_pair[pos] = i;
-      p.pair_pos[i] = pos;
-    }
-  }
+  prep_scatter(p, i0, i1, s_off);  // each thread rereads the pair_pos entries it wrote above
 }
 
 // ---------------------------------------------------------------------------------------------------------
