@@ -23,6 +23,10 @@
 // depend on which block finished last, and resets the counter for the next launch. A sequence is cut into at
 // most num_splits parts of at least kMinSplitKeys keys (effective_splits): a graph captured with 16 parts
 // serves short contexts with few.
+// With FUSED_IN (decode), q is the raw q/k/v row: the block norms and rotates its q heads into the Q tile itself,
+// and a block whose keys hold the new token norms and rotates its k, stores k and v to the caches and writes them
+// into their ring slot when it lies in a prologue tile (a later tile loads them back from the cache); the unfused
+// path runs qk_norm_rope_store_kv first.
 #pragma once
 
 #include <cmath>

@@ -5,7 +5,8 @@
 //
 // The pipeline (all on the device, launch shapes depend only on T and the model's shapes, never on routing,
 // so a CUDA graph replays it for any routing):
-//   prep     one CTA: count pairs per expert, exclusive scan, per-expert token tiles, pair permutation
+//   prep     count pairs per expert, exclusive scan, per-expert token tiles, pair permutation: one CTA up to
+//            kPrepChunk pairs, else two launches of a CTA per chunk (count + scan, then scatter; PrepParams)
 //   gemm     kGateUp: act = silu(x Wg^T) * (x Wu^T)          grid (ceil(I / (BM/2)), slots)
 //            kDown:   y   = topk_weight * (act Wd^T)          grid (ceil(H / BM), slots)
 //   combine  out[t] = sum of its k rows of y, in slot order (deterministic, no float atomics)
