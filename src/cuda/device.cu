@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "core/env.h"
 #include "core/error.h"
 #include "cuda/launch.h"
 #include "cuda/pdl.cuh"
@@ -15,8 +16,7 @@ namespace moeserve::cuda {
 
 bool pdl_enabled() {
   static const bool enabled = [] {
-    const char* env = std::getenv("MOESERVE_PDL");
-    if (env != nullptr && std::string(env) == "0") return false;
+    if (!env_flag("MOESERVE_PDL", true)) return false;
     int dev = 0, major = 0;
     if (cudaGetDevice(&dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {

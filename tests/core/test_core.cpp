@@ -1,12 +1,14 @@
-// dtype conversions against known bit patterns, the thread pool, the flags parser.
+// dtype conversions against known bit patterns, the thread pool, the flags parser, environment switches.
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 #include "cli/flags.h"
 #include "core/dtype.h"
+#include "core/env.h"
 #include "core/error.h"
 #include "core/threadpool.h"
 
@@ -92,4 +94,35 @@ TEST(Flags, ParsesAndRejectsClearly) {
   EXPECT_NE(msg({"--cuont", "1"}).find("did you mean --count"), std::string::npos);
   EXPECT_NE(msg({"--name"}).find("needs a value"), std::string::npos);
   EXPECT_NE(msg({"stray"}).find("unexpected argument"), std::string::npos);
+}
+
+TEST(Env, SwitchValuesParseOrAreRejected) {
+  for (const char* v : {"1", "true", "TRUE", "On", "yes"}) EXPECT_EQ(parse_env_flag(v), std::optional<bool>(true)) << v;
+  for (const char* v : {"0", "false", "off", "NO"}) EXPECT_EQ(parse_env_flag(v), std::optional<bool>(false)) << v;
+  for (const char* v : {"", "2", "enable", " 1", "1 ", "o"}) EXPECT_EQ(parse_env_flag(v), std::nullopt) << v;
+  EXPECT_EQ(parse_env_int("128", 1, 1024), std::optional<long>(128));
+  EXPECT_EQ(parse_env_int("-3", -5, 5), std::optional<long>(-3));
+  for (const char* v : {"", "x", "12x", " 12", "0x10", "2000", "0", "99999999999999999999"})
+    EXPECT_EQ(parse_env_int(v, 1, 1024), std::nullopt) << v;
+}
+
+TEST(Env, UnsetEmptyAndBadValuesFallBack) {
+  const char* name = "MOESERVE_TEST_ENV_SWITCH";
+  ::unsetenv(name);
+  EXPECT_TRUE(env_flag(name, true));
+  EXPECT_FALSE(env_flag(name, false));
+  EXPECT_EQ(env_int(name, 7, 0, 10), 7);
+  ::setenv(name, "", 1);
+  EXPECT_TRUE(env_flag(name, true));
+  EXPECT_EQ(env_int(name, 7, 0, 10), 7);
+  ::setenv(name, "off", 1);
+  EXPECT_FALSE(env_flag(name, true));
+  EXPECT_EQ(env_int(name, 7, 0, 10), 7);  // not an integer: the default, with a warning
+  ::setenv(name, "3", 1);
+  EXPECT_EQ(env_int(name, 7, 0, 10), 3);
+  EXPECT_FALSE(env_flag(name, false));  // "3" is no switch value: the default, either way
+  EXPECT_TRUE(env_flag(name, true));
+  ::setenv(name, "11", 1);
+  EXPECT_EQ(env_int(name, 7, 0, 10), 7);  // out of range
+  ::unsetenv(name);
 }

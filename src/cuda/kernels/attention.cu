@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <limits>
 
+#include "core/env.h"
 #include "cuda/kernels/attention_mma.cuh"
 #include "cuda/kernels/kernel_utils.cuh"
 #include "cuda/kernels/ops.h"
@@ -111,11 +112,7 @@ void paged_attention_prefill(const bf16* q, int64_t q_stride, const bf16* k_cach
 namespace {
 // Experiment: MOESERVE_ATTN_MIN_SPLIT_KEYS sets the shortest split-KV part (default detail::kMinSplitKeys).
 int decode_min_split_keys() {
-  static const int keys = [] {
-    const char* e = std::getenv("MOESERVE_ATTN_MIN_SPLIT_KEYS");
-    const int v = e != nullptr ? std::atoi(e) : 0;
-    return v > 0 ? v : detail::kMinSplitKeys;
-  }();
+  static const int keys = int(env_int("MOESERVE_ATTN_MIN_SPLIT_KEYS", detail::kMinSplitKeys, 1, 1 << 20));
   return keys;
 }
 

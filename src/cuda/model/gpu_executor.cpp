@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "core/env.h"
 #include "core/log.h"
 #include "core/threadpool.h"
 #include "cuda/model/gpu_model.h"
@@ -58,10 +59,7 @@ struct MetaLayout {
 // Experiment (MOESERVE_META_2D=0 turns it off for A/B): each step copies only the used part of every block-table
 // row (one 2-D copy) instead of whole rows.
 bool meta_2d_copy() {
-  static const bool on = [] {
-    const char* e = std::getenv("MOESERVE_META_2D");
-    return !(e != nullptr && std::string(e) == "0");
-  }();
+  static const bool on = env_flag("MOESERVE_META_2D", true);
   return on;
 }
 
@@ -157,10 +155,8 @@ GpuExecutor::GpuExecutor(const std::string& model_dir, const GpuOptions& opts) :
   ModelBackends mb{be_.gemm, be_.moe, be_.attention == "reference_paged"};
   // Opt-in (MOESERVE_FUSED_DECODE=1): on the H200 the fused norm prologues cost more than the launches they
   // save (served q30b8l decode step at batch 1: 829.9 us fused, 786.2 us without; docs/PERF.md).
-  const char* fused_env = std::getenv("MOESERVE_FUSED_DECODE");
-  mb.fused_small_steps = be_.gemm->spec().name == "gemv" && fused_env != nullptr && std::string(fused_env) == "1";
-  const char* fused_in_env = std::getenv("MOESERVE_ATTN_FUSED_IN");
-  mb.fused_attention_input = !(fused_in_env != nullptr && std::string(fused_in_env) == "0");
+  mb.fused_small_steps = be_.gemm->spec().name == "gemv" && env_flag("MOESERVE_FUSED_DECODE", false);
+  mb.fused_attention_input = env_flag("MOESERVE_ATTN_FUSED_IN", true);
 
   // Activations, metadata and sampling buffers for the largest step.
   const int64_t ctx = cfg_.max_position_embeddings;

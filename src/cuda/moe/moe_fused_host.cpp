@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "core/env.h"
 #include "core/error.h"
 #include "cuda/launch.h"
 #include "cuda/moe/moe_internal.h"
@@ -45,10 +46,7 @@ void launch(const void* kernel, dim3 grid, dim3 block, size_t smem, void* params
 // against 2,602 on mma.sync), 2 the small-prefill tiles too (2 -> 5: 512 tokens 328 against 370 us), 3 (default)
 // both and 4 -> 6 (8,192 tokens 1,605 against 1,660 us in the fused_sm90 build; H200, session 5).
 int moe_wgmma_level() {
-  static const int level = [] {
-    const char* e = std::getenv("MOESERVE_MOE_WGMMA");
-    return e != nullptr && *e != '\0' ? std::atoi(e) : 3;
-  }();
+  static const int level = int(env_int("MOESERVE_MOE_WGMMA", 3, 0, 3));
   return level;
 }
 
