@@ -1,7 +1,6 @@
 // Paged attention launchers: prefill (flash-attention tiles over the new tokens) and decode (split-KV over the
 // cached keys, merged by the last block of each group). Both run the tensor-core kernel of attention_mma.cuh; see there for the tiling.
 #include <cmath>
-#include <cstdlib>
 #include <limits>
 
 #include "core/env.h"
@@ -45,6 +44,15 @@ void launch_decode(dim3 grid, const AttnParams& p, bool split, cudaStream_t stre
     launch_attention<D, 1, 4, 64, kStages, true, true, FUSED_IN>(grid, p, stream);
   } else {
     launch_attention<D, 1, 4, 64, kStages, true, false, FUSED_IN>(grid, p, stream);
+  }
+}
+
+template <bool FUSED_IN>
+void launch_decode_for(int head_dim, dim3 grid, const AttnParams& p, bool split, cudaStream_t stream) {
+  switch (head_dim) {
+    case 64: launch_decode<64, FUSED_IN>(grid, p, split, stream); break;
+    case 128: launch_decode<128, FUSED_IN>(grid, p, split, stream); break;
+    default: launch_decode<256, FUSED_IN>(grid, p, split, stream); break;
   }
 }
 
@@ -166,14 +174,10 @@ void run_decode(AttnParams p, const AttnMeta& meta, const AttnShape& shape, int 
   }
   const int m_tiles = int(ceil_div(p.group, 16));
   const dim3 grid(unsigned(m_tiles * num_splits), unsigned(shape.kv_heads), unsigned(meta.num_seqs));
-  switch (shape.head_dim * 2 + (fused_in ? 1 : 0)) {
-    case 128: launch_decode<64, false>(grid, p, split, stream); break;
-    case 129: launch_decode<64, true>(grid, p, split, stream); break;
-    case 256: launch_decode<128, false>(grid, p, split, stream); break;
-    case 257: launch_decode<128, true>(grid, p, split, stream); break;
-    case 512: launch_decode<256, false>(grid, p, split, stream); break;
-    default: launch_decode<256, true>(grid, p, split, stream); break;
-  }
+  if (fused_in)
+    launch_decode_for<true>(shape.head_dim, grid, p, split, stream);
+  else
+    launch_decode_for<false>(shape.head_dim, grid, p, split, stream);
 }
 }  // namespace
 

@@ -268,11 +268,13 @@ StepInputs GpuExecutor::prepare(const ForwardBatch& batch, const std::vector<Sam
   }
   for (int t = T; t < Tp; ++t) tok[t] = 0, pos[t] = 0, slots[t] = -1;
   int max_new = 0;
+  int64_t max_pages_used = 0;  // the block-table columns the step's sequences use
   for (int s = 0; s < S; ++s) {
     const kernels::AttnSeq& q = batch.seqs[size_t(s)];
     const int64_t kv_len = q.start + q.num_tokens;
     const int64_t np = (kv_len + ps - 1) / ps;
     MS_CHECK(np <= L.max_pages, "sequence of {} tokens exceeds the block table", kv_len);
+    max_pages_used = std::max(max_pages_used, np);
     std::memcpy(bt + size_t(s) * L.max_pages, q.block_table, size_t(np) * 4);
     kvl[s] = int32_t(kv_len);
     nl[s] = int32_t(q.num_tokens);
@@ -329,9 +331,7 @@ StepInputs GpuExecutor::prepare(const ForwardBatch& batch, const std::vector<Sam
   if (meta_2d_copy()) {
     // Only the pages in use of each table row: at 128 sequences of 512 tokens that is 17 KB, where the whole rows
     // (max_pages = 2,561 at a 40,960-token context) are 1.3 MB on every step's critical path.
-    int64_t pages = 0;
-    for (const auto& q : batch.seqs) pages = std::max<int64_t>(pages, (q.start + q.num_tokens + ps - 1) / ps);
-    upload_meta(L.block_tables, S, int(pages));
+    upload_meta(L.block_tables, S, int(max_pages_used));
   } else {
     upload_meta(L.block_tables + size_t(std::max(S, 1)) * size_t(L.max_pages) * 4);
   }

@@ -185,6 +185,11 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
   // Steps of a few tokens: the residual add + RMSNorm run inside the q/k/v GEMV and the router (no launch of
   // their own), and the router GEMV and top-k are one launch.
   const bool fuse_qkv_norm = be_.fused_small_steps && norm_gemv_fits(T, H);
+  // Decode steps of up to 64 sequences, in models with RoPE over the whole head: the input stage runs inside
+  // the attention launch. (H200, q30b8l served step: batch 1 -5 to -10 us, 64 even, 128 +16 us: there the
+  // attention runs two waves of blocks, and each block's input stage lengthens both.)
+  const bool fused_input = in.decode && T <= 64 && !be_.reference_attention && be_.fused_attention_input &&
+                           attention_input_stage_fusable(ash, rope_);
   embedding(in.tokens, embed_.get(), T, H, residual_.get(), s);
   mark("embedding", act * 6, 0);
   for (size_t l = 0; l < layers_.size(); ++l) {
@@ -203,11 +208,6 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
     }
     bf16* kc = kv_.get() + l * 2 * layer_elems;
     bf16* vc = kc + layer_elems;
-    // Decode steps of up to 64 sequences, in models with RoPE over the whole head: the input stage runs inside
-    // the attention launch. (H200, q30b8l served step: batch 1 -5 to -10 us, 64 even, 128 +16 us: there the
-    // attention runs two waves of blocks, and each block's input stage lengthens both.)
-    const bool fused_input = in.decode && T <= 64 && !be_.reference_attention && be_.fused_attention_input &&
-                             attention_input_stage_fusable(ash, rope_);
     if (!fused_input) {
       qk_norm_rope_store_kv(qkv_.get(), QKV, T, Hq, Hkv, D, L.q_norm.get(), L.k_norm.get(), eps, in.positions,
                             rope_, in.slots, kc, vc, s);

@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -172,8 +171,7 @@ void fused_run(const KernelTable& k, const MoeShape& s, const bf16* x, int T, co
   // (weights prefetched before the wait where the routing allows; see moe_gemm_kernels.cuh).
   const bool direct = l.direct;
   const int* direct_ids = direct ? topk_ids : nullptr;
-  int* combine_counters = counters;
-  const bool fused_combine = direct && combine_counters != nullptr;
+  const bool fused_combine = direct && counters != nullptr;
   const bool pdl = k.pdl;
   if (!direct) {
     const int P = T * s.top_k;
@@ -200,7 +198,7 @@ void fused_run(const KernelTable& k, const MoeShape& s, const bf16* x, int T, co
          size_t(cfg.smem_bytes), &gu, stream, "moe gate/up GEMM launch", pdl);
 
   GemmParams dn{static_cast<const unsigned short*>(w.down), act, y, tiles, perm_pair, topk_weights, s.hidden, s.inter,
-                s.top_k, direct_ids, s.num_experts, fused_combine ? combine_counters : nullptr,
+                s.top_k, direct_ids, s.num_experts, fused_combine ? counters : nullptr,
                 fused_combine ? reinterpret_cast<unsigned short*>(out) : nullptr};
   launch(k.gemm[l.config][kDown], dim3(unsigned(ceil_div(s.hidden, cfg.bm)), slots), dim3(cfg.threads),
          size_t(cfg.smem_bytes), &dn, stream, "moe down GEMM launch", pdl);
