@@ -26,6 +26,7 @@
 
 #include "moe_kernel_params.h"
 #include "moe_ptx.cuh"
+#include "moe_route_select.cuh"
 
 namespace moe_kernels {
 
@@ -75,8 +76,10 @@ __device__ __forceinline__ void direct_combine_tail(const GemmParams& p, int H) 
     if (h >= H) break;
     float a[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     for (int j = 0; j < p.top_k; ++j) {
-      const int e = p.direct_ids[pair0 + j];
-      if (e < 0 || e >= p.num_experts) continue;  // a dropped pair adds nothing
+      if (p.direct_ids != nullptr) {  // (self-routed pairs are never dropped)
+        const int e = p.direct_ids[pair0 + j];
+        if (e < 0 || e >= p.num_experts) continue;  // a dropped pair adds nothing
+      }
       const U4 v = load_cg(p.dst + (pair0 + j) * H + h);
       a[0] += moe_ptx::bf16_lo(v.x), a[1] += moe_ptx::bf16_hi(v.x), a[2] += moe_ptx::bf16_lo(v.y);
       a[3] += moe_ptx::bf16_hi(v.y), a[4] += moe_ptx::bf16_lo(v.z), a[5] += moe_ptx::bf16_hi(v.z);
@@ -248,12 +251,36 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p, char* smem) {
   // The down GEMM lets the next kernel be scheduled at once; that kernel waits for this grid's completion.
   if (MODE == kGateUp) moe_ptx::grid_dep_wait();
   moe_ptx::grid_dep_launch_dependents();
-  const bool direct = p.direct_ids != nullptr;
+  // Self-routed direct mode (configuration 0 only): the pair's expert and weight, from the router logits.
+  constexpr bool kCanRoute = Cfg::BM == GemmCfg0::BM && Cfg::BN == GemmCfg0::BN && Cfg::BK == GemmCfg0::BK;
+  const bool routed = kCanRoute && p.router_logits != nullptr;
+  const bool direct = p.direct_ids != nullptr || routed;
+  __shared__ int s_route_expert;
+  __shared__ float s_route_weight;
   Tile tile;
   if (direct) {
-    // topk_ids were complete before the gate/up GEMM passed its wait, which is before this grid could start,
-    // so they may be read before the wait; everything the previous kernel writes (act) is read only after it.
-    const int e = p.direct_ids[blockIdx.y];
+    // topk_ids (and the router logits) were complete before the gate/up GEMM passed its wait, which is before
+    // this grid could start, so they may be read before the wait; everything the previous kernel writes (act)
+    // is read only after it.
+    int e;
+    if constexpr (kCanRoute) {
+      if (routed) {
+        if (threadIdx.x < 32) {
+          const int t = int(blockIdx.y) / p.top_k, j = int(blockIdx.y) % p.top_k;
+          int id;
+          float w;
+          moe_route::route_select_any(p.router_logits + (long long)t * p.num_experts, p.num_experts, p.top_k,
+                                      p.renormalize != 0, int(threadIdx.x), id, w);
+          if (int(threadIdx.x) == j) s_route_expert = id, s_route_weight = w;
+        }
+        __syncthreads();
+        e = s_route_expert;
+      } else {
+        e = p.direct_ids[blockIdx.y];
+      }
+    } else {
+      e = p.direct_ids[blockIdx.y];
+    }
     tile.expert = e, tile.row0 = blockIdx.y, tile.rows = (e >= 0 && e < p.num_experts) ? 1 : 0, tile.pad = 0;
   } else {
     // Tiles come from the prep kernel. The gate/up GEMM has waited for it above; the down GEMM may read them
@@ -486,7 +513,7 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p, char* smem) {
       const int n = idx / OC, c = idx % OC;
       const int h = blockIdx.x * BM + c * 8;
       if (n >= tile.rows || h >= H) continue;
-      const float wt = p.topk_weights[direct ? tile.row0 + n : p.perm_pair[tile.row0 + n]];
+      const float wt = routed ? s_route_weight : p.topk_weights[direct ? tile.row0 + n : p.perm_pair[tile.row0 + n]];
       const float* yr = cs + n * LDC + c * 8;
       const F4 a = *reinterpret_cast<const F4*>(yr), b = *reinterpret_cast<const F4*>(yr + 4);
       U4 o;

@@ -16,6 +16,8 @@ constexpr int kMaxExperts = 1024;
 constexpr int kPrepThreads = 512;
 constexpr int kPrepSmemBytes = (3 * kMaxExperts + 2) * 4;
 constexpr int kCombineThreads = 256;
+// Routing by one warp (moe_route_select.cuh): experts per lane at most, so E <= 32 * kRouteMaxSlots.
+constexpr int kRouteMaxSlots = 16;
 // Direct (small-T) mode is used while T * top_k <= max(kDirectMaxPairs, top_k): every pair is its own one-row tile,
 // so the prep kernel (a whole launch) is skipped. At T = 1 the pairs of a token have distinct experts, so this
 // is exactly the work the prep's tiles would have described.
@@ -69,6 +71,12 @@ struct GemmParams {
   // in slot order into combine_out [T, H] (as the combine kernel would) and resets the counter to zero.
   int* combine_counters;          // [T, gridDim.x], zero between launches
   unsigned short* combine_out;    // bf16 bits
+  // Direct mode that routes for itself (router_logits non-null, direct_ids null, fused combine): the CTAs of pair
+  // y = t * top_k + j compute token t's softmax / top-k from router_logits [T, num_experts] (f32) as the routing
+  // kernel would (moe_route_select.cuh) and take pick j: the expert and, in the down GEMM, the weight
+  // (topk_weights unused). Only tile configuration 0 (the direct one) carries the code.
+  const float* router_logits;
+  int renormalize;
 };
 
 // out[t, :] = bf16(sum over j < top_k of y[pair_pos[t * top_k + j], :]), slots in order (deterministic).
