@@ -164,7 +164,9 @@ void fused_run(const KernelTable& k, const MoeShape& s, const bf16* x, int T, co
            "moe: x, out, weights and workspace must be 16-byte aligned");
   if (T == 0) return;
   const FusedLayout l = fused_layout(s, T);
-  const GemmConfigInfo cfg = gemm_config_info(l.config);
+  // The self-routing kernels are configuration 0's tiles with the routing compiled in.
+  const int config = router_logits != nullptr ? kSelfRoutedConfig : l.config;
+  const GemmConfigInfo cfg = gemm_config_info(config);
   char* ws = static_cast<char*>(workspace);
   Tile* tiles = reinterpret_cast<Tile*>(ws + l.tiles);
   int* perm_pair = reinterpret_cast<int*>(ws + l.perm_pair);
@@ -202,13 +204,13 @@ void fused_run(const KernelTable& k, const MoeShape& s, const bf16* x, int T, co
   GemmParams gu{static_cast<const unsigned short*>(w.gate_up), reinterpret_cast<const unsigned short*>(x), act,
                 tiles, perm_pair, topk_weights, s.hidden, s.inter, s.top_k, direct_ids, s.num_experts,
                 nullptr, nullptr, router_logits, renormalize ? 1 : 0};
-  launch(k.gemm[l.config][kGateUp], dim3(unsigned(ceil_div(s.inter, cfg.bm / 2)), slots), dim3(cfg.threads),
+  launch(k.gemm[config][kGateUp], dim3(unsigned(ceil_div(s.inter, cfg.bm / 2)), slots), dim3(cfg.threads),
          size_t(cfg.smem_bytes), &gu, stream, "moe gate/up GEMM launch", pdl);
 
   GemmParams dn{static_cast<const unsigned short*>(w.down), act, y, tiles, perm_pair, topk_weights, s.hidden, s.inter,
                 s.top_k, direct_ids, s.num_experts, fused_combine ? combine_counters : nullptr,
                 fused_combine ? reinterpret_cast<unsigned short*>(out) : nullptr, router_logits, renormalize ? 1 : 0};
-  launch(k.gemm[l.config][kDown], dim3(unsigned(ceil_div(s.hidden, cfg.bm)), slots), dim3(cfg.threads),
+  launch(k.gemm[config][kDown], dim3(unsigned(ceil_div(s.hidden, cfg.bm)), slots), dim3(cfg.threads),
          size_t(cfg.smem_bytes), &dn, stream, "moe down GEMM launch", pdl);
   if (fused_combine) return;
 
