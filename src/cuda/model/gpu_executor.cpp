@@ -157,6 +157,7 @@ GpuExecutor::GpuExecutor(const std::string& model_dir, const GpuOptions& opts) :
   // save (served q30b8l decode step at batch 1: 829.9 us fused, 786.2 us without; docs/PERF.md).
   mb.fused_small_steps = be_.gemm->spec().name == "gemv" && env_flag("MOESERVE_FUSED_DECODE", false);
   mb.fused_attention_input = env_flag("MOESERVE_ATTN_FUSED_IN", true);
+  mb.moe_self_routing = env_flag("MOESERVE_MOE_SELF_ROUTE", true);
 
   // Activations, metadata and sampling buffers for the largest step.
   const int64_t ctx = cfg_.max_position_embeddings;

@@ -66,6 +66,9 @@ struct ModelBackends {
   // Decode steps run the attention input stage (q/k norm, RoPE, KV store) inside the decode attention launch
   // where the model allows it (RoPE over the whole head); MOESERVE_ATTN_FUSED_IN=0 turns it off (A/B).
   bool fused_attention_input = true;
+  // Steps of a few token-expert pairs (batch 1 at top-8) let the MoE backend route for itself where it can
+  // (MoeBackend::routes_itself), without the routing launch; MOESERVE_MOE_SELF_ROUTE=0 turns it off (A/B).
+  bool moe_self_routing = true;
 };
 
 class GpuQwen3 {
