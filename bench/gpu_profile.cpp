@@ -1,7 +1,10 @@
 // Per-op GPU time of one model step next to each op's floor, for the steps the performance targets are about:
 // decode at batch 1 and 64 (each sequence with a 512-token context), and a prefill of 512-token prompts; then
 // the whole decode step as served (graph replay + sampling + copies), timed on the host.
-//   gpu_profile --model-path DIR [--context 512]
+//   gpu_profile --model-path DIR [--context 512] [--batch-sizes 1,64,128] [--prefill=false]
+// With MOESERVE_PROFILE_SKIP_OPS=op,... (norm, qkv, attention, oproj, router, route, experts, lmhead) every step
+// leaves those ops out: the served step's time against a run without it is the ops' marginal cost inside the
+// chain of programmatic launches (the per-op table cannot show it: its events break that chain).
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -61,10 +64,15 @@ int main(int argc, char** argv) {
   f.add_string("model-path", &model_path, "checkpoint folder");
   f.add_int("context", &ctx, "tokens already in each sequence's KV cache for decode steps", 1);
   f.add_int("max-running-requests", &max_running, "as for serve", 1);
+  std::vector<int64_t> batch_sizes;
+  f.add_int_list("batch-sizes", &batch_sizes, "decode batch sizes to profile (default 1,64,128)");
+  bool prefill = true;
+  f.add_bool("prefill", &prefill, "also profile prefill steps");
   std::string gemm_backend = "auto";
   f.add_string("gemm-backend", &gemm_backend, "as for serve (auto, cublas, cublaslt, gemv)");
   try {
     if (!f.parse(std::vector<std::string>(argv + 1, argv + argc))) return 0;
+    if (batch_sizes.empty()) batch_sizes = {1, 64, 128};
     LaunchOptions lo;
     lo.model_path = model_path;
     lo.device = "cuda";
@@ -73,15 +81,16 @@ int main(int argc, char** argv) {
     lo.gemm_backend = gemm_backend;
     auto runner = make_runner(lo);
     ModelRunner& r = *runner;
-    for (int bs : {1, 64, 128}) {
-      Batch b = make_batch(r, bs, ctx, 1);
+    for (int64_t bs : batch_sizes) {
+      Batch b = make_batch(r, int(bs), ctx, 1);
       r.executor().profile_step(b.fb);  // warm-up
-      std::printf("\n== decode, batch %d, context %lld ==\n%s", bs, (long long)ctx,
+      std::printf("\n== decode, batch %lld, context %lld ==\n%s", (long long)bs, (long long)ctx,
                   r.executor().profile_step(b.fb).c_str());
       std::printf("served decode step (graph replay, sampling, copies): %.1f us\n", served_step_us(r, b.fb, 50));
       release(r, b);
     }
     for (int seqs : {1, 16}) {
+      if (!prefill) break;
       Batch b = make_batch(r, seqs, 0, 512);
       r.executor().profile_step(b.fb);
       std::printf("\n== prefill, %d x 512 tokens ==\n%s", seqs, r.executor().profile_step(b.fb).c_str());

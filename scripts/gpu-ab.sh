@@ -4,7 +4,8 @@
 # build/bench/gpu_profile, one row a variant, plus the full per-op report of each in logs.tgz.
 #   scripts/gpu-ab.sh MODEL_DIR 'base=' 'nopdl=MOESERVE_PDL=0' 'gemv=--gemm-backend gemv' ...
 # A variant is NAME=WORDS: words with '=' are environment settings, the rest are gpu_profile flags.
-# Env: OUT (where logs.tgz goes), MOESERVE_BUILD (default build).
+# Env: OUT (where logs.tgz goes), MOESERVE_BUILD (default build), AB_FLAGS (gpu_profile flags for every variant,
+# e.g. "--batch-sizes 1,64 --prefill=false": the columns then follow those batch sizes).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${MOESERVE_BUILD:-$ROOT/build}
@@ -18,7 +19,7 @@ for v in "$@"; do
   name=${v%%=*}
   words=${v#*=}
   envs=()
-  flags=()
+  flags=(${AB_FLAGS:-})  # AB_FLAGS: gpu_profile flags for every variant
   for w in $words; do
     if [[ $w == *=* && $w != --* ]]; then envs+=("$w"); else flags+=("$w"); fi
   done

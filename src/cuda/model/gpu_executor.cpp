@@ -158,6 +158,11 @@ GpuExecutor::GpuExecutor(const std::string& model_dir, const GpuOptions& opts) :
   mb.fused_small_steps = be_.gemm->spec().name == "gemv" && env_flag("MOESERVE_FUSED_DECODE", false);
   mb.fused_attention_input = env_flag("MOESERVE_ATTN_FUSED_IN", true);
   mb.moe_self_routing = env_flag("MOESERVE_MOE_SELF_ROUTE", true);
+  if (const char* v = std::getenv("MOESERVE_PROFILE_SKIP_OPS"); v != nullptr && *v != 0) {
+    mb.skip_ops = parse_skip_ops(v);
+    if (mb.skip_ops != 0)
+      log_warn("MOESERVE_PROFILE_SKIP_OPS={}: ops are left out of every step (timing only; outputs are wrong)", v);
+  }
 
   // Activations, metadata and sampling buffers for the largest step.
   const int64_t ctx = cfg_.max_position_embeddings;

@@ -18,6 +18,28 @@ size_t numel_bytes(const Tensor& t) { return size_t(t.numel()) * sizeof(bf16); }
 
 }  // namespace
 
+unsigned parse_skip_ops(const std::string& list) {
+  static const std::pair<const char*, unsigned> kNames[] = {
+      {"norm", kSkipNorm},     {"qkv", kSkipQkv},     {"attention", kSkipAttention}, {"oproj", kSkipOproj},
+      {"router", kSkipRouter}, {"route", kSkipRoute}, {"experts", kSkipExperts},     {"lmhead", kSkipLmHead}};
+  unsigned mask = 0;
+  size_t pos = 0;
+  while (pos <= list.size()) {
+    const size_t end = std::min(list.find(',', pos), list.size());
+    const std::string name = list.substr(pos, end - pos);
+    pos = end + 1;
+    if (name.empty()) continue;
+    auto it = std::find_if(std::begin(kNames), std::end(kNames), [&](auto& n) { return name == n.first; });
+    if (it == std::end(kNames)) {
+      log_warn("MOESERVE_PROFILE_SKIP_OPS: unknown op '{}' ignored (valid: norm, qkv, attention, oproj, router, "
+               "route, experts, lmhead)", name);
+      continue;
+    }
+    mask |= it->second;
+  }
+  return mask;
+}
+
 GpuQwen3::GpuQwen3(const Qwen3Model& cpu, CachingAllocator& alloc, cudaStream_t stream, ThreadPool& pool)
     : cfg_(cpu.config()), alloc_(alloc) {
   const ModelConfig& c = cfg_;
@@ -152,6 +174,17 @@ void GpuQwen3::plan_workspace(int max_tokens, int max_rows, int max_seqs, int ma
   MS_CUDA_CHECK(cudaMemset(attn_.get(), 0, attn_.bytes()));
   MS_CUDA_CHECK(cudaMemset(o_.get(), 0, o_.bytes()));
   if (router_logits_.get()) MS_CUDA_CHECK(cudaMemset(router_logits_.get(), 0, router_logits_.bytes()));
+  if (topk_ids_.get()) {
+    // Valid, distinct experts per token, as a routing would leave them (steps that skip the routing for timing
+    // read these).
+    const int E = int(c.num_experts), K = int(c.num_experts_per_tok);
+    std::vector<int32_t> ids(T * size_t(K));
+    for (size_t t = 0; t < T; ++t)
+      for (int j = 0; j < K; ++j) ids[t * K + size_t(j)] = int32_t((t * 37 + size_t(j)) % size_t(E));
+    MS_CUDA_CHECK(cudaMemcpy(topk_ids_.get(), ids.data(), ids.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+    std::vector<float> w(ids.size(), 1.0f / float(K));
+    MS_CUDA_CHECK(cudaMemcpy(topk_w_.get(), w.data(), w.size() * sizeof(float), cudaMemcpyHostToDevice));
+  }
 }
 
 void GpuQwen3::allocate_kv(int64_t num_pages, int page_size) {
@@ -180,6 +213,8 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
     return std::pair<double, double>{2.0 * N * K + 2.0 * M * K + double(out_bytes) * M * N, 2.0 * M * N * K};
   };
   const double act = double(T) * H;
+  const unsigned skip = be_.skip_ops;  // timing only
+  auto run_op = [&](unsigned op) { return (skip & op) == 0; };
   if (prof) prof->start(s);
 
   // Steps of a few tokens: the residual add + RMSNorm run inside the q/k/v GEMV and the router (no launch of
@@ -200,20 +235,26 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
                 qkv_.get(), QKV, grid_counter_.get(), s);
       mark("norm+gemm qkv", g1.first + act * 12, g1.second);
     } else {
-      if (l == 0) rmsnorm(residual_.get(), L.input_norm.get(), eps, T, H, xn_.get(), s);
-      else add_rmsnorm(residual_.get(), o_.get(), L.input_norm.get(), eps, T, H, xn_.get(), s);
+      if (!run_op(kSkipNorm)) {
+      } else if (l == 0) {
+        rmsnorm(residual_.get(), L.input_norm.get(), eps, T, H, xn_.get(), s);
+      } else {
+        add_rmsnorm(residual_.get(), o_.get(), L.input_norm.get(), eps, T, H, xn_.get(), s);
+      }
       mark("add_rmsnorm", act * 12, 0);
-      gemm.run(xn_.get(), H, T, H, L.qkv.get(), QKV, qkv_.get(), QKV, OutType::BF16, s);
+      if (run_op(kSkipQkv)) gemm.run(xn_.get(), H, T, H, L.qkv.get(), QKV, qkv_.get(), QKV, OutType::BF16, s);
       mark("gemm qkv", g1.first, g1.second);
     }
     bf16* kc = kv_.get() + l * 2 * layer_elems;
     bf16* vc = kc + layer_elems;
-    if (!fused_input) {
+    if (!run_op(kSkipAttention)) {
+    } else if (!fused_input) {
       qk_norm_rope_store_kv(qkv_.get(), QKV, T, Hq, Hkv, D, L.q_norm.get(), L.k_norm.get(), eps, in.positions,
                             rope_, in.slots, kc, vc, s);
       mark("qk_norm_rope_kv", 4.0 * T * QKV, 0);
     }
-    if (be_.reference_attention) {
+    if (!run_op(kSkipAttention)) {
+    } else if (be_.reference_attention) {
       paged_attention_reference(qkv_.get(), QKV, kc, vc, in.attn, ash, in.decode ? 1 : in.max_new, attn_.get(), QD, s);
     } else if (fused_input) {
       const AttnInputStage stage{L.q_norm.get(), L.k_norm.get(), eps, in.positions, rope_, in.slots};
@@ -227,13 +268,13 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
     }
     mark(fused_input ? "attention decode+qk_norm_rope_kv" : in.decode ? "attention decode" : "attention prefill",
          double(in.kv_tokens) * Hkv * D * 4 + 4.0 * T * QD, 4.0 * double(in.attn_pairs) * Hq * D);
-    gemm.run(attn_.get(), QD, T, QD, L.o.get(), H, o_.get(), H, OutType::BF16, s);
+    if (run_op(kSkipOproj)) gemm.run(attn_.get(), QD, T, QD, L.o.get(), H, o_.get(), H, OutType::BF16, s);
     auto g2 = gemm_cost(T, H, QD, 2);
     mark("gemm o_proj", g2.first, g2.second);
     const int E = int(c.num_experts), K = int(c.num_experts_per_tok);
     const bool fuse_router_norm =
         L.is_moe && be_.fused_small_steps && moe_norm_router_topk_fits(T, H, E, K);
-    if (!fuse_router_norm) {
+    if (!fuse_router_norm && run_op(kSkipNorm)) {
       add_rmsnorm(residual_.get(), o_.get(), L.post_norm.get(), eps, T, H, xn_.get(), s);
       mark("add_rmsnorm", act * 12, 0);
     }
@@ -242,7 +283,7 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
       auto g3 = gemm_cost(T, E, H, 4);
       // A step of a few pairs: the MoE backend's GEMMs may route for themselves (no routing launch).
       const bool self_routed = !fuse_router_norm && !(be_.fused_small_steps && moe_router_topk_fits(T, H, E, K)) &&
-                               be_.moe_self_routing && be_.moe->routes_itself(T);
+                               be_.moe_self_routing && be_.moe->routes_itself(T) && run_op(kSkipRoute);
       if (fuse_router_norm) {  // decode of a few tokens: norm, router and top-k in one launch
         moe_norm_router_topk(residual_.get(), o_.get(), L.post_norm.get(), eps, xn_.get(), L.router.get(), T, H, E, K,
                              c.norm_topk_prob, router_logits_.get(), grid_counter_.get(), topk_ids_.get(),
@@ -253,17 +294,20 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
                         grid_counter_.get(), topk_ids_.get(), topk_w_.get(), s);
         mark("router+topk", g3.first, g3.second);
       } else {
-        gemm.run(xn_.get(), H, T, H, L.router.get(), E, router_logits_.get(), E, OutType::F32, s);
+        if (run_op(kSkipRouter))
+          gemm.run(xn_.get(), H, T, H, L.router.get(), E, router_logits_.get(), E, OutType::F32, s);
         mark("gemm router", g3.first, g3.second);
-        if (!self_routed) {
+        if (!self_routed && run_op(kSkipRoute)) {
           moe_route_topk(router_logits_.get(), T, E, K, c.norm_topk_prob, topk_ids_.get(), topk_w_.get(), s);
           mark("moe route_topk", 4.0 * T * E, 0);
         }
       }
-      if (self_routed)
+      if (!run_op(kSkipExperts)) {
+      } else if (self_routed) {
         be_.moe->run_routed(xn_.get(), T, router_logits_.get(), c.norm_topk_prob, L.moe, o_.get(), moe_ws_.get(), s);
-      else
+      } else {
         be_.moe->run(xn_.get(), T, topk_ids_.get(), topk_w_.get(), L.moe, o_.get(), moe_ws_.get(), s);
+      }
       const double experts = std::min<double>(E, double(T) * K);  // distinct experts touched, at most
       mark(self_routed ? "moe route+experts" : "moe experts",
            experts * 3.0 * H * I * 2 + act * 4 + double(T) * K * I * 4, 6.0 * T * K * H * I);
@@ -285,7 +329,8 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
     mark("gather rows", 4.0 * in.R * H, 0);
   }
   const bf16* head = c.tie_word_embeddings ? embed_.get() : lm_head_.get();
-  gemm.run(rows, H, in.R, H, head, int(c.vocab_size), logits_.get(), c.vocab_size, OutType::F32, s);
+  if (run_op(kSkipLmHead))
+    gemm.run(rows, H, in.R, H, head, int(c.vocab_size), logits_.get(), c.vocab_size, OutType::F32, s);
   auto g4 = gemm_cost(in.R, int(c.vocab_size), H, 4);
   mark("gemm lm_head", g4.first, g4.second);
 }

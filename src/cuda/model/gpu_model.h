@@ -69,7 +69,26 @@ struct ModelBackends {
   // Steps of a few token-expert pairs (batch 1 at top-8) let the MoE backend route for itself where it can
   // (MoeBackend::routes_itself), without the routing launch; MOESERVE_MOE_SELF_ROUTE=0 turns it off (A/B).
   bool moe_self_routing = true;
+  // Timing only (MOESERVE_PROFILE_SKIP_OPS, see skip_ops_from_env): ops left out of every step, so that a step's
+  // time with and without an op gives that op's marginal cost in the chain of programmatic launches. The
+  // outputs are then wrong; never set in serving.
+  unsigned skip_ops = 0;
 };
+
+// The ops MOESERVE_PROFILE_SKIP_OPS can leave out (comma-separated names: norm, qkv, attention, oproj, router,
+// route, experts, lmhead).
+enum SkipOp : unsigned {
+  kSkipNorm = 1u << 0,
+  kSkipQkv = 1u << 1,
+  kSkipAttention = 1u << 2,
+  kSkipOproj = 1u << 3,
+  kSkipRouter = 1u << 4,
+  kSkipRoute = 1u << 5,
+  kSkipExperts = 1u << 6,
+  kSkipLmHead = 1u << 7,
+};
+// Parses a list of those names; an unknown name is reported (with the valid ones) and ignored.
+unsigned parse_skip_ops(const std::string& list);
 
 class GpuQwen3 {
  public:
