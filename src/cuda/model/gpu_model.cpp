@@ -281,9 +281,6 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
     if (L.is_moe) {
       const int I = int(c.moe_intermediate_size);
       auto g3 = gemm_cost(T, E, H, 4);
-      // A step of a few pairs: the MoE backend's GEMMs may route for themselves (no routing launch).
-      const bool self_routed = !fuse_router_norm && !(be_.fused_small_steps && moe_router_topk_fits(T, H, E, K)) &&
-                               be_.moe_self_routing && be_.moe->routes_itself(T) && run_op(kSkipRoute);
       if (fuse_router_norm) {  // decode of a few tokens: norm, router and top-k in one launch
         moe_norm_router_topk(residual_.get(), o_.get(), L.post_norm.get(), eps, xn_.get(), L.router.get(), T, H, E, K,
                              c.norm_topk_prob, router_logits_.get(), grid_counter_.get(), topk_ids_.get(),
@@ -297,19 +294,16 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
         if (run_op(kSkipRouter))
           gemm.run(xn_.get(), H, T, H, L.router.get(), E, router_logits_.get(), E, OutType::F32, s);
         mark("gemm router", g3.first, g3.second);
-        if (!self_routed && run_op(kSkipRoute)) {
+        if (run_op(kSkipRoute))
           moe_route_topk(router_logits_.get(), T, E, K, c.norm_topk_prob, topk_ids_.get(), topk_w_.get(), s);
-          mark("moe route_topk", 4.0 * T * E, 0);
-        }
+        mark("moe route_topk", 4.0 * T * E, 0);
       }
       if (!run_op(kSkipExperts)) {
-      } else if (self_routed) {
-        be_.moe->run_routed(xn_.get(), T, router_logits_.get(), c.norm_topk_prob, L.moe, o_.get(), moe_ws_.get(), s);
       } else {
         be_.moe->run(xn_.get(), T, topk_ids_.get(), topk_w_.get(), L.moe, o_.get(), moe_ws_.get(), s);
       }
       const double experts = std::min<double>(E, double(T) * K);  // distinct experts touched, at most
-      mark(self_routed ? "moe route+experts" : "moe experts",
+      mark("moe experts",
            experts * 3.0 * H * I * 2 + act * 4 + double(T) * K * I * 4, 6.0 * T * K * H * I);
     } else {
       const int I = int(c.intermediate_size);

@@ -66,9 +66,6 @@ struct ModelBackends {
   // Decode steps run the attention input stage (q/k norm, RoPE, KV store) inside the decode attention launch
   // where the model allows it (RoPE over the whole head); MOESERVE_ATTN_FUSED_IN=0 turns it off (A/B).
   bool fused_attention_input = true;
-  // Steps of a few token-expert pairs (batch 1 at top-8) let the MoE backend route for itself where it can
-  // (MoeBackend::routes_itself), without the routing launch; MOESERVE_MOE_SELF_ROUTE=0 turns it off (A/B).
-  bool moe_self_routing = true;
   // Timing only (MOESERVE_PROFILE_SKIP_OPS, see skip_ops_from_env): ops left out of every step, so that a step's
   // time with and without an op gives that op's marginal cost in the chain of programmatic launches. The
   // outputs are then wrong; never set in serving.

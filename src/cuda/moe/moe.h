@@ -71,12 +71,6 @@ class MoeBackend {
   // T <= shape.max_tokens. Capturable backends never synchronize with the host.
   virtual void run(const bf16* x, int T, const int32_t* topk_ids, const float* topk_weights, const MoeWeights& w,
                    bf16* out, void* workspace, cudaStream_t stream) = 0;
-  // Whether run_routed takes T tokens: the backend then routes for itself (softmax / top-k / renormalisation of
-  // the router logits exactly as moe_route_topk computes them), which saves the routing launch of small steps.
-  virtual bool routes_itself(int T) const { (void)T; return false; }
-  // run() with the routing done inside: router_logits [T, E] f32 (E and top_k of the prepared shape).
-  virtual void run_routed(const bf16* x, int T, const float* router_logits, bool renormalize, const MoeWeights& w,
-                          bf16* out, void* workspace, cudaStream_t stream);
 };
 
 // Every MoE backend this binary knows, in preference order for ties.

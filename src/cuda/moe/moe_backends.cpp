@@ -16,10 +16,6 @@
 
 namespace moeserve::cuda {
 
-void MoeBackend::run_routed(const bf16*, int T, const float*, bool, const MoeWeights&, bf16*, void*, cudaStream_t) {
-  MS_CHECK(false, "moe backend {} does not route for itself (T {}): check routes_itself() first", spec().name, T);
-}
-
 std::vector<std::unique_ptr<MoeBackend>> make_moe_backends() {
   std::vector<std::unique_ptr<MoeBackend>> v;
   v.push_back(make_cublas_ref_backend());

@@ -57,10 +57,6 @@ int fused_config_for(const MoeShape& s, int T) {
   return moe_wgmma_level() >= 3 ? 6 : moe_wgmma_level() >= 1 ? 4 : 3;
 }
 
-bool fused_routes_itself(const MoeShape& s, int T) {
-  return fused_direct_for(s, T) && s.num_experts <= 32 * kRouteMaxSlots && s.top_k <= 32;
-}
-
 bool fused_direct_for(const MoeShape& s, int T) {
   return T >= 1 && int64_t(T) * s.top_k <= std::max(kDirectMaxPairs, s.top_k);
 }
@@ -153,9 +149,7 @@ DeviceCounters::~DeviceCounters() {
 
 void fused_run(const KernelTable& k, const MoeShape& s, const bf16* x, int T, const int32_t* topk_ids,
                const float* topk_weights, const MoeWeights& w, bf16* out, void* workspace, int* counters,
-               cudaStream_t stream, const float* router_logits, bool renormalize) {
-  MS_CHECK(router_logits == nullptr || (counters != nullptr && fused_routes_itself(s, T)),
-           "moe: routing inside the GEMMs needs the direct path and its combine counters (T {})", T);
+               cudaStream_t stream) {
   MS_CHECK(T >= 0 && T <= s.max_tokens, "moe: {} tokens, the backend was prepared for at most {}", T, s.max_tokens);
   MS_CHECK(w.format == WeightFormat::BF16 && w.gate_up && w.down, "moe: bf16 weights expected");
   auto aligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
@@ -163,9 +157,7 @@ void fused_run(const KernelTable& k, const MoeShape& s, const bf16* x, int T, co
            "moe: x, out, weights and workspace must be 16-byte aligned");
   if (T == 0) return;
   const FusedLayout l = fused_layout(s, T);
-  // The self-routing kernels are configuration 0's tiles with the routing compiled in.
-  const int config = router_logits != nullptr ? kSelfRoutedConfig : l.config;
-  const GemmConfigInfo cfg = gemm_config_info(config);
+  const GemmConfigInfo cfg = gemm_config_info(l.config);
   char* ws = static_cast<char*>(workspace);
   Tile* tiles = reinterpret_cast<Tile*>(ws + l.tiles);
   int* perm_pair = reinterpret_cast<int*>(ws + l.perm_pair);
@@ -178,7 +170,7 @@ void fused_run(const KernelTable& k, const MoeShape& s, const bf16* x, int T, co
   // CTAs do the combine (when counters are given). Every kernel is a programmatic dependent of the one before
   // (weights prefetched before the wait where the routing allows; see moe_gemm_kernels.cuh).
   const bool direct = l.direct;
-  const int* direct_ids = direct && router_logits == nullptr ? topk_ids : nullptr;
+  const int* direct_ids = direct ? topk_ids : nullptr;
   const bool fused_combine = direct && counters != nullptr;
   const bool pdl = k.pdl;
   if (!direct) {
@@ -201,28 +193,20 @@ void fused_run(const KernelTable& k, const MoeShape& s, const bf16* x, int T, co
 
   GemmParams gu{static_cast<const unsigned short*>(w.gate_up), reinterpret_cast<const unsigned short*>(x), act,
                 tiles, perm_pair, topk_weights, s.hidden, s.inter, s.top_k, direct_ids, s.num_experts,
-                nullptr, nullptr, router_logits, renormalize ? 1 : 0};
-  launch(k.gemm[config][kGateUp], dim3(unsigned(ceil_div(s.inter, cfg.bm / 2)), slots), dim3(cfg.threads),
+                nullptr, nullptr};
+  launch(k.gemm[l.config][kGateUp], dim3(unsigned(ceil_div(s.inter, cfg.bm / 2)), slots), dim3(cfg.threads),
          size_t(cfg.smem_bytes), &gu, stream, "moe gate/up GEMM launch", pdl);
 
   GemmParams dn{static_cast<const unsigned short*>(w.down), act, y, tiles, perm_pair, topk_weights, s.hidden, s.inter,
                 s.top_k, direct_ids, s.num_experts, fused_combine ? counters : nullptr,
-                fused_combine ? reinterpret_cast<unsigned short*>(out) : nullptr, router_logits, renormalize ? 1 : 0};
-  launch(k.gemm[config][kDown], dim3(unsigned(ceil_div(s.hidden, cfg.bm)), slots), dim3(cfg.threads),
+                fused_combine ? reinterpret_cast<unsigned short*>(out) : nullptr};
+  launch(k.gemm[l.config][kDown], dim3(unsigned(ceil_div(s.hidden, cfg.bm)), slots), dim3(cfg.threads),
          size_t(cfg.smem_bytes), &dn, stream, "moe down GEMM launch", pdl);
   if (fused_combine) return;
 
   CombineParams cp{y, pair_pos, reinterpret_cast<unsigned short*>(out), T, s.top_k, s.hidden, direct_ids,
                    s.num_experts};
   launch(k.combine, dim3(unsigned(T)), dim3(kCombineThreads), 0, &cp, stream, "moe combine launch", pdl);
-}
-
-void FusedBackendBase::run_routed(const bf16* x, int T, const float* router_logits, bool renormalize,
-                                  const MoeWeights& w, bf16* out, void* workspace, cudaStream_t stream) {
-  MS_CHECK(ready_, "moe backend {} used without a successful prepare()", spec_.name);
-  MS_CHECK(router_logits != nullptr, "moe backend {}: run_routed without router logits", spec_.name);
-  fused_run(table_, shape_, x, T, nullptr, nullptr, w, out, workspace, counters_.get(), stream, router_logits,
-            renormalize);
 }
 
 size_t FusedBackendBase::workspace_bytes(const MoeShape& shape) const {

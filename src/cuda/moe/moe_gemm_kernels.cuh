@@ -26,7 +26,6 @@
 
 #include "moe_kernel_params.h"
 #include "moe_ptx.cuh"
-#include "moe_route_select.cuh"
 
 namespace moe_kernels {
 
@@ -56,7 +55,7 @@ __device__ __forceinline__ U4 load_cg(const unsigned short* p) {
 // Direct-mode down GEMM, fused combine (see GemmParams::combine_counters): every CTA calls this after its rows
 // of y are written (or after finding its pair dropped); the last of a token's top_k CTAs for this block of
 // hidden rows [h0, h0 + BM) writes the token's output there.
-template <int BM, bool ROUTED>
+template <int BM>
 __device__ __forceinline__ void direct_combine_tail(const GemmParams& p, int H) {
   __shared__ int combine_here;
   __threadfence();
@@ -76,10 +75,8 @@ __device__ __forceinline__ void direct_combine_tail(const GemmParams& p, int H) 
     if (h >= H) break;
     float a[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     for (int j = 0; j < p.top_k; ++j) {
-      if constexpr (!ROUTED) {  // (self-routed pairs are never dropped)
-        const int e = p.direct_ids[pair0 + j];
-        if (e < 0 || e >= p.num_experts) continue;  // a dropped pair adds nothing
-      }
+      const int e = p.direct_ids[pair0 + j];
+      if (e < 0 || e >= p.num_experts) continue;  // a dropped pair adds nothing
       const U4 v = load_cg(p.dst + (pair0 + j) * H + h);
       a[0] += moe_ptx::bf16_lo(v.x), a[1] += moe_ptx::bf16_hi(v.x), a[2] += moe_ptx::bf16_lo(v.y);
       a[3] += moe_ptx::bf16_hi(v.y), a[4] += moe_ptx::bf16_lo(v.z), a[5] += moe_ptx::bf16_hi(v.z);
@@ -251,33 +248,12 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p, char* smem) {
   // The down GEMM lets the next kernel be scheduled at once; that kernel waits for this grid's completion.
   if (MODE == kGateUp) moe_ptx::grid_dep_wait();
   moe_ptx::grid_dep_launch_dependents();
-  // The self-routing configuration: the pair's expert and weight come from the router logits.
-  constexpr bool kRouted = Cfg::ROUTE != 0;
-  const bool direct = kRouted || p.direct_ids != nullptr;
-  float route_weight = 0.0f;  // kRouted: this pair's weight (the down GEMM's epilogue)
+  const bool direct = p.direct_ids != nullptr;
   Tile tile;
   if (direct) {
-    // topk_ids (and the router logits) were complete before the gate/up GEMM passed its wait, which is before
-    // this grid could start, so they may be read before the wait; everything the previous kernel writes (act)
-    // is read only after it.
-    int e;
-    if constexpr (kRouted) {
-      __shared__ int s_route_expert;
-      __shared__ float s_route_weight;
-      if (threadIdx.x < 32) {
-        const int t = int(blockIdx.y) / p.top_k, j = int(blockIdx.y) % p.top_k;
-        int id;
-        float w;
-        moe_route::route_select_any(p.router_logits + (long long)t * p.num_experts, p.num_experts, p.top_k,
-                                    p.renormalize != 0, int(threadIdx.x), id, w);
-        if (int(threadIdx.x) == j) s_route_expert = id, s_route_weight = w;
-      }
-      __syncthreads();
-      e = s_route_expert;
-      route_weight = s_route_weight;
-    } else {
-      e = p.direct_ids[blockIdx.y];
-    }
+    // topk_ids were complete before the gate/up GEMM passed its wait, which is before this grid could start,
+    // so they may be read before the wait; everything the previous kernel writes (act) is read only after it.
+    const int e = p.direct_ids[blockIdx.y];
     tile.expert = e, tile.row0 = blockIdx.y, tile.rows = (e >= 0 && e < p.num_experts) ? 1 : 0, tile.pad = 0;
   } else {
     // Tiles come from the prep kernel. The gate/up GEMM has waited for it above; the down GEMM may read them
@@ -289,7 +265,7 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p, char* smem) {
     moe_ptx::grid_dep_wait();  // every CTA waits, so this grid completes only after its prerequisite
     // A dropped pair still counts towards its token's fused combine.
     if (MODE == kDown && direct && p.combine_counters != nullptr)
-      direct_combine_tail<BM, kRouted>(p, FIXED_H > 0 ? FIXED_H : p.hidden);
+      direct_combine_tail<BM>(p, FIXED_H > 0 ? FIXED_H : p.hidden);
     return;  // the grid is sized for the worst routing; most slots are empty at decode
   }
 
@@ -510,7 +486,7 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p, char* smem) {
       const int n = idx / OC, c = idx % OC;
       const int h = blockIdx.x * BM + c * 8;
       if (n >= tile.rows || h >= H) continue;
-      const float wt = kRouted ? route_weight : p.topk_weights[direct ? tile.row0 + n : p.perm_pair[tile.row0 + n]];
+      const float wt = p.topk_weights[direct ? tile.row0 + n : p.perm_pair[tile.row0 + n]];
       const float* yr = cs + n * LDC + c * 8;
       const F4 a = *reinterpret_cast<const F4*>(yr), b = *reinterpret_cast<const F4*>(yr + 4);
       U4 o;
@@ -520,7 +496,7 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p, char* smem) {
       o.w = pack_bf16x2(b.z * wt, b.w * wt);
       *reinterpret_cast<U4*>(p.dst + (long long)(tile.row0 + n) * H + h) = o;
     }
-    if (direct && p.combine_counters != nullptr) direct_combine_tail<BM, kRouted>(p, H);
+    if (direct && p.combine_counters != nullptr) direct_combine_tail<BM>(p, H);
   }
 }
 
@@ -594,8 +570,6 @@ MOE_JIT_GEMM(5, kGateUp, gu)
 MOE_JIT_GEMM(5, kDown, dn)
 MOE_JIT_GEMM(6, kGateUp, gu)
 MOE_JIT_GEMM(6, kDown, dn)
-MOE_JIT_GEMM(7, kGateUp, gu)
-MOE_JIT_GEMM(7, kDown, dn)
 #undef MOE_JIT_GEMM
 
 #else
@@ -634,8 +608,6 @@ inline KernelTable kernel_table() {
   t.gemm[5][kDown] = reinterpret_cast<const void*>(&moe_gemm_kernel<GemmCfg5, kDown>);
   t.gemm[6][kGateUp] = reinterpret_cast<const void*>(&moe_gemm_kernel<GemmCfg6, kGateUp>);
   t.gemm[6][kDown] = reinterpret_cast<const void*>(&moe_gemm_kernel<GemmCfg6, kDown>);
-  t.gemm[7][kGateUp] = reinterpret_cast<const void*>(&moe_gemm_kernel<GemmCfg7, kGateUp>);
-  t.gemm[7][kDown] = reinterpret_cast<const void*>(&moe_gemm_kernel<GemmCfg7, kDown>);
   t.pdl = true;  // both ahead-of-time builds target sm_90a / sm_100a
   return t;
 }

@@ -70,14 +70,9 @@ size_t fused_counters(const MoeShape& s);
 // counters: fused_counters(s) device ints (zero between launches), or null. Direct mode: the same without prep,
 // and with counters the combine is done by the down GEMM (no combine launch). Prefill-sized steps with counters
 // run the prep as two launches over many CTAs (PrepParams).
-// router_logits non-null (direct mode with counters only, see fused_routes_itself): the GEMMs route for
-// themselves and topk_ids / topk_weights are not read.
 void fused_run(const moe_kernels::KernelTable& k, const MoeShape& s, const bf16* x, int T, const int32_t* topk_ids,
                const float* topk_weights, const MoeWeights& w, bf16* out, void* workspace, int* counters,
-               cudaStream_t stream, const float* router_logits = nullptr, bool renormalize = false);
-// Whether fused_run can route for itself at T tokens: the direct path (a few pairs), which always fuses the
-// combine, with up to 32 * moe_kernels::kRouteMaxSlots experts.
-bool fused_routes_itself(const MoeShape& s, int T);
+               cudaStream_t stream);
 
 // What the ahead-of-time and JIT fused backends share: the checked kernel table and the shapes it was prepared
 // for, the combine counters, and run() over fused_run. Each backend fills spec_ and, in prepare(), calls
@@ -88,9 +83,6 @@ class FusedBackendBase : public MoeBackend {
   size_t workspace_bytes(const MoeShape& shape) const override;
   void run(const bf16* x, int T, const int32_t* topk_ids, const float* topk_weights, const MoeWeights& w, bf16* out,
            void* workspace, cudaStream_t stream) override;
-  bool routes_itself(int T) const override { return ready_ && fused_routes_itself(shape_, T); }
-  void run_routed(const bf16* x, int T, const float* router_logits, bool renormalize, const MoeWeights& w,
-                  bf16* out, void* workspace, cudaStream_t stream) override;
 
  protected:
   std::string set_ready(const moe_kernels::KernelTable& t, const MoeShape& shape);  // "" or why not

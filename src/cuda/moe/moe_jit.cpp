@@ -30,8 +30,7 @@ JitSource jit_embedded_source() {
   JitSource s;
   s.main = kMoeJitSource_moe_gemm_kernels_cuh;
   s.headers = {{"moe_kernel_params.h", kMoeJitSource_moe_kernel_params_h},
-               {"moe_ptx.cuh", kMoeJitSource_moe_ptx_cuh},
-               {"moe_route_select.cuh", kMoeJitSource_moe_route_select_cuh}};
+               {"moe_ptx.cuh", kMoeJitSource_moe_ptx_cuh}};
   return s;
 }
 

@@ -16,8 +16,6 @@ constexpr int kMaxExperts = 1024;
 constexpr int kPrepThreads = 512;
 constexpr int kPrepSmemBytes = (3 * kMaxExperts + 2) * 4;
 constexpr int kCombineThreads = 256;
-// Routing by one warp (moe_route_select.cuh): experts per lane at most, so E <= 32 * kRouteMaxSlots.
-constexpr int kRouteMaxSlots = 16;
 // Direct (small-T) mode is used while T * top_k <= max(kDirectMaxPairs, top_k): every pair is its own one-row tile,
 // so the prep kernel (a whole launch) is skipped. At T = 1 the pairs of a token have distinct experts, so this
 // is exactly the work the prep's tiles would have described.
@@ -71,12 +69,6 @@ struct GemmParams {
   // in slot order into combine_out [T, H] (as the combine kernel would) and resets the counter to zero.
   int* combine_counters;          // [T, gridDim.x], zero between launches
   unsigned short* combine_out;    // bf16 bits
-  // Direct mode that routes for itself (router_logits non-null, direct_ids null, fused combine): the CTAs of pair
-  // y = t * top_k + j compute token t's softmax / top-k from router_logits [T, num_experts] (f32) as the routing
-  // kernel would (moe_route_select.cuh) and take pick j: the expert and, in the down GEMM, the weight
-  // (topk_weights unused). Launched with configuration kSelfRoutedConfig, whose kernels alone carry the code.
-  const float* router_logits;
-  int renormalize;
 };
 
 // out[t, :] = bf16(sum over j < top_k of y[pair_pos[t * top_k + j], :]), slots in order (deterministic).
@@ -97,12 +89,10 @@ struct CombineParams {
 // the build targets sm_90a, else on mma.sync like the others; its tiles need a 1024-byte aligned base (1 KB more).
 // 1: each slice's MMAs complete before the ring is refilled; 2: one slice's MMAs stay in flight while the ring
 // is refilled (experiment).
-// ROUTE: the direct path that routes for itself (GemmParams::router_logits); a configuration of its own, so the
-// plain configuration-0 kernels carry none of its code.
-template <int BM_, int BN_, int WM_, int WN_, int BK_, int STAGES_, int MINB_, int WGMMA_ = 0, int ROUTE_ = 0>
+template <int BM_, int BN_, int WM_, int WN_, int BK_, int STAGES_, int MINB_, int WGMMA_ = 0>
 struct GemmConfig {
   static constexpr int BM = BM_, BN = BN_, WM = WM_, WN = WN_, BK = BK_, STAGES = STAGES_, MINB = MINB_;
-  static constexpr int WGMMA = WGMMA_, ROUTE = ROUTE_;
+  static constexpr int WGMMA = WGMMA_;
   static constexpr int THREADS = WM * WN * 32;
   static constexpr int PIPE_BYTES = STAGES * (BM + BN) * BK * 2;
   static constexpr int EPI_BYTES = BN * (BM + 4) * 4;  // f32 accumulator tile, padded against bank conflicts
@@ -118,9 +108,7 @@ using GemmCfg3 = GemmConfig<128, 128, 2, 4, 64, 3, 2>;   // prefill
 using GemmCfg4 = GemmConfig<128, 128, 2, 4, 64, 3, 2, 1>;  // prefill on wgmma (sm_90a builds)
 using GemmCfg5 = GemmConfig<128, 64, 4, 2, 64, 3, 2, 1>;   // small prefill on wgmma (opt-in, see the host)
 using GemmCfg6 = GemmConfig<128, 128, 2, 4, 64, 3, 2, 2>;  // prefill on wgmma, MMAs in flight (experiment)
-using GemmCfg7 = GemmConfig<32, 16, 2, 1, 128, 4, 4, 0, 1>;  // configuration 0 routing for itself
-constexpr int kNumGemmConfigs = 8;
-constexpr int kSelfRoutedConfig = 7;
+constexpr int kNumGemmConfigs = 7;
 
 #ifndef __CUDACC_RTC__  // host-side helper; NVRTC treats unannotated functions as host code and rejects them
 struct GemmConfigInfo {
@@ -133,8 +121,7 @@ constexpr GemmConfigInfo gemm_config_info(int i) {
          : i == 3 ? GemmConfigInfo{GemmCfg3::BM, GemmCfg3::BN, GemmCfg3::THREADS, GemmCfg3::SMEM_BYTES}
          : i == 4 ? GemmConfigInfo{GemmCfg4::BM, GemmCfg4::BN, GemmCfg4::THREADS, GemmCfg4::SMEM_BYTES}
          : i == 5 ? GemmConfigInfo{GemmCfg5::BM, GemmCfg5::BN, GemmCfg5::THREADS, GemmCfg5::SMEM_BYTES}
-         : i == 6 ? GemmConfigInfo{GemmCfg6::BM, GemmCfg6::BN, GemmCfg6::THREADS, GemmCfg6::SMEM_BYTES}
-                  : GemmConfigInfo{GemmCfg7::BM, GemmCfg7::BN, GemmCfg7::THREADS, GemmCfg7::SMEM_BYTES};
+                  : GemmConfigInfo{GemmCfg6::BM, GemmCfg6::BN, GemmCfg6::THREADS, GemmCfg6::SMEM_BYTES};
 }
 #endif
 

@@ -7,7 +7,6 @@
 #include "cuda/fused_norm.cuh"
 #include "cuda/launch.h"
 #include "cuda/moe/moe.h"
-#include "cuda/moe/moe_route_select.cuh"
 #include "cuda/pdl.cuh"
 
 namespace moeserve::cuda {
@@ -23,17 +22,71 @@ const char* weight_format_name(WeightFormat f) {
 
 namespace {
 
-constexpr int kRouteMaxPerLane = moe_kernels::kRouteMaxSlots;  // experts per lane: E <= 512
+constexpr int kRouteMaxPerLane = 16;  // experts per lane: E <= 512
 constexpr int kRouteMaxTopK = 16;
 constexpr int kRouteWarpsPerBlock = 4;
 
-// One warp routes token t from its logits row l (see moe_route_select.cuh) and writes its k picks.
+// (p, e) ranks before (q, f): larger probability, then lower expert index (torch.topk's order).
+__device__ __forceinline__ bool route_before(float p, int e, float q, int f) { return p > q || (p == q && e < f); }
+
+// One warp routes token t from its logits row l: lane l holds experts l, l + 32, ... (SLOTS of them: the
+// dispatcher below picks the fewest that cover E, since every slot costs the whole warp a double exp and a
+// compare in each of the k rounds). The row may have been written by other blocks of the same grid (the fused
+// router): read through L2.
+template <int SLOTS>
+__device__ __forceinline__ void route_token_slots(const float* l, int t, int E, int k, bool renormalize,
+                                                  int32_t* ids, float* weights, int lane) {
+  float v[SLOTS];
+  float mx = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < SLOTS; ++i) {
+    const int e = lane + 32 * i;
+    v[i] = e < E ? __ldcg(l + e) : -INFINITY;
+    mx = fmaxf(mx, v[i]);
+  }
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, d));
+  double ex[SLOTS];  // exp(logit - max) in double, as the CPU computes it; once per expert
+  double sum = 0;
+#pragma unroll
+  for (int i = 0; i < SLOTS; ++i) {
+    ex[i] = lane + 32 * i < E ? exp(double(v[i] - mx)) : 0.0;
+    sum += ex[i];
+  }
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, d);
+  float p[SLOTS];
+#pragma unroll
+  for (int i = 0; i < SLOTS; ++i) p[i] = lane + 32 * i < E ? float(ex[i] / sum) : -1.0f;  // -1: absent or taken
+
+  float chosen_p = 0, total = 0;
+  for (int j = 0; j < k; ++j) {
+    float bp = -1.0f;
+    int be = 0x7fffffff;
+#pragma unroll
+    for (int i = 0; i < SLOTS; ++i)
+      if (route_before(p[i], lane + 32 * i, bp, be)) bp = p[i], be = lane + 32 * i;
+#pragma unroll
+    for (int d = 16; d > 0; d >>= 1) {
+      const float op = __shfl_xor_sync(0xffffffffu, bp, d);
+      const int oe = __shfl_xor_sync(0xffffffffu, be, d);
+      if (route_before(op, oe, bp, be)) bp = op, be = oe;
+    }
+    // Every lane now holds the same winner.
+#pragma unroll
+    for (int i = 0; i < SLOTS; ++i)
+      if (lane + 32 * i == be) p[i] = -1.0f;
+    total += bp;  // in selection order, as the CPU sums
+    if (lane == j) chosen_p = bp, ids[size_t(t) * k + j] = be;
+  }
+  if (lane < k) weights[size_t(t) * k + lane] = renormalize ? chosen_p / total : chosen_p;
+}
+
 __device__ __forceinline__ void route_token(const float* l, int t, int E, int k, bool renormalize, int32_t* ids,
                                             float* weights, int lane) {
-  int id;
-  float w;
-  moe_route::route_select_any(l, E, k, renormalize, lane, id, w);
-  if (lane < k) ids[size_t(t) * k + lane] = id, weights[size_t(t) * k + lane] = w;
+  if (E <= 128) route_token_slots<4>(l, t, E, k, renormalize, ids, weights, lane);
+  else if (E <= 256) route_token_slots<8>(l, t, E, k, renormalize, ids, weights, lane);
+  else route_token_slots<kRouteMaxPerLane>(l, t, E, k, renormalize, ids, weights, lane);
 }
 
 // One warp per token.
