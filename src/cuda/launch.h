@@ -42,6 +42,21 @@ inline cudaLaunchConfig_t pdl_config(dim3 grid, dim3 block, size_t smem, cudaStr
   return cfg;
 }
 
+// The same with thread-block clusters of cluster_x blocks along x (grid.x a multiple of it).
+template <typename... Params, typename... Args>
+void launch_pdl_cluster(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                        unsigned cluster_x, Args&&... args) {
+  cudaLaunchAttribute attrs[2];
+  cudaLaunchConfig_t cfg = pdl_config(grid, block, smem, stream, attrs[0]);
+  attrs[cfg.numAttrs].id = cudaLaunchAttributeClusterDimension;
+  attrs[cfg.numAttrs].val.clusterDim.x = cluster_x;
+  attrs[cfg.numAttrs].val.clusterDim.y = 1;
+  attrs[cfg.numAttrs].val.clusterDim.z = 1;
+  cfg.attrs = attrs;
+  cfg.numAttrs += 1;
+  MS_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+}
+
 template <typename... Params, typename... Args>
 void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
                 Args&&... args) {

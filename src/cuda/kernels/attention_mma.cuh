@@ -96,51 +96,62 @@ __device__ __forceinline__ void norm_rope_head(float (&x)[VPL], const float (&w)
   }
 }
 
-// Split-KV merge of one (sequence s, q head h) by one warp over the first `parts` parts:
-// out = sum_z 2^(lse_z - M) o_z / sum_z 2^(lse_z - M), z in order. The parts were written by other blocks of this
-// grid: read through L2. Lane z holds part z's weight; the partial outputs' loads are independent of each other
-// (unrolled), so the merge costs a few L2 round trips, not one per part.
+// Split-KV merge of `rows` consecutive q heads from h0 of sequence s by the whole block: thread item (row, 8-dim
+// chunk) loads the parts' log2-sum-exps and partial outputs kMergeBatch parts at a time, every load of a batch
+// issued before any is used, so up to kMergeBatch parts cost one L2 round trip (a merge by one warp per head
+// cost two or more per head, and each warp had two heads of a group of 8: 12 us more a step at batch 1 on the
+// H200). Parts in order: within a batch M is the batch's maximum and w_z = 2^(lse_z - M); batches are combined
+// with the running-max rescale (exact for one batch, the usual case: parts <= 8). The parts were written by
+// other blocks: read through L2.
+constexpr int kMergeBatch = 8;
 template <int D>
-__device__ __forceinline__ void merge_split_head(const AttnParams& p, int s, int h, int parts, int lane) {
-  constexpr int VPL = D / 32;
+__device__ __forceinline__ void merge_split_rows(const AttnParams& p, int s, int h0, int rows, int parts) {
+  constexpr int CH = D / 8;
   constexpr float kNegInf = -INFINITY;
-  const int64_t base = int64_t(s) * p.num_splits * p.heads + h;  // part z of this head: base + z * heads
-  float M = kNegInf;
-  for (int z = lane; z < parts; z += 32) M = fmaxf(M, __ldcg(p.ws_lse + base + int64_t(z) * p.heads));
+  for (int e = threadIdx.x; e < rows * CH; e += blockDim.x) {
+    const int r = e / CH, c = e - r * CH;
+    const int64_t base = int64_t(s) * p.num_splits * p.heads + h0 + r;  // part z: base + z * heads
+    float acc[8], M = kNegInf, W = 0.0f;
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
-  float acc[VPL];
+    for (int j = 0; j < 8; ++j) acc[j] = 0.0f;
+    for (int z0 = 0; z0 < parts; z0 += kMergeBatch) {
+      float lse[kMergeBatch];
+      float4 o[kMergeBatch][2];
 #pragma unroll
-  for (int j = 0; j < VPL; ++j) acc[j] = 0.0f;
-  float W = 0.0f;
-  if (M != kNegInf) {
-    for (int z0 = 0; z0 < parts; z0 += 32) {
-      const int z = z0 + lane;
-      const float lse = z < parts ? __ldcg(p.ws_lse + base + int64_t(z) * p.heads) : kNegInf;
-      const float wz = lse == kNegInf ? 0.0f : exp2f(lse - M);  // an empty part was never written: weight 0
-      W += wz;
-      const int n = min(32, parts - z0);
-#pragma unroll 4
-      for (int j = 0; j < n; ++j) {
-        const float w = __shfl_sync(0xffffffffu, wz, j);
-        if (w == 0.0f) continue;  // warp-uniform
-        const float* o = p.ws_o + (base + int64_t(z0 + j) * p.heads) * D + lane * VPL;
+      for (int i = 0; i < kMergeBatch; ++i) {
+        const int z = z0 + i;
+        lse[i] = z < parts ? __ldcg(p.ws_lse + base + int64_t(z) * p.heads) : kNegInf;
+        const int64_t part_row = base + int64_t(z < parts ? z : 0) * p.heads;
+        const float4* src = reinterpret_cast<const float4*>(p.ws_o + part_row * D + c * 8);
+        o[i][0] = z < parts ? __ldcg(src) : make_float4(0.f, 0.f, 0.f, 0.f);
+        o[i][1] = z < parts ? __ldcg(src + 1) : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+      float mb = M;
 #pragma unroll
-        for (int e = 0; e < VPL; e += 2) {
-          const float2 v = __ldcg(reinterpret_cast<const float2*>(o + e));
-          acc[e] += w * v.x;
-          acc[e + 1] += w * v.y;
-        }
+      for (int i = 0; i < kMergeBatch; ++i) mb = fmaxf(mb, lse[i]);
+      if (mb == kNegInf) continue;  // nothing visible so far
+      const float scale = M == kNegInf ? 0.0f : exp2f(M - mb);
+      W *= scale;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) acc[j] *= scale;
+      M = mb;
+#pragma unroll
+      for (int i = 0; i < kMergeBatch; ++i) {
+        if (lse[i] == kNegInf) continue;  // an empty part was never written: weight 0 (its o may be anything)
+        const float w = exp2f(lse[i] - M);
+        W += w;
+        acc[0] += w * o[i][0].x, acc[1] += w * o[i][0].y, acc[2] += w * o[i][0].z, acc[3] += w * o[i][0].w;
+        acc[4] += w * o[i][1].x, acc[5] += w * o[i][1].y, acc[6] += w * o[i][1].z, acc[7] += w * o[i][1].w;
       }
     }
+    const float inv = W > 0.0f ? 1.0f / W : 0.0f;
+    uint4 v;
+    v.x = pack_bf16x2(acc[0] * inv, acc[1] * inv);
+    v.y = pack_bf16x2(acc[2] * inv, acc[3] * inv);
+    v.z = pack_bf16x2(acc[4] * inv, acc[5] * inv);
+    v.w = pack_bf16x2(acc[6] * inv, acc[7] * inv);
+    *reinterpret_cast<uint4*>(p.out + int64_t(p.q_rows[s]) * p.out_stride + int64_t(h0 + r) * D + c * 8) = v;
   }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) W += __shfl_xor_sync(0xffffffffu, W, o);
-  const float inv = W > 0.0f ? 1.0f / W : 0.0f;
-  bf16* dst = p.out + int64_t(p.q_rows[s]) * p.out_stride + int64_t(h) * D + lane * VPL;
-#pragma unroll
-  for (int j = 0; j < VPL; j += 2)
-    *reinterpret_cast<__nv_bfloat162*>(dst + j) = __floats2bfloat162_rn(acc[j] * inv, acc[j + 1] * inv);
 }
 
 // Split-KV: the parts a sequence of `key_end` keys is really cut into: at most num_splits, and none shorter than
@@ -583,8 +594,7 @@ __global__ void __launch_bounds__(128) paged_attention_mma_kernel(const AttnPara
     __syncthreads();
     if (!merge_here) return;
     __threadfence();
-    for (int r = warp; r < BLOCK_M && row0 + r < rows_total; r += kThreads / 32)
-      merge_split_head<D>(p, s, kvh * G + row0 + r, parts, lane);
+    merge_split_rows<D>(p, s, kvh * G + row0, min(BLOCK_M, rows_total - row0), parts);
   }
 }
 

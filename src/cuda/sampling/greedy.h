@@ -1,7 +1,8 @@
 // The fast path of the sampler for batches where every row is plain greedy (temperature 0 or top_k 1, no
-// penalties, bans or top logprobs): one block per row reads the logits once with 16-byte loads and returns the
-// argmax (lowest id on ties, as the CPU) and its raw logprob. Graph-capturable; the executor captures decode
-// graphs with this sampler and with the general one and replays whichever the batch needs.
+// penalties, bans or top logprobs): one block per row (a cluster of 8 blocks for batches of up to 16 rows) reads
+// the logits once with 16-byte loads and returns the argmax (lowest id on ties, as the CPU) and its raw logprob.
+// Graph-capturable, a programmatic dependent of the kernel before; the executor captures decode graphs with this
+// sampler and with the general one and replays whichever the batch needs.
 #pragma once
 
 #include "cuda/common.h"
