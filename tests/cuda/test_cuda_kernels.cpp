@@ -570,8 +570,7 @@ TEST(CudaKernels, PagedAttentionDecodeMatchesCpu) {
     PagedScenario sc = build_scenario(c, kDecodeSeqs, seed++);
     auto want = attention_reference(sc);
     DeviceScenario dev(sc);
-    // One workspace for every split count, zeroed once: each launch must leave its merge counters at zero
-    // (as the decode graphs of all batch sizes share one workspace).
+    // One workspace for every split count, zeroed once (as the decode graphs of all batch sizes share one).
     const size_t ws_bytes = cuda::decode_workspace_bytes(dev.meta.num_seqs, c.heads, c.head_dim, 16);
     DevBuf<uint8_t> ws(ws_bytes);
     ws.poison();

@@ -1,5 +1,5 @@
 // Paged attention launchers: prefill (flash-attention tiles over the new tokens) and decode (split-KV over the
-// cached keys, merged by the last block of each group). Both run the tensor-core kernel of attention_mma.cuh; see there for the tiling.
+// cached keys, then a launch that merges the parts). Both run the tensor-core kernel of attention_mma.cuh; see there for the tiling.
 #include <cmath>
 #include <limits>
 
@@ -124,12 +124,9 @@ int decode_min_split_keys() {
   return keys;
 }
 
-// Workspace of a split decode: partial outputs and their log2-sum-exps from the front, the per-group counters
-// from the back (counter i at the i-th int before the end), so a counter sits at the same address whatever the
-// batch size and split count of the launch: decode graphs of every batch size share one workspace, and the
-// counters each launch leaves at zero are the ones the next launch finds.
+// Workspace of a split decode: partial outputs, then their log2-sum-exps.
 struct DecodeWorkspace {
-  size_t o = 0, lse = 0, parts_end = 0, counters = 0;
+  size_t o = 0, lse = 0, parts_end = 0;
 };
 DecodeWorkspace decode_workspace(int num_seqs, int heads, int head_dim, int num_splits) {
   DecodeWorkspace w;
@@ -137,15 +134,13 @@ DecodeWorkspace decode_workspace(int num_seqs, int heads, int head_dim, int num_
   const size_t parts = size_t(num_seqs) * size_t(num_splits) * size_t(heads);
   w.lse = round_up_256(parts * size_t(head_dim) * sizeof(float));
   w.parts_end = w.lse + round_up_256(parts * sizeof(float));
-  // One counter per (sequence, kv head, row tile): at most one per (sequence, q head).
-  w.counters = round_up_256(size_t(num_seqs) * size_t(heads) * sizeof(int));
   return w;
 }
 }  // namespace
 
 size_t decode_workspace_bytes(int num_seqs, int heads, int head_dim, int num_splits) {
   const DecodeWorkspace w = decode_workspace(num_seqs, heads, head_dim, num_splits);
-  return w.parts_end + w.counters;
+  return w.parts_end;
 }
 
 void init_decode_workspace(void* workspace, size_t workspace_bytes, cudaStream_t stream) {
@@ -162,14 +157,12 @@ void run_decode(AttnParams p, const AttnMeta& meta, const AttnShape& shape, int 
   const bool split = num_splits > 1;
   if (split) {
     const DecodeWorkspace w = decode_workspace(meta.num_seqs, shape.heads, shape.head_dim, num_splits);
-    MS_CHECK(workspace != nullptr && detail::aligned_to(workspace, 16) && workspace_bytes % sizeof(int) == 0 &&
-                 workspace_bytes >= w.parts_end + w.counters,
-             "paged_attention_decode: workspace of {} bytes, {} needed", workspace_bytes, w.parts_end + w.counters);
+    MS_CHECK(workspace != nullptr && detail::aligned_to(workspace, 16) && workspace_bytes >= w.parts_end,
+             "paged_attention_decode: workspace of {} bytes, {} needed", workspace_bytes, w.parts_end);
     char* base = static_cast<char*>(workspace);
     p.num_splits = num_splits;
     p.ws_o = reinterpret_cast<float*>(base + w.o);
     p.ws_lse = reinterpret_cast<float*>(base + w.lse);
-    p.ws_count_end = reinterpret_cast<int*>(base + workspace_bytes);
     p.min_split_keys = decode_min_split_keys();
   }
   const int m_tiles = int(ceil_div(p.group, 16));
@@ -178,6 +171,14 @@ void run_decode(AttnParams p, const AttnMeta& meta, const AttnShape& shape, int 
     launch_decode_for<true>(shape.head_dim, grid, p, split, stream);
   else
     launch_decode_for<false>(shape.head_dim, grid, p, split, stream);
+  if (split) {  // the parts' merge (split_merge_kernel)
+    const dim3 mgrid(unsigned(m_tiles), unsigned(shape.kv_heads), unsigned(meta.num_seqs));
+    switch (shape.head_dim) {
+      case 64: launch_pdl(detail::split_merge_kernel<64>, mgrid, dim3(128), 0, stream, p); break;
+      case 128: launch_pdl(detail::split_merge_kernel<128>, mgrid, dim3(128), 0, stream, p); break;
+      default: launch_pdl(detail::split_merge_kernel<256>, mgrid, dim3(128), 0, stream, p); break;
+    }
+  }
 }
 }  // namespace
 

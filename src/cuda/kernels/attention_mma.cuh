@@ -18,9 +18,8 @@
 //    tile; the four partial states are merged through shared memory at the end. Decode does almost no math per
 //    byte, so it runs a deeper ring (3 stages: two tiles in flight) to keep more of the cache read in flight.
 // With SPLIT, the block handles only its part (a contiguous range of pages) of the keys and writes the
-// normalized partial output and its log2-sum-exp to the workspace; the last block of a (sequence, kv head,
-// row tile) to finish (a counter in the workspace) merges the parts in split order, so the result does not
-// depend on which block finished last, and resets the counter for the next launch. A sequence is cut into at
+// normalized partial output and its log2-sum-exp to the workspace; split_merge_kernel, launched next, merges
+// each (sequence, kv head, row tile)'s parts in split order (deterministic). A sequence is cut into at
 // most num_splits parts of at least kMinSplitKeys keys (effective_splits): a graph captured with 16 parts
 // serves short contexts with few.
 // With FUSED_IN (decode), q is the raw q/k/v row: the block norms and rotates its q heads into the Q tile itself,
@@ -58,8 +57,6 @@ struct AttnParams {
   float* ws_o;     // SPLIT only: [num_seqs, num_splits, heads, D] normalized partial outputs
   float* ws_lse;   // SPLIT only: [num_seqs, num_splits, heads] log2-sum-exp of the part (-inf: empty)
   int min_split_keys;  // SPLIT only: no part shorter than this (effective_splits)
-  int* ws_count_end;  // SPLIT only: counter i (finished parts of group i = (seq, kv head, row tile)) is at
-                      // ws_count_end[-1 - i]; zero between launches
   // FUSED_IN only (decode with the input stage inside): q is the raw q/k/v row of the token (q heads, then k
   // heads, then v heads); q and k are RMS-normed (weights q_norm / k_norm, skipped when null) and rotated over
   // the whole head (rotary_dim == D) at positions[row], and the new k / v are stored at slots[row] of the caches.
@@ -156,8 +153,9 @@ __device__ __forceinline__ void merge_split_rows(const AttnParams& p, int s, int
 
 // Split-KV: the parts a sequence of `key_end` keys is really cut into: at most num_splits, and none shorter than
 // kMinSplitKeys keys (short contexts gain nothing from more blocks, and the merge costs per part). Blocks of
-// parts past this exit at once (they are not counted).
-constexpr int kMinSplitKeys = 128;  // the default of AttnParams::min_split_keys
+// parts past this exit at once. 64 since the merge is a launch of its own (H200, q30b8l served step, context
+// 512: batch 1 673-677 us against 681-686 with 128, batch 8 and 32 even, context 2,048 even).
+constexpr int kMinSplitKeys = 64;  // the default of AttnParams::min_split_keys
 __device__ __forceinline__ int effective_splits(int num_splits, int key_end, int page_size, int min_split_keys) {
   const int n_pages = (key_end + page_size - 1) / page_size;
   const int min_pages = (max(min_split_keys, 1) + page_size - 1) / page_size;
@@ -199,7 +197,6 @@ __global__ void __launch_bounds__(128) paged_attention_mma_kernel(const AttnPara
   bf16* sQ = reinterpret_cast<bf16*>(smem_raw);  // [BLOCK_M, D]
   bf16* sK = sQ + BLOCK_M * D;                   // [STAGES][BLOCK_N, D]
   bf16* sV = sK + STAGES * BLOCK_N * D;          // [STAGES][BLOCK_N, D]
-  __shared__ int merge_here;                     // SPLIT: this block finished last
 
   // Prefill waits for the kernel before (q, and this step's K/V) first thing. Decode first reads what that kernel
   // does not write (the step's metadata, the cached keys of earlier steps) and starts their copies, then waits.
@@ -580,22 +577,27 @@ __global__ void __launch_bounds__(128) paged_attention_mma_kernel(const AttnPara
       if (d == 0) emit_lse(row, M, L);
     }
   }
+  // SPLIT with parts > 1: split_merge_kernel, launched next, merges the parts.
+}
 
-  if (SPLIT && parts > 1) {
-    // Publish this part, count it; the block that brings the count to `parts` merges all of them.
-    __threadfence();
-    __syncthreads();
-    if (tid == 0) {
-      const int m_tiles = int(gridDim.x / unsigned(p.num_splits));
-      int* counter = p.ws_count_end - 1 - ((int64_t(s) * p.kv_heads + kvh) * m_tiles + m_tile);
-      merge_here = atomicAdd(counter, 1) == parts - 1;
-      if (merge_here) *counter = 0;  // every part has counted: ready for the next launch
-    }
-    __syncthreads();
-    if (!merge_here) return;
-    __threadfence();
-    merge_split_rows<D>(p, s, kvh * G + row0, min(BLOCK_M, rows_total - row0), parts);
-  }
+// Split-KV merge: block (m_tile, kv head, sequence) merges the parts its group of attention blocks wrote, after the
+// attention grid completed (a programmatic dependent of it). A launch of its own because that is faster inside
+// the decode step's chain than a merge by the last block of each group (publish, fence, counter, merge; H200,
+// q30b8l served step at batch 1: 684-686 us against 690-695, batch 8: 1,634-1,635 against 1,668-1,669), although
+// the attention alone, outside a chain, takes 10.0 us against 9.0.
+template <int D>
+__global__ void __launch_bounds__(128) split_merge_kernel(const AttnParams p) {
+  pdl_enter();
+  const int s = blockIdx.z, kvh = blockIdx.y, m_tile = blockIdx.x;
+  const int new_len = p.new_lens[s];
+  if (new_len <= 0) return;
+  const int G = p.group, row0 = m_tile * 16;
+  if (row0 >= G) return;
+  const int last_row = min(row0 + 16, G) - 1;
+  const int key_end = max(p.kv_lens[s] - new_len + last_row / G + 1, 0);
+  const int parts = effective_splits(p.num_splits, key_end, p.page_size, p.min_split_keys);
+  if (parts <= 1) return;  // one part wrote out itself
+  merge_split_rows<D>(p, s, kvh * G + row0, min(16, G - row0), parts);
 }
 
 }  // namespace moeserve::cuda::detail

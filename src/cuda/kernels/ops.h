@@ -70,11 +70,11 @@ void paged_attention_prefill(const bf16* q, int64_t q_stride, const bf16* k_cach
                              int64_t out_stride, cudaStream_t stream);
 
 // Decode (one new token per sequence), split-KV: each sequence's keys are cut into up to `num_splits` parts
-// processed by separate blocks; the last block of each group to finish merges the parts. The grid depends only
-// on (num_seqs, num_splits), so a graph captured for a batch size replays for any lengths <= max_pages *
-// page_size. workspace: at least decode_workspace_bytes(num_seqs, heads, head_dim, num_splits) bytes, zeroed
-// once by init_decode_workspace before its first use (the launches leave their counters at zero again). One
-// workspace sized for the largest (num_seqs, num_splits) serves every smaller launch.
+// processed by separate blocks, then merged by a second launch. The grids depend only on (num_seqs, num_splits),
+// so a graph captured for a batch size replays for any lengths <= max_pages * page_size. workspace: at least
+// decode_workspace_bytes(num_seqs, heads, head_dim, num_splits) bytes (the parts' partial outputs; every part
+// the merge reads is written by the same step, so no state is carried between launches; init_decode_workspace
+// zeroes it). One workspace sized for the largest (num_seqs, num_splits) serves every smaller launch.
 size_t decode_workspace_bytes(int num_seqs, int heads, int head_dim, int num_splits);
 void init_decode_workspace(void* workspace, size_t workspace_bytes, cudaStream_t stream);
 void paged_attention_decode(const bf16* q, int64_t q_stride, const bf16* k_cache, const bf16* v_cache,
