@@ -42,6 +42,9 @@ void launch_decode(dim3 grid, const AttnParams& p, bool split, cudaStream_t stre
   constexpr int kStages = 3;
   if (split) {
     launch_attention<D, 1, 4, 64, kStages, true, true, FUSED_IN>(grid, p, stream);
+    // Then the parts' merge: a block per (row tile, kv head, sequence).
+    const dim3 merge_grid(grid.x / unsigned(p.num_splits), grid.y, grid.z);
+    launch_pdl(detail::split_merge_kernel<D>, merge_grid, dim3(128), 0, stream, p);
   } else {
     launch_attention<D, 1, 4, 64, kStages, true, false, FUSED_IN>(grid, p, stream);
   }
@@ -165,20 +168,12 @@ void run_decode(AttnParams p, const AttnMeta& meta, const AttnShape& shape, int 
     p.ws_lse = reinterpret_cast<float*>(base + w.lse);
     p.min_split_keys = decode_min_split_keys();
   }
-  const int m_tiles = int(ceil_div(p.group, 16));
+  const int m_tiles = int(ceil_div(p.group, detail::kDecodeRowTile));
   const dim3 grid(unsigned(m_tiles * num_splits), unsigned(shape.kv_heads), unsigned(meta.num_seqs));
   if (fused_in)
     launch_decode_for<true>(shape.head_dim, grid, p, split, stream);
   else
     launch_decode_for<false>(shape.head_dim, grid, p, split, stream);
-  if (split) {  // the parts' merge (split_merge_kernel)
-    const dim3 mgrid(unsigned(m_tiles), unsigned(shape.kv_heads), unsigned(meta.num_seqs));
-    switch (shape.head_dim) {
-      case 64: launch_pdl(detail::split_merge_kernel<64>, mgrid, dim3(128), 0, stream, p); break;
-      case 128: launch_pdl(detail::split_merge_kernel<128>, mgrid, dim3(128), 0, stream, p); break;
-      default: launch_pdl(detail::split_merge_kernel<256>, mgrid, dim3(128), 0, stream, p); break;
-    }
-  }
 }
 }  // namespace
 

@@ -156,6 +156,12 @@ __device__ __forceinline__ void merge_split_rows(const AttnParams& p, int s, int
 // parts past this exit at once. 64 since the merge is a launch of its own (H200, q30b8l served step, context
 // 512: batch 1 673-677 us against 681-686 with 128, batch 8 and 32 even, context 2,048 even).
 constexpr int kMinSplitKeys = 64;  // the default of AttnParams::min_split_keys
+constexpr int kDecodeRowTile = 16;  // q heads of a decode block (WARPS_M = 1): the split merge's row tile too
+// Keys [0, key_end) are visible to some row of a tile whose last row is last_row (row = token * G + head), the
+// first new token sitting at position `start`. The attention blocks and the split merge cut the same parts.
+__device__ __forceinline__ int visible_key_end(int start, int last_row, int G) {
+  return max(start + last_row / G + 1, 0);
+}
 __device__ __forceinline__ int effective_splits(int num_splits, int key_end, int page_size, int min_split_keys) {
   const int n_pages = (key_end + page_size - 1) / page_size;
   const int min_pages = (max(min_split_keys, 1) + page_size - 1) / page_size;
@@ -219,7 +225,7 @@ __global__ void __launch_bounds__(128) paged_attention_mma_kernel(const AttnPara
   const int kv_len = p.kv_lens[s];
   const int start = kv_len - new_len;  // position of query 0
   const int last_row = min(row0 + BLOCK_M, rows_total) - 1;
-  const int key_end = max(start + last_row / G + 1, 0);  // keys [0, key_end) are visible to some row
+  const int key_end = visible_key_end(start, last_row, G);
   int k_begin = 0, k_end = key_end;
   int parts = 1;  // SPLIT: the parts this sequence's keys are cut into (the same in every block of the group)
   if constexpr (SPLIT) {
@@ -591,13 +597,13 @@ __global__ void __launch_bounds__(128) split_merge_kernel(const AttnParams p) {
   const int s = blockIdx.z, kvh = blockIdx.y, m_tile = blockIdx.x;
   const int new_len = p.new_lens[s];
   if (new_len <= 0) return;
-  const int G = p.group, row0 = m_tile * 16;
+  const int G = p.group, row0 = m_tile * kDecodeRowTile;
   if (row0 >= G) return;
-  const int last_row = min(row0 + 16, G) - 1;
-  const int key_end = max(p.kv_lens[s] - new_len + last_row / G + 1, 0);
+  const int last_row = min(row0 + kDecodeRowTile, G) - 1;
+  const int key_end = visible_key_end(p.kv_lens[s] - new_len, last_row, G);
   const int parts = effective_splits(p.num_splits, key_end, p.page_size, p.min_split_keys);
   if (parts <= 1) return;  // one part wrote out itself
-  merge_split_rows<D>(p, s, kvh * G + row0, min(16, G - row0), parts);
+  merge_split_rows<D>(p, s, kvh * G + row0, min(kDecodeRowTile, G - row0), parts);
 }
 
 }  // namespace moeserve::cuda::detail
