@@ -4,8 +4,8 @@
 # 1 request (512 in / 128 out), 64 and 128 concurrent (512 / 128) and prefill-heavy (512 in / 1 out), and
 # prints one table with SPEC.md's targets beside the figures.
 # Env: MODELS (default "q30b8l"; "q30b8l q30b" for both: q30b needs ~57 GiB of disk, the q30b8l copy is removed
-# first), BENCH_DIR (models; default /tmp/moeserve-bench), SERVE_ARGS (extra serve flags), OUT (where logs.tgz
-# goes).
+# first), BENCH_DIR (models; default /tmp/moeserve-bench), SERVE_ARGS (extra serve flags), SCENARIOS (default
+# "decode1 conc64 conc128 prefill": a subset for quick A/B), OUT (where logs.tgz goes).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${MOESERVE_BUILD:-$ROOT/build}
@@ -35,6 +35,7 @@ engine_times() {  # steps, step s, forward s, deliver s from /metrics
 
 bench() {  # model name num_prompts concurrency in out field
   local m=$1 name=$2 n=$3 c=$4 in=$5 out=$6 field=$7
+  [[ " ${SCENARIOS:-decode1 conc64 conc128 prefill} " == *" $name "* ]] || return 0
   rm -f "$LOGS/$m-$name.json"
   local before
   before=$(engine_times)

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <unordered_map>
 
+#include "core/error.h"
 #include "core/log.h"
 
 namespace moeserve {
@@ -69,6 +70,28 @@ void CpuExecutor::step(const ForwardBatch& batch, const std::vector<SampleSpec>&
   const int64_t V = config().vocab_size;
   out.resize(specs.size());
   for (size_t i = 0; i < specs.size(); ++i) out[i] = sample_on_cpu(logits_.data() + i * V, V, specs[i], scratch_, logprobs_);
+}
+
+void Executor::launch(const ForwardBatch& batch, const std::vector<SampleSpec>& specs) {
+  std::vector<Sampled> out;
+  if (batch.tokens_from_previous) {
+    MS_CHECK(!launched_.empty() && launched_.back().size() >= batch.tokens.size(),
+             "a step takes {} tokens from the previous step, which is not in flight or has fewer rows",
+             batch.tokens.size());
+    ForwardBatch b = batch;
+    b.tokens_from_previous = false;
+    for (size_t i = 0; i < b.tokens.size(); ++i) b.tokens[i] = launched_.back()[i].token;
+    step(b, specs, out);
+  } else {
+    step(batch, specs, out);
+  }
+  launched_.push_back(std::move(out));
+}
+
+void Executor::collect(std::vector<Sampled>& out) {
+  MS_CHECK(!launched_.empty(), "collect() without a launched step");
+  out = std::move(launched_.front());
+  launched_.pop_front();
 }
 
 }  // namespace moeserve

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <random>
 #include <string>
 #include <vector>
@@ -46,6 +47,15 @@ class Executor {
   virtual KVPool& kv() = 0;
   // Forward over the batch, then one token per logit row (specs[i] for batch.logit_rows[i]).
   virtual void step(const ForwardBatch& batch, const std::vector<SampleSpec>& specs, std::vector<Sampled>& out) = 0;
+  // The overlap schedule: launch() starts a step and returns without waiting for it; collect() waits for the
+  // oldest launched step and hands back its samples. A batch with tokens_from_previous takes its tokens from the
+  // samples of the step launched just before it (row i -> token i), so the scheduler can launch step n + 1 while
+  // step n still runs and process step n's results meanwhile. The specs are read during launch(). The CPU
+  // executor runs the step inside launch() (these defaults); the CUDA executor only enqueues it.
+  virtual void launch(const ForwardBatch& batch, const std::vector<SampleSpec>& specs);
+  virtual void collect(std::vector<Sampled>& out);
+  // Forgets launched steps that will never be collected (after a failure or an abort of everything).
+  virtual void drop_launched() { launched_.clear(); }
   // The logit rows' logits on the host, [rows, vocab] f32 (tests and parity checks).
   virtual void forward_logits(const ForwardBatch& batch, std::vector<float>& logits) = 0;
   virtual std::string device_name() const = 0;
@@ -59,6 +69,9 @@ class Executor {
     (void)batch;
     return "per-op profiles need the CUDA executor\n";
   }
+
+ private:
+  std::deque<std::vector<Sampled>> launched_;  // the default launch(): results waiting for collect()
 };
 
 // The CPU sampler: penalties, bans, then kernels::sample_token with the request's generator. `scratch` and

@@ -55,6 +55,9 @@ class ModelRunner {
   void step(const ForwardBatch& batch, const std::vector<SampleSpec>& specs, std::vector<Sampled>& out) {
     exec_->step(batch, specs, out);
   }
+  // The overlap schedule (Executor::launch / collect).
+  void launch(const ForwardBatch& batch, const std::vector<SampleSpec>& specs) { exec_->launch(batch, specs); }
+  void collect(std::vector<Sampled>& out) { exec_->collect(out); }
 
   // UserError for ids outside the vocabulary, an empty prompt, or a prompt + max_new_tokens beyond the
   // context or the KV capacity.

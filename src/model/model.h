@@ -19,6 +19,9 @@ struct ForwardBatch {
   std::vector<int64_t> positions;
   std::vector<kernels::AttnSeq> seqs;   // rows of each sequence in `tokens`
   std::vector<int64_t> logit_rows;      // rows whose next-token logits are wanted
+  // The overlap schedule (Executor::launch): token i is the token sampled for logit row i of the step launched
+  // just before this one, still on the device when this step is launched; `tokens` holds placeholders.
+  bool tokens_from_previous = false;
 };
 
 class CausalLM {

@@ -180,8 +180,16 @@ bool Scheduler::step() {
     double t0;
     ~StepTimer() { s.step_seconds += now_s() - t0; }
   } step_timer{stats_, t_begin};
-  // Aborts first: they free pages for everyone else.
   Delivery deliveries;
+  if (!launched_.empty()) {
+    // The overlap schedule: a step is in flight. Launch the one after it if its batch is known already, then
+    // take the running step's results (the device works on the next one meanwhile).
+    launch_ahead();
+    collect_oldest(deliveries);
+    deliver(deliveries);
+    return true;
+  }
+  // Aborts first: they free pages for everyone else.
   auto abort_out = [&](const std::shared_ptr<Request>& r, const std::string& msg) {
     RequestOutput o;
     o.finish = FinishReason::Abort;
@@ -256,7 +264,8 @@ bool Scheduler::step() {
   }
 
   ForwardBatch fb;
-  std::vector<int64_t> logit_row_of(plan.size(), -1);
+  LaunchedStep st;
+  st.logit_row_of.assign(plan.size(), -1);
   for (size_t i = 0; i < plan.size(); ++i) {
     auto& [r, chunk] = plan[i];
     int64_t row = int64_t(fb.tokens.size());
@@ -266,25 +275,87 @@ bool Scheduler::step() {
     }
     fb.seqs.push_back({r->pages.data(), r->computed, chunk, row});
     if (r->computed + chunk == r->total_tokens()) {
-      logit_row_of[i] = int64_t(fb.logit_rows.size());
+      st.logit_row_of[i] = int64_t(fb.logit_rows.size());
       fb.logit_rows.push_back(row + chunk - 1);
     }
   }
   std::vector<SampleSpec> specs;
   for (size_t i = 0; i < plan.size(); ++i)
-    if (logit_row_of[i] >= 0) specs.push_back(sample_spec(*plan[i].first));
-  const double t_fwd = now_s();
-  runner_.step(fb, specs, sampled_);
-  stats_.forward_seconds += now_s() - t_fwd;
-  ++stats_.steps;
+    if (st.logit_row_of[i] >= 0) specs.push_back(sample_spec(*plan[i].first));
+  st.plan = std::move(plan);
+  launch(fb, specs, std::move(st));
+  if (opts_.overlap_schedule) launch_ahead();
+  collect_oldest(deliveries);
+  deliver(deliveries);
+  return true;
+}
 
+void Scheduler::launch(const ForwardBatch& fb, const std::vector<SampleSpec>& specs, LaunchedStep step) {
+  const double t0 = now_s();
+  runner_.launch(fb, specs);
+  stats_.forward_seconds += now_s() - t0;
+  launched_.push_back(std::move(step));
+}
+
+void Scheduler::launch_ahead() {
+  if (launched_.size() != 1) return;
+  const LaunchedStep& cur = launched_.back();
+  // Admissions, aborts, prefill chunks, penalties and bans go through the ordinary path, one step at a time.
+  if (!waiting_.empty() && int64_t(running_.size()) < opts_.max_running_requests) return;
+  if (cur.plan.size() != running_.size()) return;
+  const int64_t max_pos = runner_.config().max_position_embeddings;
+  bool any_continues = false;
+  for (size_t i = 0; i < cur.plan.size(); ++i) {
+    const Request& r = *cur.plan[i].first;
+    const SamplingParams& p = r.params;
+    if (cur.logit_row_of[i] != int64_t(i) || r.abort_requested || r.finish != FinishReason::None) return;
+    if (p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f || p.repetition_penalty != 1.0f) return;
+    const int64_t generated = int64_t(r.output.size()) + 1;  // once the running step's token is in
+    if (generated < p.min_new_tokens) return;                  // its eos / stop-id bans change per token
+    const int64_t pos = r.computed + cur.plan[i].second;      // where that token goes
+    if (pos + 1 > max_pos) return;
+    any_continues |= generated < p.max_new_tokens && pos + 1 < max_pos;
+  }
+  if (!any_continues) return;  // every request ends with the running step
+  ForwardBatch fb;
+  fb.tokens_from_previous = true;
+  std::vector<SampleSpec> specs;
+  LaunchedStep next;
+  for (size_t i = 0; i < cur.plan.size(); ++i) {
+    const std::shared_ptr<Request>& r = cur.plan[i].first;
+    const int64_t pos = r->computed + cur.plan[i].second;
+    if (!ensure_pages(*r, pos + 1)) return;  // out of pages: the ordinary path decides whom to preempt
+    fb.tokens.push_back(0);  // the running step's sample for row i, filled in on the device
+    fb.positions.push_back(pos);
+    fb.seqs.push_back({r->pages.data(), pos, 1, int64_t(i)});
+    fb.logit_rows.push_back(int64_t(i));
+    SampleSpec s = sample_spec(*r);
+    s.banned.clear();  // min_new_tokens is reached by then (checked above)
+    specs.push_back(std::move(s));
+    next.plan.push_back({r, 1});
+    next.logit_row_of.push_back(int64_t(i));
+  }
+  launch(fb, specs, std::move(next));
+  ++stats_.overlapped_steps;
+}
+
+void Scheduler::collect_oldest(Delivery& deliveries) {
+  LaunchedStep st = std::move(launched_.front());
+  launched_.pop_front();
+  const double t0 = now_s();
+  runner_.collect(sampled_);
+  stats_.forward_seconds += now_s() - t0;
+  ++stats_.steps;
   std::vector<RequestOutput> outs;
-  for (size_t i = 0; i < plan.size(); ++i) {
-    auto& [r, chunk] = plan[i];
+  for (size_t i = 0; i < st.plan.size(); ++i) {
+    auto& [r, chunk] = st.plan[i];
+    // A request that finished in the step before this one was launched ahead of it: its row is dropped (its
+    // pages went back already; nothing of it is read again).
+    if (r->finish != FinishReason::None) continue;
     r->computed += chunk;
-    if (logit_row_of[i] < 0) continue;
+    if (st.logit_row_of[i] < 0) continue;
     outs.clear();
-    accept_token(*r, sampled_.at(size_t(logit_row_of[i])), outs);
+    accept_token(*r, sampled_.at(size_t(st.logit_row_of[i])), outs);
     RequestOutput& o = outs.back();
     o.prompt_tokens = int64_t(r->prompt.size());
     o.completion_tokens = int64_t(r->output.size());
@@ -294,8 +365,6 @@ bool Scheduler::step() {
   running_.erase(std::remove_if(running_.begin(), running_.end(),
                                 [](auto& r) { return r->finish != FinishReason::None; }),
                  running_.end());
-  deliver(deliveries);
-  return true;
 }
 
 double run_sinks(Delivery& deliveries) {
@@ -366,6 +435,10 @@ void Scheduler::deliver(Delivery& deliveries) {
 }
 
 void Scheduler::abort_all(const std::string& message) {
+  if (!launched_.empty()) {
+    launched_.clear();  // their results are of no use now (and after a device failure not to be waited for)
+    runner_.executor().drop_launched();
+  }
   for (auto& r : running_) finish(*r, FinishReason::Abort);
   Delivery deliveries;
   for (auto& r : running_) deliveries.push_back({r, {}});

@@ -25,6 +25,12 @@ struct SchedulerOptions {
   // Run the sinks (detokenizing, parsers, response chunks) on a delivery thread, in order, so that they overlap
   // the next step instead of delaying it. Off: sinks run inside step() (tests that step by hand).
   bool async_delivery = false;
+  // The overlap schedule: while a decode step runs on the device, the next one (the same requests, each fed the
+  // token the running step samples) is already launched, so the device never waits for the host's work between
+  // steps (processing outputs, scheduling, preparing the metadata). Used while every running request decodes
+  // plainly (no penalties, no bans, nothing waiting to be admitted, pages available); a request that finishes
+  // in the running step has its row of the next step dropped.
+  bool overlap_schedule = false;
 };
 
 using Delivery = std::vector<std::pair<std::shared_ptr<Request>, RequestOutput>>;
@@ -57,6 +63,7 @@ struct SchedulerStats {
   int64_t kv_pages_used = 0, kv_pages_total = 0, kv_pages_cached = 0;
   int64_t prompt_tokens = 0, generated_tokens = 0, cached_prompt_tokens = 0;
   int64_t preemptions = 0, steps = 0;
+  int64_t overlapped_steps = 0;  // steps launched while the step before was still running (overlap schedule)
   // Where the engine thread's time goes: whole steps, the executor's forward + sampling (device time plus its
   // launch and copy overhead), and output delivery (detokenizing, parsers, response chunks).
   double step_seconds = 0, forward_seconds = 0, deliver_seconds = 0;
@@ -70,7 +77,7 @@ class Scheduler {
   // or than the whole KV cache).
   void validate(const Request& r) const;
   void add(std::shared_ptr<Request> r);
-  bool idle() const { return running_.empty() && waiting_.empty(); }
+  bool idle() const { return running_.empty() && waiting_.empty() && launched_.empty(); }
   // One iteration: aborts, admission, forward, sampling, delivery. Returns false if there was nothing to do.
   bool step();
   // Aborts everything (engine failure or shutdown): every sink gets an Abort with the message.
@@ -94,6 +101,14 @@ class Scheduler {
   void deliver(Delivery& deliveries);
   SampleSpec sample_spec(Request& r) const;
   void accept_token(Request& r, const Sampled& s, std::vector<RequestOutput>& outs);
+  using Plan = std::vector<std::pair<std::shared_ptr<Request>, int64_t>>;  // request, tokens this step
+  struct LaunchedStep {
+    Plan plan;
+    std::vector<int64_t> logit_row_of;  // per plan entry: its logit row, or -1
+  };
+  void launch(const ForwardBatch& fb, const std::vector<SampleSpec>& specs, LaunchedStep step);
+  void launch_ahead();
+  void collect_oldest(Delivery& deliveries);
 
   ModelRunner& runner_;
   SchedulerOptions opts_;
@@ -103,6 +118,7 @@ class Scheduler {
   int64_t admitted_counter_ = 0;
   SchedulerStats stats_;
   std::vector<Sampled> sampled_;
+  std::deque<LaunchedStep> launched_;  // launched, not yet collected (two at most)
   std::unique_ptr<OutputQueue> out_queue_;  // with async_delivery
 };
 

@@ -252,6 +252,7 @@ void bring_up(App& app) {
   so.max_running_requests = max_running;
   so.chunked_prefill_size = ro.chunked_prefill_size;
   so.enable_prefix_cache = !o.disable_radix_cache;
+  so.overlap_schedule = !o.disable_overlap_schedule;
   app.page_size = ro.page_size;
   app.engine_info = runner->executor().info();
   app.engine = std::make_unique<Engine>(std::move(runner), so);
@@ -289,6 +290,7 @@ void bring_up(App& app) {
   app.server_info["chunked_prefill_size"] = so.chunked_prefill_size;
   app.server_info["max_running_requests"] = so.max_running_requests;
   app.server_info["disable_radix_cache"] = o.disable_radix_cache;
+  app.server_info["disable_overlap_schedule"] = o.disable_overlap_schedule;
   app.server_info["skip_tokenizer_init"] = o.skip_tokenizer_init;
   app.server_info["reasoning_parser"] = o.reasoning_parser.empty() ? json(nullptr) : json(o.reasoning_parser);
   app.server_info["tool_call_parser"] = o.tool_call_parser.empty() ? json(nullptr) : json(o.tool_call_parser);

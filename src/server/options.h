@@ -25,6 +25,7 @@ struct ServeOptions {
   double mem_fraction_static = 0.0;
   int64_t max_running_requests = 0, max_total_tokens = 0, chunked_prefill_size = 0, page_size = 0;
   bool disable_radix_cache = false, disable_cuda_graph = false, disable_custom_all_reduce = false;
+  bool disable_overlap_schedule = false;
   std::vector<int64_t> cuda_graph_bs;
   int64_t cuda_graph_max_bs = 160;
   bool skip_tokenizer_init = false, trust_remote_code = false, enable_metrics = true;

@@ -85,20 +85,33 @@ std::vector<int32_t> prompt_of(int i, int len) {
   return p;
 }
 
+// Every scheduler test runs with and without the overlap schedule (SchedulerOptions::overlap_schedule).
+class SchedulerP : public ::testing::TestWithParam<bool> {
+ protected:
+  SchedulerOptions opts(int64_t max_running = 64, int64_t chunk = 512, bool cache = true) const {
+    SchedulerOptions so{max_running, chunk, cache};
+    so.overlap_schedule = GetParam();
+    return so;
+  }
+};
+
 }  // namespace
 
-TEST(Scheduler, BatchingNeverChangesGreedyResults) {
+INSTANTIATE_TEST_SUITE_P(Overlap, SchedulerP, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& i) { return i.param ? "overlap" : "serial"; });
+
+TEST_P(SchedulerP, BatchingNeverChangesGreedyResults) {
   const int N = 64;
   std::vector<Collected> solo(N);
   {
-    Harness h(4096, 16);
+    Harness h(4096, 16, opts());
     for (int i = 0; i < N; ++i) {
       auto r = h.make(prompt_of(i, 5 + i % 23), 6 + i % 5);
       h.run();
       solo[i] = h.results[r->id];
     }
   }
-  Harness h(4096, 16);
+  Harness h(4096, 16, opts());
   std::vector<std::shared_ptr<Request>> rs;
   for (int i = 0; i < N; ++i) rs.push_back(h.make(prompt_of(i, 5 + i % 23), 6 + i % 5));
   h.run();
@@ -109,13 +122,76 @@ TEST(Scheduler, BatchingNeverChangesGreedyResults) {
     EXPECT_EQ(got.finish, FinishReason::Length);
   }
   EXPECT_GT(h.sched->stats().steps, 0);
+  if (GetParam()) EXPECT_GT(h.sched->stats().overlapped_steps, h.sched->stats().steps / 4);
+  else EXPECT_EQ(h.sched->stats().overlapped_steps, 0);
 }
 
-TEST(Scheduler, TinyKVCachePreemptsAndStillMatches) {
+// The overlap schedule launches step n + 1 before it knows step n's tokens: requests that stop on an eos token in
+// step n have a row of n + 1 dropped, requests with penalties or eos bans (min_new_tokens) run one step at a time.
+// Every output must equal the serial schedule's, token for token.
+TEST(SchedulerOverlap, StopsPenaltiesAndBansMatchTheSerialSchedule) {
+  // An eos id that greedy decoding really produces early in several requests.
+  std::map<int32_t, int> first_seen;
+  {
+    Harness h(4096, 16);
+    std::vector<std::shared_ptr<Request>> rs;
+    for (int i = 0; i < 24; ++i) rs.push_back(h.make(prompt_of(i, 7 + i % 11), 12));
+    h.run();
+    for (auto& r : rs) {
+      const auto& t = h.results[r->id].tokens;
+      for (size_t k = 1; k + 2 < t.size(); ++k) first_seen[t[k]]++;
+    }
+  }
+  int32_t eos = -1;
+  for (auto& [tok, n] : first_seen)
+    if (eos < 0 || n > first_seen[eos]) eos = tok;
+  ASSERT_GE(eos, 0);
+  // With `blockers`, request 5 (penalized) and request 7 (eos banned for 6 tokens) keep everyone serial while
+  // they need it; without, eos stops fall inside overlapped streaks.
+  auto run = [&](bool overlap, bool blockers, int64_t& overlapped) {
+    SchedulerOptions so;
+    so.overlap_schedule = overlap;
+    Harness h(4096, 16, so);
+    h.runner->set_eos_ids({eos});
+    std::vector<std::shared_ptr<Request>> rs;
+    for (int i = 0; i < 24; ++i) {
+      auto r = h.make(prompt_of(i, 7 + i % 11), 12, i % 3 == 2 ? 0.8f : 0.0f, uint64_t(i));
+      if (blockers && i == 5) r->params.repetition_penalty = 1.3f, r->params.max_new_tokens = 4;
+      if (blockers && i == 7) r->params.min_new_tokens = 6;
+      rs.push_back(r);
+    }
+    h.run();
+    overlapped = h.sched->stats().overlapped_steps;
+    std::vector<Collected> out;
+    for (auto& r : rs) out.push_back(h.results[r->id]);
+    h.sched->flush_prefix_cache();
+    EXPECT_EQ(h.sched->stats().kv_pages_used, 0);
+    return out;
+  };
+  for (bool blockers : {false, true}) {
+    SCOPED_TRACE(blockers ? "with a penalized and an eos-banned request" : "plain requests");
+    int64_t ov_serial = 0, ov = 0;
+    const auto serial = run(false, blockers, ov_serial);
+    const auto overlapped = run(true, blockers, ov);
+    EXPECT_EQ(ov_serial, 0);
+    EXPECT_GT(ov, 0);
+    int stopped = 0;
+    for (size_t i = 0; i < serial.size(); ++i) {
+      EXPECT_EQ(overlapped[i].tokens, serial[i].tokens) << "request " << i;
+      EXPECT_EQ(overlapped[i].logprobs, serial[i].logprobs) << "request " << i;
+      EXPECT_EQ(overlapped[i].finish, serial[i].finish) << "request " << i;
+      stopped += serial[i].finish == FinishReason::Stop && serial[i].tokens.size() < 12;
+    }
+    EXPECT_GE(stopped, 2);  // the eos really ended requests early
+    if (blockers) EXPECT_GE(serial[7].tokens.size(), 6u);
+  }
+}
+
+TEST_P(SchedulerP, TinyKVCachePreemptsAndStillMatches) {
   const int N = 12;
   std::vector<Collected> solo(N);
   {
-    Harness h(4096, 4);
+    Harness h(4096, 4, opts());
     for (int i = 0; i < N; ++i) {
       auto r = h.make(prompt_of(i, 20), 20);
       h.run();
@@ -123,7 +199,7 @@ TEST(Scheduler, TinyKVCachePreemptsAndStillMatches) {
     }
   }
   // 64 tokens of KV for 12 requests needing 40 each: constant preemption and recomputation.
-  Harness h(64, 4, SchedulerOptions{8, 16, true});
+  Harness h(64, 4, opts(8, 16, true));
   std::vector<std::shared_ptr<Request>> rs;
   for (int i = 0; i < N; ++i) rs.push_back(h.make(prompt_of(i, 20), 20));
   h.run();
@@ -132,8 +208,8 @@ TEST(Scheduler, TinyKVCachePreemptsAndStillMatches) {
   EXPECT_EQ(h.sched->stats().kv_pages_used, h.sched->stats().kv_pages_cached);
 }
 
-TEST(Scheduler, PrefixCacheHitSkipsPrefillAndKeepsResults) {
-  Harness h(4096, 4);
+TEST_P(SchedulerP, PrefixCacheHitSkipsPrefillAndKeepsResults) {
+  Harness h(4096, 4, opts());
   auto p = prompt_of(3, 30);
   auto a = h.make(p, 8);
   h.run();
@@ -147,8 +223,8 @@ TEST(Scheduler, PrefixCacheHitSkipsPrefillAndKeepsResults) {
   EXPECT_EQ(h.sched->stats().kv_pages_used, 0);
 }
 
-TEST(Scheduler, DisabledPrefixCacheFreesEverything) {
-  Harness h(4096, 4, SchedulerOptions{64, 512, false});
+TEST_P(SchedulerP, DisabledPrefixCacheFreesEverything) {
+  Harness h(4096, 4, opts(64, 512, false));
   auto p = prompt_of(3, 30);
   h.make(p, 8);
   h.run();
@@ -158,23 +234,23 @@ TEST(Scheduler, DisabledPrefixCacheFreesEverything) {
   EXPECT_EQ(h.sched->stats().kv_pages_used, 0);
 }
 
-TEST(Scheduler, SameSeedSameSampleAloneOrBatched) {
+TEST_P(SchedulerP, SameSeedSameSampleAloneOrBatched) {
   Collected alone;
   {
-    Harness h(4096, 16);
+    Harness h(4096, 16, opts());
     auto r = h.make(prompt_of(1, 9), 12, 1.0f, 1234);
     h.run();
     alone = h.results[r->id];
   }
-  Harness h(4096, 16);
+  Harness h(4096, 16, opts());
   std::vector<std::shared_ptr<Request>> rs;
   for (int i = 0; i < 8; ++i) rs.push_back(h.make(prompt_of(i == 3 ? 1 : i + 10, 9), 12, 1.0f, i == 3 ? 1234 : i));
   h.run();
   EXPECT_EQ(h.results[rs[3]->id].tokens, alone.tokens);
 }
 
-TEST(Scheduler, AbortFreesPagesAndReportsAbort) {
-  Harness h(4096, 4);
+TEST_P(SchedulerP, AbortFreesPagesAndReportsAbort) {
+  Harness h(4096, 4, opts());
   auto a = h.make(prompt_of(1, 10), 1000);
   auto b = h.make(prompt_of(2, 10), 5);
   for (int i = 0; i < 3; ++i) h.sched->step();

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <chrono>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <unordered_map>
 
@@ -76,6 +77,9 @@ class GpuExecutor : public Executor {
   const ModelConfig& config() const override { return cfg_; }
   KVPool& kv() override { return *kv_; }
   void step(const ForwardBatch& batch, const std::vector<SampleSpec>& specs, std::vector<Sampled>& out) override;
+  void launch(const ForwardBatch& batch, const std::vector<SampleSpec>& specs) override;
+  void collect(std::vector<Sampled>& out) override;
+  void drop_launched() override;
   void forward_logits(const ForwardBatch& batch, std::vector<float>& logits) override;
   std::string device_name() const override { return fmt::format("cuda:{} ({})", dev_.index, dev_.name); }
   size_t active_weight_bytes() const override { return active_bytes_; }
@@ -103,13 +107,25 @@ class GpuExecutor : public Executor {
   std::unique_ptr<GpuQwen3> model_;
   std::unique_ptr<KVPool> kv_;
   std::unique_ptr<MetaLayout> layout_;
-  PinnedBuffer host_meta_;
+  // Two host metadata blocks and two result blocks, alternating by launched step, so that the next step can be
+  // prepared while the last one's copies are still queued (the overlap schedule keeps up to two in flight).
+  PinnedBuffer host_meta_[2];
+  int meta_buf_ = 0;  // the block the next launch uses
+  char* host_meta() { return static_cast<char*>(host_meta_[meta_buf_].get()); }
   DeviceArray<uint8_t> dev_meta_;
   // Sampling outputs and penalty inputs.
   DeviceArray<int32_t> out_ids_, top_ids_, pen_ids_, pen_counts_, ban_ids_;
   DeviceArray<float> out_lp_, top_lp_;
   DeviceArray<uint8_t> sample_ws_;
-  PinnedBuffer host_out_;
+  PinnedBuffer host_out_[2];
+  cudaEvent_t out_ready_[2] = {nullptr, nullptr};  // recorded after each block's copies back
+  struct Launched {
+    int rows;
+    bool want_lp, want_top;
+    std::vector<int> top_n;  // top logprobs wanted per row
+    int buf;
+  };
+  std::deque<Launched> in_flight_;
   std::vector<int32_t> h_pen_ids_, h_pen_counts_, h_ban_ids_;
   // Decode batch size -> graph; [0] ends with the general sampler, [1] with the all-greedy fast path.
   std::map<int, cudaGraphExec_t> graphs_[2];
@@ -169,7 +185,7 @@ GpuExecutor::GpuExecutor(const std::string& model_dir, const GpuOptions& opts) :
   size_t before = alloc_.in_use();
   model_->plan_workspace(max_tokens, max_rows, max_seqs, kMaxSplits, mb);
   layout_ = std::make_unique<MetaLayout>(max_tokens, max_seqs, max_rows, max_pages);
-  host_meta_ = PinnedBuffer(layout_->end);
+  for (auto& b : host_meta_) b = PinnedBuffer(layout_->end);
   dev_meta_ = DeviceArray<uint8_t>(alloc_, layout_->end, "activations");
   MS_CUDA_CHECK(cudaMemset(dev_meta_.get(), 0, layout_->end));
   out_ids_ = DeviceArray<int32_t>(alloc_, size_t(max_rows), "activations");
@@ -178,7 +194,10 @@ GpuExecutor::GpuExecutor(const std::string& model_dir, const GpuOptions& opts) :
   top_lp_ = DeviceArray<float>(alloc_, size_t(max_rows) * kMaxTop, "activations");
   sample_ws_ = DeviceArray<uint8_t>(alloc_, std::max<size_t>(sample_workspace_bytes(max_rows, int(cfg_.vocab_size)), 256),
                                     "activations");
-  host_out_ = PinnedBuffer(size_t(max_rows) * (8 + kMaxTop * 8));
+  for (int i = 0; i < 2; ++i) {
+    host_out_[i] = PinnedBuffer(size_t(max_rows) * (8 + kMaxTop * 8));
+    MS_CUDA_CHECK(cudaEventCreateWithFlags(&out_ready_[i], cudaEventDisableTiming));
+  }
   log_info("activations: {} for steps of up to {} tokens, {} sequences", format_bytes(alloc_.in_use() - before),
            max_tokens, max_seqs);
 
@@ -249,6 +268,9 @@ nlohmann::json GpuExecutor::info() const {
 }
 
 GpuExecutor::~GpuExecutor() {
+  if (stream_) cudaStreamSynchronize(stream_);  // launched steps still use the buffers
+  for (auto& e : out_ready_)
+    if (e) cudaEventDestroy(e);
   for (auto& set : graphs_)
     for (auto& [bs, g] : set) cudaGraphExecDestroy(g);
   if (stream_) cudaStreamDestroy(stream_);
@@ -261,7 +283,7 @@ StepInputs GpuExecutor::prepare(const ForwardBatch& batch, const std::vector<Sam
            "step of {} tokens / {} sequences / {} rows exceeds the executor's plan ({} / {} / {})", T, S, R,
            L.max_tokens, L.max_seqs, L.max_rows);
   const int Tp = std::max(T, pad_to), Sp = std::max(S, pad_to), Rp = std::max(R, pad_to);
-  char* h = static_cast<char*>(host_meta_.get());
+  char* h = host_meta();
   auto arr = [&](size_t off) { return reinterpret_cast<int32_t*>(h + off); };
   int32_t *tok = arr(L.tokens), *pos = arr(L.positions), *slots = arr(L.slots);
   int32_t *kvl = arr(L.kv_lens), *nl = arr(L.new_lens), *qr = arr(L.q_rows), *lr = arr(L.logit_rows);
@@ -369,10 +391,10 @@ StepInputs GpuExecutor::prepare(const ForwardBatch& batch, const std::vector<Sam
 }
 
 void GpuExecutor::upload_meta(size_t bytes, int table_rows, int table_pages) {
-  MS_CUDA_CHECK(cudaMemcpyAsync(dev_meta_.get(), host_meta_.get(), bytes, cudaMemcpyHostToDevice, stream_));
+  MS_CUDA_CHECK(cudaMemcpyAsync(dev_meta_.get(), host_meta(), bytes, cudaMemcpyHostToDevice, stream_));
   if (table_rows > 0 && table_pages > 0) {
     const size_t pitch = size_t(layout_->max_pages) * 4, off = layout_->block_tables;
-    MS_CUDA_CHECK(cudaMemcpy2DAsync(dev_meta_.get() + off, pitch, static_cast<const char*>(host_meta_.get()) + off,
+    MS_CUDA_CHECK(cudaMemcpy2DAsync(dev_meta_.get() + off, pitch, host_meta() + off,
                                     pitch, size_t(table_pages) * 4, size_t(table_rows), cudaMemcpyHostToDevice,
                                     stream_));
   }
@@ -404,9 +426,12 @@ void GpuExecutor::run_sampling(int rows, bool with_penalties) {
   sample(a, stream_);
 }
 
-void GpuExecutor::step(const ForwardBatch& batch, const std::vector<SampleSpec>& specs, std::vector<Sampled>& out) {
+void GpuExecutor::launch(const ForwardBatch& batch, const std::vector<SampleSpec>& specs) {
   const int T = int(batch.tokens.size()), R = int(batch.logit_rows.size());
   MS_CHECK(specs.size() == size_t(R), "{} sampling specs for {} logit rows", specs.size(), R);
+  MS_CHECK(in_flight_.size() < 2, "a third step launched while two are in flight");
+  MS_CHECK(!batch.tokens_from_previous || (!in_flight_.empty() && in_flight_.back().rows >= T),
+           "a step takes {} tokens from the previous step, which is not in flight or has fewer rows", T);
   bool plain = true;  // no penalties or bans: the captured graphs handle the step
   for (auto& s : specs) plain = plain && !s.penalized() && s.banned.empty();
   bool greedy = plain;  // and every row greedy without top logprobs: the fast sampler
@@ -421,6 +446,10 @@ void GpuExecutor::step(const ForwardBatch& batch, const std::vector<SampleSpec>&
     if (it != graphs.end()) graph_bs = it->first;
   }
   StepInputs in = prepare(batch, specs, graph_bs);
+  // The tokens sampled by the step before (still on the device) over the placeholders just uploaded.
+  if (batch.tokens_from_previous)
+    MS_CUDA_CHECK(cudaMemcpyAsync(dev_meta_.get() + layout_->tokens, out_ids_.get(), size_t(T) * 4,
+                                  cudaMemcpyDeviceToDevice, stream_));
   if (graph_bs > 0) {
     MS_CUDA_CHECK(cudaGraphLaunch(graphs.at(graph_bs), stream_));
   } else {
@@ -428,38 +457,63 @@ void GpuExecutor::step(const ForwardBatch& batch, const std::vector<SampleSpec>&
     if (R > 0 && greedy) sample_greedy(model_->logits(), R, int(cfg_.vocab_size), out_ids_.get(), out_lp_.get(), stream_);
     else if (R > 0) run_sampling(R, !h_pen_ids_.empty() || !h_ban_ids_.empty());
   }
-  out.resize(size_t(R));
-  if (R == 0) {
-    MS_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    return;
+  Launched l{R, false, false, {}, meta_buf_};
+  for (auto& s : specs) {
+    l.want_lp |= s.logprob, l.want_top |= s.top_logprobs > 0;
+    l.top_n.push_back(int(std::min<int64_t>(s.top_logprobs, kMaxTop)));
   }
-  bool want_lp = false, want_top = false;
-  for (auto& s : specs) want_lp |= s.logprob, want_top |= s.top_logprobs > 0;
-  char* h = static_cast<char*>(host_out_.get());
+  char* h = static_cast<char*>(host_out_[l.buf].get());
   int32_t* ids = reinterpret_cast<int32_t*>(h);
   float* lps = reinterpret_cast<float*>(h + size_t(R) * 4);
   int32_t* tids = reinterpret_cast<int32_t*>(h + size_t(R) * 8);
   float* tlps = reinterpret_cast<float*>(h + size_t(R) * 8 + size_t(R) * kMaxTop * 4);
-  MS_CUDA_CHECK(cudaMemcpyAsync(ids, out_ids_.get(), size_t(R) * 4, cudaMemcpyDeviceToHost, stream_));
-  if (want_lp) MS_CUDA_CHECK(cudaMemcpyAsync(lps, out_lp_.get(), size_t(R) * 4, cudaMemcpyDeviceToHost, stream_));
-  if (want_top) {
+  if (R > 0) MS_CUDA_CHECK(cudaMemcpyAsync(ids, out_ids_.get(), size_t(R) * 4, cudaMemcpyDeviceToHost, stream_));
+  if (l.want_lp) MS_CUDA_CHECK(cudaMemcpyAsync(lps, out_lp_.get(), size_t(R) * 4, cudaMemcpyDeviceToHost, stream_));
+  if (l.want_top) {
     MS_CUDA_CHECK(cudaMemcpyAsync(tids, top_ids_.get(), size_t(R) * kMaxTop * 4, cudaMemcpyDeviceToHost, stream_));
     MS_CUDA_CHECK(cudaMemcpyAsync(tlps, top_lp_.get(), size_t(R) * kMaxTop * 4, cudaMemcpyDeviceToHost, stream_));
   }
-  MS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  MS_CUDA_CHECK(cudaEventRecord(out_ready_[l.buf], stream_));
+  in_flight_.push_back(std::move(l));
+  meta_buf_ ^= 1;
+}
+
+void GpuExecutor::collect(std::vector<Sampled>& out) {
+  MS_CHECK(!in_flight_.empty(), "collect() without a launched step");
+  const Launched l = std::move(in_flight_.front());
+  in_flight_.pop_front();
+  MS_CUDA_CHECK(cudaEventSynchronize(out_ready_[l.buf]));
+  const int R = l.rows;
+  const char* h = static_cast<const char*>(host_out_[l.buf].get());
+  const int32_t* ids = reinterpret_cast<const int32_t*>(h);
+  const float* lps = reinterpret_cast<const float*>(h + size_t(R) * 4);
+  const int32_t* tids = reinterpret_cast<const int32_t*>(h + size_t(R) * 8);
+  const float* tlps = reinterpret_cast<const float*>(h + size_t(R) * 8 + size_t(R) * kMaxTop * 4);
+  out.resize(size_t(R));
   for (int r = 0; r < R; ++r) {
     Sampled& o = out[size_t(r)];
     o.token = ids[r];
     MS_CHECK(o.token >= 0 && o.token < cfg_.vocab_size, "the GPU sampler returned token {} (vocab {})", o.token,
              cfg_.vocab_size);
-    o.logprob = want_lp ? lps[r] : 0.0f;
+    o.logprob = l.want_lp ? lps[r] : 0.0f;
     o.top.clear();
-    const int n = int(std::min<int64_t>(specs[size_t(r)].top_logprobs, kMaxTop));
-    for (int j = 0; j < n; ++j) o.top.push_back({tids[r * kMaxTop + j], tlps[r * kMaxTop + j]});
+    for (int j = 0; j < l.top_n[size_t(r)]; ++j) o.top.push_back({tids[r * kMaxTop + j], tlps[r * kMaxTop + j]});
   }
 }
 
+void GpuExecutor::drop_launched() {
+  cudaStreamSynchronize(stream_);  // the buffers of a dropped step are reused only once it has run
+  in_flight_.clear();
+}
+
+void GpuExecutor::step(const ForwardBatch& batch, const std::vector<SampleSpec>& specs, std::vector<Sampled>& out) {
+  MS_CHECK(in_flight_.empty(), "step() while launched steps wait for collect()");
+  launch(batch, specs);
+  collect(out);
+}
+
 void GpuExecutor::forward_logits(const ForwardBatch& batch, std::vector<float>& logits) {
+  MS_CHECK(in_flight_.empty(), "forward_logits() while launched steps wait for collect()");
   StepInputs in = prepare(batch, {}, 0);
   model_->forward(in, stream_);
   const size_t n = batch.logit_rows.size() * size_t(cfg_.vocab_size);
@@ -469,6 +523,7 @@ void GpuExecutor::forward_logits(const ForwardBatch& batch, std::vector<float>& 
 }
 
 std::string GpuExecutor::profile_step(const ForwardBatch& batch) {
+  MS_CHECK(in_flight_.empty(), "profile_step() while launched steps wait for collect()");
   // Floors at the H200's measured copy bandwidth and dense BF16 rate (docs/PERF.md).
   const double bw = 4.3e12, rate = 790e12;
   StepInputs in = prepare(batch, {}, 0);
@@ -530,7 +585,7 @@ void GpuExecutor::capture_graphs() {
     }
     StepInputs in = prepare(fb, specs, bs);
     // The dummy must not write into page 0 of a live cache: no slots.
-    int32_t* slots = reinterpret_cast<int32_t*>(static_cast<char*>(host_meta_.get()) + layout_->slots);
+    int32_t* slots = reinterpret_cast<int32_t*>(host_meta() + layout_->slots);
     for (int i = 0; i < bs; ++i) slots[i] = -1;
     upload_meta(layout_->block_tables + size_t(bs) * size_t(layout_->max_pages) * 4);
     for (int greedy = 0; greedy < 2; ++greedy) {
