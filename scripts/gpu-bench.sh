@@ -29,8 +29,12 @@ target() {  # model scenario -> target figure
   esac
 }
 
-engine_times() {  # steps, step s, forward s, deliver s from /metrics
-  curl -s "http://127.0.0.1:$PORT/metrics" | awk '/^moeserve_engine_(steps|step_seconds|forward_seconds|deliver_seconds)_total /{printf "%s ", $2}'
+engine_times() {  # steps, step s, forward s, deliver s, overlapped steps from /metrics
+  local m
+  m=$(curl -s "http://127.0.0.1:$PORT/metrics")
+  for k in steps step_seconds forward_seconds deliver_seconds overlapped_steps; do
+    awk -v k="moeserve_engine_${k}_total" '$1 == k {printf "%s ", $2}' <<<"$m"
+  done
 }
 
 bench() {  # model name num_prompts concurrency in out field
@@ -49,11 +53,11 @@ bench() {  # model name num_prompts concurrency in out field
   python3 - "$before" "$(engine_times)" "$m" "$name" >>"$LOGS/engine-times.txt" <<'PY'
 import sys
 a = [float(x) for x in sys.argv[1].split()]; b = [float(x) for x in sys.argv[2].split()]
-steps, step, fwd, dlv = (y - x for x, y in zip(a, b))
+steps, step, fwd, dlv, ovl = (y - x for x, y in zip(a, b))
 if steps > 0 and step > 0:
-    print(f"{sys.argv[3]:<8} {sys.argv[4]:<9} {steps:.0f} steps, {1e3*step/steps:.2f} ms/step on the engine thread "
-          f"(forward + sampling {1e3*fwd/steps:.2f} ms, scheduling {1e3*(step-fwd)/steps:.2f} ms); delivery thread "
-          f"{1e3*dlv/steps:.2f} ms/step")
+    print(f"{sys.argv[3]:<8} {sys.argv[4]:<9} {steps:.0f} steps ({ovl:.0f} overlapped), {1e3*step/steps:.2f} ms/step "
+          f"on the engine thread (forward + sampling {1e3*fwd/steps:.2f} ms, scheduling {1e3*(step-fwd)/steps:.2f} ms); "
+          f"delivery thread {1e3*dlv/steps:.2f} ms/step")
 PY
 }
 

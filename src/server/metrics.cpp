@@ -52,6 +52,9 @@ std::string Metrics::render(const SchedulerStats& s, int64_t page_size, bool cud
              s.kv_pages_total ? double(s.kv_pages_used) / double(s.kv_pages_total) : 0.0);
   r += counter("moeserve_preemptions_total", "Requests preempted for lack of KV pages.", double(s.preemptions));
   r += counter("moeserve_engine_steps_total", "Engine steps (one forward each).", double(s.steps));
+  r += counter("moeserve_engine_overlapped_steps_total",
+               "Engine steps launched while the step before was still running (overlap schedule).",
+               double(s.overlapped_steps));
   r += counter("moeserve_engine_step_seconds_total", "Engine thread time in steps.", s.step_seconds);
   r += counter("moeserve_engine_forward_seconds_total",
                "Step time in the executor's forward and sampling (device work, launches, copies).", s.forward_seconds);

@@ -570,6 +570,8 @@ MOE_JIT_GEMM(5, kGateUp, gu)
 MOE_JIT_GEMM(5, kDown, dn)
 MOE_JIT_GEMM(6, kGateUp, gu)
 MOE_JIT_GEMM(6, kDown, dn)
+MOE_JIT_GEMM(7, kGateUp, gu)
+MOE_JIT_GEMM(7, kDown, dn)
 #undef MOE_JIT_GEMM
 
 #else
@@ -608,6 +610,8 @@ inline KernelTable kernel_table() {
   t.gemm[5][kDown] = reinterpret_cast<const void*>(&moe_gemm_kernel<GemmCfg5, kDown>);
   t.gemm[6][kGateUp] = reinterpret_cast<const void*>(&moe_gemm_kernel<GemmCfg6, kGateUp>);
   t.gemm[6][kDown] = reinterpret_cast<const void*>(&moe_gemm_kernel<GemmCfg6, kDown>);
+  t.gemm[7][kGateUp] = reinterpret_cast<const void*>(&moe_gemm_kernel<GemmCfg7, kGateUp>);
+  t.gemm[7][kDown] = reinterpret_cast<const void*>(&moe_gemm_kernel<GemmCfg7, kDown>);
   t.pdl = true;  // both ahead-of-time builds target sm_90a / sm_100a
   return t;
 }

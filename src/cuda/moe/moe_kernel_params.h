@@ -107,8 +107,11 @@ using GemmCfg2 = GemmConfig<128, 64, 4, 2, 64, 3, 2>;    // small prefill: <= ~4
 using GemmCfg3 = GemmConfig<128, 128, 2, 4, 64, 3, 2>;   // prefill
 using GemmCfg4 = GemmConfig<128, 128, 2, 4, 64, 3, 2, 1>;  // prefill on wgmma (sm_90a builds)
 using GemmCfg5 = GemmConfig<128, 64, 4, 2, 64, 3, 2, 1>;   // small prefill on wgmma (opt-in, see the host)
-using GemmCfg6 = GemmConfig<128, 128, 2, 4, 64, 3, 2, 2>;  // prefill on wgmma, MMAs in flight (experiment)
-constexpr int kNumGemmConfigs = 7;
+using GemmCfg6 = GemmConfig<128, 128, 2, 4, 64, 3, 2, 2>;  // prefill on wgmma, MMAs in flight
+// Direct mode's gate/up GEMM with a 5-deep ring (MOESERVE_MOE_DIRECT_GU_CONFIG=7, experiment): the MoE layer
+// alone at 1 token 24.4-24.5 us (jit) against 26.9-27.2, but the served decode step 4-7 us slower (H200, session 8).
+using GemmCfg7 = GemmConfig<32, 16, 2, 1, 128, 5, 3>;
+constexpr int kNumGemmConfigs = 8;
 
 #ifndef __CUDACC_RTC__  // host-side helper; NVRTC treats unannotated functions as host code and rejects them
 struct GemmConfigInfo {
@@ -121,7 +124,8 @@ constexpr GemmConfigInfo gemm_config_info(int i) {
          : i == 3 ? GemmConfigInfo{GemmCfg3::BM, GemmCfg3::BN, GemmCfg3::THREADS, GemmCfg3::SMEM_BYTES}
          : i == 4 ? GemmConfigInfo{GemmCfg4::BM, GemmCfg4::BN, GemmCfg4::THREADS, GemmCfg4::SMEM_BYTES}
          : i == 5 ? GemmConfigInfo{GemmCfg5::BM, GemmCfg5::BN, GemmCfg5::THREADS, GemmCfg5::SMEM_BYTES}
-                  : GemmConfigInfo{GemmCfg6::BM, GemmCfg6::BN, GemmCfg6::THREADS, GemmCfg6::SMEM_BYTES};
+         : i == 6 ? GemmConfigInfo{GemmCfg6::BM, GemmCfg6::BN, GemmCfg6::THREADS, GemmCfg6::SMEM_BYTES}
+                  : GemmConfigInfo{GemmCfg7::BM, GemmCfg7::BN, GemmCfg7::THREADS, GemmCfg7::SMEM_BYTES};
 }
 #endif
 
