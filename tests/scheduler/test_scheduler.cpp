@@ -183,7 +183,9 @@ TEST(SchedulerOverlap, StopsPenaltiesAndBansMatchTheSerialSchedule) {
       stopped += serial[i].finish == FinishReason::Stop && serial[i].tokens.size() < 12;
     }
     EXPECT_GE(stopped, 2);  // the eos really ended requests early
-    if (blockers) EXPECT_GE(serial[7].tokens.size(), 6u);
+    if (blockers) {
+      EXPECT_GE(serial[7].tokens.size(), 6u);
+    }
   }
 }
 
