@@ -123,7 +123,7 @@ bool Scheduler::try_admit(const std::shared_ptr<Request>& r) {
   return true;
 }
 
-SampleSpec Scheduler::sample_spec(Request& r) const {
+SampleSpec Scheduler::sample_spec(Request& r, int64_t pending) const {
   const SamplingParams& p = r.params;
   SampleSpec s;
   s.sampler = kernels::SamplerParams{p.temperature, p.top_k, p.top_p, p.min_p};
@@ -133,7 +133,7 @@ SampleSpec Scheduler::sample_spec(Request& r) const {
   s.prompt = &r.prompt;
   s.output = &r.output;
   const int64_t V = runner_.config().vocab_size;
-  if (int64_t(r.output.size()) < p.min_new_tokens) {
+  if (int64_t(r.output.size()) + pending < p.min_new_tokens) {
     if (!p.ignore_eos)
       for (int64_t e : runner_.eos_ids())
         if (e >= 0 && e < V) s.banned.push_back(int32_t(e));
@@ -305,21 +305,22 @@ void Scheduler::launch_ahead() {
   if (cur.plan.size() != running_.size()) return;
   const int64_t max_pos = runner_.config().max_position_embeddings;
   bool any_continues = false;
+  std::vector<SampleSpec> specs;
   for (size_t i = 0; i < cur.plan.size(); ++i) {
-    const Request& r = *cur.plan[i].first;
-    const SamplingParams& p = r.params;
+    Request& r = *cur.plan[i].first;
     if (cur.logit_row_of[i] != int64_t(i) || r.abort_requested || r.finish != FinishReason::None) return;
-    if (p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f || p.repetition_penalty != 1.0f) return;
     const int64_t generated = int64_t(r.output.size()) + 1;  // once the running step's token is in
-    if (generated < p.min_new_tokens) return;                  // its eos / stop-id bans change per token
-    const int64_t pos = r.computed + cur.plan[i].second;      // where that token goes
+    if (generated < r.params.min_new_tokens) return;          // its eos / stop-id bans change per token
+    SampleSpec s = sample_spec(r, 1);
+    if (s.penalized()) return;  // the penalties need the running step's token on the host
+    const int64_t pos = r.computed + cur.plan[i].second;  // where that token goes
     if (pos + 1 > max_pos) return;
-    any_continues |= generated < p.max_new_tokens && pos + 1 < max_pos;
+    any_continues |= generated < r.params.max_new_tokens && pos + 1 < max_pos;
+    specs.push_back(std::move(s));
   }
   if (!any_continues) return;  // every request ends with the running step
   ForwardBatch fb;
   fb.tokens_from_previous = true;
-  std::vector<SampleSpec> specs;
   LaunchedStep next;
   for (size_t i = 0; i < cur.plan.size(); ++i) {
     const std::shared_ptr<Request>& r = cur.plan[i].first;
@@ -329,9 +330,6 @@ void Scheduler::launch_ahead() {
     fb.positions.push_back(pos);
     fb.seqs.push_back({r->pages.data(), pos, 1, int64_t(i)});
     fb.logit_rows.push_back(int64_t(i));
-    SampleSpec s = sample_spec(*r);
-    s.banned.clear();  // min_new_tokens is reached by then (checked above)
-    specs.push_back(std::move(s));
     next.plan.push_back({r, 1});
     next.logit_row_of.push_back(int64_t(i));
   }

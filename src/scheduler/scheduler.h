@@ -99,7 +99,9 @@ class Scheduler {
   void release_kv(Request& r);
   bool try_admit(const std::shared_ptr<Request>& r);
   void deliver(Delivery& deliveries);
-  SampleSpec sample_spec(Request& r) const;
+  // How to sample r's next token; `pending` tokens of r are still being sampled on the device (the overlap
+  // schedule), so the eos / stop-id bans of min_new_tokens count them as generated.
+  SampleSpec sample_spec(Request& r, int64_t pending = 0) const;
   void accept_token(Request& r, const Sampled& s, std::vector<RequestOutput>& outs);
   using Plan = std::vector<std::pair<std::shared_ptr<Request>, int64_t>>;  // request, tokens this step
   struct LaunchedStep {
