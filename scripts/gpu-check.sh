@@ -55,6 +55,9 @@ for t in "$BUILD"/tests/test_cuda* "$BUILD"/tests/test_gpu_*; do
   [[ -x $t ]] || continue
   run "$(basename "$t")" ok "$t" --gtest_brief=1
 done
+# The fused MoE kernels once more without the warp-specialized configurations (configurations 1 and 6 are what
+# the default picks where the kernel table has no sm_90a code).
+run test_cuda_moe_ws0 ok env MOESERVE_MOE_WS=0 "$BUILD/tests/test_cuda_moe" --gtest_brief=1
 run backends ok "$BIN" backends
 grep -E 'moe|attention|gemm|sampling' "$LOGS/backends.log" | cut -c1-200
 run refuse_sm100_backend fail "$BIN" serve --moe-runner-backend fused_sm100_build --port 39999

@@ -398,9 +398,10 @@ TEST_P(CudaMoeShapes, EveryRunnableBackendMatchesCpuReference) {
 }
 
 // Shapes: the test model (256/128), Qwen3-30B-A3B (2048/768, 128 experts, top-8) and odd multiples of 64
-// (partial M tiles and a partial last K slice in the fused kernels). With T in {1, 3, 64, 128, 300} every tile
-// configuration is reached: E128/k8 gives configurations 0, 0, 0, 1, 5 and E8/k2 gives 0, 0, 5, 5, 6 (the
-// wgmma tiles of the default MOESERVE_MOE_WGMMA=3; 2 and 3 with =0, 2 and 4 with =1, 5 and 4 with =2).
+// (partial M tiles and a partial last K slice in the fused kernels). With T in {1, 3, 64, 128, 300}, the default
+// configurations of an sm_90a table are E128/k8: 0, 0, 0, 9, 5 and E8/k2: 0, 0, 5, 5, 8 (the graph test's 1,100
+// tokens at E8/k2 reach 10); with MOESERVE_MOE_WS=0 (scripts/gpu-check.sh runs both) E128/k8 takes 1 for 128 and
+// E8/k2 takes 6 for 300; MOESERVE_MOE_WGMMA=0 / 1 / 2 give the mma.sync tiles 2 and 3, 2 and 4, 5 and 4.
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaMoeShapes,
                          ::testing::Values(Case{8, 2, 256, 128}, Case{128, 8, 256, 128}, Case{8, 2, 2048, 768},
                                            Case{128, 8, 2048, 768}, Case{5, 3, 320, 192}, Case{6, 6, 64, 64}),

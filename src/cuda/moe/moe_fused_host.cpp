@@ -1,10 +1,13 @@
 // Host side of the fused MoE path: workspace layout, tile-configuration choice, the launcher shared by the AOT
 // and JIT kernel tables, and the two ahead-of-time backends (fused_sm90 and the deliberately foreign
 // fused_sm100_build).
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -26,6 +29,32 @@ constexpr int kSmallestTile = GemmCfg0::BN;
 // Upper bound on the tiles any routing of P pairs over E experts needs with tiles of `bn` rows:
 // sum_e ceil(n_e / bn) <= sum_e floor(n_e / bn) + #active <= P / bn + min(E, P).
 int max_tiles(int E, int64_t P, int bn) { return int(std::min<int64_t>(E, P) + P / bn); }
+
+// The TMA descriptor of a weight tensor seen as [rows, K] bf16 (K contiguous), 128-byte swizzle, boxes of 64 (K)
+// x box_rows, for the warp-specialized GEMMs' weight loads. cuTensorMapEncodeTiled is a host-only driver call,
+// reached through the runtime's entry-point query (the binary does not link libcuda).
+void encode_weight_map(TmaDesc& out, const void* w, int64_t rows, int K, int box_rows) {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+      f = nullptr;
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  MS_CHECK(encode != nullptr, "moe: the CUDA driver does not provide cuTensorMapEncodeTiled (TMA)");
+  static_assert(sizeof(CUtensorMap) == sizeof(TmaDesc), "TmaDesc holds a CUtensorMap");
+  CUtensorMap m;
+  const cuuint64_t dims[2] = {cuuint64_t(K), cuuint64_t(rows)};
+  const cuuint64_t strides[1] = {cuuint64_t(K) * 2};
+  const cuuint32_t box[2] = {64, cuuint32_t(box_rows)};
+  const cuuint32_t elem_strides[2] = {1, 1};
+  const CUresult r = encode(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(w), dims, strides, box,
+                            elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  MS_CHECK(r == CUDA_SUCCESS, "moe: cuTensorMapEncodeTiled failed (CUresult {})", int(r));
+  std::memcpy(&out, &m, sizeof m);
+}
 
 void launch(const void* kernel, dim3 grid, dim3 block, size_t smem, void* params, cudaStream_t stream,
             const char* what, bool programmatic = false) {
@@ -49,24 +78,44 @@ int moe_wgmma_level() {
   return level;
 }
 
-int fused_config_for(const MoeShape& s, int T) {
+// The warp-specialized persistent configurations (sm_90a tables only; moe_gemm_ws.cuh), H200 session 9, MoE layer
+// of q30b shapes alone (jit): 128 tokens (~8 an expert) configuration 9 299.8 us against 309.4 for configuration
+// 1; 2,048 tokens configuration 8 517.5 against 524.5 for 6; 8,192 tokens configuration 10 1,411 against 1,587
+// for 6 (8: 1,596). MOESERVE_MOE_WS=0 turns them off (A/B); MOESERVE_MOE_WS_PREFILL picks the configuration above
+// 256 tokens an expert (6, 8 or 10, the default).
+bool moe_ws_enabled() {
+  static const bool on = env_int("MOESERVE_MOE_WS", 1, 0, 1) != 0;
+  return on;
+}
+int moe_ws_prefill_config() {
+  static const int c = [] {
+    const int v = int(env_int("MOESERVE_MOE_WS_PREFILL", 10, 6, 10));
+    return v == 6 || v == 8 ? v : 10;
+  }();
+  return c;
+}
+
+int fused_config_for(const MoeShape& s, int T, bool wgmma) {
   const double per_expert = double(T) * s.top_k / std::max(1, s.num_experts);
+  const int level = moe_wgmma_level();
+  const bool ws = wgmma && level >= 3 && moe_ws_enabled();
   if (per_expert <= 5) return 0;
-  if (per_expert <= 12) return 1;
-  if (per_expert <= 40) return moe_wgmma_level() >= 2 ? 5 : 2;
-  return moe_wgmma_level() >= 3 ? 6 : moe_wgmma_level() >= 1 ? 4 : 3;
+  if (per_expert <= 12) return ws ? 9 : 1;
+  if (per_expert <= 40) return level >= 2 ? 5 : 2;
+  if (ws) return per_expert <= 256 ? 8 : moe_ws_prefill_config();
+  return level >= 3 ? 6 : level >= 1 ? 4 : 3;
 }
 
 bool fused_direct_for(const MoeShape& s, int T) {
   return T >= 1 && int64_t(T) * s.top_k <= std::max(kDirectMaxPairs, s.top_k);
 }
 
-FusedLayout fused_layout(const MoeShape& s, int T) {
+FusedLayout fused_layout(const MoeShape& s, int T, bool wgmma) {
   FusedLayout l;
   const int64_t P = int64_t(T) * s.top_k;
   l.direct = fused_direct_for(s, T);
   // Direct mode: one-row tiles, so the smallest tile configuration, and one slot per pair.
-  l.config = l.direct ? 0 : fused_config_for(s, T);
+  l.config = l.direct ? 0 : fused_config_for(s, T, wgmma);
   l.num_slots = l.direct ? int(P) : max_tiles(s.num_experts, P, gemm_config_info(l.config).bn);
   // The tile table is sized for the smallest tile of any configuration, so that the region only grows with T.
   const size_t tile_cap = size_t(max_tiles(s.num_experts, P, kSmallestTile));
@@ -156,7 +205,7 @@ void fused_run(const KernelTable& k, const MoeShape& s, const bf16* x, int T, co
   MS_CHECK(aligned(x) && aligned(out) && aligned(w.gate_up) && aligned(w.down) && aligned(workspace),
            "moe: x, out, weights and workspace must be 16-byte aligned");
   if (T == 0) return;
-  const FusedLayout l = fused_layout(s, T);
+  const FusedLayout l = fused_layout(s, T, k.wgmma);
   const GemmConfigInfo cfg = gemm_config_info(l.config);
   char* ws = static_cast<char*>(workspace);
   Tile* tiles = reinterpret_cast<Tile*>(ws + l.tiles);
@@ -193,7 +242,8 @@ void fused_run(const KernelTable& k, const MoeShape& s, const bf16* x, int T, co
 
   GemmParams gu{static_cast<const unsigned short*>(w.gate_up), reinterpret_cast<const unsigned short*>(x), act,
                 tiles, perm_pair, topk_weights, s.hidden, s.inter, s.top_k, direct_ids, s.num_experts,
-                nullptr, nullptr};
+                nullptr, nullptr, l.num_slots};
+
   // Direct mode's gate/up may run a configuration of its own (the same tile shape, another ring depth; A/B switch:
   // see GemmCfg7). The down GEMM keeps configuration 0 (5 stages there: 29.2 against 26.9 us at 1 token).
   static const int direct_gu_config = int(env_int("MOESERVE_MOE_DIRECT_GU_CONFIG", 0, 0, kNumGemmConfigs - 1));
@@ -202,13 +252,21 @@ void fused_run(const KernelTable& k, const MoeShape& s, const bf16* x, int T, co
                             ? direct_gu_config
                             : l.config;
   const GemmConfigInfo gu_cfg = gemm_config_info(gu_config);
-  launch(k.gemm[gu_config][kGateUp], dim3(unsigned(ceil_div(s.inter, gu_cfg.bm / 2)), slots), dim3(gu_cfg.threads),
+  // A persistent (warp-specialized) configuration walks the grid with one CTA an SM.
+  auto grid_of = [&](const GemmConfigInfo& c, int gx) {
+    return c.persistent ? dim3(unsigned(std::min<int64_t>(std::max(k.num_sms, 1), int64_t(gx) * slots)))
+                        : dim3(unsigned(gx), slots);
+  };
+  if (gu_cfg.persistent)
+    encode_weight_map(gu.wmap, w.gate_up, int64_t(s.num_experts) * 2 * s.inter, s.hidden, gu_cfg.bm / 2);
+  launch(k.gemm[gu_config][kGateUp], grid_of(gu_cfg, ceil_div(s.inter, gu_cfg.bm / 2)), dim3(gu_cfg.threads),
          size_t(gu_cfg.smem_bytes), &gu, stream, "moe gate/up GEMM launch", pdl);
 
   GemmParams dn{static_cast<const unsigned short*>(w.down), act, y, tiles, perm_pair, topk_weights, s.hidden, s.inter,
                 s.top_k, direct_ids, s.num_experts, fused_combine ? counters : nullptr,
-                fused_combine ? reinterpret_cast<unsigned short*>(out) : nullptr};
-  launch(k.gemm[l.config][kDown], dim3(unsigned(ceil_div(s.hidden, cfg.bm)), slots), dim3(cfg.threads),
+                fused_combine ? reinterpret_cast<unsigned short*>(out) : nullptr, l.num_slots};
+  if (cfg.persistent) encode_weight_map(dn.wmap, w.down, int64_t(s.num_experts) * s.hidden, s.inter, cfg.bm);
+  launch(k.gemm[l.config][kDown], grid_of(cfg, ceil_div(s.hidden, cfg.bm)), dim3(cfg.threads),
          size_t(cfg.smem_bytes), &dn, stream, "moe down GEMM launch", pdl);
   if (fused_combine) return;
 
@@ -218,7 +276,7 @@ void fused_run(const KernelTable& k, const MoeShape& s, const bf16* x, int T, co
 }
 
 size_t FusedBackendBase::workspace_bytes(const MoeShape& shape) const {
-  return fused_layout(shape, shape.max_tokens).total;
+  return fused_layout(shape, shape.max_tokens, false).total;  // the sizes do not depend on the configuration
 }
 
 void FusedBackendBase::run(const bf16* x, int T, const int32_t* topk_ids, const float* topk_weights,
@@ -254,7 +312,9 @@ class FusedAotBackend final : public FusedBackendBase {
     if (std::string r = fused_check_kernels(aot_table_, dev); !r.empty()) return r;
     code = built_for_ + " in binary";
     if (std::string r = fused_shape_check(shape); !r.empty()) return r;
-    return set_ready(aot_table_, shape);
+    KernelTable t = aot_table_;
+    t.num_sms = dev.multiprocessors;
+    return set_ready(t, shape);
   }
 
  private:

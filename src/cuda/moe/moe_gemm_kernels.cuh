@@ -222,6 +222,50 @@ __device__ __forceinline__ void prep_body(const PrepParams& p, char* smem) {
 }
 
 // ---------------------------------------------------------------------------------------------------------
+// The epilogue from the f32 accumulator tile cs ([BN][BM + 4], token-major): kGateUp pairs gate row c with up row
+// c + BM / 2 into act = bf16(silu(gate) * up); kDown scales each token's row by its pair's top-k weight into y.
+// Threads t0, t0 + nt, ... take the 16-byte output chunks.
+template <int BM, int BN, int MODE>
+__device__ __forceinline__ void store_tile(const GemmParams& p, const float* cs, const Tile& tile, int bx, int H,
+                                           int I, bool direct, int t0, int nt) {
+  using namespace moe_ptx;
+  constexpr int LDC = BM + 4;
+  if (MODE == kGateUp) {
+    constexpr int HALF = BM / 2, OC = HALF / 8;
+    for (int idx = t0; idx < BN * OC; idx += nt) {
+      const int n = idx / OC, c = idx % OC;
+      const int i = bx * HALF + c * 8;
+      if (n >= tile.rows || i >= I) continue;
+      const float* gr = cs + n * LDC + c * 8;
+      const F4 g0 = *reinterpret_cast<const F4*>(gr), g1 = *reinterpret_cast<const F4*>(gr + 4);
+      const F4 u0 = *reinterpret_cast<const F4*>(gr + HALF), u1 = *reinterpret_cast<const F4*>(gr + HALF + 4);
+      U4 o;
+      o.x = pack_bf16x2(silu(g0.x) * u0.x, silu(g0.y) * u0.y);
+      o.y = pack_bf16x2(silu(g0.z) * u0.z, silu(g0.w) * u0.w);
+      o.z = pack_bf16x2(silu(g1.x) * u1.x, silu(g1.y) * u1.y);
+      o.w = pack_bf16x2(silu(g1.z) * u1.z, silu(g1.w) * u1.w);
+      *reinterpret_cast<U4*>(p.dst + (long long)(tile.row0 + n) * I + i) = o;
+    }
+  } else {
+    constexpr int OC = BM / 8;
+    for (int idx = t0; idx < BN * OC; idx += nt) {
+      const int n = idx / OC, c = idx % OC;
+      const int h = bx * BM + c * 8;
+      if (n >= tile.rows || h >= H) continue;
+      const float wt = p.topk_weights[direct ? tile.row0 + n : p.perm_pair[tile.row0 + n]];
+      const float* yr = cs + n * LDC + c * 8;
+      const F4 a = *reinterpret_cast<const F4*>(yr), b = *reinterpret_cast<const F4*>(yr + 4);
+      U4 o;
+      o.x = pack_bf16x2(a.x * wt, a.y * wt);
+      o.y = pack_bf16x2(a.z * wt, a.w * wt);
+      o.z = pack_bf16x2(b.x * wt, b.y * wt);
+      o.w = pack_bf16x2(b.z * wt, b.w * wt);
+      *reinterpret_cast<U4*>(p.dst + (long long)(tile.row0 + n) * H + h) = o;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------
 // Grouped GEMM CTA: blockIdx.y picks the tile (expert, rows), blockIdx.x the block of weight rows. FIXED_H /
 // FIXED_I > 0 replace the runtime sizes with compile-time constants (the JIT build).
 template <class Cfg, int MODE, int FIXED_H, int FIXED_I>
@@ -464,40 +508,8 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p, char* smem) {
   }
   __syncthreads();
 
-  if (MODE == kGateUp) {
-    constexpr int HALF = BM / 2, OC = HALF / 8;
-    for (int idx = tid; idx < BN * OC; idx += THREADS) {
-      const int n = idx / OC, c = idx % OC;
-      const int i = blockIdx.x * HALF + c * 8;
-      if (n >= tile.rows || i >= I) continue;
-      const float* gr = cs + n * LDC + c * 8;
-      const F4 g0 = *reinterpret_cast<const F4*>(gr), g1 = *reinterpret_cast<const F4*>(gr + 4);
-      const F4 u0 = *reinterpret_cast<const F4*>(gr + HALF), u1 = *reinterpret_cast<const F4*>(gr + HALF + 4);
-      U4 o;
-      o.x = pack_bf16x2(silu(g0.x) * u0.x, silu(g0.y) * u0.y);
-      o.y = pack_bf16x2(silu(g0.z) * u0.z, silu(g0.w) * u0.w);
-      o.z = pack_bf16x2(silu(g1.x) * u1.x, silu(g1.y) * u1.y);
-      o.w = pack_bf16x2(silu(g1.z) * u1.z, silu(g1.w) * u1.w);
-      *reinterpret_cast<U4*>(p.dst + (long long)(tile.row0 + n) * I + i) = o;
-    }
-  } else {
-    constexpr int OC = BM / 8;
-    for (int idx = tid; idx < BN * OC; idx += THREADS) {
-      const int n = idx / OC, c = idx % OC;
-      const int h = blockIdx.x * BM + c * 8;
-      if (n >= tile.rows || h >= H) continue;
-      const float wt = p.topk_weights[direct ? tile.row0 + n : p.perm_pair[tile.row0 + n]];
-      const float* yr = cs + n * LDC + c * 8;
-      const F4 a = *reinterpret_cast<const F4*>(yr), b = *reinterpret_cast<const F4*>(yr + 4);
-      U4 o;
-      o.x = pack_bf16x2(a.x * wt, a.y * wt);
-      o.y = pack_bf16x2(a.z * wt, a.w * wt);
-      o.z = pack_bf16x2(b.x * wt, b.y * wt);
-      o.w = pack_bf16x2(b.z * wt, b.w * wt);
-      *reinterpret_cast<U4*>(p.dst + (long long)(tile.row0 + n) * H + h) = o;
-    }
-    if (direct && p.combine_counters != nullptr) direct_combine_tail<BM>(p, H);
-  }
+  store_tile<BM, BN, MODE>(p, cs, tile, blockIdx.x, H, I, direct, tid, THREADS);
+  if (MODE == kDown && direct && p.combine_counters != nullptr) direct_combine_tail<BM>(p, H);
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -533,6 +545,19 @@ __device__ __forceinline__ void combine_body(const CombineParams& p) {
 
 }  // namespace moe_kernels
 
+#include "moe_gemm_ws.cuh"
+
+namespace moe_kernels {
+// The ordinary body, or the warp-specialized persistent one for WGMMA == 3 configurations.
+template <class Cfg, int MODE, int FIXED_H, int FIXED_I>
+__device__ __forceinline__ void gemm_entry(const GemmParams& p, char* smem) {
+  if constexpr (Cfg::WGMMA == 3)
+    gemm_body_ws<Cfg, MODE, FIXED_H, FIXED_I>(p, smem);
+  else
+    gemm_body<Cfg, MODE, FIXED_H, FIXED_I>(p, smem);
+}
+}  // namespace moe_kernels
+
 // ---------------------------------------------------------------------------------------------------------
 // Kernel entry points. A host-side harness may define MOE_KERNEL_BODIES_ONLY and call the bodies itself.
 #ifndef MOE_KERNEL_BODIES_ONLY
@@ -552,8 +577,8 @@ extern "C" __global__ void __launch_bounds__(moe_kernels::kCombineThreads) moe_c
 #define MOE_JIT_GEMM(IDX, MODE, SUFFIX)                                                                  \
   extern "C" __global__ void __launch_bounds__(moe_kernels::GemmCfg##IDX::THREADS,                       \
                                                moe_kernels::GemmCfg##IDX::MINB)                          \
-      moe_gemm_##IDX##_##SUFFIX(moe_kernels::GemmParams p) {                                             \
-    moe_kernels::gemm_body<moe_kernels::GemmCfg##IDX, moe_kernels::MODE, MOE_JIT_HIDDEN, MOE_JIT_INTER>( \
+      moe_gemm_##IDX##_##SUFFIX(const __grid_constant__ moe_kernels::GemmParams p) {                   \
+    moe_kernels::gemm_entry<moe_kernels::GemmCfg##IDX, moe_kernels::MODE, MOE_JIT_HIDDEN, MOE_JIT_INTER>( \
         p, reinterpret_cast<char*>(moe_dyn_smem));                                                       \
   }
 MOE_JIT_GEMM(0, kGateUp, gu)
@@ -572,6 +597,12 @@ MOE_JIT_GEMM(6, kGateUp, gu)
 MOE_JIT_GEMM(6, kDown, dn)
 MOE_JIT_GEMM(7, kGateUp, gu)
 MOE_JIT_GEMM(7, kDown, dn)
+MOE_JIT_GEMM(8, kGateUp, gu)
+MOE_JIT_GEMM(8, kDown, dn)
+MOE_JIT_GEMM(9, kGateUp, gu)
+MOE_JIT_GEMM(9, kDown, dn)
+MOE_JIT_GEMM(10, kGateUp, gu)
+MOE_JIT_GEMM(10, kDown, dn)
 #undef MOE_JIT_GEMM
 
 #else
@@ -587,8 +618,9 @@ __global__ void __launch_bounds__(kPrepThreads) moe_prep_kernel(PrepParams p) {
   prep_body(p, reinterpret_cast<char*>(moe_dyn_smem));
 }
 template <class Cfg, int MODE>
-__global__ void __launch_bounds__(Cfg::THREADS, Cfg::MINB) moe_gemm_kernel(GemmParams p) {
-  gemm_body<Cfg, MODE, 0, 0>(p, reinterpret_cast<char*>(moe_dyn_smem));
+// __grid_constant__: the warp-specialized configurations hand the TMA unit the address of p.wmap.
+__global__ void __launch_bounds__(Cfg::THREADS, Cfg::MINB) moe_gemm_kernel(const __grid_constant__ GemmParams p) {
+  gemm_entry<Cfg, MODE, 0, 0>(p, reinterpret_cast<char*>(moe_dyn_smem));
 }
 __global__ void __launch_bounds__(kCombineThreads) moe_combine_kernel(CombineParams p) { combine_body(p); }
 
@@ -612,6 +644,15 @@ inline KernelTable kernel_table() {
   t.gemm[6][kDown] = reinterpret_cast<const void*>(&moe_gemm_kernel<GemmCfg6, kDown>);
   t.gemm[7][kGateUp] = reinterpret_cast<const void*>(&moe_gemm_kernel<GemmCfg7, kGateUp>);
   t.gemm[7][kDown] = reinterpret_cast<const void*>(&moe_gemm_kernel<GemmCfg7, kDown>);
+  t.gemm[8][kGateUp] = reinterpret_cast<const void*>(&moe_gemm_kernel<GemmCfg8, kGateUp>);
+  t.gemm[8][kDown] = reinterpret_cast<const void*>(&moe_gemm_kernel<GemmCfg8, kDown>);
+  t.gemm[9][kGateUp] = reinterpret_cast<const void*>(&moe_gemm_kernel<GemmCfg9, kGateUp>);
+  t.gemm[9][kDown] = reinterpret_cast<const void*>(&moe_gemm_kernel<GemmCfg9, kDown>);
+  t.gemm[10][kGateUp] = reinterpret_cast<const void*>(&moe_gemm_kernel<GemmCfg10, kGateUp>);
+  t.gemm[10][kDown] = reinterpret_cast<const void*>(&moe_gemm_kernel<GemmCfg10, kDown>);
+#ifdef MOE_TABLE_WGMMA
+  t.wgmma = MOE_TABLE_WGMMA;
+#endif
   t.pdl = true;  // both ahead-of-time builds target sm_90a / sm_100a
   return t;
 }

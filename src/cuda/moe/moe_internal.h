@@ -38,9 +38,10 @@ struct FusedLayout {
   bool direct = false;  // small-T direct mode: no prep, slot y = pair y (see moe_kernels::kDirectMaxPairs)
   size_t tiles = 0, perm_pair = 0, pair_pos = 0, act = 0, y = 0, total = 0;
 };
-FusedLayout fused_layout(const MoeShape& s, int T);
+// wgmma: the kernel table holds sm_90a code (KernelTable::wgmma), so the warp-specialized configurations may run.
+FusedLayout fused_layout(const MoeShape& s, int T, bool wgmma = false);
 // The configuration for T tokens: by the average number of tokens per expert.
-int fused_config_for(const MoeShape& s, int T);
+int fused_config_for(const MoeShape& s, int T, bool wgmma = false);
 // Whether T tokens take the direct (prep-less, one pair per tile) path: T * top_k <= max(kDirectMaxPairs, top_k).
 bool fused_direct_for(const MoeShape& s, int T);
 // "" when the fused kernels support these shapes, else why not.

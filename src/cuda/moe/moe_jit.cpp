@@ -30,7 +30,8 @@ JitSource jit_embedded_source() {
   JitSource s;
   s.main = kMoeJitSource_moe_gemm_kernels_cuh;
   s.headers = {{"moe_kernel_params.h", kMoeJitSource_moe_kernel_params_h},
-               {"moe_ptx.cuh", kMoeJitSource_moe_ptx_cuh}};
+               {"moe_ptx.cuh", kMoeJitSource_moe_ptx_cuh},
+               {"moe_gemm_ws.cuh", kMoeJitSource_moe_gemm_ws_cuh}};
   return s;
 }
 
@@ -176,6 +177,8 @@ class JitBackend final : public FusedBackendBase {
     KernelTable t{};
     if (std::string r = lookup(t); !r.empty()) return r;
     t.pdl = sm_version(dev) >= 90;
+    t.wgmma = arch == "sm_90a";
+    t.num_sms = dev.multiprocessors;
     if (std::string r = fused_check_kernels(t, dev); !r.empty()) return r;
     return set_ready(t, shape);
   }

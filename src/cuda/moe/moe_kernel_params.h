@@ -51,6 +51,11 @@ enum GemmMode { kGateUp = 0, kDown = 1 };
 // Grouped GEMM in the "swap AB" form: weight rows are the MMA M dimension, tokens the N dimension.
 //  kGateUp: act[pos, i] = bf16(silu(x[tok] . Wg[e, i]) * (x[tok] . Wu[e, i])), Wgu = [E, 2I, H]
 //  kDown:   y[pos, h]   = bf16(topk_weight[pair] * (act[pos] . Wd[e, h])),      Wd  = [E, H, I]
+// The bits of a CUtensorMap (cuda.h), which the JIT build cannot include.
+struct alignas(64) TmaDesc {
+  unsigned long long bits[16];
+};
+
 struct GemmParams {
   const unsigned short* weights;  // bf16 bits
   const unsigned short* src;      // kGateUp: x [T, H]; kDown: act [P, I]
@@ -69,6 +74,14 @@ struct GemmParams {
   // in slot order into combine_out [T, H] (as the combine kernel would) and resets the counter to zero.
   int* combine_counters;          // [T, gridDim.x], zero between launches
   unsigned short* combine_out;    // bf16 bits
+  // The warp-specialized persistent configuration (WGMMA == 3): the entries of `tiles` (the ordinary launch's grid
+  // y extent); its CTAs walk the ordinary grid's blocks themselves.
+  int num_slots;
+  // The warp-specialized configurations: a TMA descriptor (CUtensorMap, encoded on the host) of `weights` as a 2D
+  // bf16 tensor [experts x rows, K] with 128-byte swizzle and boxes of 64 x 64 (gate/up: the gate and the up half
+  // of a tile, two loads) or 64 x 128 (down) elements. The kernel parameter is __grid_constant__ so that the TMA
+  // unit reads the descriptor in place.
+  TmaDesc wmap;
 };
 
 // out[t, :] = bf16(sum over j < top_k of y[pair_pos[t * top_k + j], :]), slots in order (deterministic).
@@ -88,15 +101,20 @@ struct CombineParams {
 // WGMMA > 0: the main loop runs on sm_90a's warpgroup MMA (two warpgroups of 64 weight rows x BN tokens) where
 // the build targets sm_90a, else on mma.sync like the others; its tiles need a 1024-byte aligned base (1 KB more).
 // 1: each slice's MMAs complete before the ring is refilled; 2: one slice's MMAs stay in flight while the ring
-// is refilled (experiment).
+// is refilled; 3: warp-specialized and persistent (moe_gemm_ws.cuh: a producer warpgroup and two MMA warpgroups
+// behind mbarriers, one CTA an SM walking the ordinary grid; sm_90a tables only).
 template <int BM_, int BN_, int WM_, int WN_, int BK_, int STAGES_, int MINB_, int WGMMA_ = 0>
 struct GemmConfig {
   static constexpr int BM = BM_, BN = BN_, WM = WM_, WN = WN_, BK = BK_, STAGES = STAGES_, MINB = MINB_;
   static constexpr int WGMMA = WGMMA_;
   static constexpr int THREADS = WM * WN * 32;
   static constexpr int PIPE_BYTES = STAGES * (BM + BN) * BK * 2;
-  static constexpr int EPI_BYTES = BN * (BM + 4) * 4;  // f32 accumulator tile, padded against bank conflicts
-  static constexpr int SMEM_BYTES = (PIPE_BYTES > EPI_BYTES ? PIPE_BYTES : EPI_BYTES) + (WGMMA > 0 ? 1024 : 0);
+  // f32 accumulator tile, padded against bank conflicts; WGMMA 3 keeps it apart from the ring (the producer
+  // refills the ring during the epilogue) and stores the tile in BM / 64 parts, plus 2 x STAGES mbarriers.
+  static constexpr int EPI_BYTES = (WGMMA == 3 ? BN / (BM / 64) : BN) * (BM + 4) * 4;
+  static constexpr int SMEM_BYTES =
+      WGMMA == 3 ? PIPE_BYTES + EPI_BYTES + 16 * STAGES + 1024
+                 : (PIPE_BYTES > EPI_BYTES ? PIPE_BYTES : EPI_BYTES) + (WGMMA > 0 ? 1024 : 0);
 };
 
 // Chosen by the average tokens per expert (T * top_k / E) so that one tile usually holds all of an expert's
@@ -108,24 +126,44 @@ using GemmCfg3 = GemmConfig<128, 128, 2, 4, 64, 3, 2>;   // prefill
 using GemmCfg4 = GemmConfig<128, 128, 2, 4, 64, 3, 2, 1>;  // prefill on wgmma (sm_90a builds)
 using GemmCfg5 = GemmConfig<128, 64, 4, 2, 64, 3, 2, 1>;   // small prefill on wgmma (opt-in, see the host)
 using GemmCfg6 = GemmConfig<128, 128, 2, 4, 64, 3, 2, 2>;  // prefill on wgmma, MMAs in flight
+// 40-256 tokens an expert on wgmma, warp-specialized and persistent (WGMMA 3): 2 producer warpgroups (TMA for the
+// weights, cp.async for the gathered tokens) + 2 MMA warpgroups, a 6-deep ring (192 KB) and half the f32 epilogue
+// tile (33 KB) apart: one CTA an SM; 512 threads, so registers are rebalanced (setmaxnreg) towards the MMAs.
+using GemmCfg8 = GemmConfig<128, 128, 4, 4, 64, 6, 1, 3>;
+// batched decode (6-12 tokens an expert) on the same body: 64-token tiles, an 8-deep ring (192 KB) so that ~150 KB
+// of weights stay in flight an SM and no CTA pays a ramp of its own (ncu, configuration 1 at 128 tokens: the down
+// GEMM streamed 3.35 TB/s against 3.98 for gate/up, K = 768 being a short stream a CTA)
+using GemmCfg9 = GemmConfig<128, 64, 4, 4, 64, 8, 1, 3>;
 // Direct mode's gate/up GEMM with a 5-deep ring (MOESERVE_MOE_DIRECT_GU_CONFIG=7, experiment): the MoE layer
 // alone at 1 token 24.4-24.5 us (jit) against 26.9-27.2, but the served decode step 4-7 us slower (H200, session 8).
 using GemmCfg7 = GemmConfig<32, 16, 2, 1, 128, 5, 3>;
-constexpr int kNumGemmConfigs = 8;
+// Prefill (> 256 tokens an expert): 256 weight rows x 128 tokens on the warp-specialized body, one producer
+// warpgroup (TMA weights, cp.async tokens), each MMA warpgroup 128 rows (154 registers), a 4-deep ring (192 KB):
+// a third fewer bytes through L2 per flop than 128 x 128 (8,192 tokens 1,411 us against 1,587 for configuration 6)
+using GemmCfg10 = GemmConfig<256, 128, 3, 4, 64, 4, 1, 3>;
+constexpr int kNumGemmConfigs = 11;
 
 #ifndef __CUDACC_RTC__  // host-side helper; NVRTC treats unannotated functions as host code and rejects them
 struct GemmConfigInfo {
   int bm, bn, threads, smem_bytes;
+  bool persistent;  // warp-specialized (WGMMA 3): one CTA an SM walks the grid, launched with the SM count
 };
+template <class C>
+constexpr GemmConfigInfo gemm_config_info_of() {
+  return GemmConfigInfo{C::BM, C::BN, C::THREADS, C::SMEM_BYTES, C::WGMMA == 3};
+}
 constexpr GemmConfigInfo gemm_config_info(int i) {
-  return i == 0   ? GemmConfigInfo{GemmCfg0::BM, GemmCfg0::BN, GemmCfg0::THREADS, GemmCfg0::SMEM_BYTES}
-         : i == 1 ? GemmConfigInfo{GemmCfg1::BM, GemmCfg1::BN, GemmCfg1::THREADS, GemmCfg1::SMEM_BYTES}
-         : i == 2 ? GemmConfigInfo{GemmCfg2::BM, GemmCfg2::BN, GemmCfg2::THREADS, GemmCfg2::SMEM_BYTES}
-         : i == 3 ? GemmConfigInfo{GemmCfg3::BM, GemmCfg3::BN, GemmCfg3::THREADS, GemmCfg3::SMEM_BYTES}
-         : i == 4 ? GemmConfigInfo{GemmCfg4::BM, GemmCfg4::BN, GemmCfg4::THREADS, GemmCfg4::SMEM_BYTES}
-         : i == 5 ? GemmConfigInfo{GemmCfg5::BM, GemmCfg5::BN, GemmCfg5::THREADS, GemmCfg5::SMEM_BYTES}
-         : i == 6 ? GemmConfigInfo{GemmCfg6::BM, GemmCfg6::BN, GemmCfg6::THREADS, GemmCfg6::SMEM_BYTES}
-                  : GemmConfigInfo{GemmCfg7::BM, GemmCfg7::BN, GemmCfg7::THREADS, GemmCfg7::SMEM_BYTES};
+  return i == 0   ? gemm_config_info_of<GemmCfg0>()
+         : i == 1 ? gemm_config_info_of<GemmCfg1>()
+         : i == 2 ? gemm_config_info_of<GemmCfg2>()
+         : i == 3 ? gemm_config_info_of<GemmCfg3>()
+         : i == 4 ? gemm_config_info_of<GemmCfg4>()
+         : i == 5 ? gemm_config_info_of<GemmCfg5>()
+         : i == 6 ? gemm_config_info_of<GemmCfg6>()
+         : i == 7 ? gemm_config_info_of<GemmCfg7>()
+         : i == 8 ? gemm_config_info_of<GemmCfg8>()
+         : i == 9 ? gemm_config_info_of<GemmCfg9>()
+                  : gemm_config_info_of<GemmCfg10>();
 }
 #endif
 
@@ -138,6 +176,9 @@ struct KernelTable {
   // The GPU supports programmatic dependent launch (sm_90+): the direct path then launches the down GEMM and
   // combine with cudaLaunchAttributeProgrammaticStreamSerialization.
   bool pdl;
+  // The kernels were built for sm_90a (wgmma): the warp-specialized configuration runs; others never launch it.
+  bool wgmma;
+  int num_sms;  // persistent grids (set when the backend is prepared)
 };
 
 }  // namespace moe_kernels

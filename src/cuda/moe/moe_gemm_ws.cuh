@@ -1,0 +1,245 @@
+// Warp-specialized, persistent GEMM of the fused MoE path (sm_90a wgmma builds only; included by
+// moe_gemm_kernels.cuh): configurations 8, 9 and 10 (moe_kernel_params.h).
+//
+// Why: ncu at 8,192 tokens had the wgmma tiles of configuration 6 at ~60% of L2 and ~60% of SM throughput with 7
+// cycles per issued instruction: every k slice waits on cp.async groups and two block-wide barriers. Here the
+// copies and the MMAs never wait on a block barrier:
+//   NP producer warpgroups fill a STAGES-deep ring: one thread loads the weight tile by TMA (one arrival on the
+//     stage's `full` mbarrier that expects its bytes), and every producer thread copies its part of the gathered
+//     token rows with cp.async and hands them to the same barrier (cp.async.mbarrier.arrive.noinc: the barrier
+//     counts 128 NP + 1 arrivals, each firing when that thread's copies have landed);
+//   two consumer warpgroups (BM / 2 weight rows x BN tokens each) wait on `full`, fence the async proxy (the token
+//     copies are generic-proxy writes, wgmma reads through the async proxy), run the slice's wgmma, keep one
+//     slice's MMAs in flight, and release the stage before it through its `empty` mbarrier (one arrival a
+//     consumer warpgroup);
+//   the CTA is persistent: it walks units u = blockIdx.x, blockIdx.x + gridDim.x, ... of the grid_x x num_slots
+//     grid the ordinary kernel would launch, so the producers already fill the ring for the next unit while the
+//     consumers store this unit in BM / 64 parts through a separate f32 tile (`cs`), synchronized among the
+//     consumers by named barrier 1 only.
+// What the H200 taught (session 9): with publishing by cp.async.wait_group + arrive (a producer thread waiting on
+// its own copies) and one producer warpgroup issuing every copy, 8,192 tokens took 2,726 us against 1,599 for
+// configuration 6 - the producer's issue rate was the limit (long-scoreboard stalls, tensor pipe 37% busy); a
+// second producer warpgroup took 128-token tiles from 366 to 304 us, TMA for the weights brought 128 x 128 tiles to
+// parity with configuration 6, and 256 x 128 tiles beat it by 11%.
+// Same tile layout and swizzle as gemm_body (swap AB: weight rows = M, tokens = N; BK = 64, 128-byte rows): the
+// TMA's 128-byte swizzle is the pattern of swz() on 1024-byte aligned stages.
+#pragma once
+
+namespace moe_kernels {
+
+namespace ws {
+__device__ __forceinline__ void mbar_init(unsigned addr, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(addr), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(unsigned addr) {
+  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(addr) : "memory");
+}
+// Waits until the phase of the barrier with this parity has completed (acquire, CTA scope).
+__device__ __forceinline__ void mbar_wait(unsigned addr, unsigned parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nWAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT_%=;\n}\n" ::"r"(addr),
+      "r"(parity)
+      : "memory");
+}
+// Arrives on the barrier once all of this thread's earlier cp.async copies have completed; .noinc: the arrival is
+// one of the barrier's expected count.
+__device__ __forceinline__ void cp_async_arrive_noinc(unsigned addr) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(addr) : "memory");
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+// One arrival that also raises the barrier's expected transaction bytes (the TMA loads count them down).
+__device__ __forceinline__ void mbar_arrive_expect_tx(unsigned addr, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(addr), "r"(bytes) : "memory");
+}
+// TMA: the box at (c0 = inner / K element, c1 = row) of the descriptor `map` (a __grid_constant__ parameter) into
+// shared memory at dst, completing `bytes` on the mbarrier bar.
+__device__ __forceinline__ void tma_load_2d(unsigned dst, const void* map, int c0, int c1, unsigned bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
+          dst),
+      "l"(map), "r"(c0), "r"(c1), "r"(bar)
+      : "memory");
+}
+// Barrier among the consumer warpgroups only (threads 128..383).
+__device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
+}  // namespace ws
+
+template <class Cfg, int MODE, int FIXED_H, int FIXED_I>
+__device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
+#if MOE_HAVE_WGMMA
+  using namespace moe_ptx;
+  constexpr int BM = Cfg::BM, BN = Cfg::BN, BK = Cfg::BK, STAGES = Cfg::STAGES;
+  constexpr int NP = Cfg::THREADS / 128 - 2;  // producer warpgroups
+  static_assert(((BM == 128 && (BN == 128 || BN == 64)) || (BM == 256 && BN == 128)) && BK == 64 && NP >= 1,
+                "ws tiles: 128 weight rows x 64 or 128 tokens, or 256 x 128");
+  constexpr int MW = BM / 128;      // m64 blocks of each consumer warpgroup (BM / 2 weight rows)
+  constexpr int PARTS = BM / 64;    // the epilogue stores the tile in PARTS parts of TP tokens
+  constexpr int TP = BN / PARTS;
+  static_assert(STAGES >= 3, "at least 3 stages");
+  constexpr int CPR = BK / 8;                // 16-byte chunks per smem row
+  constexpr int RPP = 128 * NP / CPR;        // rows one pass of the producer threads covers
+  constexpr int B_ITERS = BN / RPP;
+  constexpr int LDC = BM + 4;
+  smem = align_smem(smem, 1024);
+  unsigned short* As = reinterpret_cast<unsigned short*>(smem);  // [STAGES][BM][BK]
+  unsigned short* Bs = As + STAGES * BM * BK;                    // [STAGES][BN][BK]
+  float* cs = reinterpret_cast<float*>(Bs + STAGES * BN * BK);   // [TP][LDC] the epilogue tile
+  unsigned long long* bars = reinterpret_cast<unsigned long long*>(cs + TP * LDC);  // full[STAGES], empty[STAGES]
+  const unsigned full0 = smem_addr(bars), empty0 = full0 + STAGES * 8;
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  if (tid == 0) {
+    for (int s = 0; s < STAGES; ++s) {
+      ws::mbar_init(full0 + s * 8, 128 * NP + 1);  // + the TMA issuer's expect_tx arrival
+      ws::mbar_init(empty0 + s * 8, 2);
+    }
+  }
+  __syncthreads();
+  // Every thread waits for the kernel before (x / act, the prep's tiles), then lets the next one be scheduled.
+  grid_dep_wait();
+  grid_dep_launch_dependents();
+
+  const int H = FIXED_H > 0 ? FIXED_H : p.hidden;
+  const int I = FIXED_I > 0 ? FIXED_I : p.inter;
+  const int K = MODE == kGateUp ? H : I;
+  const int KT = (K + BK - 1) / BK;
+  const int gx = MODE == kGateUp ? (I + BM / 2 - 1) / (BM / 2) : (H + BM - 1) / BM;
+  const int units = gx * p.num_slots;
+
+  // With two producer warpgroups (512 threads, 128 registers each at launch) the register file is rebalanced:
+  // producers drop to 56, the MMA warpgroups rise to what is left (the 128-token tiles need ~146).
+  constexpr int kConsumerRegs = NP == 2 && BN == 128 ? 200 : 0;
+  if (warp < 4 * NP) {
+    if constexpr (kConsumerRegs > 0) ws::setmaxnreg_dec<56>();
+    // ---- producer: thread tid copies chunk (tid % CPR) of rows tid / CPR + k RPP of every slice.
+    const int ch = tid % CPR;
+    int slice = 0;  // slices issued so far (over all units)
+    for (int u = blockIdx.x; u < units; u += gridDim.x) {
+      const int bx = u % gx;
+      const Tile tile = p.tiles[u / gx];
+      if (tile.rows <= 0) continue;
+      // Weight rows of this unit in the [experts x rows, K] view of the TMA descriptor: gate/up loads the gate
+      // rows i and the up rows I + i of i in [bx BM/2, bx BM/2 + BM/2) as two boxes, down BM rows as one (rows
+      // past the expert's end belong to the next expert or the zero fill, and the epilogue drops them).
+      const int wrow = MODE == kGateUp ? tile.expert * 2 * I + bx * (BM / 2) : tile.expert * H + bx * BM;
+      const unsigned short* b_src[B_ITERS];
+      bool b_ok[B_ITERS];
+#pragma unroll
+      for (int it = 0; it < B_ITERS; ++it) {
+        const int n = tid / CPR + it * RPP;
+        const int pos = n < tile.rows ? tile.row0 + n : -1;
+        const long long row = pos < 0 ? 0 : MODE == kGateUp ? p.perm_pair[pos] / p.top_k : pos;
+        b_ok[it] = pos >= 0;
+        b_src[it] = p.src + row * K + ch * 8;
+      }
+      for (int kt = 0; kt < KT; ++kt, ++slice) {
+        const int stage = slice % STAGES;
+        // The consumers released this stage (the first pass over the ring waits on the phase before the first,
+        // which counts as complete).
+        ws::mbar_wait(empty0 + stage * 8, ((slice / STAGES) & 1) ^ 1);
+        const int k0 = kt * BK;
+        const bool k_ok = k0 + ch * 8 < K;
+        unsigned short* bs = Bs + stage * BN * BK;
+        if (tid == 0) {  // the weight tile: one arrival that expects its bytes, then the TMA loads
+          const unsigned as = smem_addr(As + stage * BM * BK);
+          ws::mbar_arrive_expect_tx(full0 + stage * 8, BM * BK * 2);
+          if (MODE == kGateUp) {
+            ws::tma_load_2d(as, &p.wmap, k0, wrow, full0 + stage * 8);
+            ws::tma_load_2d(as + BM / 2 * BK * 2, &p.wmap, k0, wrow + I, full0 + stage * 8);
+          } else {
+            ws::tma_load_2d(as, &p.wmap, k0, wrow, full0 + stage * 8);
+          }
+        }
+#pragma unroll
+        for (int it = 0; it < B_ITERS; ++it) {
+          const int n = tid / CPR + it * RPP;
+          const bool ok = b_ok[it] && k_ok;
+          cp_async16(bs + swz<BK>(n, ch), ok ? b_src[it] + k0 : p.src, ok);
+        }
+        // The stage's `full` barrier completes when every producer thread's copies of it have landed (one
+        // asynchronous arrival a thread, counted by the barrier's init count: .noinc).
+        ws::cp_async_arrive_noinc(full0 + stage * 8);
+      }
+    }
+    cp_async_wait<0>();
+    return;
+  }
+
+  if constexpr (kConsumerRegs > 0) ws::setmaxnreg_inc<kConsumerRegs>();
+  // ---- consumers: warpgroup cw (0 or 1) owns weight rows [64 cw, 64 cw + 64) of the tile.
+  const int cw = (warp - 4 * NP) / 4, ctid = tid - 128 * NP;
+  const unsigned as_addr = smem_addr(As) + unsigned(cw * (BM / 2) * BK * 2), bs_addr = smem_addr(Bs);
+  int slice = 0;
+  for (int u = blockIdx.x; u < units; u += gridDim.x) {
+    const int bx = u % gx;
+    const Tile tile = p.tiles[u / gx];
+    if (tile.rows <= 0) continue;
+    float d[MW][BN / 2];
+#pragma unroll
+    for (int j = 0; j < MW; ++j)
+#pragma unroll
+      for (int i = 0; i < BN / 2; ++i) d[j][i] = 0.0f;
+    for (int kt = 0; kt < KT; ++kt, ++slice) {
+      const int stage = slice % STAGES;
+      ws::mbar_wait(full0 + stage * 8, (slice / STAGES) & 1);
+      fence_proxy_async_smem();  // the producers' cp.async writes (generic proxy) before this thread's wgmma reads
+      const unsigned a_st = as_addr + unsigned(stage * BM * BK * 2);
+      const unsigned b_st = bs_addr + unsigned(stage * BN * BK * 2);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < BK / 16; ++kk)
+#pragma unroll
+        for (int j = 0; j < MW; ++j)
+          wgmma_m64nk16_bf16(d[j], wgmma_desc_sw128(a_st + j * 64 * BK * 2 + kk * 32),
+                             wgmma_desc_sw128(b_st + kk * 32));
+      wgmma_commit();
+      wgmma_wait<1>();  // the slice before this one is read: release its stage
+      if (kt > 0 && (ctid & 127) == 0) ws::mbar_arrive(empty0 + ((slice - 1) % STAGES) * 8);
+    }
+    wgmma_wait<0>();
+    if ((ctid & 127) == 0) ws::mbar_arrive(empty0 + ((slice - 1) % STAGES) * 8);
+
+    // The epilogue in PARTS parts of TP tokens through the part-size tile cs.
+#pragma unroll
+    for (int h = 0; h < PARTS; ++h) {
+      // Every part stays compile-time (fully unrolled) so that d keeps to registers: a runtime jn range would
+      // index d dynamically and move the wgmma accumulators to local memory.
+      if (h > 0 && tile.rows <= h * TP) continue;  // uniform over the consumers
+      ws::consumers_sync();  // the previous part (or unit) has finished reading cs
+      const int g = lane >> 2, tig = lane & 3;
+#pragma unroll
+      for (int j = 0; j < MW; ++j) {
+        const int m = cw * (BM / 2) + j * 64 + (warp & 3) * 16 + g;
+#pragma unroll
+        for (int jn = 0; jn < BN / 8; ++jn) {
+          if (jn / (TP / 8) != h) continue;
+          const int n = jn * 8 + tig * 2 - h * TP;
+          cs[n * LDC + m] = d[j][4 * jn];
+          cs[(n + 1) * LDC + m] = d[j][4 * jn + 1];
+          cs[n * LDC + m + 8] = d[j][4 * jn + 2];
+          cs[(n + 1) * LDC + m + 8] = d[j][4 * jn + 3];
+        }
+      }
+      ws::consumers_sync();
+      Tile part = tile;
+      part.row0 += h * TP;
+      part.rows -= h * TP;
+      store_tile<BM, TP, MODE>(p, cs, part, bx, H, I, false, ctid, 256);
+    }
+  }
+#else
+  (void)p;
+  (void)smem;  // never launched: the host picks this configuration only for tables with wgmma (KernelTable)
+#endif
+}
+
+}  // namespace moe_kernels
