@@ -82,10 +82,15 @@ int moe_wgmma_level() {
 // of q30b shapes alone (jit): 128 tokens (~8 an expert) configuration 9 299.8 us against 309.4 for configuration
 // 1; 2,048 tokens configuration 8 517.5 against 524.5 for 6; 8,192 tokens configuration 10 1,411 against 1,587
 // for 6 (8: 1,596). MOESERVE_MOE_WS=0 turns them off (A/B); MOESERVE_MOE_WS_PREFILL picks the configuration above
-// 256 tokens an expert (6, 8 or 10, the default).
+// MOESERVE_MOE_WS_PREFILL_MIN (default 256) tokens an expert (6, 8 or 10, the default).
 bool moe_ws_enabled() {
   static const bool on = env_int("MOESERVE_MOE_WS", 1, 0, 1) != 0;
   return on;
+}
+// Tokens an expert above which the prefill configuration replaces configuration 8 (MOESERVE_MOE_WS_PREFILL_MIN).
+double moe_ws_prefill_min() {
+  static const double v = double(env_int("MOESERVE_MOE_WS_PREFILL_MIN", 256, 40, 1 << 20));
+  return v;
 }
 int moe_ws_prefill_config() {
   static const int c = [] {
@@ -102,7 +107,7 @@ int fused_config_for(const MoeShape& s, int T, bool wgmma) {
   if (per_expert <= 5) return 0;
   if (per_expert <= 12) return ws ? 9 : 1;
   if (per_expert <= 40) return level >= 2 ? 5 : 2;
-  if (ws) return per_expert <= 256 ? 8 : moe_ws_prefill_config();
+  if (ws) return per_expert <= moe_ws_prefill_min() ? 8 : moe_ws_prefill_config();
   return level >= 3 ? 6 : level >= 1 ? 4 : 3;
 }
 
