@@ -69,7 +69,7 @@ __device__ __forceinline__ void tma_load_2d(unsigned dst, const void* map, int c
       "l"(map), "r"(c0), "r"(c1), "r"(bar)
       : "memory");
 }
-// Barrier among the consumer warpgroups only (threads 128..383).
+// Barrier among the two consumer warpgroups only (the 256 threads after the producers).
 __device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
 }  // namespace ws
 
