@@ -14,7 +14,10 @@ ensure_built "$BUILD" bench/gpu_profile
 MODEL=${1:?usage: gpu-ab.sh MODEL_DIR NAME=SETTINGS...}
 shift
 LOGS=$(mktemp -d /tmp/gpu-ab.XXXXXX)
-printf '%-14s %12s %12s %12s\n' variant 'bs1 us' 'bs64 us' 'bs128 us'
+# Column headers: the batch sizes of AB_FLAGS' --batch-sizes (gpu_profile's default: 1,64,128).
+sizes=$(sed -nE 's/.*--batch-sizes[= ]([0-9,]+).*/\1/p' <<<"${AB_FLAGS:-}")
+IFS=, read -r -a bs <<<"${sizes:-1,64,128}"
+printf '%-14s %12s %12s %12s\n' variant "bs${bs[0]:-?} us" "bs${bs[1]:--} us" "bs${bs[2]:--} us"
 for v in "$@"; do
   name=${v%%=*}
   words=${v#*=}
