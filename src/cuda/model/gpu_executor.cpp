@@ -120,10 +120,10 @@ class GpuExecutor : public Executor {
   PinnedBuffer host_out_[2];
   cudaEvent_t out_ready_[2] = {nullptr, nullptr};  // recorded after each block's copies back
   struct Launched {
-    int rows;
-    bool want_lp, want_top;
-    std::vector<int> top_n;  // top logprobs wanted per row
+    std::vector<int> top_n;  // top logprobs wanted per sampled row (its size: the rows)
+    bool want_lp;
     int buf;
+    int rows() const { return int(top_n.size()); }
   };
   std::deque<Launched> in_flight_;
   std::vector<int32_t> h_pen_ids_, h_pen_counts_, h_ban_ids_;
@@ -430,7 +430,7 @@ void GpuExecutor::launch(const ForwardBatch& batch, const std::vector<SampleSpec
   const int T = int(batch.tokens.size()), R = int(batch.logit_rows.size());
   MS_CHECK(specs.size() == size_t(R), "{} sampling specs for {} logit rows", specs.size(), R);
   MS_CHECK(in_flight_.size() < 2, "a third step launched while two are in flight");
-  MS_CHECK(!batch.tokens_from_previous || (!in_flight_.empty() && in_flight_.back().rows >= T),
+  MS_CHECK(!batch.tokens_from_previous || (!in_flight_.empty() && in_flight_.back().rows() >= T),
            "a step takes {} tokens from the previous step, which is not in flight or has fewer rows", T);
   bool plain = true;  // no penalties or bans: the captured graphs handle the step
   for (auto& s : specs) plain = plain && !s.penalized() && s.banned.empty();
@@ -457,9 +457,10 @@ void GpuExecutor::launch(const ForwardBatch& batch, const std::vector<SampleSpec
     if (R > 0 && greedy) sample_greedy(model_->logits(), R, int(cfg_.vocab_size), out_ids_.get(), out_lp_.get(), stream_);
     else if (R > 0) run_sampling(R, !h_pen_ids_.empty() || !h_ban_ids_.empty());
   }
-  Launched l{R, false, false, {}, meta_buf_};
+  Launched l{{}, false, meta_buf_};
+  bool want_top = false;
   for (auto& s : specs) {
-    l.want_lp |= s.logprob, l.want_top |= s.top_logprobs > 0;
+    l.want_lp |= s.logprob, want_top |= s.top_logprobs > 0;
     l.top_n.push_back(int(std::min<int64_t>(s.top_logprobs, kMaxTop)));
   }
   char* h = static_cast<char*>(host_out_[l.buf].get());
@@ -469,7 +470,7 @@ void GpuExecutor::launch(const ForwardBatch& batch, const std::vector<SampleSpec
   float* tlps = reinterpret_cast<float*>(h + size_t(R) * 8 + size_t(R) * kMaxTop * 4);
   if (R > 0) MS_CUDA_CHECK(cudaMemcpyAsync(ids, out_ids_.get(), size_t(R) * 4, cudaMemcpyDeviceToHost, stream_));
   if (l.want_lp) MS_CUDA_CHECK(cudaMemcpyAsync(lps, out_lp_.get(), size_t(R) * 4, cudaMemcpyDeviceToHost, stream_));
-  if (l.want_top) {
+  if (want_top) {
     MS_CUDA_CHECK(cudaMemcpyAsync(tids, top_ids_.get(), size_t(R) * kMaxTop * 4, cudaMemcpyDeviceToHost, stream_));
     MS_CUDA_CHECK(cudaMemcpyAsync(tlps, top_lp_.get(), size_t(R) * kMaxTop * 4, cudaMemcpyDeviceToHost, stream_));
   }
@@ -483,7 +484,7 @@ void GpuExecutor::collect(std::vector<Sampled>& out) {
   const Launched l = std::move(in_flight_.front());
   in_flight_.pop_front();
   MS_CUDA_CHECK(cudaEventSynchronize(out_ready_[l.buf]));
-  const int R = l.rows;
+  const int R = l.rows();
   const char* h = static_cast<const char*>(host_out_[l.buf].get());
   const int32_t* ids = reinterpret_cast<const int32_t*>(h);
   const float* lps = reinterpret_cast<const float*>(h + size_t(R) * 4);

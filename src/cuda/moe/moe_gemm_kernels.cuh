@@ -617,8 +617,8 @@ using namespace moe_kernels;
 __global__ void __launch_bounds__(kPrepThreads) moe_prep_kernel(PrepParams p) {
   prep_body(p, reinterpret_cast<char*>(moe_dyn_smem));
 }
-template <class Cfg, int MODE>
 // __grid_constant__: the warp-specialized configurations hand the TMA unit the address of p.wmap.
+template <class Cfg, int MODE>
 __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MINB) moe_gemm_kernel(const __grid_constant__ GemmParams p) {
   gemm_entry<Cfg, MODE, 0, 0>(p, reinterpret_cast<char*>(moe_dyn_smem));
 }
