@@ -74,13 +74,19 @@ void CpuExecutor::step(const ForwardBatch& batch, const std::vector<SampleSpec>&
 
 void Executor::launch(const ForwardBatch& batch, const std::vector<SampleSpec>& specs) {
   std::vector<Sampled> out;
-  if (batch.tokens_from_previous) {
-    MS_CHECK(!launched_.empty() && launched_.back().size() >= batch.tokens.size(),
-             "a step takes {} tokens from the previous step, which is not in flight or has fewer rows",
-             batch.tokens.size());
+  if (!batch.previous_samples.empty()) {
+    MS_CHECK(batch.previous_samples.size() == batch.tokens.size(), "previous_samples: {} entries for {} tokens",
+             batch.previous_samples.size(), batch.tokens.size());
+    const int64_t rows = launched_.empty() ? 0 : int64_t(launched_.back().size());
     ForwardBatch b = batch;
-    b.tokens_from_previous = false;
-    for (size_t i = 0; i < b.tokens.size(); ++i) b.tokens[i] = launched_.back()[i].token;
+    b.previous_samples.clear();
+    for (size_t i = 0; i < b.tokens.size(); ++i) {
+      const int32_t r = batch.previous_samples[i];
+      if (r < 0) continue;
+      MS_CHECK(r < rows, "token {} takes sample {} of the previous step, which is not in flight or has {} rows", i,
+               r, rows);
+      b.tokens[i] = launched_.back()[size_t(r)].token;
+    }
     step(b, specs, out);
   } else {
     step(batch, specs, out);

@@ -48,8 +48,8 @@ class Executor {
   // Forward over the batch, then one token per logit row (specs[i] for batch.logit_rows[i]).
   virtual void step(const ForwardBatch& batch, const std::vector<SampleSpec>& specs, std::vector<Sampled>& out) = 0;
   // The overlap schedule: launch() starts a step and returns without waiting for it; collect() waits for the
-  // oldest launched step and hands back its samples. A batch with tokens_from_previous takes its tokens from the
-  // samples of the step launched just before it (row i -> token i), so the scheduler can launch step n + 1 while
+  // oldest launched step and hands back its samples. A batch with previous_samples takes those tokens from the
+  // samples of the step launched just before it (ForwardBatch::previous_samples), so the scheduler can launch step n + 1 while
   // step n still runs and process step n's results meanwhile. The specs are read during launch(). The CPU
   // executor runs the step inside launch() (these defaults); the CUDA executor only enqueues it.
   virtual void launch(const ForwardBatch& batch, const std::vector<SampleSpec>& specs);

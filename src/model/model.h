@@ -19,9 +19,10 @@ struct ForwardBatch {
   std::vector<int64_t> positions;
   std::vector<kernels::AttnSeq> seqs;   // rows of each sequence in `tokens`
   std::vector<int64_t> logit_rows;      // rows whose next-token logits are wanted
-  // The overlap schedule (Executor::launch): token i is the token sampled for logit row i of the step launched
-  // just before this one, still on the device when this step is launched; `tokens` holds placeholders.
-  bool tokens_from_previous = false;
+  // The overlap schedule (Executor::launch): empty, or one entry a token: r >= 0 means token i is the token
+  // sampled for logit row r of the step launched just before this one (still on the device when this step is
+  // launched; tokens[i] is a placeholder), -1 that tokens[i] is the token.
+  std::vector<int32_t> previous_samples;
 };
 
 class CausalLM {

@@ -299,6 +299,10 @@ void Scheduler::launch(const ForwardBatch& fb, const std::vector<SampleSpec>& sp
 
 void Scheduler::launch_ahead() {
   if (launched_.size() != 1) return;
+  if (opts_.overlap_mixed_steps) {
+    if (launch_ahead_mixed()) ++stats_.overlapped_steps;
+    return;
+  }
   const LaunchedStep& cur = launched_.back();
   // Admissions, aborts, prefill chunks, penalties and bans go through the ordinary path, one step at a time.
   if (!waiting_.empty() && int64_t(running_.size()) < opts_.max_running_requests) return;
@@ -320,13 +324,13 @@ void Scheduler::launch_ahead() {
   }
   if (!any_continues) return;  // every request ends with the running step
   ForwardBatch fb;
-  fb.tokens_from_previous = true;
   LaunchedStep next;
   for (size_t i = 0; i < cur.plan.size(); ++i) {
     const std::shared_ptr<Request>& r = cur.plan[i].first;
     const int64_t pos = r->computed + cur.plan[i].second;
     if (!ensure_pages(*r, pos + 1)) return;  // out of pages: the ordinary path decides whom to preempt
     fb.tokens.push_back(0);  // the running step's sample for row i, filled in on the device
+    fb.previous_samples.push_back(int32_t(i));
     fb.positions.push_back(pos);
     fb.seqs.push_back({r->pages.data(), pos, 1, int64_t(i)});
     fb.logit_rows.push_back(int64_t(i));
@@ -335,6 +339,91 @@ void Scheduler::launch_ahead() {
   }
   launch(fb, specs, std::move(next));
   ++stats_.overlapped_steps;
+}
+
+// The step the ordinary path would build once the running step (cur) is collected, built now: each running
+// request as it will stand then (cur's chunk computed; one more, unknown, token if cur samples it), decodes first,
+// then prompt chunks, then admissions, under the same budget. Declines (the ordinary path runs next) where the
+// host needs cur's results: an abort, penalties or eos bans on a request cur samples, a preemption.
+bool Scheduler::launch_ahead_mixed() {
+  const LaunchedStep& cur = launched_.back();
+  for (auto& r : waiting_)
+    if (r->abort_requested) return false;
+  const int64_t max_pos = runner_.config().max_position_embeddings;
+  struct Next {
+    std::shared_ptr<Request> r;
+    int64_t computed;  // after cur
+    int64_t pending;   // 1: cur samples its next token (still on the device)
+    int64_t sample_row;
+  };
+  std::vector<Next> state;
+  for (auto& r : running_) {
+    if (r->abort_requested || r->finish != FinishReason::None) return false;
+    Next n{r, r->computed, 0, -1};
+    for (size_t i = 0; i < cur.plan.size(); ++i) {
+      if (cur.plan[i].first != r) continue;
+      n.computed += cur.plan[i].second;
+      if (cur.logit_row_of[i] >= 0) n.pending = 1, n.sample_row = cur.logit_row_of[i];
+      break;
+    }
+    if (n.pending > 0) {
+      const int64_t generated = int64_t(r->output.size()) + 1;
+      // Ends with cur for sure (length or context): no row. A stop token is not known yet: it keeps its row,
+      // which collect_oldest drops.
+      if (generated >= r->params.max_new_tokens || r->total_tokens() + 1 >= max_pos) continue;
+      if (generated < r->params.min_new_tokens) return false;  // its eos / stop-id bans change per token
+      if (sample_spec(*r, 1).penalized()) return false;        // the penalties need cur's token on the host
+    }
+    state.push_back(std::move(n));
+  }
+  int64_t budget = std::max<int64_t>(opts_.chunked_prefill_size, int64_t(running_.size()));
+  std::vector<std::pair<const Next*, int64_t>> plan;
+  for (bool decodes : {true, false})
+    for (const Next& n : state) {
+      if (budget <= 0) break;
+      const int64_t remaining = n.r->total_tokens() + n.pending - n.computed;
+      if (remaining <= 0 || (remaining == 1) != decodes) continue;
+      const int64_t chunk = std::min(remaining, budget);
+      if (!ensure_pages(*n.r, n.computed + chunk)) return false;  // the ordinary path decides whom to preempt
+      plan.push_back({&n, chunk});
+      budget -= chunk;
+    }
+  std::vector<Next> admitted;
+  admitted.reserve(waiting_.size());
+  while (!waiting_.empty() && budget > 0 && int64_t(running_.size()) < opts_.max_running_requests) {
+    auto r = waiting_.front();
+    if (!try_admit(r)) break;  // FCFS, as in step()
+    waiting_.pop_front();
+    running_.push_back(r);
+    admitted.push_back({r, r->computed, 0, -1});
+    const int64_t chunk = std::min(r->remaining(), budget);
+    plan.push_back({&admitted.back(), chunk});
+    budget -= chunk;
+  }
+  if (plan.empty()) return false;
+  ForwardBatch fb;
+  LaunchedStep next;
+  std::vector<SampleSpec> specs;
+  for (auto& [n, chunk] : plan) {
+    const int64_t row = int64_t(fb.tokens.size());
+    for (int64_t p = n->computed; p < n->computed + chunk; ++p) {
+      const bool from_cur = n->pending > 0 && p == n->r->total_tokens();
+      fb.tokens.push_back(from_cur ? 0 : n->r->token_at(p));
+      fb.previous_samples.push_back(from_cur ? int32_t(n->sample_row) : -1);
+      fb.positions.push_back(p);
+    }
+    fb.seqs.push_back({n->r->pages.data(), n->computed, chunk, row});
+    int64_t logit_row = -1;
+    if (n->computed + chunk == n->r->total_tokens() + n->pending) {
+      logit_row = int64_t(fb.logit_rows.size());
+      fb.logit_rows.push_back(row + chunk - 1);
+      specs.push_back(sample_spec(*n->r, n->pending));
+    }
+    next.plan.push_back({n->r, chunk});
+    next.logit_row_of.push_back(logit_row);
+  }
+  launch(fb, specs, std::move(next));
+  return true;
 }
 
 void Scheduler::collect_oldest(Delivery& deliveries) {

@@ -31,6 +31,10 @@ struct SchedulerOptions {
   // plainly (no penalties, no bans, nothing waiting to be admitted, pages available); a request that finishes
   // in the running step has its row of the next step dropped.
   bool overlap_schedule = false;
+  // With it, look-ahead steps also carry prompt chunks and admit waiting requests (the batch the ordinary path
+  // would build once the running step is in, its decodes fed the running step's samples on the device), so
+  // prefill-heavy phases overlap too. Off: only all-decode batches are launched ahead.
+  bool overlap_mixed_steps = true;
 };
 
 using Delivery = std::vector<std::pair<std::shared_ptr<Request>, RequestOutput>>;
@@ -110,6 +114,7 @@ class Scheduler {
   };
   void launch(const ForwardBatch& fb, const std::vector<SampleSpec>& specs, LaunchedStep step);
   void launch_ahead();
+  bool launch_ahead_mixed();
   void collect_oldest(Delivery& deliveries);
 
   ModelRunner& runner_;

@@ -8,6 +8,7 @@
 #include <future>
 #include <thread>
 
+#include "core/env.h"
 #include "core/log.h"
 #include "http/server.h"
 #include "launch/launch.h"
@@ -253,6 +254,8 @@ void bring_up(App& app) {
   so.chunked_prefill_size = ro.chunked_prefill_size;
   so.enable_prefix_cache = !o.disable_radix_cache;
   so.overlap_schedule = !o.disable_overlap_schedule;
+  // A/B switch: MOESERVE_OVERLAP_MIXED=0 launches only all-decode steps ahead (SchedulerOptions).
+  so.overlap_mixed_steps = env_flag("MOESERVE_OVERLAP_MIXED", true);
   app.page_size = ro.page_size;
   app.engine_info = runner->executor().info();
   app.engine = std::make_unique<Engine>(std::move(runner), so);

@@ -251,9 +251,13 @@ TEST(CudaKernels, QkNormRopeStoreKvMatchesCpu) {
                                          {4, 4, 128, 96, true, 1, 1.0f},   {5, 1, 64, 32, false, 0, 1.0f},
                                          // head_dims of the small test models: the scalar path
                                          {4, 2, 48, 48, true, 0, 1.0f},    {3, 1, 32, 16, true, 0, 1.0f},
-                                         {2, 2, 96, 96, true, 0, 1.0f}};
+                                         {2, 2, 96, 96, true, 0, 1.0f},
+                                         // RoPE over the whole head without norms (the token-major kernel too)
+                                         {8, 2, 128, 128, false, 0, 0.9f}};
+  // 1,100 tokens: the token-major kernel of long steps (MOESERVE_QKROPE_TOKENS_MIN, default 512) where RoPE covers
+  // the whole head of 64 / 128 / 256 and rows are vector-aligned; its last block is partly empty.
   for (const auto& c : configs)
-    for (int T : {1, 7, 37, 300}) {
+    for (int T : {1, 7, 37, 300, 1100}) {
       const int H = c.heads, KV = c.kv_heads, D = c.head_dim;
       const int64_t width = int64_t(H + 2 * KV) * D, stride = width + c.stride_pad;
       const std::string ctx = fmt::format("qk_norm_rope_store_kv T={} heads={} kv_heads={} head_dim={} rotary={} "

@@ -189,6 +189,48 @@ TEST(SchedulerOverlap, StopsPenaltiesAndBansMatchTheSerialSchedule) {
   }
 }
 
+// Prefill-heavy traffic under the overlap schedule: look-ahead steps carry prompt chunks (split over several
+// steps by a small chunk budget), admit waiting requests and feed the running step's samples to the requests
+// whose prompt it finishes. Outputs must equal the serial schedule's, and nearly every step must be launched
+// ahead (with all-decode look-ahead only, the prefill phases run serially).
+TEST(SchedulerOverlap, PrefillChunksAndAdmissionsOverlapAndMatchTheSerialSchedule) {
+  auto run = [](bool overlap, bool mixed, SchedulerStats& stats) {
+    SchedulerOptions so;
+    so.max_running_requests = 6;
+    so.chunked_prefill_size = 48;
+    so.overlap_schedule = overlap;
+    so.overlap_mixed_steps = mixed;
+    Harness h(8192, 16, so);
+    std::vector<std::shared_ptr<Request>> rs;
+    for (int i = 0; i < 20; ++i)
+      rs.push_back(h.make(prompt_of(i, 9 + (i * 37) % 110), 3 + i % 6, i % 4 == 3 ? 0.7f : 0.0f, uint64_t(i)));
+    h.run();
+    stats = h.sched->stats();
+    std::vector<Collected> out;
+    for (auto& r : rs) out.push_back(h.results[r->id]);
+    h.sched->flush_prefix_cache();
+    EXPECT_EQ(h.sched->stats().kv_pages_used, 0);
+    return out;
+  };
+  SchedulerStats serial_stats, mixed_stats, decode_only_stats;
+  const auto serial = run(false, false, serial_stats);
+  const auto mixed = run(true, true, mixed_stats);
+  const auto decode_only = run(true, false, decode_only_stats);
+  for (size_t i = 0; i < serial.size(); ++i) {
+    EXPECT_EQ(mixed[i].tokens, serial[i].tokens) << "request " << i;
+    EXPECT_EQ(mixed[i].logprobs, serial[i].logprobs) << "request " << i;
+    EXPECT_EQ(mixed[i].finish, serial[i].finish) << "request " << i;
+    EXPECT_EQ(decode_only[i].tokens, serial[i].tokens) << "request " << i;
+    EXPECT_EQ(mixed[i].tokens.size(), size_t(3 + i % 6)) << "request " << i;
+  }
+  EXPECT_EQ(serial_stats.overlapped_steps, 0);
+  // Every step but the first and those after a drained pipeline is launched ahead.
+  EXPECT_GE(mixed_stats.overlapped_steps * 10, mixed_stats.steps * 8)
+      << mixed_stats.overlapped_steps << " of " << mixed_stats.steps;
+  EXPECT_LT(decode_only_stats.overlapped_steps * 2, decode_only_stats.steps)
+      << decode_only_stats.overlapped_steps << " of " << decode_only_stats.steps;
+}
+
 TEST_P(SchedulerP, TinyKVCachePreemptsAndStillMatches) {
   const int N = 12;
   std::vector<Collected> solo(N);

@@ -71,28 +71,6 @@ struct AttnParams {
   bf16* v_store;
 };
 
-// The attention input stage of one head, done by one warp (FUSED_IN): the lane holds elements
-// [lane * VPL, lane * VPL + VPL) of x (raw, f32); RMSNorm with w (unless null), then the rotate-half RoPE over
-// the whole head with the lane's (cos, sin) pairs, whose partner elements sit in lane ^ 16. The same math, in
-// the same order, as qk_norm_rope_store_kv.
-template <int VPL>
-__device__ __forceinline__ void norm_rope_head(float (&x)[VPL], const float (&w)[VPL], bool norm, float eps,
-                                               const float (&cs)[VPL], const float (&sn)[VPL], int lane) {
-  if (norm) {
-    float ss = 0.0f;
-#pragma unroll
-    for (int j = 0; j < VPL; ++j) ss += x[j] * x[j];
-    const float inv = rsqrtf(warp_sum(ss) / float(VPL * 32) + eps);
-#pragma unroll
-    for (int j = 0; j < VPL; ++j) x[j] = w[j] * (x[j] * inv);
-  }
-#pragma unroll
-  for (int j = 0; j < VPL; ++j) {
-    const float other = __shfl_xor_sync(0xffffffffu, x[j], 16);
-    x[j] = lane < 16 ? x[j] * cs[j] - other * sn[j] : x[j] * cs[j] + other * sn[j];
-  }
-}
-
 // Split-KV merge of `rows` consecutive q heads from h0 of sequence s by the whole block: thread item (row, 8-dim
 // chunk) loads the parts' log2-sum-exps and partial outputs kMergeBatch parts at a time, every load of a batch
 // issued before any is used, so up to kMergeBatch parts cost one L2 round trip (a merge by one warp per head
@@ -310,12 +288,7 @@ __global__ void __launch_bounds__(128) paged_attention_mma_kernel(const AttnPara
     constexpr int VPL = D / 32;
     float cs[VPL], sn[VPL], qw[VPL], kw[VPL];
     const float pos = float(p.positions[q_row_base]);
-#pragma unroll
-    for (int j = 0; j < VPL; ++j) {
-      sincosf(p.inv_freq[(lane * VPL + j) % (D / 2)] * pos, &sn[j], &cs[j]);
-      cs[j] *= p.rope_scaling;
-      sn[j] *= p.rope_scaling;
-    }
+    rope_lane_table<VPL>(p.inv_freq, pos, p.rope_scaling, lane, cs, sn);
     if (p.q_norm != nullptr) load_bf16<VPL>(p.q_norm + lane * VPL, qw);
     if (p.k_norm != nullptr) load_bf16<VPL>(p.k_norm + lane * VPL, kw);
     const int32_t slot = p.slots[q_row_base];

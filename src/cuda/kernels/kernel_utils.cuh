@@ -84,4 +84,41 @@ __device__ __forceinline__ void copy_bf16(bf16* dst, const bf16* src) {
   }
 }
 
+// The rotary (cos, sin) of a lane's elements [lane * VPL, lane * VPL + VPL) of a head of VPL * 32 dims at
+// position pos (rotate-half over the whole head: element e pairs with e +- D / 2 and uses frequency e mod D / 2).
+// As transformers: the angle in f32, then cos / sin, then the scaling.
+template <int VPL>
+__device__ __forceinline__ void rope_lane_table(const float* inv_freq, float pos, float scaling, int lane,
+                                                float (&cs)[VPL], float (&sn)[VPL]) {
+  constexpr int kHalf = VPL * 16;
+#pragma unroll
+  for (int j = 0; j < VPL; ++j) {
+    sincosf(inv_freq[(lane * VPL + j) % kHalf] * pos, &sn[j], &cs[j]);
+    cs[j] *= scaling;
+    sn[j] *= scaling;
+  }
+}
+
+// The attention input stage of one head, done by one warp (the fused decode attention and the token-major
+// qk_norm_rope_store_kv): the lane holds elements [lane * VPL, lane * VPL + VPL) of x (raw, f32); RMSNorm with w (unless null), then the rotate-half RoPE over
+// the whole head with the lane's (cos, sin) pairs, whose partner elements sit in lane ^ 16. The same math, in
+// the same order, as qk_norm_rope_store_kv.
+template <int VPL>
+__device__ __forceinline__ void norm_rope_head(float (&x)[VPL], const float (&w)[VPL], bool norm, float eps,
+                                               const float (&cs)[VPL], const float (&sn)[VPL], int lane) {
+  if (norm) {
+    float ss = 0.0f;
+#pragma unroll
+    for (int j = 0; j < VPL; ++j) ss += x[j] * x[j];
+    const float inv = rsqrtf(warp_sum(ss) / float(VPL * 32) + eps);
+#pragma unroll
+    for (int j = 0; j < VPL; ++j) x[j] = w[j] * (x[j] * inv);
+  }
+#pragma unroll
+  for (int j = 0; j < VPL; ++j) {
+    const float other = __shfl_xor_sync(0xffffffffu, x[j], 16);
+    x[j] = lane < 16 ? x[j] * cs[j] - other * sn[j] : x[j] * cs[j] + other * sn[j];
+  }
+}
+
 }  // namespace moeserve::cuda::detail

@@ -3,8 +3,14 @@
 // decode step of one token still spreads over several SMs): the cos/sin table of the token's position is
 // computed into shared memory, then each warp takes its head (D / 32 consecutive elements a lane for head_dim
 // 64 / 128 / 256; any other head_dim up to 256 takes a scalar path).
+// Long steps (prefill chunks of at least MOESERVE_QKROPE_TOKENS_MIN tokens, RoPE over the whole head) run a
+// token-major kernel instead: a warp a token, walking a range of its heads kUnroll at a time with every load of a
+// round issued before the math, the (cos, sin) of its lane's elements computed once in registers. One block a
+// token head-group made 40,960 blocks of one 256-byte head a warp per layer of a 16 x 512 prefill step, each
+// waiting on a single load: ~100 us a layer against ~45 of byte floor on the H200.
 #include <algorithm>
 
+#include "core/env.h"
 #include "cuda/kernels/kernel_utils.cuh"
 #include "cuda/kernels/ops.h"
 #include "cuda/launch.h"
@@ -129,6 +135,61 @@ __global__ void __launch_bounds__(kWarps * 32) qk_norm_rope_store_kv_kernel(cons
   }
 }
 
+// Token-major (see the top): warp w of block (x, y) takes token x * kWarps + w and its heads
+// [y * heads_per_block, (y + 1) * heads_per_block). Needs rotary_dim == D and vector alignment.
+constexpr int kTokenUnroll = 8;  // heads whose loads are in flight together
+template <int D>
+__global__ void __launch_bounds__(kWarps * 32) qk_norm_rope_tokens_kernel(const QkNormRopeParams p, int T,
+                                                                          int heads_per_block) {
+  constexpr int VPL = D / 32;
+  using Raw = std::conditional_t<VPL == 2, uint32_t, std::conditional_t<VPL == 4, uint2, uint4>>;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t t = int64_t(blockIdx.x) * kWarps + warp;
+  const int nh = p.heads + 2 * p.kv_heads;
+  const int h_begin = int(blockIdx.y) * heads_per_block, h_end = min(nh, h_begin + heads_per_block);
+  // Before the programmatic wait: what the kernel before does not write (positions, slots, weights, rotary).
+  float cs[VPL], sn[VPL], qw[VPL] = {}, kw[VPL] = {};
+  int32_t slot = -1;
+  if (t < T) {
+    detail::rope_lane_table<VPL>(p.inv_freq, float(p.positions[t]), p.attention_scaling, lane, cs, sn);
+    if (p.q_norm != nullptr) detail::load_bf16<VPL>(p.q_norm + lane * VPL, qw);
+    if (p.k_norm != nullptr) detail::load_bf16<VPL>(p.k_norm + lane * VPL, kw);
+    if (p.slots != nullptr) slot = p.slots[t];
+  }
+  pdl_enter();
+  if (t >= T) return;
+  bf16* row = p.qkv + t * p.qkv_stride + lane * VPL;
+  const int64_t cache_row = int64_t(slot) * p.kv_heads * D + lane * VPL;
+  for (int h0 = h_begin; h0 < h_end; h0 += kTokenUnroll) {
+    Raw raw[kTokenUnroll];
+#pragma unroll
+    for (int u = 0; u < kTokenUnroll; ++u)
+      if (h0 + u < h_end) raw[u] = *reinterpret_cast<const Raw*>(row + int64_t(h0 + u) * D);
+#pragma unroll
+    for (int u = 0; u < kTokenUnroll; ++u) {
+      const int h = h0 + u;
+      if (h >= h_end) break;
+      if (h >= p.heads + p.kv_heads) {  // v head: to the cache unchanged
+        if (slot >= 0)
+          *reinterpret_cast<Raw*>(p.v_cache + cache_row + int64_t(h - p.heads - p.kv_heads) * D) = raw[u];
+        continue;
+      }
+      const bool is_q = h < p.heads;
+      float x[VPL];
+      const __nv_bfloat162* hv = reinterpret_cast<const __nv_bfloat162*>(&raw[u]);
+#pragma unroll
+      for (int j = 0; j < VPL / 2; ++j) {
+        const float2 f = __bfloat1622float2(hv[j]);
+        x[2 * j] = f.x;
+        x[2 * j + 1] = f.y;
+      }
+      detail::norm_rope_head<VPL>(x, is_q ? qw : kw, (is_q ? p.q_norm : p.k_norm) != nullptr, p.eps, cs, sn, lane);
+      detail::store_bf16<VPL>(row + int64_t(h) * D, x);
+      if (!is_q && slot >= 0) detail::store_bf16<VPL>(p.k_cache + cache_row + int64_t(h - p.heads) * D, x);
+    }
+  }
+}
+
 // Any head_dim up to kMaxGenericDim (the small test models): lane j holds elements j, j + 32, ...; scalar
 // accesses. Same math as the kernel above.
 constexpr int kMaxGenericDim = 256;
@@ -224,6 +285,15 @@ void launch(const QkNormRopeParams& p, dim3 grid, bool vec, cudaStream_t stream)
   }
 }
 
+// Steps of at least this many tokens take the token-major kernel (MOESERVE_QKROPE_TOKENS_MIN; 0 never).
+int token_major_min_tokens() {
+  static const int v = [] {
+    const int n = int(env_int("MOESERVE_QKROPE_TOKENS_MIN", 512, 0, 1 << 30));
+    return n == 0 ? (1 << 30) : n;
+  }();
+  return v;
+}
+
 }  // namespace
 
 void qk_norm_rope_store_kv(bf16* qkv, int64_t qkv_stride, int T, int heads, int kv_heads, int head_dim,
@@ -249,7 +319,22 @@ void qk_norm_rope_store_kv(bf16* qkv, int64_t qkv_stride, int T, int heads, int 
   const bool vec = qkv_stride % per_lane == 0 && detail::aligned_to(qkv, vec_bytes) &&
                    detail::aligned_to(q_norm, vec_bytes) && detail::aligned_to(k_norm, vec_bytes) &&
                    detail::aligned_to(k_cache, vec_bytes) && detail::aligned_to(v_cache, vec_bytes);
-  const dim3 grid(unsigned(T), unsigned(ceil_div(heads + 2 * kv_heads, kWarps)));
+  const int nh = heads + 2 * kv_heads;
+  if (vec && rope.rotary_dim == head_dim && (head_dim == 64 || head_dim == 128 || head_dim == 256) &&
+      T >= token_major_min_tokens()) {
+    // About one wave of 8-warp blocks (8 an SM): long steps give each warp all of its token's heads.
+    const int blocks_x = int(ceil_div(T, kWarps));
+    const int groups = std::clamp(int(ceil_div(1024, blocks_x)), 1, int(ceil_div(nh, kTokenUnroll)));
+    const int per_block = int(ceil_div(nh, groups));
+    const dim3 tgrid(unsigned(blocks_x), unsigned(ceil_div(nh, per_block)));
+    switch (head_dim) {
+      case 64: launch_pdl(qk_norm_rope_tokens_kernel<64>, tgrid, dim3(kWarps * 32), 0, stream, p, T, per_block); break;
+      case 128: launch_pdl(qk_norm_rope_tokens_kernel<128>, tgrid, dim3(kWarps * 32), 0, stream, p, T, per_block); break;
+      default: launch_pdl(qk_norm_rope_tokens_kernel<256>, tgrid, dim3(kWarps * 32), 0, stream, p, T, per_block); break;
+    }
+    return;
+  }
+  const dim3 grid(unsigned(T), unsigned(ceil_div(nh, kWarps)));
   switch (head_dim) {
     case 64: launch<64>(p, grid, vec, stream); break;
     case 128: launch<128>(p, grid, vec, stream); break;

@@ -430,8 +430,11 @@ void GpuExecutor::launch(const ForwardBatch& batch, const std::vector<SampleSpec
   const int T = int(batch.tokens.size()), R = int(batch.logit_rows.size());
   MS_CHECK(specs.size() == size_t(R), "{} sampling specs for {} logit rows", specs.size(), R);
   MS_CHECK(in_flight_.size() < 2, "a third step launched while two are in flight");
-  MS_CHECK(!batch.tokens_from_previous || (!in_flight_.empty() && in_flight_.back().rows() >= T),
-           "a step takes {} tokens from the previous step, which is not in flight or has fewer rows", T);
+  MS_CHECK(batch.previous_samples.empty() || batch.previous_samples.size() == size_t(T),
+           "previous_samples: {} entries for {} tokens", batch.previous_samples.size(), T);
+  for (int32_t r : batch.previous_samples)
+    MS_CHECK(r < 0 || (!in_flight_.empty() && r < in_flight_.back().rows()),
+             "a step takes sample {} of the previous step, which is not in flight or has fewer rows", r);
   bool plain = true;  // no penalties or bans: the captured graphs handle the step
   for (auto& s : specs) plain = plain && !s.penalized() && s.banned.empty();
   bool greedy = plain;  // and every row greedy without top logprobs: the fast sampler
@@ -446,10 +449,18 @@ void GpuExecutor::launch(const ForwardBatch& batch, const std::vector<SampleSpec
     if (it != graphs.end()) graph_bs = it->first;
   }
   StepInputs in = prepare(batch, specs, graph_bs);
-  // The tokens sampled by the step before (still on the device) over the placeholders just uploaded.
-  if (batch.tokens_from_previous)
-    MS_CUDA_CHECK(cudaMemcpyAsync(dev_meta_.get() + layout_->tokens, out_ids_.get(), size_t(T) * 4,
-                                  cudaMemcpyDeviceToDevice, stream_));
+  // The tokens sampled by the step before (still on the device) over the placeholders just uploaded: one copy a
+  // run of consecutive rows (a look-ahead step's decodes come first, in the previous step's row order).
+  for (int i = 0; i < int(batch.previous_samples.size());) {
+    const int32_t r0 = batch.previous_samples[size_t(i)];
+    int n = 1;
+    if (r0 >= 0)
+      while (i + n < T && batch.previous_samples[size_t(i + n)] == r0 + n) ++n;
+    if (r0 >= 0)
+      MS_CUDA_CHECK(cudaMemcpyAsync(dev_meta_.get() + layout_->tokens + size_t(i) * 4, out_ids_.get() + r0,
+                                    size_t(n) * 4, cudaMemcpyDeviceToDevice, stream_));
+    i += n;
+  }
   if (graph_bs > 0) {
     MS_CUDA_CHECK(cudaGraphLaunch(graphs.at(graph_bs), stream_));
   } else {
