@@ -1,10 +1,12 @@
 // Paged attention launchers: prefill (flash-attention tiles over the new tokens) and decode (split-KV over the
 // cached keys, then a launch that merges the parts). Both run the tensor-core kernel of attention_mma.cuh; see there for the tiling.
+// Prefill at head_dim 128 on an sm_90 GPU runs the wgmma tiles of attention_wgmma.cuh instead.
 #include <cmath>
 #include <limits>
 
 #include "core/env.h"
 #include "cuda/kernels/attention_mma.cuh"
+#include "cuda/kernels/attention_wgmma.cuh"
 #include "cuda/kernels/kernel_utils.cuh"
 #include "cuda/kernels/ops.h"
 #include "cuda/launch.h"
@@ -102,6 +104,29 @@ AttnParams make_params(const char* op, const bf16* q, int64_t q_stride, const bf
 
 constexpr size_t round_up_256(size_t n) { return (n + 255) / 256 * 256; }
 
+// The wgmma prefill tiles (attention_wgmma.cuh) where head_dim is 128 and the device is an sm_90 GPU (their code
+// exists for sm_90a only). MOESERVE_ATTN_PREFILL_WGMMA=0: the mma.sync tiles everywhere.
+bool prefill_wgmma_usable(int head_dim) {
+  static const bool on = [] {
+    if (!env_flag("MOESERVE_ATTN_PREFILL_WGMMA", true)) return false;
+    int dev = 0, major = 0, minor = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) return false;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess)
+      return false;
+    return major == 9 && minor == 0;
+  }();
+  return on && head_dim == detail::kWgDim;
+}
+
+void launch_prefill_wgmma(const AttnParams& p, int max_new_lens, int kv_heads, int num_seqs, cudaStream_t stream) {
+  auto kernel = detail::paged_attention_prefill_wgmma_kernel;
+  MS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(detail::kWgSmemBytes)));
+  const int64_t rows = int64_t(max_new_lens) * p.group;
+  const dim3 grid(unsigned(ceil_div(rows, detail::kWgRows)), unsigned(kv_heads), unsigned(num_seqs));
+  launch_pdl(kernel, grid, dim3(256), detail::kWgSmemBytes, stream, p);
+}
+
 }  // namespace
 
 void paged_attention_prefill(const bf16* q, int64_t q_stride, const bf16* k_cache, const bf16* v_cache,
@@ -112,6 +137,8 @@ void paged_attention_prefill(const bf16* q, int64_t q_stride, const bf16* k_cach
   if (meta.num_seqs == 0 || max_new_lens <= 0) return;
   const int64_t rows = int64_t(max_new_lens) * p.group;
   MS_CHECK(rows <= std::numeric_limits<int32_t>::max() / 2, "paged_attention_prefill: {} rows", rows);
+  if (prefill_wgmma_usable(shape.head_dim))
+    return launch_prefill_wgmma(p, max_new_lens, shape.kv_heads, meta.num_seqs, stream);
   const dim3 grid(unsigned(ceil_div(rows, 64)), unsigned(shape.kv_heads), unsigned(meta.num_seqs));
   switch (shape.head_dim) {
     case 64: launch_prefill<64>(grid, p, stream); break;
