@@ -128,11 +128,20 @@ std::string self_test_impl(MoeBackend& b, const MoeShape& shape, double& max_err
   // A few experts suffice to exercise the grouping; ids stay below `pool_experts`, so only that many experts'
   // weights exist (the backend indexes expert e's weights only when a pair routes to e).
   const int pool_experts = std::min(shape.num_experts, std::max(6, k + 2));
-  // 1 and 37 tokens: decode tiles with odd, partial token tiles; then as many as max_tokens allows up to 700
-  // (prefill tile configurations, experts spanning several tiles), of which a sample of tokens is checked
-  // against the CPU reference (every token's output depends on its own rows only) and all for finiteness.
+  // One step in every band of tokens an expert the fused backends pick a tile configuration by
+  // (fused_config_for: direct 1-token tiles, <= 5, 6-12, 13-40, 41-256 and above 256 at the model's experts and
+  // top_k), so that every configuration this model can run is checked before it serves: the counts are those of
+  // 128 experts at top-8 (1, 37, 129, 321, 1,601 and 4,801 tokens: odd, partial token tiles and experts spanning
+  // several tiles) scaled to this model's tokens an expert, as many as max_tokens allows. Of each step a sample
+  // of tokens is checked against the CPU reference (every token's output depends on its own rows only) and all
+  // for finiteness.
   std::vector<int> token_counts;
-  for (int T : {1, 37, 700}) token_counts.push_back(std::max(1, std::min(T, shape.max_tokens)));
+  const double scale = double(shape.num_experts) / std::max(1, k) / 16.0;
+  for (int T0 : {1, 37, 129, 321, 1601, 4801}) {
+    const int T = T0 == 1 ? 1 : int(std::lround(T0 * scale)) | 1;
+    token_counts.push_back(std::max(1, std::min(T, shape.max_tokens)));
+  }
+  std::sort(token_counts.begin(), token_counts.end());
   token_counts.erase(std::unique(token_counts.begin(), token_counts.end()), token_counts.end());
   const int max_t = token_counts.back();
   constexpr int kCheckedTokens = 48;
