@@ -146,6 +146,32 @@ __device__ __forceinline__ int effective_splits(int num_splits, int key_end, int
   return max(1, min(num_splits, (n_pages + min_pages - 1) / min_pages));
 }
 
+// One row of the online softmax in a quad's m16 fragment: row lane / 4 (i = 0) or lane / 4 + 8 (i = 1), NT n8 tiles
+// of scores in the exp2 domain (two a lane per tile). Takes the row maximum over the quad, turns the scores into
+// p = 2^(s - m), updates the running (m, l) and returns the factor the row's accumulators must be scaled by.
+template <int NT>
+__device__ __forceinline__ float softmax_update_row(float (&s)[NT][4], int i, float& m, float& l) {
+  float mx = -INFINITY;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * i], s[nt][2 * i + 1]));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+  const float m_new = fmaxf(m, mx);
+  const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // a row with nothing visible yet stays at 0
+  const float alpha = exp2f(m - m_use);
+  m = m_new;
+  float rs = 0.0f;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    const float p0 = exp2f(s[nt][2 * i] - m_use), p1 = exp2f(s[nt][2 * i + 1] - m_use);
+    s[nt][2 * i] = p0;
+    s[nt][2 * i + 1] = p1;
+    rs += p0 + p1;
+  }
+  l = l * alpha + rs;
+  return alpha;
+}
+
 template <int D, int WARPS_M, int WARPS_N, int BLOCK_N, int STAGES>
 constexpr size_t attn_smem_bytes() {
   return size_t(16 * WARPS_M * D + STAGES * 2 * BLOCK_N * D) * sizeof(bf16);
@@ -423,24 +449,7 @@ __global__ void __launch_bounds__(128) paged_attention_mma_kernel(const AttnPara
       // Online softmax; a quad (4 lanes) holds one row's WARP_N scores.
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        float mx = kNegInf;
-#pragma unroll
-        for (int nt = 0; nt < NTILES; ++nt) mx = fmaxf(mx, fmaxf(sacc[nt][2 * i], sacc[nt][2 * i + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float m_new = fmaxf(m_r[i], mx);
-        const float m_use = m_new == kNegInf ? 0.0f : m_new;  // a row with nothing visible yet stays at 0
-        const float alpha = exp2f(m_r[i] - m_use);
-        m_r[i] = m_new;
-        float rs = 0.0f;
-#pragma unroll
-        for (int nt = 0; nt < NTILES; ++nt) {
-          const float p0 = exp2f(sacc[nt][2 * i] - m_use), p1 = exp2f(sacc[nt][2 * i + 1] - m_use);
-          sacc[nt][2 * i] = p0;
-          sacc[nt][2 * i + 1] = p1;
-          rs += p0 + p1;
-        }
-        l_r[i] = l_r[i] * alpha + rs;
+        const float alpha = softmax_update_row<NTILES>(sacc, i, m_r[i], l_r[i]);
         // Once the rows' maxima settle, alpha is exactly 1 for every row of the warp: skip the rescale of the
         // accumulators (2 x DTILES multiplies a thread, a large part of a decode tile's instructions).
         if (__any_sync(0xffffffffu, alpha != 1.0f)) {

@@ -182,24 +182,8 @@ __global__ void __launch_bounds__(256, 2) paged_attention_prefill_wgmma_kernel(c
         }
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        float mx = kNegInf;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) mx = fmaxf(mx, fmaxf(sacc[4 * j + 2 * i], sacc[4 * j + 2 * i + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float m_new = fmaxf(m_r[i], mx);
-        const float m_use = m_new == kNegInf ? 0.0f : m_new;  // a row with nothing visible yet stays at 0
-        const float alpha = exp2f(m_r[i] - m_use);
-        m_r[i] = m_new;
-        float rs = 0.0f;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          const float p0 = exp2f(sacc[4 * j + 2 * i] - m_use), p1 = exp2f(sacc[4 * j + 2 * i + 1] - m_use);
-          sacc[4 * j + 2 * i] = p0;
-          sacc[4 * j + 2 * i + 1] = p1;
-          rs += p0 + p1;
-        }
-        l_r[i] = l_r[i] * alpha + rs;
+        // The m64n64 accumulator is eight n8 tiles of the mma.m16n8 layout a warp.
+        const float alpha = softmax_update_row<8>(reinterpret_cast<float(&)[8][4]>(sacc), i, m_r[i], l_r[i]);
         if (__any_sync(0xffffffffu, alpha != 1.0f)) {
 #pragma unroll
           for (int j = 0; j < 16; ++j) {
