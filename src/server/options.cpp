@@ -44,7 +44,7 @@ void register_serve_flags(cli::FlagSet& f, ServeOptions& o) {
   f.add_int("cuda-graph-max-bs", &o.cuda_graph_max_bs, "largest captured decode batch", 1, 4096);
   f.add_bool("disable-cuda-graph", &o.disable_cuda_graph, "no CUDA graphs");
   f.add_bool("disable-overlap-schedule", &o.disable_overlap_schedule,
-             "wait for each decode step before scheduling the next (default: the next is launched while one runs)");
+             "wait for each step before scheduling the next (default: the next is launched while one runs)");
   f.add_bool("disable-custom-all-reduce", &o.disable_custom_all_reduce, "use NCCL all-reduce only");
   f.add_bool("skip-tokenizer-init", &o.skip_tokenizer_init, "serve token ids only (no tokenizer)");
   f.add_bool("trust-remote-code", &o.trust_remote_code, "accepted for compatibility; moeserve never runs checkpoint code");
