@@ -58,8 +58,9 @@ done
 # The fused MoE kernels once more without the warp-specialized configurations (configurations 1 and 6 are what
 # the default picks where the kernel table has no sm_90a code).
 run test_cuda_moe_ws0 ok env MOESERVE_MOE_WS=0 "$BUILD/tests/test_cuda_moe" --gtest_brief=1
-# The mma.sync prefill attention tiles at head_dim 128 too (the default there is the wgmma kernel on sm_90).
-run test_cuda_kernels_mma ok env MOESERVE_ATTN_PREFILL_WGMMA=0 "$BUILD/tests/test_cuda_kernels" --gtest_brief=1
+# The mma.sync prefill attention tiles at head_dim 128 too (the default there is the wgmma kernel on sm_90), and the
+# 16-row decode tiles (the default at head_dim 128 and groups of up to 8 is the keys-as-M kernel).
+run test_cuda_kernels_mma ok env MOESERVE_ATTN_PREFILL_WGMMA=0 MOESERVE_ATTN_DECODE_GQA_MIN=0 "$BUILD/tests/test_cuda_kernels" --gtest_brief=1
 run backends ok "$BIN" backends
 grep -E 'moe|attention|gemm|sampling' "$LOGS/backends.log" | cut -c1-200
 run refuse_sm100_backend fail "$BIN" serve --moe-runner-backend fused_sm100_build --port 39999

@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "core/env.h"
+#include "cuda/kernels/attention_decode_gqa.cuh"
 #include "cuda/kernels/attention_mma.cuh"
 #include "cuda/kernels/attention_wgmma.cuh"
 #include "cuda/kernels/kernel_utils.cuh"
@@ -179,7 +180,28 @@ void init_decode_workspace(void* workspace, size_t workspace_bytes, cudaStream_t
   MS_CUDA_CHECK(cudaMemsetAsync(workspace, 0, workspace_bytes, stream));
 }
 
+// The keys-as-M decode tiles (attention_decode_gqa.cuh) for the unfused input stage at head_dim 128 and groups of
+// up to 8 heads, from MOESERVE_ATTN_DECODE_GQA_MIN sequences on (default 1; 0: never). H200, q30b8l served step
+// (two calls): 665.1-667.8 / 3,213.5-3,214.9 / 3,354.6-3,359.4 us at batch 1 / 64 / 128 with them (and the input
+// stage as its own launch) against 672.0-672.6 / 3,231.1-3,236.8 / 3,403.9-3,404.1 for the 16-row tiles with the
+// fused input stage up to 64 sequences; the attention alone at 128: 41.1 against 42.5 us.
+bool decode_gqa_usable(const AttnShape& shape, int num_seqs) {
+  static const int min_seqs = int(env_int("MOESERVE_ATTN_DECODE_GQA_MIN", 1, 0, 1 << 20));
+  return min_seqs > 0 && num_seqs >= min_seqs && shape.head_dim == 128 && shape.kv_heads > 0 &&
+         shape.heads / shape.kv_heads <= detail::kGqaMaxGroup;
+}
+
 namespace {
+
+void launch_decode_gqa(const AttnParams& p, dim3 grid, bool split, cudaStream_t stream) {
+  constexpr size_t smem = detail::gqa_smem_bytes<128>();
+  auto kernel = split ? detail::paged_attention_decode_gqa_kernel<128, true>
+                      : detail::paged_attention_decode_gqa_kernel<128, false>;
+  MS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  launch_pdl(kernel, grid, dim3(128), smem, stream, p);
+  if (split) launch_pdl(detail::split_merge_kernel<128>, dim3(1, grid.y, grid.z), dim3(128), 0, stream, p);
+}
+
 void run_decode(AttnParams p, const AttnMeta& meta, const AttnShape& shape, int num_splits, void* workspace,
                 size_t workspace_bytes, bool fused_in, cudaStream_t stream) {
   MS_CHECK(num_splits >= 1 && num_splits <= 1024, "paged_attention_decode: num_splits {}", num_splits);
@@ -195,6 +217,9 @@ void run_decode(AttnParams p, const AttnMeta& meta, const AttnShape& shape, int 
     p.ws_lse = reinterpret_cast<float*>(base + w.lse);
     p.min_split_keys = decode_min_split_keys();
   }
+  if (!fused_in && decode_gqa_usable(shape, meta.num_seqs))
+    return launch_decode_gqa(p, dim3(unsigned(num_splits), unsigned(shape.kv_heads), unsigned(meta.num_seqs)), split,
+                             stream);
   const int m_tiles = int(ceil_div(p.group, detail::kDecodeRowTile));
   const dim3 grid(unsigned(m_tiles * num_splits), unsigned(shape.kv_heads), unsigned(meta.num_seqs));
   if (fused_in)

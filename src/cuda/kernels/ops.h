@@ -95,6 +95,9 @@ struct AttnInputStage {
   const int32_t* slots = nullptr;  // [rows] cache slot of each token row (< 0: not stored)
 };
 bool attention_input_stage_fusable(const AttnShape& shape, const RopeArgs& rope);
+// Whether paged_attention_decode runs the keys-as-M tiles (attention_decode_gqa.cuh) for this shape and batch:
+// head_dim 128, groups of up to 8 heads, MOESERVE_ATTN_DECODE_GQA_MIN (default 1) sequences or more.
+bool decode_gqa_usable(const AttnShape& shape, int num_seqs);
 void paged_attention_decode_fused_input(const bf16* qkv, int64_t qkv_stride, bf16* k_cache, bf16* v_cache,
                                         const AttnMeta& meta, const AttnShape& shape, const AttnInputStage& in,
                                         int num_splits, void* workspace, size_t workspace_bytes, bf16* out,

@@ -1,0 +1,243 @@
+// Decode attention for grouped-query heads with the keys as the MMA's M (internal header, included by
+// attention.cu only; head_dim 128, groups of up to 8 q heads, the unfused input stage).
+//
+// The tiles of attention_mma.cuh put a (token, q head) pair on each MMA row: a decode step has one token, so a
+// group of 8 heads fills 8 of the 16 rows and half of every MMA, softmax and rescale is padding. Here a warp takes
+// 16 keys of each 64-key tile as the M of mma.m16n8k16 and the group's (up to 8) heads as its N:
+//   S^T (16 keys x 8 heads) = K (16 x 128, ldmatrix from the swizzled ring) . Q^T (B fragments held in registers
+//     for the whole block, loaded once);
+//   online softmax down each head's column (a thread holds two heads' scores of keys g and g + 8; the column
+//     maximum takes three shuffles);
+//   O^T (128 x 8) += V^T (ldmatrix.trans of the ring) . P^T, whose B fragments are the S^T accumulators packed to
+//     bf16 and transposed in registers by movmatrix.
+// Eight MMAs a product per 16 keys instead of sixteen. The four warps' partial states are merged through shared
+// memory at the end; split-KV parts go to the workspace for split_merge_kernel exactly as the other decode tiles
+// write them (same parts, same layout).
+#pragma once
+
+#include "cuda/kernels/attention_mma.cuh"
+
+namespace moeserve::cuda::detail {
+
+constexpr int kGqaKeys = 64;    // keys a tile: 16 a warp
+constexpr int kGqaStages = 3;   // K / V ring depth (two tiles in flight)
+constexpr int kGqaMaxGroup = 8;  // q heads of a kv head: the MMA's N
+
+template <int D>
+constexpr size_t gqa_smem_bytes() {
+  return size_t(kGqaMaxGroup * D + kGqaStages * 2 * kGqaKeys * D) * sizeof(bf16);
+}
+
+// An 8 x 8 b16 matrix held one bf16x2 a lane (row lane / 4, columns 2 (lane % 4), +1), transposed.
+__device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
+  uint32_t y;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+  return y;
+}
+
+template <int D, bool SPLIT>
+__global__ void __launch_bounds__(128) paged_attention_decode_gqa_kernel(const AttnParams p) {
+  constexpr int BN = kGqaKeys, STAGES = kGqaStages, CPR = D / 8, KSTEPS = D / 16, DT = D / 16;
+  constexpr int ROW_GROUPS = 128 / CPR, RPT = BN / ROW_GROUPS;
+  static_assert(128 % CPR == 0 && BN % ROW_GROUPS == 0 && KSTEPS % 2 == 0, "load mapping");
+  constexpr float kNegInf = -INFINITY;
+  extern __shared__ __align__(128) unsigned char gqa_smem_raw[];
+  bf16* sQ = reinterpret_cast<bf16*>(gqa_smem_raw);  // [8][D]
+  bf16* sK = sQ + kGqaMaxGroup * D;                  // [STAGES][BN][D]
+  bf16* sV = sK + STAGES * BN * D;                   // [STAGES][BN][D]
+
+  pdl_enter();  // q and this step's K / V come from the kernel before
+  const int s = blockIdx.z, kvh = blockIdx.y, split = SPLIT ? int(blockIdx.x) : 0;
+  const int new_len = p.new_lens[s];
+  if (new_len <= 0) return;  // padding sequence
+  const int G = p.group;
+  const int start = p.kv_lens[s] - new_len;  // position of the (first) new token
+  const int key_end = visible_key_end(start, G - 1, G);
+  int k_begin = 0, k_end = key_end, parts = 1;
+  if constexpr (SPLIT) {
+    const int P = p.page_size;
+    const int n_pages = (key_end + P - 1) / P;
+    parts = effective_splits(p.num_splits, key_end, P, p.min_split_keys);
+    if (split >= parts) return;
+    const int pages_per_split = (n_pages + parts - 1) / parts;
+    k_begin = min(split * pages_per_split, n_pages) * P;
+    k_end = min(k_begin + pages_per_split * P, key_end);
+  }
+  const int n_tiles = k_end > k_begin ? (k_end - k_begin + BN - 1) / BN : 0;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int q_row_base = p.q_rows[s];
+
+  // Q of the group's heads (zero rows past G).
+  for (int c = tid; c < kGqaMaxGroup * CPR; c += 128) {
+    const int r = c / CPR, ch = c % CPR;
+    const bool valid = r < G;
+    const bf16* src = valid ? p.q + int64_t(q_row_base) * p.q_stride + int64_t(kvh * G + r) * D + ch * 8 : p.q;
+    cp_async_16(sQ + swz<D>(r, ch), src, valid);
+  }
+  // K / V loader, as in attention_mma.cuh: thread (ld_rg, ld_ch) copies chunk ld_ch of RPT consecutive keys.
+  const int P = p.page_size;
+  const int32_t* table = p.block_tables + int64_t(s) * p.max_pages;
+  const int64_t kv_row_stride = int64_t(p.kv_heads) * D;
+  const bf16* k_head = p.k_cache + int64_t(kvh) * D;
+  const bf16* v_head = p.v_cache + int64_t(kvh) * D;
+  const int ld_ch = tid % CPR, ld_rg = tid / CPR;
+  auto load_kv = [&](int tile_start, int stage) {
+    int key = tile_start + ld_rg * RPT;
+    int page_idx = key / P;
+    int off = key - page_idx * P;
+    int page = key < k_end ? table[page_idx] : 0;
+    bf16* dk = sK + stage * BN * D;
+    bf16* dv = sV + stage * BN * D;
+#pragma unroll
+    for (int j = 0; j < RPT; ++j) {
+      const int r = ld_rg * RPT + j;
+      const bool valid = key < k_end;
+      const int64_t o = valid ? (int64_t(page) * P + off) * kv_row_stride + ld_ch * 8 : 0;
+      cp_async_16(dk + swz<D>(r, ld_ch), k_head + o, valid);
+      cp_async_16(dv + swz<D>(r, ld_ch), v_head + o, valid);
+      ++key;
+      if (++off == P) {
+        off = 0;
+        ++page_idx;
+        if (key < k_end) page = table[page_idx];
+      }
+    }
+  };
+#pragma unroll
+  for (int i = 0; i < STAGES - 1; ++i) {
+    if (i < n_tiles) load_kv(k_begin + i * BN, i);
+    cp_async_commit();  // group 0 also holds Q
+  }
+  cp_async_wait<STAGES - 2>();  // group 0: Q and tile 0
+  __syncthreads();
+  // Q^T as B fragments (k = dims, n = heads): ldmatrix of the Q rows gives lane (g, q) head g, dims 2q, 2q + 1.
+  uint32_t qf[KSTEPS][2];
+#pragma unroll
+  for (int ks = 0; ks < KSTEPS; ks += 2) {
+    uint32_t r[4];
+    ldmatrix_x4(r, sQ + swz<D>(lane & 7, 2 * ks + (lane >> 3)));
+    qf[ks][0] = r[0], qf[ks][1] = r[1], qf[ks + 1][0] = r[2], qf[ks + 1][1] = r[3];
+  }
+
+  const int g = lane >> 2;
+  float m_r[2] = {kNegInf, kNegInf}, l_r[2] = {0.0f, 0.0f};  // heads 2q and 2q + 1
+  float oacc[DT][4];  // O^T: dims 16 dt + g (+ 8) x heads 2q, 2q + 1
+#pragma unroll
+  for (int i = 0; i < DT; ++i) oacc[i][0] = oacc[i][1] = oacc[i][2] = oacc[i][3] = 0.0f;
+
+  for (int t = 0; t < n_tiles; ++t) {
+    const int stage = t % STAGES;
+    if (t + STAGES - 1 < n_tiles) load_kv(k_begin + (t + STAGES - 1) * BN, (t + STAGES - 1) % STAGES);
+    cp_async_commit();
+    cp_async_wait<STAGES - 1>();
+    __syncthreads();
+    const int wk0 = k_begin + t * BN + warp * 16;  // this warp's first key
+    if (wk0 < k_end) {
+      const bf16* k_s = sK + stage * BN * D;
+      const bf16* v_s = sV + stage * BN * D;
+      float sacc[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // S^T: keys g (+ 8) x heads 2q, 2q + 1
+#pragma unroll
+      for (int ks = 0; ks < KSTEPS; ++ks) {
+        uint32_t a[4];
+        ldmatrix_x4(a, k_s + swz<D>(warp * 16 + (lane & 7) + (((lane >> 3) & 1) << 3), ks * 2 + (lane >> 4)));
+        mma_bf16_16816(sacc, a, qf[ks][0], qf[ks][1]);
+      }
+      const bool key_a = wk0 + g < k_end, key_b = wk0 + g + 8 < k_end;
+      float alpha[2];
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const float x0 = key_a ? sacc[j] * p.scale_log2 : kNegInf;
+        const float x1 = key_b ? sacc[j + 2] * p.scale_log2 : kNegInf;
+        float mx = fmaxf(x0, x1);
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+        const float m_new = fmaxf(m_r[j], mx);
+        const float m_use = m_new == kNegInf ? 0.0f : m_new;
+        alpha[j] = exp2f(m_r[j] - m_use);
+        m_r[j] = m_new;
+        const float p0 = exp2f(x0 - m_use), p1 = exp2f(x1 - m_use);
+        sacc[j] = p0;
+        sacc[j + 2] = p1;
+        l_r[j] = l_r[j] * alpha[j] + p0 + p1;  // this thread's keys only; summed over g at the end
+      }
+      if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+#pragma unroll
+        for (int dt = 0; dt < DT; ++dt) {
+          oacc[dt][0] *= alpha[0];
+          oacc[dt][1] *= alpha[1];
+          oacc[dt][2] *= alpha[0];
+          oacc[dt][3] *= alpha[1];
+        }
+      }
+      // P^T as B fragments (k = keys, n = heads): the accumulator pairs (key g, heads 2q, 2q + 1) transposed.
+      const uint32_t b0 = movmatrix_trans(pack_bf16x2(sacc[0], sacc[1]));
+      const uint32_t b1 = movmatrix_trans(pack_bf16x2(sacc[2], sacc[3]));
+#pragma unroll
+      for (int dt = 0; dt < DT; ++dt) {
+        uint32_t a[4];
+        ldmatrix_x4_trans(a, v_s + swz<D>(warp * 16 + (lane & 7) + ((lane >> 4) << 3), dt * 2 + ((lane >> 3) & 1)));
+        mma_bf16_16816(oacc[dt], a, b0, b1);
+      }
+    }
+    __syncthreads();  // the stage read here is overwritten by the next iteration's loads
+  }
+
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    l_r[j] += __shfl_xor_sync(0xffffffffu, l_r[j], 4);
+    l_r[j] += __shfl_xor_sync(0xffffffffu, l_r[j], 8);
+    l_r[j] += __shfl_xor_sync(0xffffffffu, l_r[j], 16);
+  }
+  // Merge the four warps' states through shared memory (the ring is free now).
+  cp_async_wait<0>();
+  __syncthreads();
+  float* red_m = reinterpret_cast<float*>(sK);  // [4][8]
+  float* red_l = red_m + 4 * kGqaMaxGroup;      // [4][8]
+  float* red_o = red_l + 4 * kGqaMaxGroup;      // [4][8][D]
+  static_assert((8 * kGqaMaxGroup + 4 * kGqaMaxGroup * D) * sizeof(float) <= size_t(STAGES) * 2 * BN * D * sizeof(bf16),
+                "merge scratch fits in the ring");
+  const int q4 = lane & 3;
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int h = 2 * q4 + j;
+    if (g == 0) {
+      red_m[warp * kGqaMaxGroup + h] = m_r[j];
+      red_l[warp * kGqaMaxGroup + h] = l_r[j];
+    }
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt) {
+      red_o[(warp * kGqaMaxGroup + h) * D + dt * 16 + g] = oacc[dt][j];
+      red_o[(warp * kGqaMaxGroup + h) * D + dt * 16 + g + 8] = oacc[dt][j + 2];
+    }
+  }
+  __syncthreads();
+  for (int e = tid; e < G * (D / 2); e += 128) {
+    const int h = e / (D / 2), d = (e % (D / 2)) * 2;
+    float M = kNegInf;
+#pragma unroll
+    for (int w = 0; w < 4; ++w) M = fmaxf(M, red_m[w * kGqaMaxGroup + h]);
+    float L = 0.0f, o0 = 0.0f, o1 = 0.0f;
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      const float mw = red_m[w * kGqaMaxGroup + h];
+      if (mw == kNegInf) continue;  // this warp saw no key
+      const float wt = exp2f(mw - M);
+      L += wt * red_l[w * kGqaMaxGroup + h];
+      o0 += wt * red_o[(w * kGqaMaxGroup + h) * D + d];
+      o1 += wt * red_o[(w * kGqaMaxGroup + h) * D + d + 1];
+    }
+    const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+    const int hg = kvh * G + h;
+    if (SPLIT && parts > 1) {
+      float* dst = p.ws_o + ((int64_t(s) * p.num_splits + split) * p.heads + hg) * D + d;
+      *reinterpret_cast<float2*>(dst) = make_float2(o0 * inv, o1 * inv);
+      if (d == 0) p.ws_lse[(int64_t(s) * p.num_splits + split) * p.heads + hg] = L > 0.0f ? M + log2f(L) : kNegInf;
+    } else {
+      bf16* dst = p.out + int64_t(q_row_base) * p.out_stride + int64_t(hg) * D + d;
+      *reinterpret_cast<__nv_bfloat162*>(dst) = __floats2bfloat162_rn(o0 * inv, o1 * inv);
+    }
+  }
+}
+
+}  // namespace moeserve::cuda::detail
