@@ -231,6 +231,76 @@ TEST(SchedulerOverlap, PrefillChunksAndAdmissionsOverlapAndMatchTheSerialSchedul
       << decode_only_stats.overlapped_steps << " of " << decode_only_stats.steps;
 }
 
+// The executor contract behind look-ahead steps: ForwardBatch::previous_samples takes token i from sample r of
+// the step in flight (any order, any subset) and leaves -1 entries as given; the result equals the same step run
+// with those tokens written in. A sample index past the running step's rows is an internal error.
+TEST(SchedulerOverlap, PreviousSamplesFeedTheNamedRows) {
+  auto run = [](bool look_ahead, std::vector<Sampled>& first, std::vector<Sampled>& second) {
+    Harness h(4096, 16);
+    ModelRunner& r = *h.runner;
+    std::vector<std::vector<int32_t>> pages;
+    for (int i = 0; i < 3; ++i) pages.push_back(r.kv().allocator().allocate(2));
+    const std::vector<int32_t> p0 = prompt_of(1, 5), p1 = prompt_of(2, 3), p2 = prompt_of(3, 4);
+    std::vector<std::mt19937_64> rngs(4);
+    std::vector<SampleSpec> specs(2);
+    for (size_t i = 0; i < specs.size(); ++i) specs[i].logprob = true, specs[i].rng = &rngs[i];
+    // Step A: the prompts of sequences 0 and 1, one logit row each.
+    ForwardBatch a;
+    for (int t : p0) a.tokens.push_back(t);
+    for (int t : p1) a.tokens.push_back(t);
+    for (int i = 0; i < 8; ++i) a.positions.push_back(i < 5 ? i : i - 5);
+    a.seqs = {{pages[0].data(), 0, 5, 0}, {pages[1].data(), 0, 3, 5}};
+    a.logit_rows = {4, 7};
+    // Step B: sequence 1's next token (A's row 1), sequence 0's (A's row 0), then sequence 2's prompt.
+    ForwardBatch b;
+    b.tokens = {0, 0};
+    b.positions = {3, 5};
+    for (int i = 0; i < 4; ++i) b.tokens.push_back(p2[i]), b.positions.push_back(i);
+    b.seqs = {{pages[1].data(), 3, 1, 0}, {pages[0].data(), 5, 1, 1}, {pages[2].data(), 0, 4, 2}};
+    b.logit_rows = {0, 1, 5};
+    std::vector<SampleSpec> specs_b(3);
+    for (size_t i = 0; i < specs_b.size(); ++i) specs_b[i].logprob = true, specs_b[i].rng = &rngs[i + 1];
+    if (look_ahead) {
+      b.previous_samples = {1, 0, -1, -1, -1, -1};
+      r.launch(a, specs);
+      r.launch(b, specs_b);
+      r.collect(first);
+      r.collect(second);
+    } else {
+      r.step(a, specs, first);
+      b.tokens[0] = first[1].token, b.tokens[1] = first[0].token;
+      r.step(b, specs_b, second);
+    }
+  };
+  std::vector<Sampled> a1, b1, a2, b2;
+  run(true, a1, b1);
+  run(false, a2, b2);
+  ASSERT_EQ(b1.size(), 3u);
+  ASSERT_EQ(b2.size(), 3u);
+  for (size_t i = 0; i < 2; ++i) EXPECT_EQ(a1[i].token, a2[i].token);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(b1[i].token, b2[i].token) << "row " << i;
+    EXPECT_EQ(b1[i].logprob, b2[i].logprob) << "row " << i;
+  }
+
+  Harness h(4096, 16);
+  auto pages = h.runner->kv().allocator().allocate(1);
+  ForwardBatch one;
+  one.tokens = {7};
+  one.positions = {0};
+  one.seqs = {{pages.data(), 0, 1, 0}};
+  one.logit_rows = {0};
+  std::mt19937_64 rng;
+  std::vector<SampleSpec> spec(1);
+  spec[0].rng = &rng;
+  h.runner->launch(one, spec);
+  ForwardBatch bad = one;
+  bad.positions = {1};
+  bad.seqs = {{pages.data(), 1, 1, 0}};
+  bad.previous_samples = {1};  // the running step has one row
+  EXPECT_THROW(h.runner->launch(bad, spec), InternalError);
+}
+
 TEST_P(SchedulerP, TinyKVCachePreemptsAndStillMatches) {
   const int N = 12;
   std::vector<Collected> solo(N);
