@@ -13,7 +13,7 @@ ensure_built() {
   if ! BUILD_DIR=$build "$root/scripts/build.sh" >"$log" 2>&1; then
     tail -5 "$log"
     echo "error: the build failed here. Build on a machine with the dependencies (./scripts/install-deps.sh," \
-      "./scripts/build.sh) and bring $build along." >&2
+      "./scripts/build.sh) and bring $build along (scripts/pack-for-gpu.sh packs what is needed)." >&2
     exit 1
   fi
   for f in "$@"; do
