@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <unordered_map>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -263,38 +264,46 @@ bool Scheduler::step() {
     return !deliveries.empty();
   }
 
-  ForwardBatch fb;
-  LaunchedStep st;
-  st.logit_row_of.assign(plan.size(), -1);
-  for (size_t i = 0; i < plan.size(); ++i) {
-    auto& [r, chunk] = plan[i];
-    int64_t row = int64_t(fb.tokens.size());
-    for (int64_t p = r->computed; p < r->computed + chunk; ++p) {
-      fb.tokens.push_back(r->token_at(p));
-      fb.positions.push_back(p);
-    }
-    fb.seqs.push_back({r->pages.data(), r->computed, chunk, row});
-    if (r->computed + chunk == r->total_tokens()) {
-      st.logit_row_of[i] = int64_t(fb.logit_rows.size());
-      fb.logit_rows.push_back(row + chunk - 1);
-    }
-  }
-  std::vector<SampleSpec> specs;
-  for (size_t i = 0; i < plan.size(); ++i)
-    if (st.logit_row_of[i] >= 0) specs.push_back(sample_spec(*plan[i].first));
-  st.plan = std::move(plan);
-  launch(fb, specs, std::move(st));
+  StepBatch b;
+  for (auto& [r, chunk] : plan) add_chunk(b, r, r->computed, chunk);
+  launch(std::move(b));
   if (opts_.overlap_schedule) launch_ahead();
   collect_oldest(deliveries);
   deliver(deliveries);
   return true;
 }
 
-void Scheduler::launch(const ForwardBatch& fb, const std::vector<SampleSpec>& specs, LaunchedStep step) {
+void Scheduler::add_chunk(StepBatch& b, const std::shared_ptr<Request>& r, int64_t computed, int64_t chunk,
+                          int64_t sample_row, std::optional<SampleSpec> spec) {
+  ForwardBatch& fb = b.fb;
+  const int64_t pending = sample_row >= 0 ? 1 : 0, row = int64_t(fb.tokens.size());
+  for (int64_t p = computed; p < computed + chunk; ++p) {
+    if (pending > 0 && p == r->total_tokens()) {
+      fb.previous_samples.resize(fb.tokens.size(), -1);
+      fb.previous_samples.push_back(int32_t(sample_row));
+      fb.tokens.push_back(0);
+    } else {
+      fb.tokens.push_back(r->token_at(p));
+    }
+    fb.positions.push_back(p);
+  }
+  fb.seqs.push_back({r->pages.data(), computed, chunk, row});
+  int64_t logit_row = -1;
+  if (computed + chunk == r->total_tokens() + pending) {
+    logit_row = int64_t(fb.logit_rows.size());
+    fb.logit_rows.push_back(row + chunk - 1);
+    b.specs.push_back(spec ? std::move(*spec) : sample_spec(*r, pending));
+  }
+  b.step.plan.push_back({r, chunk});
+  b.step.logit_row_of.push_back(logit_row);
+}
+
+void Scheduler::launch(StepBatch b) {
+  if (!b.fb.previous_samples.empty()) b.fb.previous_samples.resize(b.fb.tokens.size(), -1);
   const double t0 = now_s();
-  runner_.launch(fb, specs);
+  runner_.launch(b.fb, b.specs);
   stats_.forward_seconds += now_s() - t0;
-  launched_.push_back(std::move(step));
+  launched_.push_back(std::move(b.step));
 }
 
 void Scheduler::launch_ahead() {
@@ -323,21 +332,16 @@ void Scheduler::launch_ahead() {
     specs.push_back(std::move(s));
   }
   if (!any_continues) return;  // every request ends with the running step
-  ForwardBatch fb;
-  LaunchedStep next;
+  for (size_t i = 0; i < cur.plan.size(); ++i) {
+    Request& r = *cur.plan[i].first;
+    if (!ensure_pages(r, r.computed + cur.plan[i].second + 1)) return;  // the ordinary path decides whom to preempt
+  }
+  StepBatch b;
   for (size_t i = 0; i < cur.plan.size(); ++i) {
     const std::shared_ptr<Request>& r = cur.plan[i].first;
-    const int64_t pos = r->computed + cur.plan[i].second;
-    if (!ensure_pages(*r, pos + 1)) return;  // out of pages: the ordinary path decides whom to preempt
-    fb.tokens.push_back(0);  // the running step's sample for row i, filled in on the device
-    fb.previous_samples.push_back(int32_t(i));
-    fb.positions.push_back(pos);
-    fb.seqs.push_back({r->pages.data(), pos, 1, int64_t(i)});
-    fb.logit_rows.push_back(int64_t(i));
-    next.plan.push_back({r, 1});
-    next.logit_row_of.push_back(int64_t(i));
+    add_chunk(b, r, r->computed + cur.plan[i].second, 1, int64_t(i), std::move(specs[i]));
   }
-  launch(fb, specs, std::move(next));
+  launch(std::move(b));
   ++stats_.overlapped_steps;
 }
 
@@ -350,38 +354,40 @@ bool Scheduler::launch_ahead_mixed() {
   for (auto& r : waiting_)
     if (r->abort_requested) return false;
   const int64_t max_pos = runner_.config().max_position_embeddings;
+  std::unordered_map<const Request*, size_t> in_cur;  // request -> its entry of cur's plan
+  for (size_t i = 0; i < cur.plan.size(); ++i) in_cur.emplace(cur.plan[i].first.get(), i);
   struct Next {
     std::shared_ptr<Request> r;
-    int64_t computed;  // after cur
-    int64_t pending;   // 1: cur samples its next token (still on the device)
-    int64_t sample_row;
+    int64_t computed;    // after cur
+    int64_t sample_row;  // >= 0: cur samples r's next token for this logit row (still on the device)
+    std::optional<SampleSpec> spec;
+    int64_t remaining() const { return r->total_tokens() + (sample_row >= 0 ? 1 : 0) - computed; }
   };
   std::vector<Next> state;
   for (auto& r : running_) {
     if (r->abort_requested || r->finish != FinishReason::None) return false;
-    Next n{r, r->computed, 0, -1};
-    for (size_t i = 0; i < cur.plan.size(); ++i) {
-      if (cur.plan[i].first != r) continue;
-      n.computed += cur.plan[i].second;
-      if (cur.logit_row_of[i] >= 0) n.pending = 1, n.sample_row = cur.logit_row_of[i];
-      break;
+    Next n{r, r->computed, -1, std::nullopt};
+    if (auto it = in_cur.find(r.get()); it != in_cur.end()) {
+      n.computed += cur.plan[it->second].second;
+      n.sample_row = cur.logit_row_of[it->second];
     }
-    if (n.pending > 0) {
+    if (n.sample_row >= 0) {
       const int64_t generated = int64_t(r->output.size()) + 1;
       // Ends with cur for sure (length or context): no row. A stop token is not known yet: it keeps its row,
       // which collect_oldest drops.
       if (generated >= r->params.max_new_tokens || r->total_tokens() + 1 >= max_pos) continue;
       if (generated < r->params.min_new_tokens) return false;  // its eos / stop-id bans change per token
-      if (sample_spec(*r, 1).penalized()) return false;        // the penalties need cur's token on the host
+      n.spec = sample_spec(*r, 1);
+      if (n.spec->penalized()) return false;  // the penalties need cur's token on the host
     }
     state.push_back(std::move(n));
   }
   int64_t budget = std::max<int64_t>(opts_.chunked_prefill_size, int64_t(running_.size()));
-  std::vector<std::pair<const Next*, int64_t>> plan;
+  std::vector<std::pair<Next*, int64_t>> plan;
   for (bool decodes : {true, false})
-    for (const Next& n : state) {
+    for (Next& n : state) {
       if (budget <= 0) break;
-      const int64_t remaining = n.r->total_tokens() + n.pending - n.computed;
+      const int64_t remaining = n.remaining();
       if (remaining <= 0 || (remaining == 1) != decodes) continue;
       const int64_t chunk = std::min(remaining, budget);
       if (!ensure_pages(*n.r, n.computed + chunk)) return false;  // the ordinary path decides whom to preempt
@@ -395,34 +401,15 @@ bool Scheduler::launch_ahead_mixed() {
     if (!try_admit(r)) break;  // FCFS, as in step()
     waiting_.pop_front();
     running_.push_back(r);
-    admitted.push_back({r, r->computed, 0, -1});
+    admitted.push_back({r, r->computed, -1, std::nullopt});
     const int64_t chunk = std::min(r->remaining(), budget);
     plan.push_back({&admitted.back(), chunk});
     budget -= chunk;
   }
   if (plan.empty()) return false;
-  ForwardBatch fb;
-  LaunchedStep next;
-  std::vector<SampleSpec> specs;
-  for (auto& [n, chunk] : plan) {
-    const int64_t row = int64_t(fb.tokens.size());
-    for (int64_t p = n->computed; p < n->computed + chunk; ++p) {
-      const bool from_cur = n->pending > 0 && p == n->r->total_tokens();
-      fb.tokens.push_back(from_cur ? 0 : n->r->token_at(p));
-      fb.previous_samples.push_back(from_cur ? int32_t(n->sample_row) : -1);
-      fb.positions.push_back(p);
-    }
-    fb.seqs.push_back({n->r->pages.data(), n->computed, chunk, row});
-    int64_t logit_row = -1;
-    if (n->computed + chunk == n->r->total_tokens() + n->pending) {
-      logit_row = int64_t(fb.logit_rows.size());
-      fb.logit_rows.push_back(row + chunk - 1);
-      specs.push_back(sample_spec(*n->r, n->pending));
-    }
-    next.plan.push_back({n->r, chunk});
-    next.logit_row_of.push_back(logit_row);
-  }
-  launch(fb, specs, std::move(next));
+  StepBatch b;
+  for (auto& [n, chunk] : plan) add_chunk(b, n->r, n->computed, chunk, n->sample_row, std::move(n->spec));
+  launch(std::move(b));
   return true;
 }
 

@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <memory>
 #include <vector>
@@ -112,7 +113,19 @@ class Scheduler {
     Plan plan;
     std::vector<int64_t> logit_row_of;  // per plan entry: its logit row, or -1
   };
-  void launch(const ForwardBatch& fb, const std::vector<SampleSpec>& specs, LaunchedStep step);
+  // A step's batch as it is built: the forward batch, the plan with its logit rows, one spec a logit row.
+  struct StepBatch {
+    ForwardBatch fb;
+    LaunchedStep step;
+    std::vector<SampleSpec> specs;
+  };
+  // Appends r's tokens [computed, computed + chunk) to b, with a logit row where they end r's known tokens.
+  // sample_row >= 0: r's token at total_tokens() is the one the running step samples for that logit row (a
+  // placeholder here, filled in on the device), so r's tokens end one further. `spec`: r's sampling spec when
+  // the caller has it already.
+  void add_chunk(StepBatch& b, const std::shared_ptr<Request>& r, int64_t computed, int64_t chunk,
+                 int64_t sample_row = -1, std::optional<SampleSpec> spec = std::nullopt);
+  void launch(StepBatch b);
   void launch_ahead();
   bool launch_ahead_mixed();
   void collect_oldest(Delivery& deliveries);

@@ -320,18 +320,18 @@ void qk_norm_rope_store_kv(bf16* qkv, int64_t qkv_stride, int T, int heads, int 
                    detail::aligned_to(q_norm, vec_bytes) && detail::aligned_to(k_norm, vec_bytes) &&
                    detail::aligned_to(k_cache, vec_bytes) && detail::aligned_to(v_cache, vec_bytes);
   const int nh = heads + 2 * kv_heads;
-  if (vec && rope.rotary_dim == head_dim && (head_dim == 64 || head_dim == 128 || head_dim == 256) &&
+  // The token-major kernel rotates whole heads per lane pair, as the fused decode attention's input stage does.
+  if (vec && attention_input_stage_fusable(AttnShape{heads, kv_heads, head_dim}, rope) &&
       T >= token_major_min_tokens()) {
     // About one wave of 8-warp blocks (8 an SM): long steps give each warp all of its token's heads.
     const int blocks_x = int(ceil_div(T, kWarps));
     const int groups = std::clamp(int(ceil_div(1024, blocks_x)), 1, int(ceil_div(nh, kTokenUnroll)));
     const int per_block = int(ceil_div(nh, groups));
     const dim3 tgrid(unsigned(blocks_x), unsigned(ceil_div(nh, per_block)));
-    switch (head_dim) {
-      case 64: launch_pdl(qk_norm_rope_tokens_kernel<64>, tgrid, dim3(kWarps * 32), 0, stream, p, T, per_block); break;
-      case 128: launch_pdl(qk_norm_rope_tokens_kernel<128>, tgrid, dim3(kWarps * 32), 0, stream, p, T, per_block); break;
-      default: launch_pdl(qk_norm_rope_tokens_kernel<256>, tgrid, dim3(kWarps * 32), 0, stream, p, T, per_block); break;
-    }
+    auto kernel = head_dim == 64    ? qk_norm_rope_tokens_kernel<64>
+                  : head_dim == 128 ? qk_norm_rope_tokens_kernel<128>
+                                    : qk_norm_rope_tokens_kernel<256>;
+    launch_pdl(kernel, tgrid, dim3(kWarps * 32), 0, stream, p, T, per_block);
     return;
   }
   const dim3 grid(unsigned(T), unsigned(ceil_div(nh, kWarps)));

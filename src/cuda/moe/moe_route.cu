@@ -26,8 +26,6 @@ constexpr int kRouteMaxPerLane = 16;  // experts per lane: E <= 512
 constexpr int kRouteMaxTopK = 16;
 constexpr int kRouteWarpsPerBlock = 4;
 
-// Order of the top-k: larger probability first, then lower expert index (torch.topk's order).
-
 // One warp routes token t from its logits row l: lane l holds experts l, l + 32, ... (SLOTS of them: the
 // dispatcher below picks the fewest that cover E, since every slot costs the whole warp a double exp and a
 // compare in each of the k rounds). The row may have been written by other blocks of the same grid (the fused
@@ -58,10 +56,10 @@ __device__ __forceinline__ void route_token_slots(const float* l, int t, int E, 
 #pragma unroll
   for (int i = 0; i < SLOTS; ++i) p[i] = lane + 32 * i < E ? float(ex[i] / sum) : -1.0f;  // -1: absent or taken
 
-  // Each round takes the largest remaining probability, the lowest expert index among equals. Probabilities are
-  // >= 0, so their f32 bits order as unsigned integers: key = bits + 1, 0 for absent or taken. One warp-wide
-  // max reduction (redux.sync) finds the winning key; one ballot a slot, lowest slot and lane first, finds the
-  // lowest expert holding it (five dependent shuffle pairs a round before: ~1 us of the 1-token step a layer).
+  // Each round takes the largest remaining probability, the lowest expert index among equals (torch.topk's
+  // order). Probabilities are >= 0, so their f32 bits order as unsigned integers: key = bits + 1, 0 for absent or
+  // taken. One warp-wide max reduction (redux.sync) finds the winning key; one ballot a slot, lowest slot and lane
+  // first, finds the lowest expert holding it (five dependent shuffle pairs a round before).
   float chosen_p = 0, total = 0;
   for (int j = 0; j < k; ++j) {
     unsigned key[SLOTS], best = 0;
