@@ -5,11 +5,14 @@
 // With MOESERVE_PROFILE_SKIP_OPS=op,... (norm, qkv, attention, oproj, router, route, experts, lmhead) every step
 // leaves those ops out: the served step's time against a run without it is the ops' marginal cost inside the
 // chain of programmatic launches (the per-op table cannot show it: its events break that chain).
+// With --trace, no per-op events: the served decode steps run under CUPTI's kernel tracing (kernel_trace.h) and each
+// kernel's time from the previous kernel's end to its own end is listed, programmatic overlap included.
 #include <chrono>
 #include <cstdio>
 #include <string>
 
 #include "cli/flags.h"
+#include "kernel_trace.h"
 #include "core/error.h"
 #include "launch/launch.h"
 
@@ -68,6 +71,8 @@ int main(int argc, char** argv) {
   f.add_int_list("batch-sizes", &batch_sizes, "decode batch sizes to profile (default 1,64,128)");
   bool prefill = true;
   f.add_bool("prefill", &prefill, "also profile prefill steps");
+  bool trace = false;
+  f.add_bool("trace", &trace, "decode steps as a CUPTI kernel timeline instead of per-op events (no prefill)");
   std::string gemm_backend = "auto";
   f.add_string("gemm-backend", &gemm_backend, "as for serve (auto, cublas, cublaslt, gemv)");
   try {
@@ -79,10 +84,27 @@ int main(int argc, char** argv) {
     lo.runner.chunked_prefill_size = 8192;
     lo.max_running_requests = max_running;
     lo.gemm_backend = gemm_backend;
+    bench::KernelTrace tracer;
+    if (trace) {  // before the runner: its CUDA graphs are then instantiated with tracing on
+      if (std::string why = tracer.start(); !why.empty()) throw std::runtime_error("--trace: " + why);
+    }
     auto runner = make_runner(lo);
     ModelRunner& r = *runner;
     for (int64_t bs : batch_sizes) {
       Batch b = make_batch(r, int(bs), ctx, 1);
+      if (trace) {
+        constexpr int kSteps = 20;
+        served_step_us(r, b.fb, 5);
+        tracer.take();  // warm-up and graph capture
+        const double us = served_step_us(r, b.fb, kSteps);
+        std::vector<bench::KernelRecord> recs = tracer.take();
+        // served_step_us ran 3 warm-up steps before the kSteps it timed
+        std::printf("\n== decode, batch %lld, context %lld: kernel timeline (CUPTI) ==\n%s", (long long)bs,
+                    (long long)ctx, bench::format_timeline(bench::step_timeline(recs, kSteps + 3)).c_str());
+        std::printf("served decode step under tracing: %.1f us\n", us);
+        release(r, b);
+        continue;
+      }
       r.executor().profile_step(b.fb);  // warm-up
       std::printf("\n== decode, batch %lld, context %lld ==\n%s", (long long)bs, (long long)ctx,
                   r.executor().profile_step(b.fb).c_str());
@@ -90,7 +112,7 @@ int main(int argc, char** argv) {
       release(r, b);
     }
     for (int seqs : {1, 16}) {
-      if (!prefill) break;
+      if (!prefill || trace) break;
       Batch b = make_batch(r, seqs, 0, 512);
       r.executor().profile_step(b.fb);
       std::printf("\n== prefill, %d x 512 tokens ==\n%s", seqs, r.executor().profile_step(b.fb).c_str());
