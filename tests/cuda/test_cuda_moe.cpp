@@ -609,6 +609,21 @@ TEST(CudaMoe, JitSecondPrepareHitsTheDiskCache) {
   EXPECT_EQ(check_step(*second, L, s, reference(L, s), buf, ws.p, st.s), "");
 }
 
+// NVRTC needs no GPU: the embedded JIT source must compile for sm_90a on any machine (CI included), so that a
+// kernel change that nvcc accepts but NVRTC does not (no CUDA headers there) fails here, not at a server's start.
+TEST(CudaMoe, JitSourceCompilesForSm90aWithoutAGpu) {
+  std::string cubin;
+  const std::string r = jit_compile(jit_embedded_source(),
+                                    {"--gpu-architecture=sm_90a", "-std=c++17", "-DMOE_JIT=1", "-DMOE_JIT_HIDDEN=2048",
+                                     "-DMOE_JIT_INTER=768"},
+                                    cubin);
+  EXPECT_EQ(r, "");
+  EXPECT_GT(cubin.size(), size_t(10000));
+  // Every kernel the JIT table looks up is in it.
+  for (const char* name : {"moe_prep", "moe_combine", "moe_down_gemv", "moe_gemm_0_gu", "moe_gemm_0_dn", "moe_gemm_10_dn"})
+    EXPECT_NE(cubin.find(name), std::string::npos) << name;
+}
+
 TEST(CudaMoe, JitCompileFailureReturnsTheNvrtcLog) {
   if (moeserve::cuda::list_devices().empty()) GTEST_SKIP() << "no CUDA device";
   TempCacheDir cache;

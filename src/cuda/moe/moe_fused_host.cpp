@@ -152,13 +152,20 @@ std::string fused_shape_check(const MoeShape& s) {
 }
 
 std::string fused_check_kernels(const KernelTable& t, const DeviceInfo& dev) {
-  std::vector<const void*> all = {t.prep, t.combine};
+  std::vector<const void*> all = {t.prep, t.combine, t.down_gemv};
   for (int c = 0; c < kNumGemmConfigs; ++c)
     for (int m = 0; m < 2; ++m) all.push_back(t.gemm[c][m]);
   for (const void* k : all) {
     if (!k) return "kernel missing from the kernel table";
     std::string r = check_kernel_present(k, dev);
     if (!r.empty()) return r;
+  }
+  if (cudaError_t e = cudaFuncSetAttribute(t.down_gemv, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          down_gemv_smem_bytes(kDownGemvMaxI));
+      e != cudaSuccess) {
+    cudaGetLastError();
+    return fmt::format("the down GEMV needs {} KiB of shared memory per block: {}",
+                       down_gemv_smem_bytes(kDownGemvMaxI) / 1024, cudaGetErrorString(e));
   }
   for (int c = 0; c < kNumGemmConfigs; ++c)
     for (int m = 0; m < 2; ++m) {
@@ -270,6 +277,15 @@ void fused_run(const KernelTable& k, const MoeShape& s, const bf16* x, int T, co
   GemmParams dn{static_cast<const unsigned short*>(w.down), act, y, tiles, perm_pair, topk_weights, s.hidden, s.inter,
                 s.top_k, direct_ids, s.num_experts, fused_combine ? counters : nullptr,
                 fused_combine ? reinterpret_cast<unsigned short*>(out) : nullptr, l.num_slots};
+  // Direct mode of up to kDownGemvWarps pairs: the down projection and the combine as one GEMV launch
+  // (MOESERVE_MOE_DOWN_GEMV=1; see down_gemv_body).
+  static const bool down_gemv = env_int("MOESERVE_MOE_DOWN_GEMV", 0, 0, 1) != 0;
+  if (down_gemv && direct && l.num_slots <= kDownGemvWarps && s.inter <= kDownGemvMaxI && s.hidden % kDownGemvRows == 0) {
+    dn.combine_out = reinterpret_cast<unsigned short*>(out);
+    launch(k.down_gemv, dim3(unsigned(s.hidden / kDownGemvRows)), dim3(kDownGemvThreads),
+           size_t(down_gemv_smem_bytes(s.inter)), &dn, stream, "moe down GEMV launch", pdl);
+    return;
+  }
   if (cfg.persistent) encode_weight_map(dn.wmap, w.down, int64_t(s.num_experts) * s.hidden, s.inter, cfg.bm);
   launch(k.gemm[l.config][kDown], grid_of(cfg, ceil_div(s.hidden, cfg.bm)), dim3(cfg.threads),
          size_t(cfg.smem_bytes), &dn, stream, "moe down GEMM launch", pdl);

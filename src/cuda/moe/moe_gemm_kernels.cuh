@@ -543,6 +543,93 @@ __device__ __forceinline__ void combine_body(const CombineParams& p) {
   }
 }
 
+// ---------------------------------------------------------------------------------------------------------
+// Direct mode's down projection and combine in one launch (GemmParams as for the down GEMM, combine_out the output;
+// kDownGemv* in moe_kernel_params.h). CTA b takes hidden rows [16 b, 16 b + 16) of every pair's expert: warp j is
+// pair j, a GEMV of 16 weight rows by the pair's act row with the rows as mma.m16n8k16's M and the act row as
+// token 0 of its N (the lane mapping of the gemv backend: lane (g, q) holds rows g and g + 8 at k = 8q + 32h of
+// each 64-k slice, the act chunk at the same k for g == 0, zero for the other tokens). Each warp streams its rows
+// through its own cp.async ring of 64-k slices (XOR-swizzled 16-byte chunks), the first slices issued before the
+// programmatic wait (the expert ids were final before the gate/up GEMM passed its wait). Then
+//   out[t, h] = bf16(sum over the token's slots j, in order, of bf16(topk_weight[j] * (act[j] . Wd[e_j, h])))
+// which is the down GEMM's y rows and the combine's sum, rounded the same way. A CTA streams 8 x 16 rows of I
+// (196 KB at q30b shapes) instead of the down GEMM's 48 KB tiles, and no CTA waits for another to combine.
+template <int FIXED_H, int FIXED_I>
+__device__ __forceinline__ void down_gemv_body(const GemmParams& p, char* smem) {
+  using namespace moe_ptx;
+  constexpr int R = kDownGemvRows, S = kDownGemvStages, SLICE = 64;
+  const int H = FIXED_H > 0 ? FIXED_H : p.hidden;
+  const int I = FIXED_I > 0 ? FIXED_I : p.inter;
+  const int P = p.num_slots, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+  const int h0 = blockIdx.x * R;
+  float* ys = reinterpret_cast<float*>(smem);                                           // [kDownGemvWarps][R]
+  unsigned short* ring = reinterpret_cast<unsigned short*>(ys + kDownGemvWarps * R);   // [warps][S][R][SLICE]
+  unsigned short* xs = ring + kDownGemvWarps * S * R * SLICE;                           // [warps][I]
+  unsigned short* my_ring = ring + warp * S * R * SLICE;
+  unsigned short* my_x = xs + (long long)warp * I;
+  grid_dep_launch_dependents();  // the next kernel may be scheduled; it waits for this grid's completion
+  const int j = warp;
+  const int e = j < P ? p.direct_ids[j] : -1;
+  const bool active = e >= 0 && e < p.num_experts;
+  const int NS = I / SLICE;
+  const unsigned short* w = p.weights + ((long long)(active ? e : 0) * H + h0) * I;
+  // Slice s of this warp's 16 rows: 128 16-byte chunks, 4 a lane; chunk c of row r lands at chunk c ^ (r & 7).
+  auto load_slice = [&](int s) {
+    unsigned short* dst = my_ring + (s % S) * R * SLICE;
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {
+      const int id = lane + 32 * m, r = id >> 3, c = id & 7;
+      cp_async16(dst + r * SLICE + ((c ^ (r & 7)) << 3), w + (long long)r * I + s * SLICE + c * 8, active && s < NS);
+    }
+  };
+#pragma unroll
+  for (int s = 0; s < S - 1; ++s) {
+    load_slice(s);
+    cp_async_commit();
+  }
+  grid_dep_wait();  // act comes from the gate/up GEMM
+  if (active)
+    for (int c = lane; c < I / 8; c += 32)
+      *reinterpret_cast<U4*>(my_x + c * 8) = load_cg(p.src + (long long)j * I + c * 8);
+  __syncwarp();
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  for (int s = 0; s < NS; ++s) {
+    load_slice(s + S - 1);  // refills the stage read one slice ago (zero-size copies past the end)
+    cp_async_commit();
+    cp_async_wait<S - 1>();  // this lane's copies of slice s have landed...
+    __syncwarp();            // ...and the warp's
+    const unsigned short* sl = my_ring + (s % S) * R * SLICE;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int c = 4 * h + q;
+      const U4 lo = *reinterpret_cast<const U4*>(sl + g * SLICE + ((c ^ g) << 3));
+      const U4 hi = *reinterpret_cast<const U4*>(sl + (g + 8) * SLICE + ((c ^ g) << 3));
+      U4 b = {0u, 0u, 0u, 0u};
+      if (g == 0) b = *reinterpret_cast<const U4*>(my_x + s * SLICE + c * 8);
+      const unsigned a0[4] = {lo.x, hi.x, lo.y, hi.y}, b0[2] = {b.x, b.y};
+      const unsigned a1[4] = {lo.z, hi.z, lo.w, hi.w}, b1[2] = {b.z, b.w};
+      mma_bf16_16816(acc, a0, b0);
+      mma_bf16_16816(acc, a1, b1);
+    }
+    __syncwarp();  // the stage is refilled by the next slice's copies
+  }
+  cp_async_wait<0>();
+  // acc[0]: row g, token 0 on lanes q == 0; acc[2]: row g + 8. The pair's y values, rounded as the down GEMM's.
+  if (q == 0) {
+    const float wt = active ? p.topk_weights[j] : 0.0f;
+    ys[j * R + g] = active ? bf16_lo(pack_bf16x2(acc[0] * wt, 0.0f)) : 0.0f;
+    ys[j * R + g + 8] = active ? bf16_lo(pack_bf16x2(acc[2] * wt, 0.0f)) : 0.0f;
+  }
+  __syncthreads();
+  const int T = P / p.top_k;
+  for (int i = threadIdx.x; i < T * R; i += blockDim.x) {
+    const int t = i / R, r = i % R;
+    float a = 0.0f;
+    for (int k = 0; k < p.top_k; ++k) a += ys[(t * p.top_k + k) * R + r];  // slot order, as the combine
+    p.combine_out[(long long)t * H + h0 + r] = (unsigned short)(pack_bf16x2(a, 0.0f) & 0xffffu);
+  }
+}
+
 }  // namespace moe_kernels
 
 #include "moe_gemm_ws.cuh"
@@ -573,6 +660,10 @@ extern "C" __global__ void __launch_bounds__(moe_kernels::kPrepThreads) moe_prep
 }
 extern "C" __global__ void __launch_bounds__(moe_kernels::kCombineThreads) moe_combine(moe_kernels::CombineParams p) {
   moe_kernels::combine_body(p);
+}
+extern "C" __global__ void __launch_bounds__(moe_kernels::kDownGemvThreads)
+    moe_down_gemv(const __grid_constant__ moe_kernels::GemmParams p) {
+  moe_kernels::down_gemv_body<MOE_JIT_HIDDEN, MOE_JIT_INTER>(p, reinterpret_cast<char*>(moe_dyn_smem));
 }
 #define MOE_JIT_GEMM(IDX, MODE, SUFFIX)                                                                  \
   extern "C" __global__ void __launch_bounds__(moe_kernels::GemmCfg##IDX::THREADS,                       \
@@ -623,11 +714,15 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MINB) moe_gemm_kernel(const
   gemm_entry<Cfg, MODE, 0, 0>(p, reinterpret_cast<char*>(moe_dyn_smem));
 }
 __global__ void __launch_bounds__(kCombineThreads) moe_combine_kernel(CombineParams p) { combine_body(p); }
+__global__ void __launch_bounds__(kDownGemvThreads) moe_down_gemv_kernel(const __grid_constant__ GemmParams p) {
+  down_gemv_body<0, 0>(p, reinterpret_cast<char*>(moe_dyn_smem));
+}
 
 inline KernelTable kernel_table() {
   KernelTable t{};
   t.prep = reinterpret_cast<const void*>(&moe_prep_kernel);
   t.combine = reinterpret_cast<const void*>(&moe_combine_kernel);
+  t.down_gemv = reinterpret_cast<const void*>(&moe_down_gemv_kernel);
   t.gemm[0][kGateUp] = reinterpret_cast<const void*>(&moe_gemm_kernel<GemmCfg0, kGateUp>);
   t.gemm[0][kDown] = reinterpret_cast<const void*>(&moe_gemm_kernel<GemmCfg0, kDown>);
   t.gemm[1][kGateUp] = reinterpret_cast<const void*>(&moe_gemm_kernel<GemmCfg1, kGateUp>);

@@ -21,6 +21,18 @@ constexpr int kCombineThreads = 256;
 // is exactly the work the prep's tiles would have described.
 constexpr int kDirectMaxPairs = 8;
 
+// Direct mode's down projection + combine as one GEMV launch (down_gemv_body): a CTA of kDownGemvWarps warps (one a
+// pair, so at most that many pairs) takes kDownGemvRows hidden rows of every pair's expert, each warp streaming its
+// rows through a kDownGemvStages-deep ring of 64-k slices. Shared memory: the pairs' y values, the rings and the
+// pairs' act rows (I <= kDownGemvMaxI).
+constexpr int kDownGemvRows = 16, kDownGemvWarps = 8, kDownGemvThreads = kDownGemvWarps * 32, kDownGemvStages = 4;
+constexpr int kDownGemvMaxI = 4096;
+#ifndef __CUDACC_RTC__  // host-side helper (NVRTC rejects unannotated functions)
+constexpr int down_gemv_smem_bytes(int inter) {
+  return kDownGemvWarps * (kDownGemvRows * 4 + kDownGemvStages * kDownGemvRows * 64 * 2 + inter * 2);
+}
+#endif
+
 // Routing -> per-expert tiles and the pair permutation, on the device (no host sync). Up to kPrepChunk pairs one
 // CTA does it all (kPrepWhole). More pairs take two launches of ceil(P / kPrepChunk) CTAs, one chunk of pairs
 // each (one CTA alone took 114-153 us at 65,536 pairs on the H200):
@@ -173,6 +185,7 @@ struct KernelTable {
   const void* prep;
   const void* gemm[kNumGemmConfigs][2];  // [config][GemmMode]
   const void* combine;
+  const void* down_gemv;  // direct mode's down projection + combine (down_gemv_body)
   // The GPU supports programmatic dependent launch (sm_90+): the direct path then launches the down GEMM and
   // combine with cudaLaunchAttributeProgrammaticStreamSerialization.
   bool pdl;
