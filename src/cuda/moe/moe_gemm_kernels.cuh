@@ -579,7 +579,8 @@ __device__ __forceinline__ void down_gemv_body(const GemmParams& p, char* smem) 
 #pragma unroll
     for (int m = 0; m < 4; ++m) {
       const int id = lane + 32 * m, r = id >> 3, c = id & 7;
-      cp_async16(dst + r * SLICE + ((c ^ (r & 7)) << 3), w + (long long)r * I + s * SLICE + c * 8, active && s < NS);
+      const bool ok = active && s < NS;  // else a zero fill (the address is not read)
+      cp_async16(dst + r * SLICE + ((c ^ (r & 7)) << 3), ok ? w + (long long)r * I + s * SLICE + c * 8 : p.weights, ok);
     }
   };
 #pragma unroll
