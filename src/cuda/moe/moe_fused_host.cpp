@@ -100,11 +100,19 @@ int moe_ws_prefill_config() {
   return c;
 }
 
+// Tokens an expert up to which decode steps take configuration 0 (32 x 16 tiles); above it, 9 (warp-specialized)
+// or 1. MOESERVE_MOE_SMALL_TILE_MAX (default 5) for A/B: at 64 sequences (4 tokens an expert) the down GEMM of
+// configuration 0 runs at x1.23 of its bytes (gate/up x1.02; session 11's kernel timeline), its 48 KB tiles all ramp.
+double moe_small_tile_max() {
+  static const double v = double(env_int("MOESERVE_MOE_SMALL_TILE_MAX", 5, 0, 12));
+  return v;
+}
+
 int fused_config_for(const MoeShape& s, int T, bool wgmma) {
   const double per_expert = double(T) * s.top_k / std::max(1, s.num_experts);
   const int level = moe_wgmma_level();
   const bool ws = wgmma && level >= 3 && moe_ws_enabled();
-  if (per_expert <= 5) return 0;
+  if (per_expert <= moe_small_tile_max()) return 0;
   if (per_expert <= 12) return ws ? 9 : 1;
   if (per_expert <= 40) return level >= 2 ? 5 : 2;
   if (ws) return per_expert <= moe_ws_prefill_min() ? 8 : moe_ws_prefill_config();
