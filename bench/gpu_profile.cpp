@@ -47,12 +47,14 @@ void release(ModelRunner& r, Batch& b) {
   for (auto& p : b.pages) r.kv().allocator().free(p);
 }
 
+constexpr int kWarmupSteps = 3;  // untimed steps before served_step_us's timed ones
+
 double served_step_us(ModelRunner& r, const ForwardBatch& fb, int iters) {
   std::vector<SampleSpec> specs(fb.logit_rows.size());
   std::mt19937_64 rng(1);
   for (auto& s : specs) s.sampler.temperature = 0, s.rng = &rng;
   std::vector<Sampled> out;
-  for (int i = 0; i < 3; ++i) r.step(fb, specs, out);
+  for (int i = 0; i < kWarmupSteps; ++i) r.step(fb, specs, out);
   auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < iters; ++i) r.step(fb, specs, out);
   return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / iters;
@@ -98,9 +100,8 @@ int main(int argc, char** argv) {
         tracer.take();  // warm-up and graph capture
         const double us = served_step_us(r, b.fb, kSteps);
         std::vector<bench::KernelRecord> recs = tracer.take();
-        // served_step_us ran 3 warm-up steps before the kSteps it timed
         std::printf("\n== decode, batch %lld, context %lld: kernel timeline (CUPTI) ==\n%s", (long long)bs,
-                    (long long)ctx, bench::format_timeline(bench::step_timeline(recs, kSteps + 3)).c_str());
+                    (long long)ctx, bench::format_timeline(bench::step_timeline(recs, kWarmupSteps + kSteps)).c_str());
         std::printf("served decode step under tracing: %.1f us\n", us);
         release(r, b);
         continue;

@@ -557,7 +557,7 @@ __device__ __forceinline__ void combine_body(const CombineParams& p) {
 template <int FIXED_H, int FIXED_I>
 __device__ __forceinline__ void down_gemv_body(const GemmParams& p, char* smem) {
   using namespace moe_ptx;
-  constexpr int R = kDownGemvRows, S = kDownGemvStages, SLICE = 64;
+  constexpr int R = kDownGemvRows, S = kDownGemvStages, SLICE = kDownGemvSlice;
   const int H = FIXED_H > 0 ? FIXED_H : p.hidden;
   const int I = FIXED_I > 0 ? FIXED_I : p.inter;
   const int P = p.num_slots, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;

@@ -26,10 +26,11 @@ constexpr int kDirectMaxPairs = 8;
 // rows through a kDownGemvStages-deep ring of 64-k slices. Shared memory: the pairs' y values, the rings and the
 // pairs' act rows (I <= kDownGemvMaxI).
 constexpr int kDownGemvRows = 16, kDownGemvWarps = 8, kDownGemvThreads = kDownGemvWarps * 32, kDownGemvStages = 4;
+constexpr int kDownGemvSlice = 64;  // k elements a ring stage
 constexpr int kDownGemvMaxI = 4096;
 #ifndef __CUDACC_RTC__  // host-side helper (NVRTC rejects unannotated functions)
 constexpr int down_gemv_smem_bytes(int inter) {
-  return kDownGemvWarps * (kDownGemvRows * 4 + kDownGemvStages * kDownGemvRows * 64 * 2 + inter * 2);
+  return kDownGemvWarps * (kDownGemvRows * 4 + kDownGemvStages * kDownGemvRows * kDownGemvSlice * 2 + inter * 2);
 }
 #endif
 
