@@ -58,9 +58,12 @@ done
 # The fused MoE kernels once more without the warp-specialized configurations (configurations 1 and 6 are what
 # the default picks where the kernel table has no sm_90a code).
 run test_cuda_moe_ws0 ok env MOESERVE_MOE_WS=0 "$BUILD/tests/test_cuda_moe" --gtest_brief=1
-# The opt-in 1-token down GEMV + combine (MOESERVE_MOE_DOWN_GEMV=1) against the CPU reference: the direct-mode tests.
-run test_cuda_moe_down_gemv ok env MOESERVE_MOE_DOWN_GEMV=1 "$BUILD/tests/test_cuda_moe" --gtest_brief=1 \
+# The 1-token down GEMM with its last-CTA combine (MOESERVE_MOE_DOWN_GEMV=0; the default is the down GEMV + combine
+# launch) against the CPU reference: the direct-mode tests.
+run test_cuda_moe_down_gemm ok env MOESERVE_MOE_DOWN_GEMV=0 "$BUILD/tests/test_cuda_moe" --gtest_brief=1 \
   --gtest_filter='*SmallTokenCounts*:*CudaMoeShapes*:*SelfTest*'
+# The split decode attention with its merge launch instead of the cluster merge (MOESERVE_ATTN_CLUSTER_MERGE=0).
+run test_cuda_kernels_merge_launch ok env MOESERVE_ATTN_CLUSTER_MERGE=0 "$BUILD/tests/test_cuda_kernels" --gtest_brief=1
 # The mma.sync prefill attention tiles at head_dim 128 too (the default there is the wgmma kernel on sm_90), and the
 # 16-row decode tiles (the default at head_dim 128 and groups of up to 8 is the keys-as-M kernel).
 run test_cuda_kernels_mma ok env MOESERVE_ATTN_PREFILL_WGMMA=0 MOESERVE_ATTN_DECODE_GQA_MIN=0 "$BUILD/tests/test_cuda_kernels" --gtest_brief=1

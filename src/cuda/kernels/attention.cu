@@ -193,8 +193,56 @@ bool decode_gqa_usable(const AttnShape& shape, int num_seqs) {
 
 namespace {
 
+// Whether the split parts of a keys-as-M decode grid are merged inside clusters of `grid.x` blocks (see
+// attention_decode_gqa.cuh) rather than by the merge launch: only for grids of at most one block an SM (H200,
+// q30b8l served step, context 512: bs 1 (64 blocks) 633-635 us against 647-653 with the merge launch; bs 8 (256
+// blocks in clusters of 8) 1,651 against 1,604-1,614: clusters must fit in one GPC, so two blocks an SM no longer
+// make one wave). MOESERVE_ATTN_CLUSTER_MERGE=0 turns it off; sizes above 8 are non-portable cluster sizes, used
+// only where the occupancy calculator says such a cluster fits on this GPU.
+int device_sm_count() {
+  int dev = 0, sms = 0;
+  MS_CUDA_CHECK(cudaGetDevice(&dev));
+  MS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  return sms;
+}
+
+bool decode_cluster_merge(dim3 grid) {
+  static const bool on = env_flag("MOESERVE_ATTN_CLUSTER_MERGE", true);
+  const int splits = int(grid.x);
+  if (!on || splits <= 1 || splits > 16) return false;
+  static const int sms = device_sm_count();
+  if (int64_t(grid.x) * grid.y * grid.z > sms) return false;
+  static int fits[17] = {};  // 0 unknown, 1 yes, -1 no; per process (one device per process)
+  if (fits[splits] == 0) {
+    constexpr size_t smem = detail::gqa_smem_bytes<128>();
+    auto kernel = detail::paged_attention_decode_gqa_kernel<128, true, true>;
+    MS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    MS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(unsigned(splits), 1, 1);
+    cfg.blockDim = dim3(128);
+    cfg.dynamicSmemBytes = smem;
+    cudaLaunchAttribute attr;
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = unsigned(splits);
+    attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    int clusters = 0;
+    const cudaError_t e = cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg);
+    if (e != cudaSuccess) (void)cudaGetLastError();  // no cluster of this size here: the merge launch
+    fits[splits] = e == cudaSuccess && clusters > 0 ? 1 : -1;
+  }
+  return fits[splits] > 0;
+}
+
 void launch_decode_gqa(const AttnParams& p, dim3 grid, bool split, cudaStream_t stream) {
   constexpr size_t smem = detail::gqa_smem_bytes<128>();
+  if (split && decode_cluster_merge(grid)) {  // cudaFuncSetAttribute done by decode_cluster_merge
+    launch_pdl_cluster(detail::paged_attention_decode_gqa_kernel<128, true, true>, grid, dim3(128), smem, stream,
+                       grid.x, p);
+    return;
+  }
   auto kernel = split ? detail::paged_attention_decode_gqa_kernel<128, true>
                       : detail::paged_attention_decode_gqa_kernel<128, false>;
   MS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));

@@ -12,8 +12,16 @@
 //     bf16 and transposed in registers by movmatrix.
 // Eight MMAs a product per 16 keys instead of sixteen. The four warps' partial states are merged through shared
 // memory at the end; split-KV parts go to the workspace for split_merge_kernel exactly as the other decode tiles
-// write them (same parts, same layout).
+// write them (same parts, same layout), or, with CLUSTER, the parts of a (sequence, kv head) are the blocks of one
+// thread-block cluster: each keeps its normalized part in shared memory and, after a cluster barrier, every block
+// merges a share of the group's output chunks from the others' shared memory (no workspace, no merge launch).
+//
+// The keys cached by earlier steps are not written by the kernel before this one (only the step's new token is:
+// qk_norm_rope_store_kv), so the prologue tiles' old keys are issued before the programmatic wait; q and the new
+// token's K / V rows after it.
 #pragma once
+
+#include <cooperative_groups.h>
 
 #include "cuda/kernels/attention_mma.cuh"
 
@@ -35,8 +43,9 @@ __device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
   return y;
 }
 
-template <int D, bool SPLIT>
+template <int D, bool SPLIT, bool CLUSTER = false>
 __global__ void __launch_bounds__(128) paged_attention_decode_gqa_kernel(const AttnParams p) {
+  static_assert(SPLIT || !CLUSTER, "a cluster holds the split parts of a sequence");
   constexpr int BN = kGqaKeys, STAGES = kGqaStages, CPR = D / 8, KSTEPS = D / 16, DT = D / 16;
   constexpr int ROW_GROUPS = 128 / CPR, RPT = BN / ROW_GROUPS;
   static_assert(128 % CPR == 0 && BN % ROW_GROUPS == 0 && KSTEPS % 2 == 0, "load mapping");
@@ -46,10 +55,14 @@ __global__ void __launch_bounds__(128) paged_attention_decode_gqa_kernel(const A
   bf16* sK = sQ + kGqaMaxGroup * D;                  // [STAGES][BN][D]
   bf16* sV = sK + STAGES * BN * D;                   // [STAGES][BN][D]
 
-  pdl_enter();  // q and this step's K / V come from the kernel before
+  // Before the programmatic wait only what the step's metadata upload and earlier steps wrote is read: the
+  // lengths, the block table and the old keys (every kernel before the previous one has completed, see launch.h).
   const int s = blockIdx.z, kvh = blockIdx.y, split = SPLIT ? int(blockIdx.x) : 0;
   const int new_len = p.new_lens[s];
-  if (new_len <= 0) return;  // padding sequence
+  if (new_len <= 0) {  // padding sequence (a whole cluster: same s)
+    pdl_enter();
+    return;
+  }
   const int G = p.group;
   const int start = p.kv_lens[s] - new_len;  // position of the (first) new token
   const int key_end = visible_key_end(start, G - 1, G);
@@ -58,22 +71,19 @@ __global__ void __launch_bounds__(128) paged_attention_decode_gqa_kernel(const A
     const int P = p.page_size;
     const int n_pages = (key_end + P - 1) / P;
     parts = effective_splits(p.num_splits, key_end, P, p.min_split_keys);
-    if (split >= parts) return;
+    if (split >= parts && !(CLUSTER && parts > 1)) {  // a cluster's idle blocks still join its barriers
+      pdl_enter();
+      return;
+    }
     const int pages_per_split = (n_pages + parts - 1) / parts;
     k_begin = min(split * pages_per_split, n_pages) * P;
     k_end = min(k_begin + pages_per_split * P, key_end);
+    if (split >= parts) k_begin = k_end = 0;  // idle block of a cluster: no keys, lse -inf
   }
   const int n_tiles = k_end > k_begin ? (k_end - k_begin + BN - 1) / BN : 0;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int q_row_base = p.q_rows[s];
 
-  // Q of the group's heads (zero rows past G).
-  for (int c = tid; c < kGqaMaxGroup * CPR; c += 128) {
-    const int r = c / CPR, ch = c % CPR;
-    const bool valid = r < G;
-    const bf16* src = valid ? p.q + int64_t(q_row_base) * p.q_stride + int64_t(kvh * G + r) * D + ch * 8 : p.q;
-    cp_async_16(sQ + swz<D>(r, ch), src, valid);
-  }
   // K / V loader, as in attention_mma.cuh: thread (ld_rg, ld_ch) copies chunk ld_ch of RPT consecutive keys.
   const int P = p.page_size;
   const int32_t* table = p.block_tables + int64_t(s) * p.max_pages;
@@ -81,7 +91,8 @@ __global__ void __launch_bounds__(128) paged_attention_decode_gqa_kernel(const A
   const bf16* k_head = p.k_cache + int64_t(kvh) * D;
   const bf16* v_head = p.v_cache + int64_t(kvh) * D;
   const int ld_ch = tid % CPR, ld_rg = tid / CPR;
-  auto load_kv = [&](int tile_start, int stage) {
+  // phase 0: every row of the tile; 1 (before the wait): all but the new keys [start, k_end); 2: only those.
+  auto load_kv = [&](int tile_start, int stage, int phase) {
     int key = tile_start + ld_rg * RPT;
     int page_idx = key / P;
     int off = key - page_idx * P;
@@ -92,9 +103,12 @@ __global__ void __launch_bounds__(128) paged_attention_decode_gqa_kernel(const A
     for (int j = 0; j < RPT; ++j) {
       const int r = ld_rg * RPT + j;
       const bool valid = key < k_end;
-      const int64_t o = valid ? (int64_t(page) * P + off) * kv_row_stride + ld_ch * 8 : 0;
-      cp_async_16(dk + swz<D>(r, ld_ch), k_head + o, valid);
-      cp_async_16(dv + swz<D>(r, ld_ch), v_head + o, valid);
+      const bool is_new = valid && key >= start;
+      if (phase == 0 || (phase == 1) != is_new) {
+        const int64_t o = valid ? (int64_t(page) * P + off) * kv_row_stride + ld_ch * 8 : 0;
+        cp_async_16(dk + swz<D>(r, ld_ch), k_head + o, valid);
+        cp_async_16(dv + swz<D>(r, ld_ch), v_head + o, valid);
+      }
       ++key;
       if (++off == P) {
         off = 0;
@@ -103,12 +117,23 @@ __global__ void __launch_bounds__(128) paged_attention_decode_gqa_kernel(const A
       }
     }
   };
+  // Prologue: the old keys of the first STAGES - 1 tiles, then (after the wait) Q and the new keys, all in one
+  // group waited for at once; the loop's groups then stay one a tile.
 #pragma unroll
-  for (int i = 0; i < STAGES - 1; ++i) {
-    if (i < n_tiles) load_kv(k_begin + i * BN, i);
-    cp_async_commit();  // group 0 also holds Q
+  for (int i = 0; i < STAGES - 1; ++i)
+    if (i < n_tiles) load_kv(k_begin + i * BN, i, 1);
+  pdl_enter();  // q and this step's K / V come from the kernel before
+  for (int c = tid; c < kGqaMaxGroup * CPR; c += 128) {  // Q of the group's heads (zero rows past G)
+    const int r = c / CPR, ch = c % CPR;
+    const bool valid = r < G;
+    const bf16* src = valid ? p.q + int64_t(q_row_base) * p.q_stride + int64_t(kvh * G + r) * D + ch * 8 : p.q;
+    cp_async_16(sQ + swz<D>(r, ch), src, valid);
   }
-  cp_async_wait<STAGES - 2>();  // group 0: Q and tile 0
+#pragma unroll
+  for (int i = 0; i < STAGES - 1; ++i)
+    if (i < n_tiles) load_kv(k_begin + i * BN, i, 2);
+  cp_async_commit();
+  cp_async_wait<0>();
   __syncthreads();
   // Q^T as B fragments (k = dims, n = heads): ldmatrix of the Q rows gives lane (g, q) head g, dims 2q, 2q + 1.
   uint32_t qf[KSTEPS][2];
@@ -127,7 +152,7 @@ __global__ void __launch_bounds__(128) paged_attention_decode_gqa_kernel(const A
 
   for (int t = 0; t < n_tiles; ++t) {
     const int stage = t % STAGES;
-    if (t + STAGES - 1 < n_tiles) load_kv(k_begin + (t + STAGES - 1) * BN, (t + STAGES - 1) % STAGES);
+    if (t + STAGES - 1 < n_tiles) load_kv(k_begin + (t + STAGES - 1) * BN, (t + STAGES - 1) % STAGES, 0);
     cp_async_commit();
     cp_async_wait<STAGES - 1>();
     __syncthreads();
@@ -212,6 +237,13 @@ __global__ void __launch_bounds__(128) paged_attention_decode_gqa_kernel(const A
     }
   }
   __syncthreads();
+  // The block's part, normalized, and its log2-sum-exp: to the workspace, to shared memory for the cluster merge
+  // (after the warps' scratch: 8 x D + 8 floats), or straight to out when the sequence has one part.
+  float* part_o = red_o + 4 * kGqaMaxGroup * D;  // [8][D]
+  float* part_lse = part_o + kGqaMaxGroup * D;   // [8]
+  static_assert((8 * kGqaMaxGroup + 5 * kGqaMaxGroup * D + kGqaMaxGroup) * sizeof(float) <=
+                    size_t(STAGES) * 2 * BN * D * sizeof(bf16),
+                "cluster part fits in the ring");
   for (int e = tid; e < G * (D / 2); e += 128) {
     const int h = e / (D / 2), d = (e % (D / 2)) * 2;
     float M = kNegInf;
@@ -228,15 +260,40 @@ __global__ void __launch_bounds__(128) paged_attention_decode_gqa_kernel(const A
       o1 += wt * red_o[(w * kGqaMaxGroup + h) * D + d + 1];
     }
     const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+    const float lse = L > 0.0f ? M + log2f(L) : kNegInf;
     const int hg = kvh * G + h;
-    if (SPLIT && parts > 1) {
+    if (CLUSTER && parts > 1) {
+      *reinterpret_cast<float2*>(part_o + h * D + d) = make_float2(o0 * inv, o1 * inv);
+      if (d == 0) part_lse[h] = lse;
+    } else if (SPLIT && parts > 1) {
       float* dst = p.ws_o + ((int64_t(s) * p.num_splits + split) * p.heads + hg) * D + d;
       *reinterpret_cast<float2*>(dst) = make_float2(o0 * inv, o1 * inv);
-      if (d == 0) p.ws_lse[(int64_t(s) * p.num_splits + split) * p.heads + hg] = L > 0.0f ? M + log2f(L) : kNegInf;
+      if (d == 0) p.ws_lse[(int64_t(s) * p.num_splits + split) * p.heads + hg] = lse;
     } else {
       bf16* dst = p.out + int64_t(q_row_base) * p.out_stride + int64_t(hg) * D + d;
       *reinterpret_cast<__nv_bfloat162*>(dst) = __floats2bfloat162_rn(o0 * inv, o1 * inv);
     }
+  }
+  if constexpr (CLUSTER) {
+    if (parts <= 1) return;  // uniform over the cluster: no block of it reaches a barrier
+    namespace cg = cooperative_groups;
+    cg::cluster_group cluster = cg::this_cluster();
+    cluster.sync();  // every part in its block's shared memory
+    // Block `split` merges items split, split + num_splits, ... of the group's G x D / 8 chunks (split order).
+    constexpr int CH = D / 8;
+    const int nb = p.num_splits;
+    for (int e = split + tid * nb; e < G * CH; e += 128 * nb) {
+      const int h = e / CH, c = e - h * CH;
+      const uint4 v = merge_parts_chunk(parts, [&](int z, float& lse, float4& o0, float4& o1) {
+        const float* po = cluster.map_shared_rank(part_o, unsigned(z));
+        const float* pl = cluster.map_shared_rank(part_lse, unsigned(z));
+        lse = pl[h];
+        o0 = *reinterpret_cast<const float4*>(po + h * D + c * 8);
+        o1 = *reinterpret_cast<const float4*>(po + h * D + c * 8 + 4);
+      });
+      *reinterpret_cast<uint4*>(p.out + int64_t(q_row_base) * p.out_stride + int64_t(kvh * G + h) * D + c * 8) = v;
+    }
+    cluster.sync();  // no block leaves while another still reads its shared memory
   }
 }
 

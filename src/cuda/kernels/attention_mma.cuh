@@ -71,60 +71,73 @@ struct AttnParams {
   bf16* v_store;
 };
 
-// Split-KV merge of `rows` consecutive q heads from h0 of sequence s by the whole block: thread item (row, 8-dim
-// chunk) loads the parts' log2-sum-exps and partial outputs kMergeBatch parts at a time, every load of a batch
-// issued before any is used, so up to kMergeBatch parts cost one L2 round trip (a merge by one warp per head
-// cost two or more per head, and each warp had two heads of a group of 8: 12 us more a step at batch 1 on the
-// H200). Parts in order: within a batch M is the batch's maximum and w_z = 2^(lse_z - M); batches are combined
-// with the running-max rescale (exact for one batch, the usual case: parts <= 8). The parts were written by
-// other blocks: read through L2.
+// Split-KV merge of one 8-dim chunk of one q head: `part(z, lse, o0, o1)` gives part z's log2-sum-exp and the
+// chunk of its normalized partial output. Loads of kMergeBatch parts are all issued before any is used, so up to
+// kMergeBatch parts cost one round trip (a merge by one warp per head cost two or more per head, and each warp had
+// two heads of a group of 8: 12 us more a step at batch 1 on the H200). Parts in order: within a batch M is the
+// batch's maximum and w_z = 2^(lse_z - M); batches are combined with the running-max rescale (exact for one batch,
+// the usual case: parts <= 8). Returns the merged chunk packed to bf16.
 constexpr int kMergeBatch = 8;
+template <typename Part>
+__device__ __forceinline__ uint4 merge_parts_chunk(int parts, Part part) {
+  constexpr float kNegInf = -INFINITY;
+  float acc[8], M = kNegInf, W = 0.0f;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) acc[j] = 0.0f;
+  for (int z0 = 0; z0 < parts; z0 += kMergeBatch) {
+    float lse[kMergeBatch];
+    float4 o[kMergeBatch][2];
+#pragma unroll
+    for (int i = 0; i < kMergeBatch; ++i) {
+      if (z0 + i < parts) {
+        part(z0 + i, lse[i], o[i][0], o[i][1]);
+      } else {
+        lse[i] = kNegInf;
+        o[i][0] = o[i][1] = make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+    }
+    float mb = M;
+#pragma unroll
+    for (int i = 0; i < kMergeBatch; ++i) mb = fmaxf(mb, lse[i]);
+    if (mb == kNegInf) continue;  // nothing visible so far
+    const float scale = M == kNegInf ? 0.0f : exp2f(M - mb);
+    W *= scale;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc[j] *= scale;
+    M = mb;
+#pragma unroll
+    for (int i = 0; i < kMergeBatch; ++i) {
+      if (lse[i] == kNegInf) continue;  // an empty part was never written: weight 0 (its o may be anything)
+      const float w = exp2f(lse[i] - M);
+      W += w;
+      acc[0] += w * o[i][0].x, acc[1] += w * o[i][0].y, acc[2] += w * o[i][0].z, acc[3] += w * o[i][0].w;
+      acc[4] += w * o[i][1].x, acc[5] += w * o[i][1].y, acc[6] += w * o[i][1].z, acc[7] += w * o[i][1].w;
+    }
+  }
+  const float inv = W > 0.0f ? 1.0f / W : 0.0f;
+  uint4 v;
+  v.x = pack_bf16x2(acc[0] * inv, acc[1] * inv);
+  v.y = pack_bf16x2(acc[2] * inv, acc[3] * inv);
+  v.z = pack_bf16x2(acc[4] * inv, acc[5] * inv);
+  v.w = pack_bf16x2(acc[6] * inv, acc[7] * inv);
+  return v;
+}
+
+// Split-KV merge of `rows` consecutive q heads from h0 of sequence s by the whole block, a thread an item (row,
+// 8-dim chunk), from the workspace. The parts were written by other blocks: read through L2.
 template <int D>
 __device__ __forceinline__ void merge_split_rows(const AttnParams& p, int s, int h0, int rows, int parts) {
   constexpr int CH = D / 8;
-  constexpr float kNegInf = -INFINITY;
   for (int e = threadIdx.x; e < rows * CH; e += blockDim.x) {
     const int r = e / CH, c = e - r * CH;
     const int64_t base = int64_t(s) * p.num_splits * p.heads + h0 + r;  // part z: base + z * heads
-    float acc[8], M = kNegInf, W = 0.0f;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) acc[j] = 0.0f;
-    for (int z0 = 0; z0 < parts; z0 += kMergeBatch) {
-      float lse[kMergeBatch];
-      float4 o[kMergeBatch][2];
-#pragma unroll
-      for (int i = 0; i < kMergeBatch; ++i) {
-        const int z = z0 + i;
-        lse[i] = z < parts ? __ldcg(p.ws_lse + base + int64_t(z) * p.heads) : kNegInf;
-        const int64_t part_row = base + int64_t(z < parts ? z : 0) * p.heads;
-        const float4* src = reinterpret_cast<const float4*>(p.ws_o + part_row * D + c * 8);
-        o[i][0] = z < parts ? __ldcg(src) : make_float4(0.f, 0.f, 0.f, 0.f);
-        o[i][1] = z < parts ? __ldcg(src + 1) : make_float4(0.f, 0.f, 0.f, 0.f);
-      }
-      float mb = M;
-#pragma unroll
-      for (int i = 0; i < kMergeBatch; ++i) mb = fmaxf(mb, lse[i]);
-      if (mb == kNegInf) continue;  // nothing visible so far
-      const float scale = M == kNegInf ? 0.0f : exp2f(M - mb);
-      W *= scale;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) acc[j] *= scale;
-      M = mb;
-#pragma unroll
-      for (int i = 0; i < kMergeBatch; ++i) {
-        if (lse[i] == kNegInf) continue;  // an empty part was never written: weight 0 (its o may be anything)
-        const float w = exp2f(lse[i] - M);
-        W += w;
-        acc[0] += w * o[i][0].x, acc[1] += w * o[i][0].y, acc[2] += w * o[i][0].z, acc[3] += w * o[i][0].w;
-        acc[4] += w * o[i][1].x, acc[5] += w * o[i][1].y, acc[6] += w * o[i][1].z, acc[7] += w * o[i][1].w;
-      }
-    }
-    const float inv = W > 0.0f ? 1.0f / W : 0.0f;
-    uint4 v;
-    v.x = pack_bf16x2(acc[0] * inv, acc[1] * inv);
-    v.y = pack_bf16x2(acc[2] * inv, acc[3] * inv);
-    v.z = pack_bf16x2(acc[4] * inv, acc[5] * inv);
-    v.w = pack_bf16x2(acc[6] * inv, acc[7] * inv);
+    const uint4 v = merge_parts_chunk(parts, [&](int z, float& lse, float4& o0, float4& o1) {
+      const int64_t part_row = base + int64_t(z) * p.heads;
+      lse = __ldcg(p.ws_lse + part_row);
+      const float4* src = reinterpret_cast<const float4*>(p.ws_o + part_row * D + c * 8);
+      o0 = __ldcg(src);
+      o1 = __ldcg(src + 1);
+    });
     *reinterpret_cast<uint4*>(p.out + int64_t(p.q_rows[s]) * p.out_stride + int64_t(h0 + r) * D + c * 8) = v;
   }
 }

@@ -101,10 +101,11 @@ int moe_ws_prefill_config() {
 }
 
 // Tokens an expert up to which decode steps take configuration 0 (32 x 16 tiles); above it, 9 (warp-specialized)
-// or 1. MOESERVE_MOE_SMALL_TILE_MAX (default 5) for A/B: at 64 sequences (4 tokens an expert) the down GEMM of
-// configuration 0 runs at x1.23 of its bytes (gate/up x1.02; session 11's kernel timeline), its 48 KB tiles all ramp.
+// or 1. Default 2 (MOESERVE_MOE_SMALL_TILE_MAX=N for A/B): at 64 sequences (4 tokens an expert) the down GEMM of
+// configuration 0 ran at x1.23 of its bytes (its 48 KB tiles all ramp) and the served step took 3,190-3,216 us
+// against 3,090-3,094 with configuration 9 (session 12, same call).
 double moe_small_tile_max() {
-  static const double v = double(env_int("MOESERVE_MOE_SMALL_TILE_MAX", 5, 0, 12));
+  static const double v = double(env_int("MOESERVE_MOE_SMALL_TILE_MAX", 2, 0, 12));
   return v;
 }
 
@@ -285,9 +286,10 @@ void fused_run(const KernelTable& k, const MoeShape& s, const bf16* x, int T, co
   GemmParams dn{static_cast<const unsigned short*>(w.down), act, y, tiles, perm_pair, topk_weights, s.hidden, s.inter,
                 s.top_k, direct_ids, s.num_experts, fused_combine ? counters : nullptr,
                 fused_combine ? reinterpret_cast<unsigned short*>(out) : nullptr, l.num_slots};
-  // Direct mode of up to kDownGemvWarps pairs: the down projection and the combine as one GEMV launch
-  // (MOESERVE_MOE_DOWN_GEMV=1; see down_gemv_body).
-  static const bool down_gemv = env_int("MOESERVE_MOE_DOWN_GEMV", 0, 0, 1) != 0;
+  // Direct mode of up to kDownGemvWarps pairs: the down projection and the combine as one GEMV launch (see
+  // down_gemv_body; served bs 1 step 635-637 us against 658-661 with the down GEMM, session 12).
+  // MOESERVE_MOE_DOWN_GEMV=0: the down GEMM with its last-CTA combine.
+  static const bool down_gemv = env_int("MOESERVE_MOE_DOWN_GEMV", 1, 0, 1) != 0;
   if (down_gemv && direct && l.num_slots <= kDownGemvWarps && s.inter <= kDownGemvMaxI && s.hidden % kDownGemvRows == 0) {
     dn.combine_out = reinterpret_cast<unsigned short*>(out);
     launch(k.down_gemv, dim3(unsigned(s.hidden / kDownGemvRows)), dim3(kDownGemvThreads),
