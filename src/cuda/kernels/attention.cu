@@ -236,8 +236,10 @@ bool decode_cluster_merge(dim3 grid) {
   return fits[splits] > 0;
 }
 
-void launch_decode_gqa(const AttnParams& p, dim3 grid, bool split, cudaStream_t stream) {
+void launch_decode_gqa(AttnParams p, dim3 grid, bool split, cudaStream_t stream) {
   constexpr size_t smem = detail::gqa_smem_bytes<128>();
+  static const bool prewait = env_flag("MOESERVE_ATTN_KV_PREWAIT", true);  // A/B switch
+  p.kv_prewait = prewait ? 1 : 0;
   if (split && decode_cluster_merge(grid)) {  // cudaFuncSetAttribute done by decode_cluster_merge
     launch_pdl_cluster(detail::paged_attention_decode_gqa_kernel<128, true, true>, grid, dim3(128), smem, stream,
                        grid.x, p);

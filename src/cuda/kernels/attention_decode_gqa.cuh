@@ -119,9 +119,10 @@ __global__ void __launch_bounds__(128) paged_attention_decode_gqa_kernel(const A
   };
   // Prologue: the old keys of the first STAGES - 1 tiles, then (after the wait) Q and the new keys, all in one
   // group waited for at once; the loop's groups then stay one a tile.
+  const bool prewait = p.kv_prewait != 0;
 #pragma unroll
   for (int i = 0; i < STAGES - 1; ++i)
-    if (i < n_tiles) load_kv(k_begin + i * BN, i, 1);
+    if (prewait && i < n_tiles) load_kv(k_begin + i * BN, i, 1);
   pdl_enter();  // q and this step's K / V come from the kernel before
   for (int c = tid; c < kGqaMaxGroup * CPR; c += 128) {  // Q of the group's heads (zero rows past G)
     const int r = c / CPR, ch = c % CPR;
@@ -131,7 +132,7 @@ __global__ void __launch_bounds__(128) paged_attention_decode_gqa_kernel(const A
   }
 #pragma unroll
   for (int i = 0; i < STAGES - 1; ++i)
-    if (i < n_tiles) load_kv(k_begin + i * BN, i, 2);
+    if (i < n_tiles) load_kv(k_begin + i * BN, i, prewait ? 2 : 0);
   cp_async_commit();
   cp_async_wait<0>();
   __syncthreads();
