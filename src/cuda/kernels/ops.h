@@ -98,6 +98,11 @@ bool attention_input_stage_fusable(const AttnShape& shape, const RopeArgs& rope)
 // Whether paged_attention_decode runs the keys-as-M tiles (attention_decode_gqa.cuh) for this shape and batch:
 // head_dim 128, groups of up to 8 heads, MOESERVE_ATTN_DECODE_GQA_MIN (default 1) sequences or more.
 bool decode_gqa_usable(const AttnShape& shape, int num_seqs);
+// Split-KV parts for a decode grid of num_seqs sequences on `sms` multiprocessors (at most max_splits): one wave
+// of blocks (two an SM at head_dim <= 128, one at 256); but where the keys-as-M tiles merge inside clusters, as
+// many parts as keep the grid at one block an SM (so that the cluster merge applies) when that is at least 2
+// (MOESERVE_ATTN_CLUSTER_SPLITS=0: never).
+int paged_attention_decode_splits(const AttnShape& shape, int num_seqs, int sms, int max_splits);
 void paged_attention_decode_fused_input(const bf16* qkv, int64_t qkv_stride, bf16* k_cache, bf16* v_cache,
                                         const AttnMeta& meta, const AttnShape& shape, const AttnInputStage& in,
                                         int num_splits, void* workspace, size_t workspace_bytes, bf16* out,

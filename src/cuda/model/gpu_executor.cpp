@@ -64,11 +64,6 @@ bool meta_2d_copy() {
   return on;
 }
 
-// Split-KV parts per decode sequence: one wave of blocks (two per SM fit at head_dim <= 128, one at 256).
-int decode_splits_for(int bs, int kv_heads, int head_dim, int sms) {
-  const int blocks = head_dim > 128 ? sms : 2 * sms;
-  return std::clamp(blocks / std::max(1, bs * kv_heads), 1, kMaxSplits);
-}
 
 class GpuExecutor : public Executor {
  public:
@@ -382,7 +377,8 @@ StepInputs GpuExecutor::prepare(const ForwardBatch& batch, const std::vector<Sam
   in.R = pad_to > T ? Rp : R;
   in.max_new = max_new;
   in.decode = max_new == 1 && S == T;
-  in.decode_splits = decode_splits_for(Sp, int(cfg_.num_kv_heads), int(cfg_.head_dim), dev_.multiprocessors);
+  const AttnShape ash{int(cfg_.num_heads), int(cfg_.num_kv_heads), int(cfg_.head_dim)};
+  in.decode_splits = paged_attention_decode_splits(ash, Sp, dev_.multiprocessors, kMaxSplits);
   for (auto& q : batch.seqs) {
     in.kv_tokens += double(q.start + q.num_tokens);
     in.attn_pairs += double(q.num_tokens) * double(q.start) + double(q.num_tokens) * double(q.num_tokens + 1) / 2;
