@@ -613,10 +613,10 @@ TEST(CudaMoe, JitSecondPrepareHitsTheDiskCache) {
 // kernel change that nvcc accepts but NVRTC does not (no CUDA headers there) fails here, not at a server's start.
 TEST(CudaMoe, JitSourceCompilesForSm90aWithoutAGpu) {
   std::string cubin;
-  const std::string r = jit_compile(jit_embedded_source(),
-                                    {"--gpu-architecture=sm_90a", "-std=c++17", "-DMOE_JIT=1", "-DMOE_JIT_HIDDEN=2048",
-                                     "-DMOE_JIT_INTER=768"},
-                                    cubin);
+  MoeShape shape;
+  shape.hidden = 2048;
+  shape.inter = 768;
+  const std::string r = jit_compile(jit_embedded_source(), jit_options("sm_90a", shape), cubin);
   EXPECT_EQ(r, "");
   EXPECT_GT(cubin.size(), size_t(10000));
   // Every kernel the JIT table looks up is in it.
