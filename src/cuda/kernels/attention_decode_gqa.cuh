@@ -47,8 +47,7 @@ template <int D, bool SPLIT, bool CLUSTER = false>
 __global__ void __launch_bounds__(128) paged_attention_decode_gqa_kernel(const AttnParams p) {
   static_assert(SPLIT || !CLUSTER, "a cluster holds the split parts of a sequence");
   constexpr int BN = kGqaKeys, STAGES = kGqaStages, CPR = D / 8, KSTEPS = D / 16, DT = D / 16;
-  constexpr int ROW_GROUPS = 128 / CPR, RPT = BN / ROW_GROUPS;
-  static_assert(128 % CPR == 0 && BN % ROW_GROUPS == 0 && KSTEPS % 2 == 0, "load mapping");
+  static_assert(KSTEPS % 2 == 0, "Q fragments are loaded two k-steps at a time");
   constexpr float kNegInf = -INFINITY;
   extern __shared__ __align__(128) unsigned char gqa_smem_raw[];
   bf16* sQ = reinterpret_cast<bf16*>(gqa_smem_raw);  // [8][D]
@@ -84,45 +83,17 @@ __global__ void __launch_bounds__(128) paged_attention_decode_gqa_kernel(const A
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int q_row_base = p.q_rows[s];
 
-  // K / V loader, as in attention_mma.cuh: thread (ld_rg, ld_ch) copies chunk ld_ch of RPT consecutive keys.
-  const int P = p.page_size;
-  const int32_t* table = p.block_tables + int64_t(s) * p.max_pages;
-  const int64_t kv_row_stride = int64_t(p.kv_heads) * D;
-  const bf16* k_head = p.k_cache + int64_t(kvh) * D;
-  const bf16* v_head = p.v_cache + int64_t(kvh) * D;
-  const int ld_ch = tid % CPR, ld_rg = tid / CPR;
-  // phase 0: every row of the tile; 1 (before the wait): all but the new keys [start, k_end); 2: only those.
-  auto load_kv = [&](int tile_start, int stage, int phase) {
-    int key = tile_start + ld_rg * RPT;
-    int page_idx = key / P;
-    int off = key - page_idx * P;
-    int page = key < k_end ? table[page_idx] : 0;
-    bf16* dk = sK + stage * BN * D;
-    bf16* dv = sV + stage * BN * D;
-#pragma unroll
-    for (int j = 0; j < RPT; ++j) {
-      const int r = ld_rg * RPT + j;
-      const bool valid = key < k_end;
-      const bool is_new = valid && key >= start;
-      if (phase == 0 || (phase == 1) != is_new) {
-        const int64_t o = valid ? (int64_t(page) * P + off) * kv_row_stride + ld_ch * 8 : 0;
-        cp_async_16(dk + swz<D>(r, ld_ch), k_head + o, valid);
-        cp_async_16(dv + swz<D>(r, ld_ch), v_head + o, valid);
-      }
-      ++key;
-      if (++off == P) {
-        off = 0;
-        ++page_idx;
-        if (key < k_end) page = table[page_idx];
-      }
-    }
+  // K / V tiles (PagedKvLoader of attention_mma.cuh).
+  const PagedKvLoader<D> kv(p, s, kvh, k_end, start, tid);
+  auto load_kv = [&](int tile_start, int stage, KvRows rows) {
+    kv.template load<BN>(tile_start, sK + stage * BN * D, sV + stage * BN * D, rows);
   };
   // Prologue: the old keys of the first STAGES - 1 tiles, then (after the wait) Q and the new keys, all in one
   // group waited for at once; the loop's groups then stay one a tile.
   const bool prewait = p.kv_prewait != 0;
 #pragma unroll
   for (int i = 0; i < STAGES - 1; ++i)
-    if (prewait && i < n_tiles) load_kv(k_begin + i * BN, i, 1);
+    if (prewait && i < n_tiles) load_kv(k_begin + i * BN, i, kCached);
   pdl_enter();  // q and this step's K / V come from the kernel before
   for (int c = tid; c < kGqaMaxGroup * CPR; c += 128) {  // Q of the group's heads (zero rows past G)
     const int r = c / CPR, ch = c % CPR;
@@ -132,7 +103,7 @@ __global__ void __launch_bounds__(128) paged_attention_decode_gqa_kernel(const A
   }
 #pragma unroll
   for (int i = 0; i < STAGES - 1; ++i)
-    if (i < n_tiles) load_kv(k_begin + i * BN, i, prewait ? 2 : 0);
+    if (i < n_tiles) load_kv(k_begin + i * BN, i, prewait ? kNew : kAll);
   cp_async_commit();
   cp_async_wait<0>();
   __syncthreads();
@@ -153,7 +124,7 @@ __global__ void __launch_bounds__(128) paged_attention_decode_gqa_kernel(const A
 
   for (int t = 0; t < n_tiles; ++t) {
     const int stage = t % STAGES;
-    if (t + STAGES - 1 < n_tiles) load_kv(k_begin + (t + STAGES - 1) * BN, (t + STAGES - 1) % STAGES, 0);
+    if (t + STAGES - 1 < n_tiles) load_kv(k_begin + (t + STAGES - 1) * BN, (t + STAGES - 1) % STAGES, kAll);
     cp_async_commit();
     cp_async_wait<STAGES - 1>();
     __syncthreads();

@@ -198,6 +198,61 @@ __device__ __forceinline__ int swz(int r, int ch) {
   return r * D + ((ch ^ (r & 7)) << 3);
 }
 
+// K/V tile loader of the paged caches, shared by the tiles here and the keys-as-M decode: thread (ld_rg, ld_ch)
+// of a 128-thread block copies 16-byte chunk ld_ch of RPT consecutive keys of a BLOCK_N-key tile into the swizzled
+// ring slots dk / dv, following the block table page by page (one division per tile); rows past k_end are zeros.
+// Decode: keys from `start` on are this step's, written by the kernel before. kAll copies every row; kCached
+// skips this step's rows (issued before the programmatic wait); kNew copies only them (after it).
+enum KvRows { kAll, kCached, kNew };
+template <int D>
+struct PagedKvLoader {
+  static constexpr int CPR = D / 8;  // 16-byte chunks a key row
+  const int32_t* table;
+  const bf16* k_head;
+  const bf16* v_head;
+  int64_t row_stride;
+  int page_size, k_end, start, ld_ch, ld_rg;
+
+  __device__ __forceinline__ PagedKvLoader(const AttnParams& p, int s, int kvh, int k_end_, int start_, int tid)
+      : table(p.block_tables + int64_t(s) * p.max_pages),
+        k_head(p.k_cache + int64_t(kvh) * D),
+        v_head(p.v_cache + int64_t(kvh) * D),
+        row_stride(int64_t(p.kv_heads) * D),
+        page_size(p.page_size),
+        k_end(k_end_),
+        start(start_),
+        ld_ch(tid % CPR),
+        ld_rg(tid / CPR) {}
+
+  template <int BLOCK_N>
+  __device__ __forceinline__ void load(int tile_start, bf16* dk, bf16* dv, KvRows rows) const {
+    constexpr int RPT = BLOCK_N / (128 / CPR);
+    static_assert(128 % CPR == 0 && BLOCK_N % (128 / CPR) == 0, "load mapping");
+    const int P = page_size;
+    int key = tile_start + ld_rg * RPT;
+    int page_idx = key / P;
+    int off = key - page_idx * P;
+    int page = key < k_end ? table[page_idx] : 0;
+#pragma unroll
+    for (int j = 0; j < RPT; ++j) {
+      const int r = ld_rg * RPT + j;
+      const bool valid = key < k_end;
+      const bool fresh = valid && key >= start;  // written this step
+      if (rows == kAll || (rows == kCached && !fresh) || (rows == kNew && fresh)) {
+        const int64_t o = valid ? (int64_t(page) * P + off) * row_stride + ld_ch * 8 : 0;
+        cp_async_16(dk + swz<D>(r, ld_ch), k_head + o, valid);
+        cp_async_16(dv + swz<D>(r, ld_ch), v_head + o, valid);
+      }
+      ++key;
+      if (++off == P) {
+        off = 0;
+        ++page_idx;
+        if (key < k_end) page = table[page_idx];
+      }
+    }
+  }
+};
+
 template <int D, int WARPS_M, int WARPS_N, int BLOCK_N, int STAGES, bool DECODE, bool SPLIT, bool FUSED_IN = false>
 __global__ void __launch_bounds__(128) paged_attention_mma_kernel(const AttnParams p) {
   constexpr int kThreads = 128;
@@ -212,9 +267,7 @@ __global__ void __launch_bounds__(128) paged_attention_mma_kernel(const AttnPara
   constexpr int CPR = D / 8;  // 16-byte chunks per row
   static_assert(CPR % 8 == 0, "the swizzle needs at least 8 chunks per row");
   constexpr int KSTEPS = D / 16, DTILES = D / 8, NTILES = WARP_N / 8;
-  constexpr int ROW_GROUPS = kThreads / CPR;  // K/V rows loaded side by side
-  static_assert(kThreads % CPR == 0 && BLOCK_N % ROW_GROUPS == 0, "K/V load mapping");
-  constexpr int RPT = BLOCK_N / ROW_GROUPS;  // consecutive K/V rows loaded by one thread
+  static_assert(kThreads == 128, "PagedKvLoader maps 128 threads");
   constexpr float kNegInf = -INFINITY;
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -280,41 +333,10 @@ __global__ void __launch_bounds__(128) paged_attention_mma_kernel(const AttnPara
     cp_async_commit();
   }
 
-  // ---- K/V tile loader: thread (ld_rg, ld_ch) copies chunk ld_ch of RPT consecutive keys, following the
-  // block table page by page (one division per tile).
-  const int P = p.page_size;
-  const int32_t* table = p.block_tables + int64_t(s) * p.max_pages;
-  const int64_t kv_row_stride = int64_t(p.kv_heads) * D;
-  const bf16* k_head = p.k_cache + int64_t(kvh) * D;
-  const bf16* v_head = p.v_cache + int64_t(kvh) * D;
-  const int ld_ch = tid % CPR, ld_rg = tid / CPR;
-  // Decode: keys from `start` on are this step's, written by the kernel before. kAll copies every row (zeros past
-  // k_end); kCached skips this step's rows (copied before the wait); kNew copies only them (after the wait).
-  enum { kAll, kCached, kNew };
-  auto load_kv = [&](int tile_start, int stage, int rows = kAll) {
-    int key = tile_start + ld_rg * RPT;
-    int page_idx = key / P;
-    int off = key - page_idx * P;
-    int page = key < k_end ? table[page_idx] : 0;
-    bf16* dk = sK + stage * BLOCK_N * D;
-    bf16* dv = sV + stage * BLOCK_N * D;
-#pragma unroll
-    for (int j = 0; j < RPT; ++j) {
-      const int r = ld_rg * RPT + j;
-      const bool valid = key < k_end;
-      const bool fresh = DECODE && valid && key >= start;  // written this step
-      const int64_t o = valid ? (int64_t(page) * P + off) * kv_row_stride + ld_ch * 8 : 0;
-      if (rows == kAll || (rows == kCached && !fresh) || (rows == kNew && fresh)) {
-        cp_async_16(dk + swz<D>(r, ld_ch), k_head + o, valid);
-        cp_async_16(dv + swz<D>(r, ld_ch), v_head + o, valid);
-      }
-      ++key;
-      if (++off == P) {
-        off = 0;
-        ++page_idx;
-        if (key < k_end) page = table[page_idx];
-      }
-    }
+  // ---- K/V tiles (PagedKvLoader; prefill copies every row).
+  const PagedKvLoader<D> kv(p, s, kvh, k_end, start, tid);
+  auto load_kv = [&](int tile_start, int stage, KvRows rows = kAll) {
+    kv.template load<BLOCK_N>(tile_start, sK + stage * BLOCK_N * D, sV + stage * BLOCK_N * D, rows);
   };
   // Prologue: tiles 0 .. STAGES - 2, one commit group each (empty groups past the last tile keep the count).
 #pragma unroll
