@@ -62,8 +62,10 @@ run test_cuda_moe_ws0 ok env MOESERVE_MOE_WS=0 "$BUILD/tests/test_cuda_moe" --gt
 # launch) against the CPU reference: the direct-mode tests.
 run test_cuda_moe_down_gemm ok env MOESERVE_MOE_DOWN_GEMV=0 "$BUILD/tests/test_cuda_moe" --gtest_brief=1 \
   --gtest_filter='*SmallTokenCounts*:*CudaMoeShapes*:*SelfTest*'
-# The split decode attention with its merge launch instead of the cluster merge (MOESERVE_ATTN_CLUSTER_MERGE=0).
-run test_cuda_kernels_merge_launch ok env MOESERVE_ATTN_CLUSTER_MERGE=0 "$BUILD/tests/test_cuda_kernels" --gtest_brief=1
+# The split decode attention with its merge launch instead of the cluster merge (MOESERVE_ATTN_CLUSTER_MERGE=0), and
+# the fused input stage in the 16-row tiles where the keys-as-M tiles would take it (MOESERVE_ATTN_GQA_FUSED_IN=0).
+run test_cuda_kernels_merge_launch ok env MOESERVE_ATTN_CLUSTER_MERGE=0 MOESERVE_ATTN_GQA_FUSED_IN=0 \
+  "$BUILD/tests/test_cuda_kernels" --gtest_brief=1
 # The mma.sync prefill attention tiles at head_dim 128 too (the default there is the wgmma kernel on sm_90), and the
 # 16-row decode tiles (the default at head_dim 128 and groups of up to 8 is the keys-as-M kernel).
 run test_cuda_kernels_mma ok env MOESERVE_ATTN_PREFILL_WGMMA=0 MOESERVE_ATTN_DECODE_GQA_MIN=0 "$BUILD/tests/test_cuda_kernels" --gtest_brief=1

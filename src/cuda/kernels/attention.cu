@@ -186,6 +186,11 @@ void init_decode_workspace(void* workspace, size_t workspace_bytes, cudaStream_t
 // (two calls): 665.1-667.8 / 3,213.5-3,214.9 / 3,354.6-3,359.4 us at batch 1 / 64 / 128 with them (and the input
 // stage as its own launch) against 672.0-672.6 / 3,231.1-3,236.8 / 3,403.9-3,404.1 for the 16-row tiles with the
 // fused input stage up to 64 sequences; the attention alone at 128: 41.1 against 42.5 us.
+bool decode_gqa_fused_input() {
+  static const bool on = env_flag("MOESERVE_ATTN_GQA_FUSED_IN", true);
+  return on;
+}
+
 bool decode_gqa_usable(const AttnShape& shape, int num_seqs) {
   static const int min_seqs = int(env_int("MOESERVE_ATTN_DECODE_GQA_MIN", 1, 0, 1 << 20));
   return min_seqs > 0 && num_seqs >= min_seqs && shape.head_dim == 128 && shape.kv_heads > 0 &&
@@ -207,16 +212,17 @@ int device_sm_count() {
   return sms;
 }
 
+template <bool FUSED_IN>
 bool decode_cluster_merge(dim3 grid) {
   static const bool on = env_flag("MOESERVE_ATTN_CLUSTER_MERGE", true);
   const int splits = int(grid.x);
   if (!on || splits <= 1 || splits > 16) return false;
   static const int sms = device_sm_count();
   if (int64_t(grid.x) * grid.y * grid.z > sms) return false;
-  static int fits[17] = {};  // 0 unknown, 1 yes, -1 no; per process (one device per process)
+  static int fits[17] = {};  // 0 unknown, 1 yes, -1 no; per process (one device per process) and kernel
   if (fits[splits] == 0) {
     constexpr size_t smem = detail::gqa_smem_bytes<128>();
-    auto kernel = detail::paged_attention_decode_gqa_kernel<128, true, true>;
+    auto kernel = detail::paged_attention_decode_gqa_kernel<128, true, true, FUSED_IN>;
     MS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     MS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
     cudaLaunchConfig_t cfg{};
@@ -256,17 +262,18 @@ int paged_attention_decode_splits(const AttnShape& shape, int num_seqs, int sms,
 
 namespace {
 
+template <bool FUSED_IN>
 void launch_decode_gqa(AttnParams p, dim3 grid, bool split, cudaStream_t stream) {
   constexpr size_t smem = detail::gqa_smem_bytes<128>();
   static const bool prewait = env_flag("MOESERVE_ATTN_KV_PREWAIT", true);  // A/B switch
   p.kv_prewait = prewait ? 1 : 0;
-  if (split && decode_cluster_merge(grid)) {  // cudaFuncSetAttribute done by decode_cluster_merge
-    launch_pdl_cluster(detail::paged_attention_decode_gqa_kernel<128, true, true>, grid, dim3(128), smem, stream,
-                       grid.x, p);
+  if (split && decode_cluster_merge<FUSED_IN>(grid)) {  // cudaFuncSetAttribute done by decode_cluster_merge
+    launch_pdl_cluster(detail::paged_attention_decode_gqa_kernel<128, true, true, FUSED_IN>, grid, dim3(128), smem,
+                       stream, grid.x, p);
     return;
   }
-  auto kernel = split ? detail::paged_attention_decode_gqa_kernel<128, true>
-                      : detail::paged_attention_decode_gqa_kernel<128, false>;
+  auto kernel = split ? detail::paged_attention_decode_gqa_kernel<128, true, false, FUSED_IN>
+                      : detail::paged_attention_decode_gqa_kernel<128, false, false, FUSED_IN>;
   MS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   launch_pdl(kernel, grid, dim3(128), smem, stream, p);
   if (split) launch_pdl(detail::split_merge_kernel<128>, dim3(1, grid.y, grid.z), dim3(128), 0, stream, p);
@@ -287,9 +294,10 @@ void run_decode(AttnParams p, const AttnMeta& meta, const AttnShape& shape, int 
     p.ws_lse = reinterpret_cast<float*>(base + w.lse);
     p.min_split_keys = decode_min_split_keys();
   }
-  if (!fused_in && decode_gqa_usable(shape, meta.num_seqs))
-    return launch_decode_gqa(p, dim3(unsigned(num_splits), unsigned(shape.kv_heads), unsigned(meta.num_seqs)), split,
-                             stream);
+  if (decode_gqa_usable(shape, meta.num_seqs) && (!fused_in || decode_gqa_fused_input())) {
+    const dim3 grid(unsigned(num_splits), unsigned(shape.kv_heads), unsigned(meta.num_seqs));
+    return fused_in ? launch_decode_gqa<true>(p, grid, split, stream) : launch_decode_gqa<false>(p, grid, split, stream);
+  }
   const int m_tiles = int(ceil_div(p.group, detail::kDecodeRowTile));
   const dim3 grid(unsigned(m_tiles * num_splits), unsigned(shape.kv_heads), unsigned(meta.num_seqs));
   if (fused_in)

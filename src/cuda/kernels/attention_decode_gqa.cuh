@@ -43,7 +43,9 @@ __device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
   return y;
 }
 
-template <int D, bool SPLIT, bool CLUSTER = false>
+// FUSED_IN: the input stage of the step's token inside the kernel (decode_input_stage of attention_mma.cuh)
+// instead of qk_norm_rope_store_kv before it: q is the raw q/k/v row.
+template <int D, bool SPLIT, bool CLUSTER = false, bool FUSED_IN = false>
 __global__ void __launch_bounds__(128) paged_attention_decode_gqa_kernel(const AttnParams p) {
   static_assert(SPLIT || !CLUSTER, "a cluster holds the split parts of a sequence");
   constexpr int BN = kGqaKeys, STAGES = kGqaStages, CPR = D / 8, KSTEPS = D / 16, DT = D / 16;
@@ -90,20 +92,25 @@ __global__ void __launch_bounds__(128) paged_attention_decode_gqa_kernel(const A
   };
   // Prologue: the old keys of the first STAGES - 1 tiles, then (after the wait) Q and the new keys, all in one
   // group waited for at once; the loop's groups then stay one a tile.
-  const bool prewait = p.kv_prewait != 0;
+  const bool prewait = FUSED_IN || p.kv_prewait != 0;
 #pragma unroll
   for (int i = 0; i < STAGES - 1; ++i)
     if (prewait && i < n_tiles) load_kv(k_begin + i * BN, i, kCached);
-  pdl_enter();  // q and this step's K / V come from the kernel before
-  for (int c = tid; c < kGqaMaxGroup * CPR; c += 128) {  // Q of the group's heads (zero rows past G)
-    const int r = c / CPR, ch = c % CPR;
-    const bool valid = r < G;
-    const bf16* src = valid ? p.q + int64_t(q_row_base) * p.q_stride + int64_t(kvh * G + r) * D + ch * 8 : p.q;
-    cp_async_16(sQ + swz<D>(r, ch), src, valid);
-  }
+  if constexpr (FUSED_IN) {
+    decode_input_stage<D, kGqaMaxGroup, BN, STAGES>(p, kvh, kvh * G, G, q_row_base, start, k_begin, k_end, sQ, sK,
+                                                    sV);
+  } else {
+    pdl_enter();  // q and this step's K / V come from the kernel before
+    for (int c = tid; c < kGqaMaxGroup * CPR; c += 128) {  // Q of the group's heads (zero rows past G)
+      const int r = c / CPR, ch = c % CPR;
+      const bool valid = r < G;
+      const bf16* src = valid ? p.q + int64_t(q_row_base) * p.q_stride + int64_t(kvh * G + r) * D + ch * 8 : p.q;
+      cp_async_16(sQ + swz<D>(r, ch), src, valid);
+    }
 #pragma unroll
-  for (int i = 0; i < STAGES - 1; ++i)
-    if (i < n_tiles) load_kv(k_begin + i * BN, i, prewait ? kNew : kAll);
+    for (int i = 0; i < STAGES - 1; ++i)
+      if (i < n_tiles) load_kv(k_begin + i * BN, i, prewait ? kNew : kAll);
+  }
   cp_async_commit();
   cp_async_wait<0>();
   __syncthreads();

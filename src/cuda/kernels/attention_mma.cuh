@@ -253,6 +253,73 @@ struct PagedKvLoader {
   }
 };
 
+// The decode input stage inside an attention block (FUSED_IN): q is the raw q/k/v row of the step's token.
+// Before the programmatic wait it reads only what the kernel before does not write (the rotary table, the norm
+// weights, the slot); after it, warp w of the block's 4 takes items w, w + 4, ... of QROWS q heads from q_head0
+// (zeros from q_valid on), then the new k and v when the block's keys [k_begin, k_end) hold the new key `start`:
+// all loads first (one round trip), then RMSNorm + RoPE (q, k) as qk_norm_rope_store_kv computes them; q goes
+// into the Q tile (rows 0 .. QROWS - 1), k / v into their ring slot when it lies in a prologue tile (a later tile
+// loads them back from the cache) and into the caches (every block holding the new key stores the same bytes).
+template <int D, int QROWS, int BLOCK_N, int STAGES>
+__device__ __forceinline__ void decode_input_stage(const AttnParams& p, int kvh, int q_head0, int q_valid,
+                                                   int q_row_base, int start, int k_begin, int k_end, bf16* sQ,
+                                                   bf16* sK, bf16* sV) {
+  constexpr int VPL = D / 32;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  float cs[VPL], sn[VPL], qw[VPL], kw[VPL];
+  const float pos = float(p.positions[q_row_base]);
+  rope_lane_table<VPL>(p.inv_freq, pos, p.rope_scaling, lane, cs, sn);
+  if (p.q_norm != nullptr) load_bf16<VPL>(p.q_norm + lane * VPL, qw);
+  if (p.k_norm != nullptr) load_bf16<VPL>(p.k_norm + lane * VPL, kw);
+  const int32_t slot = p.slots[q_row_base];
+  pdl_enter();  // q, k and v come from the kernel before
+  const bf16* row = p.q + int64_t(q_row_base) * p.q_stride;
+  const bool has_new = start >= k_begin && start < k_end;
+  const int rel = start - k_begin, t_new = rel / BLOCK_N, r_new = rel - t_new * BLOCK_N;
+  const int at = (lane * VPL / 8) * 8;  // the lane's elements sit in 16-byte chunk lane * VPL / 8 ...
+  const int within = lane * VPL % 8;    // ... at this offset
+  constexpr int kItems = QROWS + 2, kRounds = (kItems + 3) / 4;
+  using Raw = std::conditional_t<VPL == 2, uint32_t, std::conditional_t<VPL == 4, uint2, uint4>>;
+  static_assert(sizeof(Raw) == VPL * sizeof(bf16), "a lane's elements in one vector");
+  auto item_src = [&](int item) -> const bf16* {
+    if (item < QROWS) return item < q_valid ? row + int64_t(q_head0 + item) * D : nullptr;
+    if (item < kItems && has_new) return row + int64_t(p.heads + (item == QROWS ? 0 : p.kv_heads) + kvh) * D;
+    return nullptr;
+  };
+  Raw raw[kRounds];
+#pragma unroll
+  for (int i = 0; i < kRounds; ++i) {
+    const bf16* src = item_src(warp + 4 * i);
+    if (src != nullptr) raw[i] = *reinterpret_cast<const Raw*>(src + lane * VPL);
+  }
+#pragma unroll
+  for (int i = 0; i < kRounds; ++i) {
+    const int item = warp + 4 * i;
+    if (item >= kItems) break;
+    const bool present = item_src(item) != nullptr;  // warp-uniform
+    if (item >= QROWS && !present) continue;
+    float x[VPL];
+    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw[i]);
+#pragma unroll
+    for (int j = 0; j < VPL / 2; ++j) {
+      const float2 f = present ? __bfloat1622float2(h[j]) : make_float2(0.0f, 0.0f);
+      x[2 * j] = f.x;
+      x[2 * j + 1] = f.y;
+    }
+    if (item < QROWS) {
+      if (present) norm_rope_head<VPL>(x, qw, p.q_norm != nullptr, p.eps, cs, sn, lane);
+      store_bf16<VPL>(sQ + swz<D>(item, at / 8) + within, x);
+    } else {
+      const bool is_k = item == QROWS;
+      if (is_k) norm_rope_head<VPL>(x, kw, p.k_norm != nullptr, p.eps, cs, sn, lane);
+      if (t_new < STAGES - 1)
+        store_bf16<VPL>((is_k ? sK : sV) + t_new * BLOCK_N * D + swz<D>(r_new, at / 8) + within, x);
+      if (slot >= 0)
+        store_bf16<VPL>((is_k ? p.k_store : p.v_store) + (int64_t(slot) * p.kv_heads + kvh) * D + lane * VPL, x);
+    }
+  }
+}
+
 template <int D, int WARPS_M, int WARPS_N, int BLOCK_N, int STAGES, bool DECODE, bool SPLIT, bool FUSED_IN = false>
 __global__ void __launch_bounds__(128) paged_attention_mma_kernel(const AttnParams p) {
   constexpr int kThreads = 128;
@@ -345,64 +412,8 @@ __global__ void __launch_bounds__(128) paged_attention_mma_kernel(const AttnPara
     cp_async_commit();
   }
   if constexpr (FUSED_IN) {
-    // Before the wait: the rotary (cos, sin) of the lane's elements at the token's position and the norm
-    // weights (neither comes from the kernel before). Element e pairs with e +- D / 2: frequency e mod D / 2.
-    constexpr int VPL = D / 32;
-    float cs[VPL], sn[VPL], qw[VPL], kw[VPL];
-    const float pos = float(p.positions[q_row_base]);
-    rope_lane_table<VPL>(p.inv_freq, pos, p.rope_scaling, lane, cs, sn);
-    if (p.q_norm != nullptr) load_bf16<VPL>(p.q_norm + lane * VPL, qw);
-    if (p.k_norm != nullptr) load_bf16<VPL>(p.k_norm + lane * VPL, kw);
-    const int32_t slot = p.slots[q_row_base];
-    pdl_enter();  // q, k and v come from the kernel before
-    // Items: the tile's 16 rows (q heads; zeros past the group), then the new k and v when this block's keys
-    // hold the new key (every such block stores them to the cache: the same bytes, and its own later loads see
-    // them). Warp w takes items w, w + 4, ...: all its loads are issued first (one round trip), then the math.
-    const bf16* row = p.q + int64_t(q_row_base) * p.q_stride;
-    const bool has_new = start >= k_begin && start < k_end;
-    const int rel = start - k_begin, t_new = rel / BLOCK_N, r_new = rel - t_new * BLOCK_N;
-    const int at = (lane * VPL / 8) * 8;  // the lane's elements sit in 16-byte chunk lane * VPL / 8 ...
-    const int within = lane * VPL % 8;    // ... at this offset
-    constexpr int kItems = 18, kRounds = (kItems + 3) / 4;
-    using Raw = std::conditional_t<VPL == 2, uint32_t, std::conditional_t<VPL == 4, uint2, uint4>>;
-    static_assert(sizeof(Raw) == VPL * sizeof(bf16), "a lane's elements in one vector");
-    Raw raw[kRounds];
-    auto item_src = [&](int item) -> const bf16* {
-      if (item < 16) return row0 + item < rows_total ? row + int64_t(kvh * G + row0 + item) * D : nullptr;
-      if (item < kItems && has_new) return row + int64_t(p.heads + (item == 16 ? 0 : p.kv_heads) + kvh) * D;
-      return nullptr;
-    };
-#pragma unroll
-    for (int i = 0; i < kRounds; ++i) {
-      const bf16* src = item_src(warp + 4 * i);
-      if (src != nullptr) raw[i] = *reinterpret_cast<const Raw*>(src + lane * VPL);
-    }
-#pragma unroll
-    for (int i = 0; i < kRounds; ++i) {
-      const int item = warp + 4 * i;
-      if (item >= kItems) break;
-      const bool present = item_src(item) != nullptr;  // warp-uniform
-      if (item >= 16 && !present) continue;
-      float x[VPL];
-      const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw[i]);
-#pragma unroll
-      for (int j = 0; j < VPL / 2; ++j) {
-        const float2 f = present ? __bfloat1622float2(h[j]) : make_float2(0.0f, 0.0f);
-        x[2 * j] = f.x;
-        x[2 * j + 1] = f.y;
-      }
-      if (item < 16) {
-        if (present) norm_rope_head<VPL>(x, qw, p.q_norm != nullptr, p.eps, cs, sn, lane);
-        store_bf16<VPL>(sQ + swz<D>(item, at / 8) + within, x);
-      } else {
-        const bool is_k = item == 16;
-        if (is_k) norm_rope_head<VPL>(x, kw, p.k_norm != nullptr, p.eps, cs, sn, lane);
-        if (t_new < STAGES - 1)
-          store_bf16<VPL>((is_k ? sK : sV) + t_new * BLOCK_N * D + swz<D>(r_new, at / 8) + within, x);
-        if (slot >= 0)
-          store_bf16<VPL>((is_k ? p.k_store : p.v_store) + (int64_t(slot) * p.kv_heads + kvh) * D + lane * VPL, x);
-      }
-    }
+    decode_input_stage<D, BLOCK_M, BLOCK_N, STAGES>(p, kvh, kvh * G + row0, rows_total - row0, q_row_base, start,
+                                                    k_begin, k_end, sQ, sK, sV);
     cp_async_commit();  // (empty) keeps the group count of the unfused path
   } else if constexpr (DECODE) {
     pdl_enter();  // q and this step's K/V come from the kernel before

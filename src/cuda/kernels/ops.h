@@ -98,6 +98,10 @@ bool attention_input_stage_fusable(const AttnShape& shape, const RopeArgs& rope)
 // Whether paged_attention_decode runs the keys-as-M tiles (attention_decode_gqa.cuh) for this shape and batch:
 // head_dim 128, groups of up to 8 heads, MOESERVE_ATTN_DECODE_GQA_MIN (default 1) sequences or more.
 bool decode_gqa_usable(const AttnShape& shape, int num_seqs);
+// Whether paged_attention_decode_fused_input runs the keys-as-M tiles with the input stage inside where they apply
+// (MOESERVE_ATTN_GQA_FUSED_IN=0: the 16-row tiles take the fused input stage there, and the model runs the keys-as-M
+// tiles with qk_norm_rope_store_kv as a launch of its own instead).
+bool decode_gqa_fused_input();
 // Split-KV parts for a decode grid of num_seqs sequences on `sms` multiprocessors (at most max_splits): one wave
 // of blocks (two an SM at head_dim <= 128, one at 256); but where the keys-as-M tiles merge inside clusters, as
 // many parts as keep the grid at one block an SM (so that the cluster merge applies) when that is at least 2

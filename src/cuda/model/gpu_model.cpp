@@ -223,10 +223,12 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
   // Decode steps of up to 64 sequences, in models with RoPE over the whole head: the input stage runs inside
   // the attention launch. (H200, q30b8l served step: batch 1 -5 to -10 us, 64 even, 128 +16 us: there the
   // attention runs two waves of blocks, and each block's input stage lengthens both.)
-  // Where the keys-as-M decode tiles apply (decode_gqa_usable), they run with the input stage as its own launch:
-  // faster at batch 1, 64 and 128 than the 16-row tiles with the fused stage.
+  // Where the keys-as-M decode tiles apply (decode_gqa_usable), they take the input stage inside too
+  // (decode_gqa_fused_input; before, they ran it as a launch of its own: faster at batch 1, 64 and 128 than the
+  // 16-row tiles with the fused stage).
   const bool fused_input = in.decode && T <= 64 && !be_.reference_attention && be_.fused_attention_input &&
-                           attention_input_stage_fusable(ash, rope_) && !decode_gqa_usable(ash, T);
+                           attention_input_stage_fusable(ash, rope_) &&
+                           (!decode_gqa_usable(ash, T) || decode_gqa_fused_input());
   embedding(in.tokens, embed_.get(), T, H, residual_.get(), s);
   mark("embedding", act * 6, 0);
   for (size_t l = 0; l < layers_.size(); ++l) {
