@@ -204,6 +204,110 @@ TEST(CudaGemm, NormGemvMatchesCpu) {
       }
 }
 
+// The residual fusion's pair of GEMVs, as a decode step chains them: gemv_residual_out (o_proj: y, residual += y,
+// the partial sums of squares) then gemv_norm_in (q/k/v or the router: the RMSNorm from those partials) against
+// the CPU: the residual update exactly, the partials and the normalized rows to f32 / bf16 rounding, y as the
+// other GEMV tests.
+TEST(CudaGemm, ResidualGemvsMatchCpu) {
+  SKIP_WITHOUT_GPU();
+  Stream st;
+  EXPECT_FALSE(cuda::residual_gemv_fits(9, 2048));
+  EXPECT_FALSE(cuda::residual_gemv_fits(1, 4100));
+  EXPECT_EQ(cuda::residual_gemv_parts(2048), 128);
+  EXPECT_EQ(cuda::residual_gemv_parts(520), 33);
+  uint32_t seed = 991;
+  struct Case {
+    int M, K1, H, N2;
+    bool f32_out, xn_out;
+  };
+  for (const Case c : {Case{1, 4096, 2048, 5120, false, false}, Case{3, 512, 520, 37, false, true},
+                       Case{8, 64, 2048, 128, true, true}, Case{1, 2048, 2048, 128, true, true}}) {
+    const std::string where = fmt::format("M {} K1 {} H {} N2 {}", c.M, c.K1, c.H, c.N2);
+    const int parts = cuda::residual_gemv_parts(c.H);
+    std::mt19937 g(seed++);
+    std::normal_distribution<float> nd(0, 1);
+    std::vector<float> res(size_t(c.M) * c.H);
+    for (auto& v : res) v = nd(g) * 3.0f;
+    const auto x = random_bf16(size_t(c.M) * c.K1, seed++, 1.0f);
+    const auto w1 = random_bf16(size_t(c.H) * c.K1, seed++, 0.05f);
+    const auto nw = random_bf16(size_t(c.H), seed++, 1.5f);
+    const auto w2 = random_bf16(size_t(c.N2) * c.H, seed++, 0.05f);
+    Dev<float> d_res(res.size()), d_part(size_t(c.M) * parts), d_y2f(size_t(c.M) * c.N2);
+    Dev<uint16_t> d_x(x.size()), d_w1(w1.size()), d_nw(nw.size()), d_w2(w2.size()), d_y(size_t(c.M) * c.H),
+        d_y2(size_t(c.M) * c.N2), d_xn(size_t(c.M) * c.H);
+    d_res.upload(res);
+    d_x.upload(x);
+    d_w1.upload(w1);
+    d_nw.upload(nw);
+    d_w2.upload(w2);
+    d_y.poison();
+    d_y2.poison();
+    d_y2f.poison();
+    d_xn.poison();
+    d_part.poison();
+    cuda::gemv_residual_out(as_bf16(d_x), c.K1, c.M, c.K1, as_bf16(d_w1), c.H, reinterpret_cast<cuda::bf16*>(d_y.p),
+                            c.H, d_res.p, d_part.p, st.s);
+    void* y2 = c.f32_out ? static_cast<void*>(d_y2f.p) : static_cast<void*>(d_y2.p);
+    cuda::gemv_norm_in(d_res.p, d_part.p, parts, as_bf16(d_nw), 1e-6f, c.M, c.H, as_bf16(d_w2), c.N2, y2, c.N2,
+                       c.f32_out ? OutType::F32 : OutType::BF16,
+                       c.xn_out ? reinterpret_cast<cuda::bf16*>(d_xn.p) : nullptr, st.s);
+    MS_CUDA_CHECK(cudaStreamSynchronize(st.s));
+    const auto y = d_y.download();
+    const auto res_out = d_res.download();
+    const auto part = d_part.download();
+    const auto xn_gpu = d_xn.download();
+    const auto y2b = d_y2.download();
+    const auto y2f = d_y2f.download();
+    int bad = 0;
+    for (int t = 0; t < c.M; ++t) {
+      // o_proj: y against the CPU, the residual exactly res + float(y), the partials from that residual.
+      for (int n = 0; n < c.H; ++n) {
+        double want = 0, mag = 0;
+        for (int k = 0; k < c.K1; ++k) {
+          const double p = double(bf16_to_f32(x[size_t(t) * c.K1 + k])) * bf16_to_f32(w1[size_t(n) * c.K1 + k]);
+          want += p;
+          mag += std::fabs(p);
+        }
+        const float got = bf16_to_f32(y[size_t(t) * c.H + n]);
+        if (!(std::fabs(got - want) <= 8e-3 * std::fabs(want) + 1e-3 * mag + 1e-4) && ++bad <= 5)
+          ADD_FAILURE() << where << " o_proj t " << t << " n " << n << ": got " << got << ", want " << want;
+        ASSERT_EQ(res_out[size_t(t) * c.H + n], res[size_t(t) * c.H + n] + got) << where << " residual " << n;
+      }
+      double ss = 0;
+      for (int b = 0; b < parts; ++b) {
+        double want = 0;
+        for (int n = 16 * b; n < std::min(c.H, 16 * b + 16); ++n)
+          want += double(res_out[size_t(t) * c.H + n]) * res_out[size_t(t) * c.H + n];
+        ss += want;
+        ASSERT_NEAR(part[size_t(t) * parts + b], want, 1e-5 * want + 1e-6) << where << " part " << b;
+      }
+      // The norm from the partials, then the second GEMV.
+      const float inv = float(1.0 / std::sqrt(ss / c.H + 1e-6));
+      std::vector<float> xn(size_t(c.H));
+      for (int k = 0; k < c.H; ++k) {
+        xn[k] = bf16_to_f32(f32_to_bf16(bf16_to_f32(nw[k]) * (res_out[size_t(t) * c.H + k] * inv)));
+        if (c.xn_out) {
+          const float got = bf16_to_f32(xn_gpu[size_t(t) * c.H + k]);
+          ASSERT_NEAR(got, xn[k], std::fabs(xn[k]) * 1e-2 + 1e-6) << where << " xn t " << t << " k " << k;
+        }
+      }
+      for (int n = 0; n < c.N2; ++n) {
+        double want = 0, mag = 0;
+        for (int k = 0; k < c.H; ++k) {
+          const double p = double(xn[k]) * bf16_to_f32(w2[size_t(n) * c.H + k]);
+          want += p;
+          mag += std::fabs(p);
+        }
+        const float got = c.f32_out ? y2f[size_t(t) * c.N2 + n] : bf16_to_f32(y2b[size_t(t) * c.N2 + n]);
+        const double tol = (c.f32_out ? 1e-4 : 8e-3) * std::fabs(want) + 2e-2 * mag / std::sqrt(double(c.H)) + 1e-3;
+        if (!(std::fabs(got - want) <= tol) && ++bad <= 5)
+          ADD_FAILURE() << where << " norm_in t " << t << " n " << n << ": got " << got << ", want " << want;
+      }
+    }
+    ASSERT_EQ(bad, 0) << where << ": outputs out of tolerance";
+  }
+}
+
 TEST(CudaGemm, CudaGraphReplayMatchesEagerRun) {
   SKIP_WITHOUT_GPU();
   auto backends = cuda::make_gemm_backends();

@@ -46,6 +46,22 @@ bool norm_gemv_fits(int M, int K);
 void norm_gemv(float* residual, const bf16* delta, const bf16* norm_w, float eps, int M, int K, const bf16* W, int N,
                bf16* y, int64_t ldy, int* counter, cudaStream_t stream);
 
+// The residual fusion of the decode graphs (MOESERVE_RESIDUAL_FUSION=1, one token group: M <= 8, K <= 4096,
+// K % 8 == 0): the residual stream is the f32 residual plus, per token, partial sums of squares of it over parts of
+// 16 rows, written by the kernel that updates the residual, so that the next GEMV applies the RMSNorm itself
+// without a norm launch or a block-wide reduction.
+// gemv_residual_out: y = x W^T (bf16), residual[m, :] += float(y[m, :]) (N = the residual's width) and
+//   partials[m, b] = the sum of squares of the updated residual[m, 16 b .. 16 b + 15], b < residual_gemv_parts(N).
+// gemv_norm_in: x = bf16(rmsnorm(residual) * norm_w) with the sum of squares over the nparts partials (summed in a
+//   fixed order), y = x W^T (bf16 or f32), and x also to xn_out when non-null. The residual is only read.
+constexpr int kResidualGemvMaxM = 8;
+bool residual_gemv_fits(int M, int K);
+int residual_gemv_parts(int N);
+void gemv_norm_in(const float* residual, const float* partials, int nparts, const bf16* norm_w, float eps, int M,
+                  int K, const bf16* W, int N, void* y, int64_t ldy, OutType out, bf16* xn_out, cudaStream_t stream);
+void gemv_residual_out(const bf16* x, int64_t ldx, int M, int K, const bf16* W, int N, bf16* y, int64_t ldy,
+                       float* residual, float* partials, cudaStream_t stream);
+
 // Against a CPU reference on random shapes (odd M, N, K included). "" on pass.
 std::string gemm_self_test(GemmBackend& b, double& max_err);
 

@@ -64,13 +64,31 @@ struct NormArgs {
 };
 constexpr int kNormPad = 8;  // bf16 of padding per shared row: the 8 token rows a quarter-warp reads hit 8 banks
 
+// The residual fusion of gemv_bf16_kernel (gemv_norm_in / gemv_residual_out): a decode step's residual stream
+// carried between GEMVs as the f32 residual plus per-part sums of squares, so that no norm needs a launch or a
+// block-wide reduction of its own.
+struct ResidualArgs {
+  float* residual;            // [M, K] read (NORM_IN) / [M, N] updated (RES_OUT)
+  const float* partials_in;   // NORM_IN: [M, nparts_in], summed in index order (a fixed xor tree)
+  int nparts_in;
+  const bf16* weight;         // NORM_IN: the RMSNorm weight [K]
+  float eps;
+  bf16* xn_out;               // NORM_IN: block x = 0 also writes the normalized rows here, when non-null
+  float* partials_out;        // RES_OUT: [M, gridDim.x]
+};
+enum GemvPrologue { kPlainX, kNormRows, kNormIn };
+
 // Block (blockIdx.x, blockIdx.y) computes rows [16 bx, 16 bx + 16) for tokens [8 by, 8 by + 8). Needs
-// K % 8 == 0, ldx % 8 == 0 and 16-byte aligned x and W (checked on the host). NORM: x is the normalized
-// residual (NormArgs), one token group (M <= 8), K + kNormPad bf16 of dynamic shared memory per token.
-template <typename OutT, bool NORM = false>
+// K % 8 == 0, ldx % 8 == 0 and 16-byte aligned x and W (checked on the host). PRO == kNormRows: x is the normalized
+// residual (NormArgs), one token group (M <= 8), K + kNormPad bf16 of dynamic shared memory per token; kNormIn: x
+// is bf16(rmsnorm(residual) * weight) with the sums of squares from ra.partials_in (same shared memory). RES_OUT:
+// besides y, residual[m, n] += float(bf16(y[m, n])) and ra.partials_out[m, bx] = the block's rows' sum of squares.
+template <typename OutT, int PRO = kPlainX, bool RES_OUT = false>
 __global__ void __launch_bounds__(kWarps * 32) gemv_bf16_kernel(const bf16* x, int64_t ldx, int M,
                                                                  int K, const bf16* __restrict__ W, int N,
-                                                                 OutT* __restrict__ y, int64_t ldy, NormArgs na) {
+                                                                 OutT* __restrict__ y, int64_t ldy, NormArgs na,
+                                                                 ResidualArgs ra) {
+  constexpr bool NORM = PRO != kPlainX;
   __shared__ float partial[kWarps][kRows][kTokens];
   extern __shared__ __align__(16) bf16 norm_rows[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -82,8 +100,37 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_bf16_kernel(const bf16* x, i
   if (threadIdx.x == 0 && blockIdx.y == 0 && blockIdx.x < kPrefetchBlocks)
     prefetch_l2(W + int64_t(n0) * K, unsigned(min(kRows, N - n0)) * unsigned(K) * unsigned(sizeof(bf16)));
   pdl_enter();
-  if constexpr (NORM) {
+  if constexpr (PRO == kNormRows) {
     norm_rows_to_smem(na.residual, na.delta, na.weight, na.eps, M, K, norm_rows, K + kNormPad);
+  } else if constexpr (PRO == kNormIn) {
+    // Every warp sums each token's partials itself (lanes strided, then a fixed xor tree: the same order in every
+    // warp and block), so the only barrier is the one after the rows are written.
+    const int tokens_here = min(kTokens, M - t0);
+#pragma unroll
+    for (int t = 0; t < kTokens; ++t) {
+      if (t >= tokens_here) break;
+      const float* part = ra.partials_in + int64_t(t0 + t) * ra.nparts_in;
+      float ss = 0.f;
+      for (int i = lane; i < ra.nparts_in; i += 32) ss += __ldcg(part + i);
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+      const float inv = rsqrtf(ss / float(K) + ra.eps);  // as rmsnorm / add_rmsnorm
+      const float4* r = reinterpret_cast<const float4*>(ra.residual + int64_t(t0 + t) * K);
+      for (int c = threadIdx.x; c < K / 4; c += blockDim.x) {
+        const float4 v = __ldcg(r + c);
+        const __nv_bfloat162* wb = reinterpret_cast<const __nv_bfloat162*>(ra.weight + 4 * c);
+        const float2 w0 = __bfloat1622float2(wb[0]), w1 = __bfloat1622float2(wb[1]);
+        __nv_bfloat162 o[2];
+        o[0] = __floats2bfloat162_rn(w0.x * (v.x * inv), w0.y * (v.y * inv));
+        o[1] = __floats2bfloat162_rn(w1.x * (v.z * inv), w1.y * (v.w * inv));
+        *reinterpret_cast<uint2*>(norm_rows + t * (K + kNormPad) + 4 * c) = *reinterpret_cast<const uint2*>(o);
+        if (ra.xn_out != nullptr && blockIdx.x == 0)
+          *reinterpret_cast<uint2*>(ra.xn_out + int64_t(t0 + t) * K + 4 * c) = *reinterpret_cast<const uint2*>(o);
+      }
+    }
+    __syncthreads();
+  }
+  if constexpr (NORM) {
     x = norm_rows;
     ldx = K + kNormPad;
   }
@@ -127,8 +174,22 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_bf16_kernel(const bf16* x, i
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) sum += partial[w][r][t];
     if (t < tokens && n0 + r < N) store(y + int64_t(t0 + t) * ldy + n0 + r, sum);
+    if constexpr (RES_OUT) {
+      // Token t's rows are threads 16 t .. 16 t + 15 (an aligned half-warp; threads 0-127 are whole warps).
+      static_assert(kRows == 16, "a token's rows in an aligned half-warp");
+      float v = 0.f;
+      if (t < tokens && n0 + r < N) {
+        float* rp = ra.residual + int64_t(t0 + t) * N + n0 + r;
+        v = __ldcg(rp) + __bfloat162float(__float2bfloat16_rn(sum));
+        *rp = v;
+      }
+      float sq = v * v;
+#pragma unroll
+      for (int o = 8; o > 0; o >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, o);
+      if (r == 0 && t < tokens) ra.partials_out[int64_t(t0 + t) * gridDim.x + blockIdx.x] = sq;
+    }
   }
-  if constexpr (NORM) {
+  if constexpr (PRO == kNormRows) {
     if (na.delta != nullptr && finished_last(na.counter)) add_to_residual(na.residual, na.delta, M, K);
   }
 }
@@ -303,7 +364,10 @@ class GemvBackend final : public GemmBackend {
                           reinterpret_cast<const void*>(gemv_wide_kernel<float, 4>),
                           reinterpret_cast<const void*>(gemv_wide_kernel<float, 8>),
                           reinterpret_cast<const void*>(gemv_wide_kernel<float, 16>),
-                          reinterpret_cast<const void*>(gemv_bf16_kernel<bf16, true>),
+                          reinterpret_cast<const void*>(gemv_bf16_kernel<bf16, kNormRows>),
+                          reinterpret_cast<const void*>(gemv_bf16_kernel<bf16, kNormIn>),
+                          reinterpret_cast<const void*>(gemv_bf16_kernel<float, kNormIn>),
+                          reinterpret_cast<const void*>(gemv_bf16_kernel<bf16, kPlainX, true>),
                           reinterpret_cast<const void*>(splitk_reduce_kernel<bf16>),
                           reinterpret_cast<const void*>(splitk_reduce_kernel<float>)})
       if (std::string why = check_kernel_present(k, dev); !why.empty()) return why;
@@ -341,10 +405,10 @@ class GemvBackend final : public GemmBackend {
     const dim3 grid(unsigned(ceil_div(N, kRows)), unsigned(token_groups));
     if (out == OutType::BF16)
       launch_pdl(gemv_bf16_kernel<bf16>, grid, dim3(kWarps * 32), 0, stream, x, ldx, M, K, W, N,
-                 static_cast<bf16*>(y), ldy, NormArgs{});
+                 static_cast<bf16*>(y), ldy, NormArgs{}, ResidualArgs{});
     else
       launch_pdl(gemv_bf16_kernel<float>, grid, dim3(kWarps * 32), 0, stream, x, ldx, M, K, W, N,
-                 static_cast<float*>(y), ldy, NormArgs{});
+                 static_cast<float*>(y), ldy, NormArgs{}, ResidualArgs{});
   }
 
  private:
@@ -395,9 +459,48 @@ void norm_gemv(float* residual, const bf16* delta, const bf16* norm_w, float eps
            "norm_gemv: residual, delta and W must be 16-byte aligned, the norm weight 8-byte aligned, and an update "
            "of the residual needs a counter");
   const size_t smem = size_t(M) * size_t(K + kNormPad) * sizeof(bf16);  // <= 4 x 4104 x 2: under 48 KiB
-  launch_pdl(gemv_bf16_kernel<bf16, true>, dim3(unsigned(ceil_div(N, kRows))), dim3(kWarps * 32), smem, stream,
+  launch_pdl(gemv_bf16_kernel<bf16, kNormRows>, dim3(unsigned(ceil_div(N, kRows))), dim3(kWarps * 32), smem, stream,
              static_cast<const bf16*>(nullptr), int64_t(0), M, K, W, N, y, ldy,
-             NormArgs{residual, delta, norm_w, eps, counter});
+             NormArgs{residual, delta, norm_w, eps, counter}, ResidualArgs{});
+}
+
+bool residual_gemv_fits(int M, int K) { return M >= 1 && M <= kResidualGemvMaxM && K > 0 && K % 8 == 0 && K <= 4096; }
+
+int residual_gemv_parts(int N) { return int(ceil_div(N, kRows)); }
+
+void gemv_norm_in(const float* residual, const float* partials, int nparts, const bf16* norm_w, float eps, int M,
+                  int K, const bf16* W, int N, void* y, int64_t ldy, OutType out, bf16* xn_out,
+                  cudaStream_t stream) {
+  MS_CHECK(residual_gemv_fits(M, K) && N > 0 && ldy >= N && nparts >= 1 && partials != nullptr,
+           "gemv_norm_in: M {} K {} N {} ldy {} nparts {} do not fit", M, K, N, ldy, nparts);
+  MS_CHECK(aligned16(residual) && aligned16(W) && (reinterpret_cast<uintptr_t>(norm_w) & 7) == 0 &&
+               (xn_out == nullptr || (reinterpret_cast<uintptr_t>(xn_out) & 7) == 0),
+           "gemv_norm_in: residual and W 16-byte, the norm weight and xn_out 8-byte aligned");
+  const size_t smem = size_t(M) * size_t(K + kNormPad) * sizeof(bf16);  // <= 8 x 4104 x 2: 64 KiB
+  const dim3 grid(unsigned(ceil_div(N, kRows)));
+  const ResidualArgs ra{const_cast<float*>(residual), partials, nparts, norm_w, eps, xn_out, nullptr};
+  if (out == OutType::BF16) {
+    auto kernel = gemv_bf16_kernel<bf16, kNormIn>;
+    MS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    launch_pdl(kernel, grid, dim3(kWarps * 32), smem, stream, static_cast<const bf16*>(nullptr), int64_t(0), M, K, W,
+               N, static_cast<bf16*>(y), ldy, NormArgs{}, ra);
+  } else {
+    auto kernel = gemv_bf16_kernel<float, kNormIn>;
+    MS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    launch_pdl(kernel, grid, dim3(kWarps * 32), smem, stream, static_cast<const bf16*>(nullptr), int64_t(0), M, K, W,
+               N, static_cast<float*>(y), ldy, NormArgs{}, ra);
+  }
+}
+
+void gemv_residual_out(const bf16* x, int64_t ldx, int M, int K, const bf16* W, int N, bf16* y, int64_t ldy,
+                       float* residual, float* partials, cudaStream_t stream) {
+  MS_CHECK(residual_gemv_fits(M, K) && N > 0 && ldy >= N && ldx >= K && ldx % 8 == 0 && residual != nullptr &&
+               partials != nullptr,
+           "gemv_residual_out: M {} K {} N {} ldx {} ldy {} do not fit", M, K, N, ldx, ldy);
+  MS_CHECK(aligned16(x) && aligned16(W), "gemv_residual_out: x and W must be 16-byte aligned");
+  launch_pdl(gemv_bf16_kernel<bf16, kPlainX, true>, dim3(unsigned(ceil_div(N, kRows))), dim3(kWarps * 32), 0,
+             stream, x, ldx, M, K, W, N, y, ldy, NormArgs{},
+             ResidualArgs{residual, nullptr, 0, nullptr, 0.f, nullptr, partials});
 }
 
 std::unique_ptr<GemmBackend> make_gemv_backend(int kernel_max_m) {

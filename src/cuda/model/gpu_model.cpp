@@ -159,6 +159,13 @@ void GpuQwen3::plan_workspace(int max_tokens, int max_rows, int max_seqs, int ma
   }
   grid_counter_ = DeviceArray<int>(alloc_, 1, part);
   MS_CUDA_CHECK(cudaMemset(grid_counter_.get(), 0, grid_counter_.bytes()));
+  if (b.residual_fusion) {
+    const size_t parts = size_t(kResidualGemvMaxM) * size_t(residual_gemv_parts(int(H)));
+    part_attn_ = DeviceArray<float>(alloc_, parts, part);
+    part_moe_ = DeviceArray<float>(alloc_, parts, part);
+    MS_CUDA_CHECK(cudaMemset(part_attn_.get(), 0, part_attn_.bytes()));
+    MS_CUDA_CHECK(cudaMemset(part_moe_.get(), 0, part_moe_.bytes()));
+  }
   if (c.intermediate_size > 0) {
     mlp_ = DeviceArray<bf16>(alloc_, T * 2 * size_t(c.intermediate_size), part);
     mlp_act_ = DeviceArray<bf16>(alloc_, T * size_t(c.intermediate_size), part);
@@ -219,7 +226,15 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
 
   // Steps of a few tokens: the residual add + RMSNorm run inside the q/k/v GEMV and the router (no launch of
   // their own), and the router GEMV and top-k are one launch.
-  const bool fuse_qkv_norm = be_.fused_small_steps && norm_gemv_fits(T, H);
+  const int E = int(c.num_experts), K = int(c.num_experts_per_tok);
+  // The residual fusion (ModelBackends::residual_fusion): every layer MoE, the MoE epilogue at T tokens, no op
+  // skipped. The MoE of layer l leaves the residual and part_moe_ for layer l + 1's q/k/v; o_proj leaves them and
+  // part_attn_ for the router, which also writes xn_ for the experts.
+  const int res_parts = residual_gemv_parts(H);
+  bool resfuse = be_.residual_fusion && skip == 0 && residual_gemv_fits(T, H) && residual_gemv_fits(T, Hq * D) &&
+                 be_.moe != nullptr && be_.moe->residual_parts(T) == res_parts;
+  for (const GpuLayer& L : layers_) resfuse = resfuse && L.is_moe;
+  const bool fuse_qkv_norm = !resfuse && be_.fused_small_steps && norm_gemv_fits(T, H);
   // Decode steps of up to 64 sequences, in models with RoPE over the whole head: the input stage runs inside
   // the attention launch. (H200, q30b8l served step: batch 1 -5 to -10 us, 64 even, 128 +16 us: there the
   // attention runs two waves of blocks, and each block's input stage lengthens both.)
@@ -234,7 +249,11 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
   for (size_t l = 0; l < layers_.size(); ++l) {
     GpuLayer& L = layers_[l];
     auto g1 = gemm_cost(T, QKV, H, 2);
-    if (fuse_qkv_norm) {
+    if (resfuse && l > 0) {  // the previous layer's MoE updated the residual and left its partial sums
+      gemv_norm_in(residual_.get(), part_moe_.get(), res_parts, L.input_norm.get(), eps, T, H, L.qkv.get(), QKV,
+                   qkv_.get(), QKV, OutType::BF16, nullptr, s);
+      mark("norm+gemm qkv", g1.first + act * 8, g1.second);
+    } else if (fuse_qkv_norm) {
       norm_gemv(residual_.get(), l == 0 ? nullptr : o_.get(), L.input_norm.get(), eps, T, H, L.qkv.get(), QKV,
                 qkv_.get(), QKV, grid_counter_.get(), s);
       mark("norm+gemm qkv", g1.first + act * 12, g1.second);
@@ -272,20 +291,28 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
     }
     mark(fused_input ? "attention decode+qk_norm_rope_kv" : in.decode ? "attention decode" : "attention prefill",
          double(in.kv_tokens) * Hkv * D * 4 + 4.0 * T * QD, 4.0 * double(in.attn_pairs) * Hq * D);
-    if (run_op(kSkipOproj)) gemm.run(attn_.get(), QD, T, QD, L.o.get(), H, o_.get(), H, OutType::BF16, s);
+    if (resfuse)  // residual += o, and the partial sums for the router's norm
+      gemv_residual_out(attn_.get(), QD, T, QD, L.o.get(), H, o_.get(), H, residual_.get(), part_attn_.get(), s);
+    else if (run_op(kSkipOproj))
+      gemm.run(attn_.get(), QD, T, QD, L.o.get(), H, o_.get(), H, OutType::BF16, s);
     auto g2 = gemm_cost(T, H, QD, 2);
     mark("gemm o_proj", g2.first, g2.second);
-    const int E = int(c.num_experts), K = int(c.num_experts_per_tok);
     const bool fuse_router_norm =
-        L.is_moe && be_.fused_small_steps && moe_norm_router_topk_fits(T, H, E, K);
-    if (!fuse_router_norm && run_op(kSkipNorm)) {
+        !resfuse && L.is_moe && be_.fused_small_steps && moe_norm_router_topk_fits(T, H, E, K);
+    if (!resfuse && !fuse_router_norm && run_op(kSkipNorm)) {
       add_rmsnorm(residual_.get(), o_.get(), L.post_norm.get(), eps, T, H, xn_.get(), s);
       mark("add_rmsnorm", act * 12, 0);
     }
     if (L.is_moe) {
       const int I = int(c.moe_intermediate_size);
       auto g3 = gemm_cost(T, E, H, 4);
-      if (fuse_router_norm) {  // decode of a few tokens: norm, router and top-k in one launch
+      if (resfuse) {  // the post-attention norm inside the router GEMV, which also writes xn_ for the experts
+        gemv_norm_in(residual_.get(), part_attn_.get(), res_parts, L.post_norm.get(), eps, T, H, L.router.get(), E,
+                     router_logits_.get(), E, OutType::F32, xn_.get(), s);
+        mark("norm+gemm router", g3.first + act * 8, g3.second);
+        moe_route_topk(router_logits_.get(), T, E, K, c.norm_topk_prob, topk_ids_.get(), topk_w_.get(), s);
+        mark("moe route_topk", 4.0 * T * E, 0);
+      } else if (fuse_router_norm) {  // decode of a few tokens: norm, router and top-k in one launch
         moe_norm_router_topk(residual_.get(), o_.get(), L.post_norm.get(), eps, xn_.get(), L.router.get(), T, H, E, K,
                              c.norm_topk_prob, router_logits_.get(), grid_counter_.get(), topk_ids_.get(),
                              topk_w_.get(), s);
@@ -303,6 +330,9 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
         mark("moe route_topk", 4.0 * T * E, 0);
       }
       if (!run_op(kSkipExperts)) {
+      } else if (resfuse) {  // residual += the MoE output, and the partial sums for the next norm
+        be_.moe->run_residual(xn_.get(), T, topk_ids_.get(), topk_w_.get(), L.moe, o_.get(), residual_.get(),
+                              part_moe_.get(), moe_ws_.get(), s);
       } else {
         be_.moe->run(xn_.get(), T, topk_ids_.get(), topk_w_.get(), L.moe, o_.get(), moe_ws_.get(), s);
       }
@@ -317,8 +347,12 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
       mark("dense mlp", 6.0 * H * I + act * 4, 6.0 * T * H * I);
     }
   }
-  // The last layer's output joins the residual under the final norm; only the logit rows go to lm_head.
-  add_rmsnorm(residual_.get(), o_.get(), final_norm_.get(), eps, T, H, xn_.get(), s);
+  // The last layer's output joins the residual under the final norm (with the residual fusion it already has);
+  // only the logit rows go to lm_head.
+  if (resfuse)
+    rmsnorm(residual_.get(), final_norm_.get(), eps, T, H, xn_.get(), s);
+  else
+    add_rmsnorm(residual_.get(), o_.get(), final_norm_.get(), eps, T, H, xn_.get(), s);
   mark("add_rmsnorm", act * 12, 0);
   const bf16* rows = xn_.get();
   if (in.logit_rows) {

@@ -66,6 +66,10 @@ struct ModelBackends {
   // Decode steps run the attention input stage (q/k norm, RoPE, KV store) inside the decode attention launch
   // where the model allows it (RoPE over the whole head); MOESERVE_ATTN_FUSED_IN=0 turns it off (A/B).
   bool fused_attention_input = true;
+  // Decode steps of up to kResidualGemvMaxM tokens carry the residual stream between kernels with partial sums of
+  // squares (gemv_residual_out, gemv_norm_in, MoeBackend::run_residual) instead of the two norm launches a layer,
+  // where every layer is MoE and the MoE backend offers the epilogue: MOESERVE_RESIDUAL_FUSION=1 (A/B, off).
+  bool residual_fusion = false;
   // Timing only (MOESERVE_PROFILE_SKIP_OPS, see skip_ops_from_env): ops left out of every step, so that a step's
   // time with and without an op gives that op's marginal cost in the chain of programmatic launches. The
   // outputs are then wrong; never set in serving.
@@ -125,6 +129,9 @@ class GpuQwen3 {
   DeviceArray<bf16> xn_, qkv_, attn_, o_, mlp_, mlp_act_, final_rows_;
   DeviceArray<int32_t> topk_ids_;
   DeviceArray<int> grid_counter_;  // the fused kernels' last-block counter (zero between launches)
+  // The residual fusion's partial sums of squares: written by o_proj (read by the router), by the MoE (read by the
+  // next layer's q/k/v); [kResidualGemvMaxM][hidden / 16] each.
+  DeviceArray<float> part_attn_, part_moe_;
   DeviceArray<uint8_t> moe_ws_, decode_ws_;
 };
 

@@ -71,7 +71,18 @@ class MoeBackend {
   // T <= shape.max_tokens. Capturable backends never synchronize with the host.
   virtual void run(const bf16* x, int T, const int32_t* topk_ids, const float* topk_weights, const MoeWeights& w,
                    bf16* out, void* workspace, cudaStream_t stream) = 0;
+
+  // The residual stream of a decode step folded into the MoE's last launch (the opt-in residual fusion of the
+  // decode graphs, see GpuQwen3): besides out, residual[t, :] += float(out[t, :]) and partials[t * parts + b] = the
+  // sum of squares of the updated residual[t, rows of part b] (parts of kResidualPartRows hidden rows, in order),
+  // so that the next GEMV can apply the RMSNorm without a reduction of its own. residual_parts(T): those parts
+  // when run_residual serves T tokens, 0 when it cannot (then run() and a norm launch).
+  virtual int residual_parts(int /*T*/) const { return 0; }
+  virtual void run_residual(const bf16* x, int T, const int32_t* topk_ids, const float* topk_weights,
+                            const MoeWeights& w, bf16* out, float* residual, float* partials, void* workspace,
+                            cudaStream_t stream);
 };
+constexpr int kResidualPartRows = 16;  // hidden rows a residual partial sum covers
 
 // Every MoE backend this binary knows, in preference order for ties.
 std::vector<std::unique_ptr<MoeBackend>> make_moe_backends();

@@ -217,9 +217,31 @@ DeviceCounters::~DeviceCounters() {
   if (p_) cudaFree(p_);
 }
 
+namespace {
+// Direct mode of up to kDownGemvWarps pairs: the down projection and the combine as one GEMV launch (see
+// down_gemv_body; served bs 1 step 635-637 us against 658-661 with the down GEMM, session 12).
+// MOESERVE_MOE_DOWN_GEMV=0: the down GEMM with its last-CTA combine.
+bool down_gemv_applies(const MoeShape& s, bool direct, int num_slots) {
+  static const bool down_gemv = env_int("MOESERVE_MOE_DOWN_GEMV", 1, 0, 1) != 0;
+  return down_gemv && direct && num_slots <= kDownGemvWarps && s.inter <= kDownGemvMaxI &&
+         s.hidden % kDownGemvRows == 0;
+}
+}  // namespace
+
+int fused_residual_parts(const MoeShape& s, int T) {
+  if (T < 1 || T > s.max_tokens || !fused_direct_for(s, T)) return 0;
+  static_assert(kDownGemvRows == kResidualPartRows, "a residual part is a down GEMV CTA's rows");
+  const FusedLayout l = fused_layout(s, T, false);
+  return down_gemv_applies(s, l.direct, l.num_slots) && T * kDownGemvRows <= kDownGemvThreads ? s.hidden / kDownGemvRows
+                                                                                                : 0;
+}
+
 void fused_run(const KernelTable& k, const MoeShape& s, const bf16* x, int T, const int32_t* topk_ids,
                const float* topk_weights, const MoeWeights& w, bf16* out, void* workspace, int* counters,
-               cudaStream_t stream) {
+               cudaStream_t stream, float* residual, float* res_partials) {
+  MS_CHECK((residual == nullptr) == (res_partials == nullptr) &&
+               (residual == nullptr || fused_residual_parts(s, T) > 0),
+           "moe: the residual epilogue needs the direct-mode down GEMV ({} tokens)", T);
   MS_CHECK(T >= 0 && T <= s.max_tokens, "moe: {} tokens, the backend was prepared for at most {}", T, s.max_tokens);
   MS_CHECK(w.format == WeightFormat::BF16 && w.gate_up && w.down, "moe: bf16 weights expected");
   auto aligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
@@ -286,12 +308,10 @@ void fused_run(const KernelTable& k, const MoeShape& s, const bf16* x, int T, co
   GemmParams dn{static_cast<const unsigned short*>(w.down), act, y, tiles, perm_pair, topk_weights, s.hidden, s.inter,
                 s.top_k, direct_ids, s.num_experts, fused_combine ? counters : nullptr,
                 fused_combine ? reinterpret_cast<unsigned short*>(out) : nullptr, l.num_slots};
-  // Direct mode of up to kDownGemvWarps pairs: the down projection and the combine as one GEMV launch (see
-  // down_gemv_body; served bs 1 step 635-637 us against 658-661 with the down GEMM, session 12).
-  // MOESERVE_MOE_DOWN_GEMV=0: the down GEMM with its last-CTA combine.
-  static const bool down_gemv = env_int("MOESERVE_MOE_DOWN_GEMV", 1, 0, 1) != 0;
-  if (down_gemv && direct && l.num_slots <= kDownGemvWarps && s.inter <= kDownGemvMaxI && s.hidden % kDownGemvRows == 0) {
+  if (down_gemv_applies(s, direct, l.num_slots)) {
     dn.combine_out = reinterpret_cast<unsigned short*>(out);
+    dn.residual = residual;
+    dn.res_partials = res_partials;
     launch(k.down_gemv, dim3(unsigned(s.hidden / kDownGemvRows)), dim3(kDownGemvThreads),
            size_t(down_gemv_smem_bytes(s.inter)), &dn, stream, "moe down GEMV launch", pdl);
     return;
@@ -315,6 +335,16 @@ void FusedBackendBase::run(const bf16* x, int T, const int32_t* topk_ids, const 
   // Never launch kernels whose code was not checked against this device (fused_sm100_build on Hopper).
   MS_CHECK(ready_, "moe backend {} used without a successful prepare()", spec_.name);
   fused_run(table_, shape_, x, T, topk_ids, topk_weights, w, out, workspace, counters_.get(), stream);
+}
+
+void FusedBackendBase::run_residual(const bf16* x, int T, const int32_t* topk_ids, const float* topk_weights,
+                                    const MoeWeights& w, bf16* out, float* residual, float* partials,
+                                    void* workspace, cudaStream_t stream) {
+  MS_CHECK(ready_, "moe backend {} used without a successful prepare()", spec_.name);
+  MS_CHECK(residual != nullptr && partials != nullptr && (reinterpret_cast<uintptr_t>(residual) & 15) == 0,
+           "moe run_residual: residual (16-byte aligned) and partials");
+  fused_run(table_, shape_, x, T, topk_ids, topk_weights, w, out, workspace, counters_.get(), stream, residual,
+            partials);
 }
 
 std::string FusedBackendBase::set_ready(const KernelTable& t, const MoeShape& shape) {

@@ -623,11 +623,28 @@ __device__ __forceinline__ void down_gemv_body(const GemmParams& p, char* smem) 
   }
   __syncthreads();
   const int T = P / p.top_k;
-  for (int i = threadIdx.x; i < T * R; i += blockDim.x) {
-    const int t = i / R, r = i % R;
+  auto combined = [&](int t, int r) {  // bf16 bits of token t's row h0 + r: the pairs in slot order, as the combine
     float a = 0.0f;
-    for (int k = 0; k < p.top_k; ++k) a += ys[(t * p.top_k + k) * R + r];  // slot order, as the combine
-    p.combine_out[(long long)t * H + h0 + r] = (unsigned short)(pack_bf16x2(a, 0.0f) & 0xffffu);
+    for (int k = 0; k < p.top_k; ++k) a += ys[(t * p.top_k + k) * R + r];
+    return pack_bf16x2(a, 0.0f) & 0xffffu;
+  };
+  for (int i = threadIdx.x; i < T * R; i += blockDim.x)
+    p.combine_out[(long long)(i / R) * H + h0 + i % R] = (unsigned short)combined(i / R, i % R);
+  if (p.residual != nullptr) {
+    // Threads t R .. t R + R - 1 (R = 16: half a warp, aligned) hold token t's rows: each adds its bf16 output to
+    // the residual and the half-warp sums the squares in a fixed xor order. T R <= blockDim.x (host).
+    static_assert(R == 16 && kDownGemvThreads % 32 == 0, "one token's rows in an aligned half-warp");
+    const int t = threadIdx.x / R, r = threadIdx.x % R;
+    float v = 0.0f;
+    if (t < T) {
+      float* rp = p.residual + (long long)t * H + h0 + r;
+      v = *rp + bf16_lo(combined(t, r));
+      *rp = v;
+    }
+    float sq = v * v;
+#pragma unroll
+    for (int o = 8; o > 0; o >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, o);
+    if (t < T && r == 0) p.res_partials[(long long)t * gridDim.x + blockIdx.x] = sq;
   }
 }
 

@@ -71,9 +71,11 @@ size_t fused_counters(const MoeShape& s);
 // counters: fused_counters(s) device ints (zero between launches), or null. Direct mode: the same without prep,
 // and with counters the combine is done by the down GEMM (no combine launch). Prefill-sized steps with counters
 // run the prep as two launches over many CTAs (PrepParams).
+// residual / res_partials (both or neither): MoeBackend::run_residual, where fused_residual_parts(s, T) > 0.
 void fused_run(const moe_kernels::KernelTable& k, const MoeShape& s, const bf16* x, int T, const int32_t* topk_ids,
                const float* topk_weights, const MoeWeights& w, bf16* out, void* workspace, int* counters,
-               cudaStream_t stream);
+               cudaStream_t stream, float* residual = nullptr, float* res_partials = nullptr);
+int fused_residual_parts(const MoeShape& s, int T);
 
 // What the ahead-of-time and JIT fused backends share: the checked kernel table and the shapes it was prepared
 // for, the combine counters, and run() over fused_run. Each backend fills spec_ and, in prepare(), calls
@@ -84,6 +86,9 @@ class FusedBackendBase : public MoeBackend {
   size_t workspace_bytes(const MoeShape& shape) const override;
   void run(const bf16* x, int T, const int32_t* topk_ids, const float* topk_weights, const MoeWeights& w, bf16* out,
            void* workspace, cudaStream_t stream) override;
+  int residual_parts(int T) const override { return ready_ ? fused_residual_parts(shape_, T) : 0; }
+  void run_residual(const bf16* x, int T, const int32_t* topk_ids, const float* topk_weights, const MoeWeights& w,
+                    bf16* out, float* residual, float* partials, void* workspace, cudaStream_t stream) override;
 
  protected:
   std::string set_ready(const moe_kernels::KernelTable& t, const MoeShape& shape);  // "" or why not

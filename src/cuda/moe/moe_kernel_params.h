@@ -95,6 +95,10 @@ struct GemmParams {
   // of a tile, two loads) or 64 x 128 (down) elements. The kernel parameter is __grid_constant__ so that the TMA
   // unit reads the descriptor in place.
   TmaDesc wmap;
+  // The down GEMV only, when non-null: residual[t, h] += float(combine_out[t, h]) and res_partials[t, blockIdx.x] =
+  // the sum of squares of the CTA's updated residual rows (MoeBackend::run_residual).
+  float* residual;                // [T, H] f32
+  float* res_partials;            // [T, gridDim.x]
 };
 
 // out[t, :] = bf16(sum over j < top_k of y[pair_pos[t * top_k + j], :]), slots in order (deterministic).
