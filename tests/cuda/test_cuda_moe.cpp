@@ -474,12 +474,12 @@ TEST(CudaMoe, SmallTokenCountsTakeTheDirectPath) {
   EXPECT_FALSE(fused_layout(s, 2).direct);
 }
 
-// Small T on both sides of the direct-path bound (E8/k2: T <= 4 direct; E128/k8: T = 1 direct), with dropped
-// pairs (id -1) for the fused backends, and bitwise-repeatable results.
-TEST(CudaMoe, SmallTokenCountsMatchCpuReference) {
-  if (moeserve::cuda::list_devices().empty()) GTEST_SKIP() << "no CUDA device";
+// The two small-T cases (E8/k2: T <= 4 direct; E128/k8: T = 1 direct, up to 7 tokens) with every backend that
+// prepares here (those that must run here and do not fail the test).
+template <typename Fn>
+void for_each_small_case_backend(uint64_t seed, Fn fn) {
   for (const Case c : {Case{8, 2, 320, 192}, Case{128, 8, 512, 256}}) {
-    Layer L(c, 4242 + c.E);
+    Layer L(c, seed + uint64_t(c.E));
     const MoeShape shape = L.shape(7);
     StepBuffers buf(c, 7);
     Stream st;
@@ -489,26 +489,36 @@ TEST(CudaMoe, SmallTokenCountsMatchCpuReference) {
         EXPECT_FALSE(must_run_here(*b)) << b->spec().name << ": " << r;
         continue;
       }
-      const bool fused = b->spec().name != "cublas_ref";
-      DevBuf<char> ws(b->workspace_bytes(shape));
-      for (int T : {1, 2, 3, 7}) {
-        for (int drop = 0; drop < (fused ? 2 : 1); ++drop) {
-          Step s = make_step(c, T, 777 + 13 * T + drop);
-          if (drop) {
-            s.ids[0] = -1;  // one dropped slot
-            if (T >= 3) std::fill_n(s.ids.begin() + 2 * c.k, c.k, -1);  // a token with every slot dropped
-          }
-          const auto want = reference(L, s);
-          EXPECT_EQ(check_step(*b, L, s, want, buf, ws.p, st.s), "")
-              << "direct path " << fused_direct_for(shape, T) << ", dropped pairs " << drop;
-          const auto first = buf.out.download(size_t(T) * c.H);
-          EXPECT_EQ(check_step(*b, L, s, want, buf, ws.p, st.s), "");
-          EXPECT_TRUE(buf.out.download(size_t(T) * c.H) == first)
-              << b->spec().name << " " << case_name(c) << " T=" << T << ": not bitwise repeatable";
-        }
-      }
+      fn(c, L, shape, buf, st, *b);
     }
   }
+}
+
+// Small T on both sides of the direct-path bound, with dropped pairs (id -1) for the fused backends, and
+// bitwise-repeatable results.
+TEST(CudaMoe, SmallTokenCountsMatchCpuReference) {
+  if (moeserve::cuda::list_devices().empty()) GTEST_SKIP() << "no CUDA device";
+  for_each_small_case_backend(4242, [](const Case& c, const Layer& L, const MoeShape& shape, StepBuffers& buf,
+                                       Stream& st, MoeBackend& b) {
+    const bool fused = b.spec().name != "cublas_ref";
+    DevBuf<char> ws(b.workspace_bytes(shape));
+    for (int T : {1, 2, 3, 7}) {
+      for (int drop = 0; drop < (fused ? 2 : 1); ++drop) {
+        Step s = make_step(c, T, 777 + 13 * T + drop);
+        if (drop) {
+          s.ids[0] = -1;  // one dropped slot
+          if (T >= 3) std::fill_n(s.ids.begin() + 2 * c.k, c.k, -1);  // a token with every slot dropped
+        }
+        const auto want = reference(L, s);
+        EXPECT_EQ(check_step(b, L, s, want, buf, ws.p, st.s), "")
+            << "direct path " << fused_direct_for(shape, T) << ", dropped pairs " << drop;
+        const auto first = buf.out.download(size_t(T) * c.H);
+        EXPECT_EQ(check_step(b, L, s, want, buf, ws.p, st.s), "");
+        EXPECT_TRUE(buf.out.download(size_t(T) * c.H) == first)
+            << b.spec().name << " " << case_name(c) << " T=" << T << ": not bitwise repeatable";
+      }
+    }
+  });
 }
 
 // The residual epilogue of the direct-mode down GEMV (MoeBackend::run_residual): out bitwise as run() gives it,
@@ -516,62 +526,55 @@ TEST(CudaMoe, SmallTokenCountsMatchCpuReference) {
 // backends without it say so (residual_parts 0), and so do token counts outside the direct path.
 TEST(CudaMoe, ResidualEpilogueMatchesRunAndCpu) {
   if (moeserve::cuda::list_devices().empty()) GTEST_SKIP() << "no CUDA device";
-  for (const Case c : {Case{8, 2, 320, 192}, Case{128, 8, 512, 256}}) {
-    Layer L(c, 5151 + c.E);
-    const MoeShape shape = L.shape(7);
-    StepBuffers buf(c, 7);
-    Stream st;
-    for (auto& b : make_moe_backends()) {
-      std::string code;
-      if (!b->prepare(device(), shape, code).empty()) continue;
-      if (b->spec().name == "cublas_ref") {
-        EXPECT_EQ(b->residual_parts(1), 0);
+  for_each_small_case_backend(5151, [](const Case& c, const Layer& L, const MoeShape& shape, StepBuffers& buf,
+                                       Stream& st, MoeBackend& b) {
+    if (b.spec().name == "cublas_ref") {
+      EXPECT_EQ(b.residual_parts(1), 0);
+      return;
+    }
+    DevBuf<char> ws(b.workspace_bytes(shape));
+    for (int T : {1, 2, 4, 7}) {
+      const int parts = b.residual_parts(T);
+      if (!fused_direct_for(shape, T)) {
+        EXPECT_EQ(parts, 0) << b.spec().name << " T=" << T;
         continue;
       }
-      DevBuf<char> ws(b->workspace_bytes(shape));
-      for (int T : {1, 2, 4, 7}) {
-        const int parts = b->residual_parts(T);
-        if (!fused_direct_for(shape, T)) {
-          EXPECT_EQ(parts, 0) << b->spec().name << " T=" << T;
-          continue;
-        }
-        const char* gemv_env = std::getenv("MOESERVE_MOE_DOWN_GEMV");
-        if (gemv_env != nullptr && std::string(gemv_env) == "0") {  // the down GEMM: no epilogue
-          EXPECT_EQ(parts, 0) << b->spec().name << " T=" << T;
-          continue;
-        }
-        ASSERT_EQ(parts, c.H / 16) << b->spec().name << " " << case_name(c) << " T=" << T;
-        const Step s = make_step(c, T, 8080 + T);
-        ASSERT_EQ(check_step(*b, L, s, reference(L, s), buf, ws.p, st.s), "");
-        const auto want_out = buf.out.download(size_t(T) * c.H);
-        std::mt19937 g{uint32_t(T)};
-        std::normal_distribution<float> nd(0, 2);
-        std::vector<float> res(size_t(T) * c.H);
-        for (auto& v : res) v = nd(g);
-        DevBuf<float> d_res(res.size()), d_part(size_t(T) * parts);
-        d_res.upload(res);
-        MS_CUDA_CHECK(cudaMemset(d_part.p, 0xff, d_part.n * sizeof(float)));
-        buf.upload(s);
-        b->run_residual(reinterpret_cast<const bf16*>(buf.x.p), T, buf.ids.p, buf.w.p, L.weights(),
-                        reinterpret_cast<bf16*>(buf.out.p), d_res.p, d_part.p, ws.p, st.s);
-        MS_CUDA_CHECK(cudaStreamSynchronize(st.s));
-        const std::string where = fmt::format("{} {} T={}", b->spec().name, case_name(c), T);
-        EXPECT_TRUE(buf.out.download(size_t(T) * c.H) == want_out) << where << ": out differs from run()";
-        const auto res_out = d_res.download(res.size());
-        const auto part = d_part.download(d_part.n);
-        for (int t = 0; t < T; ++t)
-          for (int p = 0; p < parts; ++p) {
-            double ss = 0;
-            for (int r = 16 * p; r < 16 * p + 16; ++r) {
-              const size_t i = size_t(t) * c.H + r;
-              ASSERT_EQ(res_out[i], res[i] + bf16_to_f32(want_out[i])) << where << " residual t " << t << " row " << r;
-              ss += double(res_out[i]) * res_out[i];
-            }
-            ASSERT_NEAR(part[size_t(t) * parts + p], ss, 1e-5 * ss + 1e-6) << where << " part " << p;
-          }
+      const char* gemv_env = std::getenv("MOESERVE_MOE_DOWN_GEMV");
+      if (gemv_env != nullptr && std::string(gemv_env) == "0") {  // the down GEMM: no epilogue
+        EXPECT_EQ(parts, 0) << b.spec().name << " T=" << T;
+        continue;
       }
+      ASSERT_EQ(parts, c.H / 16) << b.spec().name << " " << case_name(c) << " T=" << T;
+      const Step s = make_step(c, T, 8080 + T);
+      ASSERT_EQ(check_step(b, L, s, reference(L, s), buf, ws.p, st.s), "");
+      const auto want_out = buf.out.download(size_t(T) * c.H);
+      std::mt19937 g{uint32_t(T)};
+      std::normal_distribution<float> nd(0, 2);
+      std::vector<float> res(size_t(T) * c.H);
+      for (auto& v : res) v = nd(g);
+      DevBuf<float> d_res(res.size()), d_part(size_t(T) * parts);
+      d_res.upload(res);
+      MS_CUDA_CHECK(cudaMemset(d_part.p, 0xff, d_part.n * sizeof(float)));
+      buf.upload(s);
+      b.run_residual(reinterpret_cast<const bf16*>(buf.x.p), T, buf.ids.p, buf.w.p, L.weights(),
+                      reinterpret_cast<bf16*>(buf.out.p), d_res.p, d_part.p, ws.p, st.s);
+      MS_CUDA_CHECK(cudaStreamSynchronize(st.s));
+      const std::string where = fmt::format("{} {} T={}", b.spec().name, case_name(c), T);
+      EXPECT_TRUE(buf.out.download(size_t(T) * c.H) == want_out) << where << ": out differs from run()";
+      const auto res_out = d_res.download(res.size());
+      const auto part = d_part.download(d_part.n);
+      for (int t = 0; t < T; ++t)
+        for (int p = 0; p < parts; ++p) {
+          double ss = 0;
+          for (int r = 16 * p; r < 16 * p + 16; ++r) {
+            const size_t i = size_t(t) * c.H + r;
+            ASSERT_EQ(res_out[i], res[i] + bf16_to_f32(want_out[i])) << where << " residual t " << t << " row " << r;
+            ss += double(res_out[i]) * res_out[i];
+          }
+          ASSERT_NEAR(part[size_t(t) * parts + p], ss, 1e-5 * ss + 1e-6) << where << " part " << p;
+        }
     }
-  }
+  });
 }
 
 TEST(CudaMoe, Sm100BuildIsRefusedOnHopperBeforeAnyLaunch) {
