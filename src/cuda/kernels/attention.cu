@@ -252,8 +252,9 @@ int paged_attention_decode_splits(const AttnShape& shape, int num_seqs, int sms,
   // H200, q30b8l served step, context 512 (two A/Bs in one call): bs 4 1,139.6 / 1,141.5 us against 1,143.8 /
   // 1,152.2 (8 parts in clusters instead of 16 with the merge launch), bs 8 1,618.3 / 1,619.4 against 1,624.8 /
   // 1,634.4 (4 parts instead of 8).
-  static const bool cluster_fit = env_flag("MOESERVE_ATTN_CLUSTER_SPLITS", true);
-  if (cluster_fit && env_flag("MOESERVE_ATTN_CLUSTER_MERGE", true) && decode_gqa_usable(shape, num_seqs)) {
+  static const bool cluster_fit =
+      env_flag("MOESERVE_ATTN_CLUSTER_SPLITS", true) && env_flag("MOESERVE_ATTN_CLUSTER_MERGE", true);
+  if (cluster_fit && decode_gqa_usable(shape, num_seqs)) {
     const int fit = std::min({sms / per_split, max_splits, 16});
     if (fit >= 2) splits = fit;
   }
