@@ -7,11 +7,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -808,6 +810,32 @@ TEST(CudaKernelsBench, DISABLED_AttentionTiming) {
   }
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);
+}
+
+// The split-KV part count is host logic (no GPU needed): one wave of two blocks an SM, except that the keys-as-M
+// tiles (head_dim 128, groups of up to 8) take as many parts as keep one block an SM, so that their parts merge
+// inside a cluster, whenever that is at least 2 parts; never more than max_splits (nor 16 for a cluster).
+TEST(CudaKernels, DecodeSplitCountsFollowTheClusterRule) {
+  for (const char* name : {"MOESERVE_ATTN_CLUSTER_MERGE", "MOESERVE_ATTN_CLUSTER_SPLITS", "MOESERVE_ATTN_DECODE_GQA_MIN"})
+    if (const char* v = std::getenv(name); v != nullptr && std::string(v) == "0")
+      GTEST_SKIP() << name << "=0 switches the rule under test off";
+  const cuda::AttnShape gqa{32, 4, 128, 1.0f};    // q30b: groups of 8 at head_dim 128 (keys-as-M)
+  const cuda::AttnShape wide{32, 2, 128, 1.0f};   // groups of 16: the 16-row tiles
+  const cuda::AttnShape big{16, 4, 256, 1.0f};    // head_dim 256: one block an SM
+  const int sms = 132;
+  // bs 1: min(132 / 4, 16) = 16; bs 4: 132 / 16 = 8; bs 8: 4; bs 16: 2; bs 32: 132 / 128 = 1, so one wave of two an SM.
+  const std::vector<std::pair<int, int>> want = {{1, 16}, {2, 16}, {3, 11}, {4, 8}, {8, 4}, {16, 2}, {32, 2}, {64, 1}};
+  for (auto [bs, parts] : want)
+    EXPECT_EQ(cuda::paged_attention_decode_splits(gqa, bs, sms, 16), parts) << "keys-as-M, " << bs << " sequences";
+  EXPECT_EQ(cuda::paged_attention_decode_splits(gqa, 1, sms, 8), 8) << "max_splits caps it";
+  // The 16-row tiles: 264 blocks / (bs x kv heads).
+  EXPECT_EQ(cuda::paged_attention_decode_splits(wide, 1, sms, 16), 16);
+  EXPECT_EQ(cuda::paged_attention_decode_splits(wide, 8, sms, 16), 16);
+  EXPECT_EQ(cuda::paged_attention_decode_splits(wide, 32, sms, 16), 4);
+  EXPECT_EQ(cuda::paged_attention_decode_splits(wide, 200, sms, 16), 1);
+  // head_dim 256: 132 blocks / (bs x kv heads).
+  EXPECT_EQ(cuda::paged_attention_decode_splits(big, 4, sms, 16), 8);
+  EXPECT_EQ(cuda::paged_attention_decode_splits(big, 64, sms, 16), 1);
 }
 
 TEST(CudaKernels, UnsupportedHeadDimIsAnInternalError) {
