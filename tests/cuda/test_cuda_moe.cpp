@@ -577,6 +577,60 @@ TEST(CudaMoe, ResidualEpilogueMatchesRunAndCpu) {
   });
 }
 
+// The next RMSNorm in the combine launch (MoeBackend::run_combine_norm) where the MoE ends in one (not the direct
+// path): out bitwise as run() gives it, residual += float(out) exactly, xn against the CPU norm of that residual.
+TEST(CudaMoe, CombineNormMatchesRunAndCpu) {
+  if (moeserve::cuda::list_devices().empty()) GTEST_SKIP() << "no CUDA device";
+  for_each_small_case_backend(6161, [](const Case& c, const Layer& L, const MoeShape& shape, StepBuffers& buf,
+                                       Stream& st, MoeBackend& b) {
+    if (b.spec().name == "cublas_ref") {
+      EXPECT_FALSE(b.combine_norm_supported(7));
+      return;
+    }
+    DevBuf<char> ws(b.workspace_bytes(shape));
+    for (int T : {1, 5, 7}) {
+      ASSERT_EQ(b.combine_norm_supported(T), !fused_direct_for(shape, T)) << b.spec().name << " T=" << T;
+      if (!b.combine_norm_supported(T)) continue;
+      const Step s = make_step(c, T, 9090 + T);
+      ASSERT_EQ(check_step(b, L, s, reference(L, s), buf, ws.p, st.s), "");
+      const auto want_out = buf.out.download(size_t(T) * c.H);
+      std::mt19937 g{uint32_t(T + 100)};
+      std::normal_distribution<float> nd(0, 2);
+      std::vector<float> res(size_t(T) * c.H);
+      for (auto& v : res) v = nd(g);
+      const auto nw = random_bf16(size_t(c.H), 1.5f, 31337);
+      DevBuf<float> d_res(res.size());
+      DevBuf<uint16_t> d_nw(nw.size()), d_xn(res.size());
+      d_res.upload(res);
+      d_nw.upload(nw);
+      MS_CUDA_CHECK(cudaMemset(d_xn.p, 0xff, d_xn.n * sizeof(uint16_t)));
+      buf.upload(s);
+      b.run_combine_norm(reinterpret_cast<const bf16*>(buf.x.p), T, buf.ids.p, buf.w.p, L.weights(),
+                         reinterpret_cast<bf16*>(buf.out.p), d_res.p, reinterpret_cast<const bf16*>(d_nw.p), 1e-6f,
+                         reinterpret_cast<bf16*>(d_xn.p), ws.p, st.s);
+      MS_CUDA_CHECK(cudaStreamSynchronize(st.s));
+      const std::string where = fmt::format("{} {} T={}", b.spec().name, case_name(c), T);
+      EXPECT_TRUE(buf.out.download(size_t(T) * c.H) == want_out) << where << ": out differs from run()";
+      const auto res_out = d_res.download(res.size());
+      const auto xn = d_xn.download(res.size());
+      for (int t = 0; t < T; ++t) {
+        double ss = 0;
+        for (int h = 0; h < c.H; ++h) {
+          const size_t i = size_t(t) * c.H + h;
+          ASSERT_EQ(res_out[i], res[i] + bf16_to_f32(want_out[i])) << where << " residual t " << t << " h " << h;
+          ss += double(res_out[i]) * res_out[i];
+        }
+        const float inv = float(1.0 / std::sqrt(ss / c.H + 1e-6));
+        for (int h = 0; h < c.H; ++h) {
+          const size_t i = size_t(t) * c.H + h;
+          const float want = bf16_to_f32(f32_to_bf16(bf16_to_f32(nw[size_t(h)]) * (res_out[i] * inv)));
+          ASSERT_NEAR(bf16_to_f32(xn[i]), want, std::fabs(want) * 1e-2 + 1e-6) << where << " xn t " << t << " h " << h;
+        }
+      }
+    }
+  });
+}
+
 TEST(CudaMoe, Sm100BuildIsRefusedOnHopperBeforeAnyLaunch) {
   if (moeserve::cuda::list_devices().empty()) GTEST_SKIP() << "no CUDA device";
   if (!is_hopper()) GTEST_SKIP() << "the refusal under test is the one on sm_90";

@@ -233,8 +233,14 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
   const int res_parts = residual_gemv_parts(H);
   bool resfuse = be_.residual_fusion && skip == 0 && residual_gemv_fits(T, H) && residual_gemv_fits(T, Hq * D) &&
                  be_.moe != nullptr && be_.moe->residual_parts(T) == res_parts;
-  for (const GpuLayer& L : layers_) resfuse = resfuse && L.is_moe;
-  const bool fuse_qkv_norm = !resfuse && be_.fused_small_steps && norm_gemv_fits(T, H);
+  bool all_moe = true;
+  for (const GpuLayer& L : layers_) all_moe = all_moe && L.is_moe;
+  resfuse = resfuse && all_moe;
+  // The combine-norm fusion (ModelBackends::moe_combine_norm): the MoE of layer l also adds its output into the
+  // residual and writes layer l + 1's normed input (the final norm's after the last layer) into xn_.
+  const bool cnorm = be_.moe_combine_norm && !resfuse && skip == 0 && all_moe && be_.moe != nullptr &&
+                     be_.moe->combine_norm_supported(T);
+  const bool fuse_qkv_norm = !resfuse && !cnorm && be_.fused_small_steps && norm_gemv_fits(T, H);
   // Decode steps of up to 64 sequences, in models with RoPE over the whole head: the input stage runs inside
   // the attention launch. (H200, q30b8l served step: batch 1 -5 to -10 us, 64 even, 128 +16 us: there the
   // attention runs two waves of blocks, and each block's input stage lengthens both.)
@@ -258,7 +264,7 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
                 qkv_.get(), QKV, grid_counter_.get(), s);
       mark("norm+gemm qkv", g1.first + act * 12, g1.second);
     } else {
-      if (!run_op(kSkipNorm)) {
+      if (!run_op(kSkipNorm) || (cnorm && l > 0)) {  // (cnorm: the previous layer's MoE wrote xn_)
       } else if (l == 0) {
         rmsnorm(residual_.get(), L.input_norm.get(), eps, T, H, xn_.get(), s);
       } else {
@@ -333,6 +339,11 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
       } else if (resfuse) {  // residual += the MoE output, and the partial sums for the next norm
         be_.moe->run_residual(xn_.get(), T, topk_ids_.get(), topk_w_.get(), L.moe, o_.get(), residual_.get(),
                               part_moe_.get(), moe_ws_.get(), s);
+      } else if (cnorm) {  // residual += the MoE output, and the next norm into xn_ (its last reader, the gate/up
+                           // GEMM, has completed when the combine runs)
+        const bf16* next_norm = l + 1 < layers_.size() ? layers_[l + 1].input_norm.get() : final_norm_.get();
+        be_.moe->run_combine_norm(xn_.get(), T, topk_ids_.get(), topk_w_.get(), L.moe, o_.get(), residual_.get(),
+                                  next_norm, eps, xn_.get(), moe_ws_.get(), s);
       } else {
         be_.moe->run(xn_.get(), T, topk_ids_.get(), topk_w_.get(), L.moe, o_.get(), moe_ws_.get(), s);
       }
@@ -351,7 +362,7 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
   // only the logit rows go to lm_head.
   if (resfuse)
     rmsnorm(residual_.get(), final_norm_.get(), eps, T, H, xn_.get(), s);
-  else
+  else if (!cnorm)  // (cnorm: the last MoE wrote the final norm's rows into xn_)
     add_rmsnorm(residual_.get(), o_.get(), final_norm_.get(), eps, T, H, xn_.get(), s);
   mark("add_rmsnorm", act * 12, 0);
   const bf16* rows = xn_.get();

@@ -70,6 +70,9 @@ struct ModelBackends {
   // squares (gemv_residual_out, gemv_norm_in, MoeBackend::run_residual) instead of the two norm launches a layer,
   // where every layer is MoE and the MoE backend offers the epilogue: MOESERVE_RESIDUAL_FUSION=1 (A/B, off).
   bool residual_fusion = false;
+  // Steps whose MoE ends in a combine launch (not the direct path) fold the next residual add + RMSNorm into it
+  // (MoeBackend::run_combine_norm), where every layer is MoE: MOESERVE_MOE_COMBINE_NORM=1 (A/B, off).
+  bool moe_combine_norm = false;
   // Timing only (MOESERVE_PROFILE_SKIP_OPS, see skip_ops_from_env): ops left out of every step, so that a step's
   // time with and without an op gives that op's marginal cost in the chain of programmatic launches. The
   // outputs are then wrong; never set in serving.

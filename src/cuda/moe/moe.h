@@ -78,6 +78,14 @@ class MoeBackend {
   // so that the next GEMV can apply the RMSNorm without a reduction of its own. residual_parts(T): those parts
   // when run_residual serves T tokens, 0 when it cannot (then run() and a norm launch).
   virtual int residual_parts(int /*T*/) const { return 0; }
+  // The next RMSNorm folded into the MoE's combine launch (the opt-in MOESERVE_MOE_COMBINE_NORM of the decode
+  // graphs): besides out, residual[t, :] += float(out[t, :]) and xn_out[t, :] = bf16(norm_w * rmsnorm(residual[t])),
+  // the norm in f32 as the rmsnorm kernels compute it. combine_norm_supported(T): whether run_combine_norm serves
+  // T tokens (a combine launch ends the MoE there).
+  virtual bool combine_norm_supported(int /*T*/) const { return false; }
+  virtual void run_combine_norm(const bf16* x, int T, const int32_t* topk_ids, const float* topk_weights,
+                                const MoeWeights& w, bf16* out, float* residual, const bf16* norm_w, float eps,
+                                bf16* xn_out, void* workspace, cudaStream_t stream);
   virtual void run_residual(const bf16* x, int T, const int32_t* topk_ids, const float* topk_weights,
                             const MoeWeights& w, bf16* out, float* residual, float* partials, void* workspace,
                             cudaStream_t stream);

@@ -16,6 +16,12 @@
 
 namespace moeserve::cuda {
 
+void MoeBackend::run_combine_norm(const bf16*, int T, const int32_t*, const float*, const MoeWeights&, bf16*, float*,
+                                  const bf16*, float, bf16*, void*, cudaStream_t) {
+  MS_CHECK(false, "moe backend {} has no norm epilogue for {} tokens (check combine_norm_supported first)",
+           spec().name, T);
+}
+
 void MoeBackend::run_residual(const bf16*, int T, const int32_t*, const float*, const MoeWeights&, bf16*, float*,
                               float*, void*, cudaStream_t) {
   MS_CHECK(false, "moe backend {} has no residual epilogue for {} tokens (check residual_parts first)", spec().name, T);

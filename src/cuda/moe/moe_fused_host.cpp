@@ -236,9 +236,19 @@ int fused_residual_parts(const MoeShape& s, int T) {
                                                                                                 : 0;
 }
 
+// The combine launch ends the MoE wherever the direct path does not (FusedBackendBase always passes counters, so
+// direct mode combines in its down kernel).
+bool fused_combine_norm_supported(const MoeShape& s, int T) {
+  return T >= 1 && T <= s.max_tokens && !fused_direct_for(s, T) && s.hidden % 8 == 0 &&
+         s.hidden / 8 <= kCombineNormChunks * kCombineThreads;
+}
+
 void fused_run(const KernelTable& k, const MoeShape& s, const bf16* x, int T, const int32_t* topk_ids,
                const float* topk_weights, const MoeWeights& w, bf16* out, void* workspace, int* counters,
-               cudaStream_t stream, float* residual, float* res_partials) {
+               cudaStream_t stream, float* residual, float* res_partials, const CombineNorm* norm) {
+  MS_CHECK(norm == nullptr || (fused_combine_norm_supported(s, T) && counters != nullptr && norm->residual &&
+                               norm->norm_w && norm->xn_out),
+           "moe: the combine's norm epilogue needs a combine launch ({} tokens) and its buffers", T);
   MS_CHECK((residual == nullptr) == (res_partials == nullptr) &&
                (residual == nullptr || fused_residual_parts(s, T) > 0),
            "moe: the residual epilogue needs the direct-mode down GEMV ({} tokens)", T);
@@ -323,6 +333,12 @@ void fused_run(const KernelTable& k, const MoeShape& s, const bf16* x, int T, co
 
   CombineParams cp{y, pair_pos, reinterpret_cast<unsigned short*>(out), T, s.top_k, s.hidden, direct_ids,
                    s.num_experts};
+  if (norm != nullptr) {
+    cp.residual = norm->residual;
+    cp.norm_w = reinterpret_cast<const unsigned short*>(norm->norm_w);
+    cp.eps = norm->eps;
+    cp.xn_out = reinterpret_cast<unsigned short*>(norm->xn_out);
+  }
   launch(k.combine, dim3(unsigned(T)), dim3(kCombineThreads), 0, &cp, stream, "moe combine launch", pdl);
 }
 
@@ -335,6 +351,15 @@ void FusedBackendBase::run(const bf16* x, int T, const int32_t* topk_ids, const 
   // Never launch kernels whose code was not checked against this device (fused_sm100_build on Hopper).
   MS_CHECK(ready_, "moe backend {} used without a successful prepare()", spec_.name);
   fused_run(table_, shape_, x, T, topk_ids, topk_weights, w, out, workspace, counters_.get(), stream);
+}
+
+void FusedBackendBase::run_combine_norm(const bf16* x, int T, const int32_t* topk_ids, const float* topk_weights,
+                                        const MoeWeights& w, bf16* out, float* residual, const bf16* norm_w, float eps,
+                                        bf16* xn_out, void* workspace, cudaStream_t stream) {
+  MS_CHECK(ready_, "moe backend {} used without a successful prepare()", spec_.name);
+  const CombineNorm norm{residual, norm_w, eps, xn_out};
+  fused_run(table_, shape_, x, T, topk_ids, topk_weights, w, out, workspace, counters_.get(), stream, nullptr, nullptr,
+            &norm);
 }
 
 void FusedBackendBase::run_residual(const bf16* x, int T, const int32_t* topk_ids, const float* topk_weights,

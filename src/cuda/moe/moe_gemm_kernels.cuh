@@ -521,7 +521,7 @@ __device__ __forceinline__ void combine_body(const CombineParams& p) {
   const int t = blockIdx.x;
   if (t >= p.num_tokens) return;
   const long long pair0 = (long long)t * p.top_k;
-  for (int c = threadIdx.x; c < p.hidden / 8; c += blockDim.x) {
+  auto chunk = [&](int c) {  // out[t, 8c .. 8c + 7]: the token's pairs in slot order, rounded to bf16
     float a[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     for (int j = 0; j < p.top_k; ++j) {
       int r;
@@ -540,6 +540,61 @@ __device__ __forceinline__ void combine_body(const CombineParams& p) {
     o.x = pack_bf16x2(a[0], a[1]), o.y = pack_bf16x2(a[2], a[3]);
     o.z = pack_bf16x2(a[4], a[5]), o.w = pack_bf16x2(a[6], a[7]);
     *reinterpret_cast<U4*>(p.out + (long long)t * p.hidden + c * 8) = o;
+    return o;
+  };
+  if (p.residual == nullptr) {
+    for (int c = threadIdx.x; c < p.hidden / 8; c += blockDim.x) chunk(c);
+    return;
+  }
+  // With the next RMSNorm: x = residual + float(out) kept in registers, the sum of squares reduced over the block,
+  // then xn_out and the residual written (the norm in f32 as the rmsnorm kernels compute it).
+  __shared__ float red[33];
+  float* res = p.residual + (long long)t * p.hidden;
+  float x[kCombineNormChunks][8];
+  float ss = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kCombineNormChunks; ++i) {
+    const int c = threadIdx.x + i * blockDim.x;
+    if (c < p.hidden / 8) {
+      const U4 o = chunk(c);
+      const unsigned ov[4] = {o.x, o.y, o.z, o.w};
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        x[i][e] = res[c * 8 + e] + ((e & 1) ? bf16_hi(ov[e / 2]) : bf16_lo(ov[e / 2]));
+        ss += x[i][e] * x[i][e];
+      }
+    }
+  }
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  if (lane == 0) red[warp] = ss;
+  __syncthreads();
+  if (warp == 0) {
+    float tot = lane < int(blockDim.x >> 5) ? red[lane] : 0.0f;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) tot += __shfl_xor_sync(0xffffffffu, tot, o);
+    if (lane == 0) red[32] = tot;
+  }
+  __syncthreads();
+  const float inv = rsqrtf(red[32] / float(p.hidden) + p.eps);
+#pragma unroll
+  for (int i = 0; i < kCombineNormChunks; ++i) {
+    const int c = threadIdx.x + i * blockDim.x;
+    if (c < p.hidden / 8) {
+      const U4 wv = *reinterpret_cast<const U4*>(p.norm_w + c * 8);
+      const unsigned wa[4] = {wv.x, wv.y, wv.z, wv.w};
+      unsigned xo[4];
+#pragma unroll
+      for (int e = 0; e < 8; e += 2) {
+        xo[e / 2] = pack_bf16x2(bf16_lo(wa[e / 2]) * (x[i][e] * inv), bf16_hi(wa[e / 2]) * (x[i][e + 1] * inv));
+        res[c * 8 + e] = x[i][e];
+        res[c * 8 + e + 1] = x[i][e + 1];
+      }
+      U4 xn;
+      xn.x = xo[0], xn.y = xo[1], xn.z = xo[2], xn.w = xo[3];
+      *reinterpret_cast<U4*>(p.xn_out + (long long)t * p.hidden + c * 8) = xn;
+    }
   }
 }
 

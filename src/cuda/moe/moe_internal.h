@@ -72,10 +72,19 @@ size_t fused_counters(const MoeShape& s);
 // and with counters the combine is done by the down GEMM (no combine launch). Prefill-sized steps with counters
 // run the prep as two launches over many CTAs (PrepParams).
 // residual / res_partials (both or neither): MoeBackend::run_residual, where fused_residual_parts(s, T) > 0.
+// norm (optional): MoeBackend::run_combine_norm, where fused_combine_norm_supported(s, T).
+struct CombineNorm {
+  float* residual;
+  const bf16* norm_w;
+  float eps;
+  bf16* xn_out;
+};
 void fused_run(const moe_kernels::KernelTable& k, const MoeShape& s, const bf16* x, int T, const int32_t* topk_ids,
                const float* topk_weights, const MoeWeights& w, bf16* out, void* workspace, int* counters,
-               cudaStream_t stream, float* residual = nullptr, float* res_partials = nullptr);
+               cudaStream_t stream, float* residual = nullptr, float* res_partials = nullptr,
+               const CombineNorm* norm = nullptr);
 int fused_residual_parts(const MoeShape& s, int T);
+bool fused_combine_norm_supported(const MoeShape& s, int T);
 
 // What the ahead-of-time and JIT fused backends share: the checked kernel table and the shapes it was prepared
 // for, the combine counters, and run() over fused_run. Each backend fills spec_ and, in prepare(), calls
@@ -87,6 +96,10 @@ class FusedBackendBase : public MoeBackend {
   void run(const bf16* x, int T, const int32_t* topk_ids, const float* topk_weights, const MoeWeights& w, bf16* out,
            void* workspace, cudaStream_t stream) override;
   int residual_parts(int T) const override { return ready_ ? fused_residual_parts(shape_, T) : 0; }
+  bool combine_norm_supported(int T) const override { return ready_ && fused_combine_norm_supported(shape_, T); }
+  void run_combine_norm(const bf16* x, int T, const int32_t* topk_ids, const float* topk_weights, const MoeWeights& w,
+                        bf16* out, float* residual, const bf16* norm_w, float eps, bf16* xn_out, void* workspace,
+                        cudaStream_t stream) override;
   void run_residual(const bf16* x, int T, const int32_t* topk_ids, const float* topk_weights, const MoeWeights& w,
                     bf16* out, float* residual, float* partials, void* workspace, cudaStream_t stream) override;
 

@@ -104,6 +104,9 @@ struct GemmParams {
 // out[t, :] = bf16(sum over j < top_k of y[pair_pos[t * top_k + j], :]), slots in order (deterministic).
 // Direct mode (direct_ids non-null, pair_pos unused): row of pair i is i, dropped when direct_ids[i] is outside
 // [0, num_experts).
+// With residual non-null (MoeBackend::run_combine_norm) the combine also adds out into the residual and writes the
+// next RMSNorm of it: residual[t] += float(out[t]); xn_out[t] = bf16(norm_w * (residual[t] * rsqrt(mean sq + eps))),
+// hidden <= 8 * kCombineNormChunks * kCombineThreads.
 struct CombineParams {
   const unsigned short* y;
   const int* pair_pos;
@@ -111,7 +114,12 @@ struct CombineParams {
   int num_tokens, top_k, hidden;
   const int* direct_ids;
   int num_experts;
+  float* residual;                // [T, hidden] f32, or null
+  const unsigned short* norm_w;   // [hidden] bf16 bits
+  float eps;
+  unsigned short* xn_out;         // [T, hidden] bf16 bits
 };
+constexpr int kCombineNormChunks = 4;  // 8-element chunks a thread keeps for the norm
 
 // A CTA computes a BM (weight rows) x BN (tokens) tile with WM x WN warps, streaming K in BK slices through a
 // STAGES-deep cp.async ring. MINB is the occupancy asked of the register allocator.
