@@ -8,6 +8,16 @@
 
 namespace moeserve::cuda {
 
+// dst[0..3] = bf16(w[i] * (v[i] * inv)): four elements of a normalized row, rounded as rmsnorm / add_rmsnorm
+// (w 8-byte aligned, dst 8-byte aligned).
+__device__ __forceinline__ void store_norm4(bf16* dst, const float4& v, const bf16* w, float inv) {
+  const __nv_bfloat162* wb = reinterpret_cast<const __nv_bfloat162*>(w);
+  const float2 w0 = __bfloat1622float2(wb[0]), w1 = __bfloat1622float2(wb[1]);
+  __nv_bfloat162* o = reinterpret_cast<__nv_bfloat162*>(dst);
+  o[0] = __floats2bfloat162_rn(w0.x * (v.x * inv), w0.y * (v.y * inv));
+  o[1] = __floats2bfloat162_rn(w1.x * (v.z * inv), w1.y * (v.w * inv));
+}
+
 // xs[t * ld + k] = bf16(rmsnorm(x_t) * w)[k] for t < T, x_t = residual[t] + float(delta[t]) (delta may be null),
 // the norm in f32 as rmsnorm / add_rmsnorm compute it. The whole block works on one row at a time (each thread a
 // few float4 kept in registers between the sum of squares and the write: one L2 round trip per row). Needs
@@ -53,13 +63,7 @@ __device__ __forceinline__ void norm_rows_to_smem(const float* residual, const b
 #pragma unroll
     for (int j = 0; j < kNormMaxVec; ++j) {
       const int i = threadIdx.x + j * blockDim.x;
-      if (i < nv) {
-        const __nv_bfloat162* wb = reinterpret_cast<const __nv_bfloat162*>(w + 4 * i);
-        const float2 w0 = __bfloat1622float2(wb[0]), w1 = __bfloat1622float2(wb[1]);
-        __nv_bfloat162* o = reinterpret_cast<__nv_bfloat162*>(xs + t * ld + 4 * i);
-        o[0] = __floats2bfloat162_rn(w0.x * (v[j].x * inv), w0.y * (v[j].y * inv));
-        o[1] = __floats2bfloat162_rn(w1.x * (v[j].z * inv), w1.y * (v[j].w * inv));
-      }
+      if (i < nv) store_norm4(xs + t * ld + 4 * i, v[j], w + 4 * i, inv);
     }
   }
   __syncthreads();

@@ -117,15 +117,10 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_bf16_kernel(const bf16* x, i
       const float inv = rsqrtf(ss / float(K) + ra.eps);  // as rmsnorm / add_rmsnorm
       const float4* r = reinterpret_cast<const float4*>(ra.residual + int64_t(t0 + t) * K);
       for (int c = threadIdx.x; c < K / 4; c += blockDim.x) {
-        const float4 v = __ldcg(r + c);
-        const __nv_bfloat162* wb = reinterpret_cast<const __nv_bfloat162*>(ra.weight + 4 * c);
-        const float2 w0 = __bfloat1622float2(wb[0]), w1 = __bfloat1622float2(wb[1]);
-        __nv_bfloat162 o[2];
-        o[0] = __floats2bfloat162_rn(w0.x * (v.x * inv), w0.y * (v.y * inv));
-        o[1] = __floats2bfloat162_rn(w1.x * (v.z * inv), w1.y * (v.w * inv));
-        *reinterpret_cast<uint2*>(norm_rows + t * (K + kNormPad) + 4 * c) = *reinterpret_cast<const uint2*>(o);
+        bf16* row = norm_rows + t * (K + kNormPad) + 4 * c;
+        store_norm4(row, __ldcg(r + c), ra.weight + 4 * c, inv);
         if (ra.xn_out != nullptr && blockIdx.x == 0)
-          *reinterpret_cast<uint2*>(ra.xn_out + int64_t(t0 + t) * K + 4 * c) = *reinterpret_cast<const uint2*>(o);
+          *reinterpret_cast<uint2*>(ra.xn_out + int64_t(t0 + t) * K + 4 * c) = *reinterpret_cast<const uint2*>(row);
       }
     }
     __syncthreads();

@@ -101,6 +101,7 @@ void GpuQwen3::upload(const Qwen3Model& cpu, cudaStream_t stream, ThreadPool& po
     G.input_norm = put(L.input_norm);
     G.post_norm = put(L.post_norm);
     G.is_moe = L.is_moe;
+    all_moe_ = all_moe_ && L.is_moe;
     if (L.is_moe) {
       const int64_t E = c.num_experts, I = c.moe_intermediate_size;
       G.router = put(L.moe.router.weight);
@@ -233,8 +234,7 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
   const int res_parts = residual_gemv_parts(H);
   bool resfuse = be_.residual_fusion && skip == 0 && residual_gemv_fits(T, H) && residual_gemv_fits(T, Hq * D) &&
                  be_.moe != nullptr && be_.moe->residual_parts(T) == res_parts;
-  bool all_moe = true;
-  for (const GpuLayer& L : layers_) all_moe = all_moe && L.is_moe;
+  const bool all_moe = all_moe_;
   resfuse = resfuse && all_moe;
   // The combine-norm fusion (ModelBackends::moe_combine_norm): the MoE of layer l also adds its output into the
   // residual and writes layer l + 1's normed input (the final norm's after the last layer) into xn_.

@@ -122,6 +122,7 @@ class GpuQwen3 {
   DeviceArray<float> inv_freq_;
   RopeArgs rope_;
   std::vector<GpuLayer> layers_;
+  bool all_moe_ = true;  // every layer MoE (the norm fusions need it)
   // KV cache: per layer K then V, each [pages, page_size, kv_heads, head_dim].
   DeviceArray<bf16> kv_;
   int64_t kv_pages_ = 0;

@@ -231,9 +231,9 @@ bool down_gemv_applies(const MoeShape& s, bool direct, int num_slots) {
 int fused_residual_parts(const MoeShape& s, int T) {
   if (T < 1 || T > s.max_tokens || !fused_direct_for(s, T)) return 0;
   static_assert(kDownGemvRows == kResidualPartRows, "a residual part is a down GEMV CTA's rows");
-  const FusedLayout l = fused_layout(s, T, false);
-  return down_gemv_applies(s, l.direct, l.num_slots) && T * kDownGemvRows <= kDownGemvThreads ? s.hidden / kDownGemvRows
-                                                                                                : 0;
+  // Direct mode: every pair its own slot (num_slots = T * top_k).
+  return down_gemv_applies(s, true, T * s.top_k) && T * kDownGemvRows <= kDownGemvThreads ? s.hidden / kDownGemvRows
+                                                                                           : 0;
 }
 
 // The combine launch ends the MoE wherever the direct path does not (FusedBackendBase always passes counters, so
