@@ -66,13 +66,14 @@ run test_cuda_moe_down_gemm ok env MOESERVE_MOE_DOWN_GEMV=0 "$BUILD/tests/test_c
 # the fused input stage in the 16-row tiles where the keys-as-M tiles would take it (MOESERVE_ATTN_GQA_FUSED_IN=0).
 run test_cuda_kernels_merge_launch ok env MOESERVE_ATTN_CLUSTER_MERGE=0 MOESERVE_ATTN_GQA_FUSED_IN=0 \
   "$BUILD/tests/test_cuda_kernels" --gtest_brief=1
-# The opt-in norm fusions (MOESERVE_RESIDUAL_FUSION=1 at the 1-token decode steps, MOESERVE_MOE_COMBINE_NORM=1 at
-# every step whose MoE ends in a combine launch): the model on the GPU and the parity against transformers with both
-# on (the parity run adds ~2 minutes).
-run test_gpu_model_norm_fusions ok env MOESERVE_RESIDUAL_FUSION=1 MOESERVE_MOE_COMBINE_NORM=1 \
+# The other norm paths: the residual fusion and the GEMV ring off (MOESERVE_RESIDUAL_FUSION=0 MOESERVE_GEMV_RING=0:
+# norm launches and register-streaming GEMVs), and the opt-in combine-norm fusion (MOESERVE_MOE_COMBINE_NORM=1 at
+# every step whose MoE ends in a combine launch): the model on the GPU, and the parity against transformers with
+# the combine-norm (the parity run adds ~2 minutes); the GEMM tests with the register-streaming loop.
+run test_cuda_gemm_noring ok env MOESERVE_GEMV_RING=0 "$BUILD/tests/test_cuda_gemm" --gtest_brief=1
+run test_gpu_model_norm_paths ok env MOESERVE_RESIDUAL_FUSION=0 MOESERVE_GEMV_RING=0 MOESERVE_MOE_COMBINE_NORM=1 \
   "$BUILD/tests/test_gpu_model" --gtest_brief=1
-run test_gpu_parity_norm_fusions ok env MOESERVE_RESIDUAL_FUSION=1 MOESERVE_MOE_COMBINE_NORM=1 \
-  "$BUILD/tests/test_gpu_parity" --gtest_brief=1
+run test_gpu_parity_combine_norm ok env MOESERVE_MOE_COMBINE_NORM=1 "$BUILD/tests/test_gpu_parity" --gtest_brief=1
 # The mma.sync prefill attention tiles at head_dim 128 too (the default there is the wgmma kernel on sm_90), and the
 # 16-row decode tiles (the default at head_dim 128 and groups of up to 8 is the keys-as-M kernel).
 run test_cuda_kernels_mma ok env MOESERVE_ATTN_PREFILL_WGMMA=0 MOESERVE_ATTN_DECODE_GQA_MIN=0 "$BUILD/tests/test_cuda_kernels" --gtest_brief=1

@@ -24,6 +24,7 @@
 #include "cuda/gemm/backends.h"
 #include "cuda/fused_norm.cuh"
 #include "cuda/launch.h"
+#include "cuda/moe/moe_ptx.cuh"
 #include "cuda/pdl.cuh"
 
 namespace moeserve::cuda {
@@ -34,6 +35,11 @@ constexpr int kRows = 16;            // W rows per block: the MMA's M
 constexpr int kTokens = 8;           // tokens per block: the MMA's N
 constexpr int kKPerIteration = 64;   // per warp and iteration: two 16-byte chunks per lane and row
 constexpr unsigned kPrefetchBlocks = 512;  // blocks that prefetch their rows: 16 MiB for K = 2048
+constexpr int kStride = kWarps * kKPerIteration;  // k between one warp's iterations
+// The cp.async ring of gemv_bf16_kernel<..., RING = true>: kRingStages k-iterations a warp, each 16 rows x 64 k.
+constexpr int kRingStages = 4;
+constexpr int kRingStageElems = kRows * kKPerIteration;
+constexpr size_t kRingBytes = size_t(kWarps) * kRingStages * kRingStageElems * sizeof(bf16);  // 64 KiB
 
 __device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                          uint32_t b0, uint32_t b1) {
@@ -83,22 +89,51 @@ enum GemvPrologue { kPlainX, kNormRows, kNormIn };
 // residual (NormArgs), one token group (M <= 8), K + kNormPad bf16 of dynamic shared memory per token; kNormIn: x
 // is bf16(rmsnorm(residual) * weight) with the sums of squares from ra.partials_in (same shared memory). RES_OUT:
 // besides y, residual[m, n] += float(bf16(y[m, n])) and ra.partials_out[m, bx] = the block's rows' sum of squares.
-template <typename OutT, int PRO = kPlainX, bool RES_OUT = false>
+//
+// RING: each warp streams its 16 rows through a cp.async ring of kRingStages 64-k slices in shared memory (kRingBytes
+// at the start of the dynamic shared memory, the token rows after it), the first kRingStages slices issued before
+// the programmatic wait: a 1-token GEMV of K <= 2048 then has all its weight bytes in flight while the kernel
+// before still runs, and no load waits on a register (ptxas schedules register loads just ahead of their MMAs,
+// which leaves each warp one memory round trip an iteration). The plain x is staged into shared memory as well.
+template <typename OutT, int PRO = kPlainX, bool RES_OUT = false, bool RING = false>
 __global__ void __launch_bounds__(kWarps * 32) gemv_bf16_kernel(const bf16* x, int64_t ldx, int M,
                                                                  int K, const bf16* __restrict__ W, int N,
                                                                  OutT* __restrict__ y, int64_t ldy, NormArgs na,
                                                                  ResidualArgs ra) {
   constexpr bool NORM = PRO != kPlainX;
   __shared__ float partial[kWarps][kRows][kTokens];
-  extern __shared__ __align__(16) bf16 norm_rows[];
+  extern __shared__ __align__(16) bf16 gemv_dyn_smem[];
+  bf16* norm_rows = gemv_dyn_smem + (RING ? kRingBytes / sizeof(bf16) : 0);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, q = lane % 4;
   const int n0 = blockIdx.x * kRows, t0 = blockIdx.y * kTokens;
   // The block's weight rows are contiguous: start them towards L2 (one bulk prefetch) while the kernel before
   // may still run. Only the first kPrefetchBlocks blocks do: beyond that the prefetched lines of a large matrix
   // (lm_head) would push each other out of L2 before use.
-  if (threadIdx.x == 0 && blockIdx.y == 0 && blockIdx.x < kPrefetchBlocks)
+  // RING: this warp's k-iterations i (k = 64 warp + kStride i), slice i in stage i % kRingStages; chunk c of row r
+  // at chunk c ^ 4 (r & 1), so that the two rows a quarter-warp reads fill all 32 banks once.
+  bf16* my_ring = gemv_dyn_smem + warp * kRingStages * kRingStageElems;
+  const int iters = warp * kKPerIteration < K ? (K - warp * kKPerIteration + kStride - 1) / kStride : 0;
+  auto load_slice = [&](int i) {
+    bf16* dst = my_ring + (i % kRingStages) * kRingStageElems;
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {
+      const int id = lane + 32 * m, r = id >> 3, c = id & 7;
+      const int k = warp * kKPerIteration + i * kStride + 8 * c;
+      const bool ok = i < iters && k < K;  // else a zero fill (the address is not read)
+      moe_ptx::cp_async16(dst + r * kKPerIteration + ((c ^ ((r & 1) << 2)) << 3),
+                          ok ? W + int64_t(min(n0 + r, N - 1)) * K + k : W, ok);
+    }
+  };
+  if constexpr (RING) {
+#pragma unroll
+    for (int i = 0; i < kRingStages; ++i) {
+      load_slice(i);
+      moe_ptx::cp_async_commit();
+    }
+  } else if (threadIdx.x == 0 && blockIdx.y == 0 && blockIdx.x < kPrefetchBlocks) {
     prefetch_l2(W + int64_t(n0) * K, unsigned(min(kRows, N - n0)) * unsigned(K) * unsigned(sizeof(bf16)));
+  }
   pdl_enter();
   if constexpr (PRO == kNormRows) {
     norm_rows_to_smem(na.residual, na.delta, na.weight, na.eps, M, K, norm_rows, K + kNormPad);
@@ -124,8 +159,17 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_bf16_kernel(const bf16* x, i
       }
     }
     __syncthreads();
+  } else if constexpr (RING) {
+    // The block's token rows into shared memory (the same layout as the normalized rows).
+    const int tokens_here = min(kTokens, M - t0);
+    for (int i = threadIdx.x; i < tokens_here * (K / 8); i += blockDim.x) {
+      const int t = i / (K / 8), c = i % (K / 8);
+      *reinterpret_cast<uint4*>(norm_rows + t * (K + kNormPad) + 8 * c) = load_token(x + int64_t(t0 + t) * ldx + 8 * c);
+    }
+    __syncthreads();
   }
-  if constexpr (NORM) {
+  constexpr bool X_IN_SMEM = NORM || RING;
+  if constexpr (X_IN_SMEM) {
     x = norm_rows;
     ldx = K + kNormPad;
   }
@@ -137,8 +181,31 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_bf16_kernel(const bf16* x, i
   const bf16* xt = x + int64_t(t0 + (has_token ? g : 0)) * ldx + 8 * q;
 
   float c[4] = {0.f, 0.f, 0.f, 0.f};
+  if constexpr (RING) {
+    const bf16* xr = norm_rows + (has_token ? g : 0) * (K + kNormPad) + 8 * q;
+    for (int i = 0; i < iters; ++i) {
+      moe_ptx::cp_async_wait<kRingStages - 1>();  // this lane's copies of slice i have landed...
+      __syncwarp();                                // ...and the warp's
+      const bf16* sl = my_ring + (i % kRingStages) * kRingStageElems;
+      const int kb = warp * kKPerIteration + i * kStride;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int ch = (q + 4 * h) ^ ((g & 1) << 2);  // rows g and g + 8 have the same parity
+        const uint4 lo = *reinterpret_cast<const uint4*>(sl + g * kKPerIteration + 8 * ch);
+        const uint4 hi = *reinterpret_cast<const uint4*>(sl + (g + 8) * kKPerIteration + 8 * ch);
+        const int k = kb + 32 * h;
+        const uint4 b = has_token && k + 8 * q < K ? *reinterpret_cast<const uint4*>(xr + k) : make_uint4(0, 0, 0, 0);
+        mma_bf16(c, lo.x, hi.x, lo.y, hi.y, b.x, b.y);
+        mma_bf16(c, lo.z, hi.z, lo.w, hi.w, b.z, b.w);
+      }
+      __syncwarp();  // the stage is refilled by slice i + kRingStages
+      load_slice(i + kRingStages);
+      moe_ptx::cp_async_commit();
+    }
+    moe_ptx::cp_async_wait<0>();
+  }
 #pragma unroll 4
-  for (int k0 = warp * kKPerIteration; k0 < K; k0 += kWarps * kKPerIteration) {
+  for (int k0 = warp * kKPerIteration; k0 < (RING ? 0 : K); k0 += kWarps * kKPerIteration) {
     uint4 a_lo[2], a_hi[2], b[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -146,7 +213,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_bf16_kernel(const bf16* x, i
       const bool in = k + 8 * q < K;
       a_lo[h] = in ? load_weight(w_lo + k) : make_uint4(0, 0, 0, 0);
       a_hi[h] = in ? load_weight(w_hi + k) : make_uint4(0, 0, 0, 0);
-      if constexpr (NORM)
+      if constexpr (X_IN_SMEM)
         b[h] = in && has_token ? *reinterpret_cast<const uint4*>(xt + k) : make_uint4(0, 0, 0, 0);
       else
         b[h] = in && has_token ? load_token(xt + k) : make_uint4(0, 0, 0, 0);
@@ -187,6 +254,41 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_bf16_kernel(const bf16* x, i
   if constexpr (PRO == kNormRows) {
     if (na.delta != nullptr && finished_last(na.counter)) add_to_residual(na.residual, na.delta, M, K);
   }
+}
+
+// Launches gemv_bf16_kernel for one or more token groups: the cp.async ring (RING; MOESERVE_GEMV_RING=0 off) for up
+// to kRingMaxM tokens when the grid, with the ring's shared memory, is still one wave on this device, else the
+// register-streaming loop; PRO != kPlainX or RING: the token rows in dynamic shared memory. Served q30b8l decode
+// steps (H200, session 13) with the ring and the residual fusion against neither: bs 1 -19 to -30 us, bs 2 -6 to
+// -15; bs 4 +5 to +8 and bs 8 +7 to +18 with the ring for every fitting grid (at 4 or 8 tokens the token rows
+// also push the q/k/v GEMV's 320 blocks into a second wave: +30-45 us without the one-wave rule).
+constexpr int kRingMaxM = 2;
+template <typename OutT, int PRO = kPlainX, bool RES_OUT = false>
+void launch_gemv(dim3 grid, cudaStream_t stream, const bf16* x, int64_t ldx, int M, int K, const bf16* W, int N,
+                 OutT* y, int64_t ldy, const NormArgs& na, const ResidualArgs& ra) {
+  static const bool ring_on = env_flag("MOESERVE_GEMV_RING", true);
+  const size_t rows = size_t(std::min(M, kTokens)) * size_t(K + kNormPad) * sizeof(bf16);
+  auto set_smem = [](auto kernel, size_t smem) {
+    if (smem > (48 << 10))
+      MS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  };
+  if (ring_on && M <= kRingMaxM) {
+    auto kernel = gemv_bf16_kernel<OutT, PRO, RES_OUT, true>;
+    const size_t smem = kRingBytes + rows;
+    int dev = 0, sms = 0, per_sm = 0;
+    if (smem <= (227 << 10)) {
+      set_smem(kernel, smem);
+      MS_CUDA_CHECK(cudaGetDevice(&dev));
+      MS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+      MS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kWarps * 32, smem));
+    }
+    if (int64_t(per_sm) * sms >= int64_t(grid.x) * grid.y)
+      return launch_pdl(kernel, grid, dim3(kWarps * 32), smem, stream, x, ldx, M, K, W, N, y, ldy, na, ra);
+  }
+  auto kernel = gemv_bf16_kernel<OutT, PRO, RES_OUT, false>;
+  const size_t smem = PRO != kPlainX ? rows : 0;
+  set_smem(kernel, smem);
+  launch_pdl(kernel, grid, dim3(kWarps * 32), smem, stream, x, ldx, M, K, W, N, y, ldy, na, ra);
 }
 
 // ---- gemv_wide_kernel: 8 < M <= kWideMaxM ----
@@ -399,11 +501,9 @@ class GemvBackend final : public GemmBackend {
     if (M > kTokens && M <= kWideMaxM) return run_wide(x, ldx, M, K, W, N, y, ldy, out, stream);
     const dim3 grid(unsigned(ceil_div(N, kRows)), unsigned(token_groups));
     if (out == OutType::BF16)
-      launch_pdl(gemv_bf16_kernel<bf16>, grid, dim3(kWarps * 32), 0, stream, x, ldx, M, K, W, N,
-                 static_cast<bf16*>(y), ldy, NormArgs{}, ResidualArgs{});
+      launch_gemv(grid, stream, x, ldx, M, K, W, N, static_cast<bf16*>(y), ldy, NormArgs{}, ResidualArgs{});
     else
-      launch_pdl(gemv_bf16_kernel<float>, grid, dim3(kWarps * 32), 0, stream, x, ldx, M, K, W, N,
-                 static_cast<float*>(y), ldy, NormArgs{}, ResidualArgs{});
+      launch_gemv(grid, stream, x, ldx, M, K, W, N, static_cast<float*>(y), ldy, NormArgs{}, ResidualArgs{});
   }
 
  private:
@@ -453,10 +553,8 @@ void norm_gemv(float* residual, const bf16* delta, const bf16* norm_w, float eps
                (reinterpret_cast<uintptr_t>(norm_w) & 7) == 0 && (delta == nullptr || counter != nullptr),
            "norm_gemv: residual, delta and W must be 16-byte aligned, the norm weight 8-byte aligned, and an update "
            "of the residual needs a counter");
-  const size_t smem = size_t(M) * size_t(K + kNormPad) * sizeof(bf16);  // <= 4 x 4104 x 2: under 48 KiB
-  launch_pdl(gemv_bf16_kernel<bf16, kNormRows>, dim3(unsigned(ceil_div(N, kRows))), dim3(kWarps * 32), smem, stream,
-             static_cast<const bf16*>(nullptr), int64_t(0), M, K, W, N, y, ldy,
-             NormArgs{residual, delta, norm_w, eps, counter}, ResidualArgs{});
+  launch_gemv<bf16, kNormRows>(dim3(unsigned(ceil_div(N, kRows))), stream, nullptr, 0, M, K, W, N, y, ldy,
+                               NormArgs{residual, delta, norm_w, eps, counter}, ResidualArgs{});
 }
 
 bool residual_gemv_fits(int M, int K) { return M >= 1 && M <= kResidualGemvMaxM && K > 0 && K % 8 == 0 && K <= 4096; }
@@ -471,20 +569,12 @@ void gemv_norm_in(const float* residual, const float* partials, int nparts, cons
   MS_CHECK(aligned16(residual) && aligned16(W) && (reinterpret_cast<uintptr_t>(norm_w) & 7) == 0 &&
                (xn_out == nullptr || (reinterpret_cast<uintptr_t>(xn_out) & 7) == 0),
            "gemv_norm_in: residual and W 16-byte, the norm weight and xn_out 8-byte aligned");
-  const size_t smem = size_t(M) * size_t(K + kNormPad) * sizeof(bf16);  // <= 8 x 4104 x 2: 64 KiB
   const dim3 grid(unsigned(ceil_div(N, kRows)));
   const ResidualArgs ra{const_cast<float*>(residual), partials, nparts, norm_w, eps, xn_out, nullptr};
-  if (out == OutType::BF16) {
-    auto kernel = gemv_bf16_kernel<bf16, kNormIn>;
-    MS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    launch_pdl(kernel, grid, dim3(kWarps * 32), smem, stream, static_cast<const bf16*>(nullptr), int64_t(0), M, K, W,
-               N, static_cast<bf16*>(y), ldy, NormArgs{}, ra);
-  } else {
-    auto kernel = gemv_bf16_kernel<float, kNormIn>;
-    MS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    launch_pdl(kernel, grid, dim3(kWarps * 32), smem, stream, static_cast<const bf16*>(nullptr), int64_t(0), M, K, W,
-               N, static_cast<float*>(y), ldy, NormArgs{}, ra);
-  }
+  if (out == OutType::BF16)
+    launch_gemv<bf16, kNormIn>(grid, stream, nullptr, 0, M, K, W, N, static_cast<bf16*>(y), ldy, NormArgs{}, ra);
+  else
+    launch_gemv<float, kNormIn>(grid, stream, nullptr, 0, M, K, W, N, static_cast<float*>(y), ldy, NormArgs{}, ra);
 }
 
 void gemv_residual_out(const bf16* x, int64_t ldx, int M, int K, const bf16* W, int N, bf16* y, int64_t ldy,
@@ -493,9 +583,8 @@ void gemv_residual_out(const bf16* x, int64_t ldx, int M, int K, const bf16* W, 
                partials != nullptr,
            "gemv_residual_out: M {} K {} N {} ldx {} ldy {} do not fit", M, K, N, ldx, ldy);
   MS_CHECK(aligned16(x) && aligned16(W), "gemv_residual_out: x and W must be 16-byte aligned");
-  launch_pdl(gemv_bf16_kernel<bf16, kPlainX, true>, dim3(unsigned(ceil_div(N, kRows))), dim3(kWarps * 32), 0,
-             stream, x, ldx, M, K, W, N, y, ldy, NormArgs{},
-             ResidualArgs{residual, nullptr, 0, nullptr, 0.f, nullptr, partials});
+  launch_gemv<bf16, kPlainX, true>(dim3(unsigned(ceil_div(N, kRows))), stream, x, ldx, M, K, W, N, y, ldy, NormArgs{},
+                                   ResidualArgs{residual, nullptr, 0, nullptr, 0.f, nullptr, partials});
 }
 
 std::unique_ptr<GemmBackend> make_gemv_backend(int kernel_max_m) {

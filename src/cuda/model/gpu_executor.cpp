@@ -168,7 +168,7 @@ GpuExecutor::GpuExecutor(const std::string& model_dir, const GpuOptions& opts) :
   // save (served q30b8l decode step at batch 1: 829.9 us fused, 786.2 us without; docs/PERF.md).
   mb.fused_small_steps = be_.gemm->spec().name == "gemv" && env_flag("MOESERVE_FUSED_DECODE", false);
   mb.fused_attention_input = env_flag("MOESERVE_ATTN_FUSED_IN", true);
-  mb.residual_fusion = env_flag("MOESERVE_RESIDUAL_FUSION", false);
+  mb.residual_fusion = env_flag("MOESERVE_RESIDUAL_FUSION", true);
   mb.moe_combine_norm = env_flag("MOESERVE_MOE_COMBINE_NORM", false);
   if (const char* v = std::getenv("MOESERVE_PROFILE_SKIP_OPS"); v != nullptr && *v != 0) {
     mb.skip_ops = parse_skip_ops(v);

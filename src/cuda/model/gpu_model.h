@@ -68,8 +68,9 @@ struct ModelBackends {
   bool fused_attention_input = true;
   // Decode steps of up to kResidualGemvMaxM tokens carry the residual stream between kernels with partial sums of
   // squares (gemv_residual_out, gemv_norm_in, MoeBackend::run_residual) instead of the two norm launches a layer,
-  // where every layer is MoE and the MoE backend offers the epilogue: MOESERVE_RESIDUAL_FUSION=1 (A/B, off).
-  bool residual_fusion = false;
+  // where every layer is MoE and the MoE backend offers the epilogue (served q30b8l bs 1 -18 us with the GEMV ring,
+  // +10-33 us without it, docs/PERF.md session 13); MOESERVE_RESIDUAL_FUSION=0 turns it off.
+  bool residual_fusion = true;
   // Steps whose MoE ends in a combine launch (not the direct path) fold the next residual add + RMSNorm into it
   // (MoeBackend::run_combine_norm), where every layer is MoE: MOESERVE_MOE_COMBINE_NORM=1 (A/B, off).
   bool moe_combine_norm = false;
