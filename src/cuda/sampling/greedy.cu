@@ -4,6 +4,7 @@
 
 #include <cooperative_groups.h>
 
+#include "core/env.h"
 #include "cuda/launch.h"
 #include "cuda/pdl.cuh"
 
@@ -12,11 +13,14 @@ namespace moeserve::cuda {
 namespace {
 
 constexpr int kThreads = 512;
-// Rows up to this many get a cluster of kSmallBatchCluster blocks each (a lone block per row leaves the GPU idle
-// while it reads 600 KB of logits); more rows fill the GPU with one block each. (H200, q30b8l served step: with
-// the clusters 702-704 us at batch 1, 718-720 without; 1,737-1,746 against 1,756 at batch 8.)
-constexpr int kSmallBatchRows = 16;
-constexpr int kSmallBatchCluster = 8;
+// Each row gets a cluster of the most blocks (8, 4, 2, else 1) that keeps the grid within kBlocksPerSm blocks an SM:
+// a lone block per row leaves the GPU idle while it reads 600 KB of logits. (H200, q30b8l served step: clusters of
+// 8 up to 16 rows: 702-704 us at batch 1 against 718-720 with one block; 1,737-1,746 against 1,756 at batch 8.
+// Session 13, this rule against that one: batch 32 2,837 / 2,849 against 2,864 / 2,859, batch 64 -2 to -6 (the
+// kernel 26.6 us against 32), batch 128 even.) MOESERVE_GREEDY_WIDE=0: clusters of 8 up to 16 rows only, one block
+// a row above (A/B).
+constexpr int kBlocksPerSm = 2;
+constexpr int kNarrowRows = 16;
 
 // Running state of one thread: the best (value, id) seen and the sum of exp(x - max) over its elements.
 struct State {
@@ -137,7 +141,20 @@ void sample_greedy(const float* logits, int rows, int vocab, int32_t* out_ids, f
                    cudaStream_t stream) {
   MS_CHECK(vocab > 0, "vocabulary of {} tokens", vocab);
   if (rows <= 0) return;
-  const int cluster = rows <= kSmallBatchRows ? kSmallBatchCluster : 1;
+  static const bool wide = env_flag("MOESERVE_GREEDY_WIDE", true);
+  int cluster = 1;
+  if (wide) {
+    int dev = 0, sms = 0;
+    MS_CUDA_CHECK(cudaGetDevice(&dev));
+    MS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    for (int c : {8, 4, 2})
+      if (int64_t(rows) * c <= int64_t(kBlocksPerSm) * sms) {
+        cluster = c;
+        break;
+      }
+  } else if (rows <= kNarrowRows) {
+    cluster = 8;
+  }
   MS_CHECK(int64_t(rows) * cluster <= INT32_MAX, "sample_greedy: {} rows are too many for one launch", rows);
   if (cluster > 1)
     launch_pdl_cluster(greedy_kernel, dim3(unsigned(rows * cluster)), dim3(kThreads), 0, stream, unsigned(cluster),
