@@ -260,8 +260,8 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_bf16_kernel(const bf16* x, i
 // to kRingMaxM tokens when the grid, with the ring's shared memory, is still one wave on this device, else the
 // register-streaming loop; PRO != kPlainX or RING: the token rows in dynamic shared memory. Served q30b8l decode
 // steps (H200, session 13) with the ring and the residual fusion against neither: bs 1 -19 to -30 us, bs 2 -6 to
-// -15; bs 4 +5 to +8 and bs 8 +7 to +18 with the ring for every fitting grid (at 4 or 8 tokens the token rows
-// also push the q/k/v GEMV's 320 blocks into a second wave: +30-45 us without the one-wave rule).
+// -15; but bs 4 +5 to +8 and bs 8 +16 to +18 when the ring served every fitting grid, hence kRingMaxM (and at 4 or
+// 8 tokens the token rows push the q/k/v GEMV's 320 blocks into a second wave: +30-45 us without the one-wave rule).
 constexpr int kRingMaxM = 2;
 template <typename OutT, int PRO = kPlainX, bool RES_OUT = false>
 void launch_gemv(dim3 grid, cudaStream_t stream, const bf16* x, int64_t ldx, int M, int K, const bf16* W, int N,
