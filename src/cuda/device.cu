@@ -111,6 +111,13 @@ PdlProbe pdl_overlap_probe(double spin_us) {
   return r;
 }
 
+int current_device_multiprocessors() {
+  int dev = 0, sms = 0;
+  MS_CUDA_CHECK(cudaGetDevice(&dev));
+  MS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  return sms;
+}
+
 std::vector<DeviceInfo> list_devices() {
   std::vector<DeviceInfo> r;
   int n = 0;

@@ -19,6 +19,9 @@ struct DeviceInfo {
 std::vector<DeviceInfo> list_devices();
 // The SM architectures whose code this binary contains, e.g. {90} for sm_90a.
 std::vector<int> compiled_architectures();
+// Multiprocessors of the calling thread's current device (for launchers that get no DeviceInfo). Throws on CUDA
+// errors.
+int current_device_multiprocessors();
 
 // Programmatic dependent launch, observed: kernel A (one block) spins for spin_us; kernel B, launched after it
 // with launch_pdl, reads the global timer on entry (before pdl_wait) and after pdl_wait. Done eagerly and inside

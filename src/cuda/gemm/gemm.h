@@ -46,8 +46,8 @@ bool norm_gemv_fits(int M, int K);
 void norm_gemv(float* residual, const bf16* delta, const bf16* norm_w, float eps, int M, int K, const bf16* W, int N,
                bf16* y, int64_t ldy, int* counter, cudaStream_t stream);
 
-// The residual fusion of the decode graphs (on by default, MOESERVE_RESIDUAL_FUSION=0 off; one token group: M <= 8, K <= 4096,
-// K % 8 == 0): the residual stream is the f32 residual plus, per token, partial sums of squares of it over parts of
+// The residual fusion of the decode graphs (on by default, MOESERVE_RESIDUAL_FUSION=0 off; one token group:
+// M <= 8, K <= 4096, K % 8 == 0): the residual stream is the f32 residual plus, per token, partial sums of squares of it over parts of
 // 16 rows, written by the kernel that updates the residual, so that the next GEMV applies the RMSNorm itself
 // without a norm launch or a block-wide reduction.
 // gemv_residual_out: y = x W^T (bf16), residual[m, :] += float(y[m, :]) (N = the residual's width) and

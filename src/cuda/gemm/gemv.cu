@@ -21,6 +21,7 @@
 #include <fmt/format.h>
 
 #include "core/env.h"
+#include "cuda/device.h"
 #include "cuda/gemm/backends.h"
 #include "cuda/fused_norm.cuh"
 #include "cuda/launch.h"
@@ -275,14 +276,12 @@ void launch_gemv(dim3 grid, cudaStream_t stream, const bf16* x, int64_t ldx, int
   if (ring_on && M <= kRingMaxM) {
     auto kernel = gemv_bf16_kernel<OutT, PRO, RES_OUT, true>;
     const size_t smem = kRingBytes + rows;
-    int dev = 0, sms = 0, per_sm = 0;
+    int per_sm = 0;
     if (smem <= (227 << 10)) {
       set_smem(kernel, smem);
-      MS_CUDA_CHECK(cudaGetDevice(&dev));
-      MS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
       MS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kWarps * 32, smem));
     }
-    if (int64_t(per_sm) * sms >= int64_t(grid.x) * grid.y)
+    if (per_sm > 0 && int64_t(per_sm) * current_device_multiprocessors() >= int64_t(grid.x) * grid.y)
       return launch_pdl(kernel, grid, dim3(kWarps * 32), smem, stream, x, ldx, M, K, W, N, y, ldy, na, ra);
   }
   auto kernel = gemv_bf16_kernel<OutT, PRO, RES_OUT, false>;

@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "core/env.h"
+#include "cuda/device.h"
 #include "cuda/kernels/attention_decode_gqa.cuh"
 #include "cuda/kernels/attention_mma.cuh"
 #include "cuda/kernels/attention_wgmma.cuh"
@@ -205,19 +206,12 @@ namespace {
 // blocks in clusters of 8) 1,651 against 1,604-1,614: clusters must fit in one GPC, so two blocks an SM no longer
 // make one wave). MOESERVE_ATTN_CLUSTER_MERGE=0 turns it off; sizes above 8 are non-portable cluster sizes, used
 // only where the occupancy calculator says such a cluster fits on this GPU.
-int device_sm_count() {
-  int dev = 0, sms = 0;
-  MS_CUDA_CHECK(cudaGetDevice(&dev));
-  MS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  return sms;
-}
-
 template <bool FUSED_IN>
 bool decode_cluster_merge(dim3 grid) {
   static const bool on = env_flag("MOESERVE_ATTN_CLUSTER_MERGE", true);
   const int splits = int(grid.x);
   if (!on || splits <= 1 || splits > 16) return false;
-  static const int sms = device_sm_count();
+  static const int sms = current_device_multiprocessors();
   if (int64_t(grid.x) * grid.y * grid.z > sms) return false;
   static int fits[17] = {};  // 0 unknown, 1 yes, -1 no; per process (one device per process) and kernel
   if (fits[splits] == 0) {

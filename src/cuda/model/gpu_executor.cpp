@@ -64,7 +64,6 @@ bool meta_2d_copy() {
   return on;
 }
 
-
 class GpuExecutor : public Executor {
  public:
   GpuExecutor(const std::string& model_dir, const GpuOptions& opts);

@@ -232,13 +232,11 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
   // skipped. The MoE of layer l leaves the residual and part_moe_ for layer l + 1's q/k/v; o_proj leaves them and
   // part_attn_ for the router, which also writes xn_ for the experts.
   const int res_parts = residual_gemv_parts(H);
-  bool resfuse = be_.residual_fusion && skip == 0 && residual_gemv_fits(T, H) && residual_gemv_fits(T, Hq * D) &&
-                 be_.moe != nullptr && be_.moe->residual_parts(T) == res_parts;
-  const bool all_moe = all_moe_;
-  resfuse = resfuse && all_moe;
+  const bool resfuse = be_.residual_fusion && skip == 0 && all_moe_ && residual_gemv_fits(T, H) &&
+                       residual_gemv_fits(T, Hq * D) && be_.moe != nullptr && be_.moe->residual_parts(T) == res_parts;
   // The combine-norm fusion (ModelBackends::moe_combine_norm): the MoE of layer l also adds its output into the
   // residual and writes layer l + 1's normed input (the final norm's after the last layer) into xn_.
-  const bool cnorm = be_.moe_combine_norm && !resfuse && skip == 0 && all_moe && be_.moe != nullptr &&
+  const bool cnorm = be_.moe_combine_norm && !resfuse && skip == 0 && all_moe_ && be_.moe != nullptr &&
                      be_.moe->combine_norm_supported(T);
   const bool fuse_qkv_norm = !resfuse && !cnorm && be_.fused_small_steps && norm_gemv_fits(T, H);
   // Decode steps of up to 64 sequences, in models with RoPE over the whole head: the input stage runs inside

@@ -72,8 +72,8 @@ class MoeBackend {
   virtual void run(const bf16* x, int T, const int32_t* topk_ids, const float* topk_weights, const MoeWeights& w,
                    bf16* out, void* workspace, cudaStream_t stream) = 0;
 
-  // The residual stream of a decode step folded into the MoE's last launch (the opt-in residual fusion of the
-  // decode graphs, see GpuQwen3): besides out, residual[t, :] += float(out[t, :]) and partials[t * parts + b] = the
+  // The residual stream of a decode step folded into the MoE's last launch (the residual fusion of the decode
+  // graphs, see GpuQwen3): besides out, residual[t, :] += float(out[t, :]) and partials[t * parts + b] = the
   // sum of squares of the updated residual[t, rows of part b] (parts of kResidualPartRows hidden rows, in order),
   // so that the next GEMV can apply the RMSNorm without a reduction of its own. residual_parts(T): those parts
   // when run_residual serves T tokens, 0 when it cannot (then run() and a norm launch).

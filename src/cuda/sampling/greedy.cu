@@ -5,6 +5,7 @@
 #include <cooperative_groups.h>
 
 #include "core/env.h"
+#include "cuda/device.h"
 #include "cuda/launch.h"
 #include "cuda/pdl.cuh"
 
@@ -144,9 +145,7 @@ void sample_greedy(const float* logits, int rows, int vocab, int32_t* out_ids, f
   static const bool wide = env_flag("MOESERVE_GREEDY_WIDE", true);
   int cluster = 1;
   if (wide) {
-    int dev = 0, sms = 0;
-    MS_CUDA_CHECK(cudaGetDevice(&dev));
-    MS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    const int sms = current_device_multiprocessors();
     for (int c : {8, 4, 2})
       if (int64_t(rows) * c <= int64_t(kBlocksPerSm) * sms) {
         cluster = c;
