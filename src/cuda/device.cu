@@ -118,6 +118,11 @@ int current_device_multiprocessors() {
   return sms;
 }
 
+bool l2_evict_first_weights() {
+  static const bool on = env_flag("MOESERVE_L2_EVICT_FIRST", true);
+  return on;
+}
+
 std::vector<DeviceInfo> list_devices() {
   std::vector<DeviceInfo> r;
   int n = 0;

@@ -22,6 +22,10 @@ std::vector<int> compiled_architectures();
 // Multiprocessors of the calling thread's current device (for launchers that get no DeviceInfo). Throws on CUDA
 // errors.
 int current_device_multiprocessors();
+// Whether the weight streams of decode steps carry the L2 evict_first priority (the GEMV ring, the MoE's decode
+// tiles and down GEMV): MOESERVE_L2_EVICT_FIRST, default on (0: no cache hint, as before). A weight byte is read
+// once a step and a step reads far more than L2 holds; evict_first keeps those lines from pushing out the rest.
+bool l2_evict_first_weights();
 
 // Programmatic dependent launch, observed: kernel A (one block) spins for spin_us; kernel B, launched after it
 // with launch_pdl, reads the global timer on entry (before pdl_wait) and after pdl_wait. Done eagerly and inside

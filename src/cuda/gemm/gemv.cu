@@ -82,6 +82,7 @@ struct ResidualArgs {
   float eps;
   bf16* xn_out;               // NORM_IN: block x = 0 also writes the normalized rows here, when non-null
   float* partials_out;        // RES_OUT: [M, gridDim.x]
+  int evict_first;            // RING: the weight slices with the L2 evict_first priority (l2_evict_first_weights)
 };
 enum GemvPrologue { kPlainX, kNormRows, kNormIn };
 
@@ -115,6 +116,8 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_bf16_kernel(const bf16* x, i
   // at chunk c ^ 4 (r & 1), so that the two rows a quarter-warp reads fill all 32 banks once.
   bf16* my_ring = gemv_dyn_smem + warp * kRingStages * kRingStageElems;
   const int iters = warp * kKPerIteration < K ? (K - warp * kKPerIteration + kStride - 1) / kStride : 0;
+  const bool hint = RING && ra.evict_first != 0;
+  const unsigned long long wpol = hint ? moe_ptx::l2_evict_first_policy() : 0ull;
   auto load_slice = [&](int i) {
     bf16* dst = my_ring + (i % kRingStages) * kRingStageElems;
 #pragma unroll
@@ -122,8 +125,8 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_bf16_kernel(const bf16* x, i
       const int id = lane + 32 * m, r = id >> 3, c = id & 7;
       const int k = warp * kKPerIteration + i * kStride + 8 * c;
       const bool ok = i < iters && k < K;  // else a zero fill (the address is not read)
-      moe_ptx::cp_async16(dst + r * kKPerIteration + ((c ^ ((r & 1) << 2)) << 3),
-                          ok ? W + int64_t(min(n0 + r, N - 1)) * K + k : W, ok);
+      moe_ptx::cp_async16_hint(dst + r * kKPerIteration + ((c ^ ((r & 1) << 2)) << 3),
+                               ok ? W + int64_t(min(n0 + r, N - 1)) * K + k : W, ok, hint, wpol);
     }
   };
   if constexpr (RING) {
@@ -268,6 +271,8 @@ template <typename OutT, int PRO = kPlainX, bool RES_OUT = false>
 void launch_gemv(dim3 grid, cudaStream_t stream, const bf16* x, int64_t ldx, int M, int K, const bf16* W, int N,
                  OutT* y, int64_t ldy, const NormArgs& na, const ResidualArgs& ra) {
   static const bool ring_on = env_flag("MOESERVE_GEMV_RING", true);
+  ResidualArgs ra_hint = ra;  // (the weight streams' L2 priority, cuda/device.h)
+  ra_hint.evict_first = l2_evict_first_weights() ? 1 : 0;
   const size_t rows = size_t(std::min(M, kTokens)) * size_t(K + kNormPad) * sizeof(bf16);
   auto set_smem = [](auto kernel, size_t smem) {
     if (smem > (48 << 10))
@@ -282,12 +287,12 @@ void launch_gemv(dim3 grid, cudaStream_t stream, const bf16* x, int64_t ldx, int
       MS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kWarps * 32, smem));
     }
     if (per_sm > 0 && int64_t(per_sm) * current_device_multiprocessors() >= int64_t(grid.x) * grid.y)
-      return launch_pdl(kernel, grid, dim3(kWarps * 32), smem, stream, x, ldx, M, K, W, N, y, ldy, na, ra);
+      return launch_pdl(kernel, grid, dim3(kWarps * 32), smem, stream, x, ldx, M, K, W, N, y, ldy, na, ra_hint);
   }
   auto kernel = gemv_bf16_kernel<OutT, PRO, RES_OUT, false>;
   const size_t smem = PRO != kPlainX ? rows : 0;
   set_smem(kernel, smem);
-  launch_pdl(kernel, grid, dim3(kWarps * 32), smem, stream, x, ldx, M, K, W, N, y, ldy, na, ra);
+  launch_pdl(kernel, grid, dim3(kWarps * 32), smem, stream, x, ldx, M, K, W, N, y, ldy, na, ra_hint);
 }
 
 // ---- gemv_wide_kernel: 8 < M <= kWideMaxM ----

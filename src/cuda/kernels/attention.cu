@@ -200,23 +200,25 @@ bool decode_gqa_usable(const AttnShape& shape, int num_seqs) {
 
 namespace {
 
-// Whether the split parts of a keys-as-M decode grid are merged inside clusters of `grid.x` blocks (see
-// attention_decode_gqa.cuh) rather than by the merge launch: only for grids of at most one block an SM (H200,
-// q30b8l served step, context 512: bs 1 (64 blocks) 633-635 us against 647-653 with the merge launch; bs 8 (256
-// blocks in clusters of 8) 1,651 against 1,604-1,614: clusters must fit in one GPC, so two blocks an SM no longer
-// make one wave). MOESERVE_ATTN_CLUSTER_MERGE=0 turns it off; sizes above 8 are non-portable cluster sizes, used
-// only where the occupancy calculator says such a cluster fits on this GPU.
-template <bool FUSED_IN>
-bool decode_cluster_merge(dim3 grid) {
-  static const bool on = env_flag("MOESERVE_ATTN_CLUSTER_MERGE", true);
-  const int splits = int(grid.x);
-  if (!on || splits <= 1 || splits > 16) return false;
+// The cluster path's K / V ring depth: 2 stages (66 KB blocks instead of 98 KB) for grids of at most half as many
+// blocks as SMs. Such a block fits beside two of the q/k/v GEMV's ring blocks (68 KB each) and so becomes resident,
+// and starts its cached keys, while that GEMV still runs; the GEMVs and the MoE down GEMV around it also run faster
+// (H200, q30b8l served step, session 14: bs 1 (64 blocks) 656.0 / 658.0 us against 667.0 / 666.2; trace: GEMVs -5.7,
+// down GEMV -3.6, attention -1.8 us a step), while at bs 4 (128 blocks) it cost +24 us. MOESERVE_ATTN_GQA_CLUSTER_STAGES
+// = 2 or 3 forces a depth (A/B switch).
+int decode_cluster_stages(dim3 grid) {
+  static const int forced = int(env_int("MOESERVE_ATTN_GQA_CLUSTER_STAGES", 0, 0, 3));
+  if (forced >= 2) return forced;
   static const int sms = current_device_multiprocessors();
-  if (int64_t(grid.x) * grid.y * grid.z > sms) return false;
+  return 2 * int64_t(grid.x) * grid.y * grid.z <= sms ? 2 : detail::kGqaStages;
+}
+
+template <bool FUSED_IN, int STAGES>
+bool cluster_fits(int splits) {
   static int fits[17] = {};  // 0 unknown, 1 yes, -1 no; per process (one device per process) and kernel
   if (fits[splits] == 0) {
-    constexpr size_t smem = detail::gqa_smem_bytes<128>();
-    auto kernel = detail::paged_attention_decode_gqa_kernel<128, true, true, FUSED_IN>;
+    constexpr size_t smem = detail::gqa_smem_bytes<128, STAGES>();
+    auto kernel = detail::paged_attention_decode_gqa_kernel<128, true, true, FUSED_IN, STAGES>;
     MS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     MS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
     cudaLaunchConfig_t cfg{};
@@ -235,6 +237,22 @@ bool decode_cluster_merge(dim3 grid) {
     fits[splits] = e == cudaSuccess && clusters > 0 ? 1 : -1;
   }
   return fits[splits] > 0;
+}
+
+// Whether the split parts of a keys-as-M decode grid are merged inside clusters of `grid.x` blocks (see
+// attention_decode_gqa.cuh) rather than by the merge launch: only for grids of at most one block an SM (H200,
+// q30b8l served step, context 512: bs 1 (64 blocks) 633-635 us against 647-653 with the merge launch; bs 8 (256
+// blocks in clusters of 8) 1,651 against 1,604-1,614: clusters must fit in one GPC, so two blocks an SM no longer
+// make one wave). MOESERVE_ATTN_CLUSTER_MERGE=0 turns it off; sizes above 8 are non-portable cluster sizes, used
+// only where the occupancy calculator says such a cluster fits on this GPU.
+template <bool FUSED_IN>
+bool decode_cluster_merge(dim3 grid) {
+  static const bool on = env_flag("MOESERVE_ATTN_CLUSTER_MERGE", true);
+  const int splits = int(grid.x);
+  if (!on || splits <= 1 || splits > 16) return false;
+  static const int sms = current_device_multiprocessors();
+  if (int64_t(grid.x) * grid.y * grid.z > sms) return false;
+  return decode_cluster_stages(grid) == 2 ? cluster_fits<FUSED_IN, 2>(splits) : cluster_fits<FUSED_IN, 3>(splits);
 }
 
 }  // namespace
@@ -263,8 +281,12 @@ void launch_decode_gqa(AttnParams p, dim3 grid, bool split, cudaStream_t stream)
   static const bool prewait = env_flag("MOESERVE_ATTN_KV_PREWAIT", true);  // A/B switch
   p.kv_prewait = prewait ? 1 : 0;
   if (split && decode_cluster_merge<FUSED_IN>(grid)) {  // cudaFuncSetAttribute done by decode_cluster_merge
-    launch_pdl_cluster(detail::paged_attention_decode_gqa_kernel<128, true, true, FUSED_IN>, grid, dim3(128), smem,
-                       stream, grid.x, p);
+    if (decode_cluster_stages(grid) == 2)
+      launch_pdl_cluster(detail::paged_attention_decode_gqa_kernel<128, true, true, FUSED_IN, 2>, grid, dim3(128),
+                         detail::gqa_smem_bytes<128, 2>(), stream, grid.x, p);
+    else
+      launch_pdl_cluster(detail::paged_attention_decode_gqa_kernel<128, true, true, FUSED_IN>, grid, dim3(128), smem,
+                         stream, grid.x, p);
     return;
   }
   auto kernel = split ? detail::paged_attention_decode_gqa_kernel<128, true, false, FUSED_IN>

@@ -31,9 +31,9 @@ constexpr int kGqaKeys = 64;    // keys a tile: 16 a warp
 constexpr int kGqaStages = 3;   // K / V ring depth (two tiles in flight)
 constexpr int kGqaMaxGroup = 8;  // q heads of a kv head: the MMA's N
 
-template <int D>
+template <int D, int STAGES = kGqaStages>
 constexpr size_t gqa_smem_bytes() {
-  return size_t(kGqaMaxGroup * D + kGqaStages * 2 * kGqaKeys * D) * sizeof(bf16);
+  return size_t(kGqaMaxGroup * D + STAGES * 2 * kGqaKeys * D) * sizeof(bf16);
 }
 
 // An 8 x 8 b16 matrix held one bf16x2 a lane (row lane / 4, columns 2 (lane % 4), +1), transposed.
@@ -45,10 +45,12 @@ __device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
 
 // FUSED_IN: the input stage of the step's token inside the kernel (decode_input_stage of attention_mma.cuh)
 // instead of qk_norm_rope_store_kv before it: q is the raw q/k/v row.
-template <int D, bool SPLIT, bool CLUSTER = false, bool FUSED_IN = false>
+// STAGES: the K / V ring depth (kGqaStages; 2 for the cluster path's A/B switch, see attention.cu).
+template <int D, bool SPLIT, bool CLUSTER = false, bool FUSED_IN = false, int STAGES = kGqaStages>
 __global__ void __launch_bounds__(128) paged_attention_decode_gqa_kernel(const AttnParams p) {
   static_assert(SPLIT || !CLUSTER, "a cluster holds the split parts of a sequence");
-  constexpr int BN = kGqaKeys, STAGES = kGqaStages, CPR = D / 8, KSTEPS = D / 16, DT = D / 16;
+  static_assert(STAGES >= 2, "a ring of at least two tiles");
+  constexpr int BN = kGqaKeys, CPR = D / 8, KSTEPS = D / 16, DT = D / 16;
   static_assert(KSTEPS % 2 == 0, "Q fragments are loaded two k-steps at a time");
   constexpr float kNegInf = -INFINITY;
   extern __shared__ __align__(128) unsigned char gqa_smem_raw[];

@@ -13,6 +13,7 @@
 
 #include "core/env.h"
 #include "core/error.h"
+#include "cuda/device.h"
 #include "cuda/launch.h"
 #include "cuda/moe/moe_internal.h"
 
@@ -296,6 +297,7 @@ void fused_run(const KernelTable& k, const MoeShape& s, const bf16* x, int T, co
   GemmParams gu{static_cast<const unsigned short*>(w.gate_up), reinterpret_cast<const unsigned short*>(x), act,
                 tiles, perm_pair, topk_weights, s.hidden, s.inter, s.top_k, direct_ids, s.num_experts,
                 nullptr, nullptr, l.num_slots};
+  gu.weight_evict_first = l2_evict_first_weights() ? 1 : 0;
 
   // Direct mode's gate/up may run a configuration of its own (the same tile shape, another ring depth; A/B switch:
   // see GemmCfg7). The down GEMM keeps configuration 0 (5 stages there: 29.2 against 26.9 us at 1 token).
@@ -318,6 +320,7 @@ void fused_run(const KernelTable& k, const MoeShape& s, const bf16* x, int T, co
   GemmParams dn{static_cast<const unsigned short*>(w.down), act, y, tiles, perm_pair, topk_weights, s.hidden, s.inter,
                 s.top_k, direct_ids, s.num_experts, fused_combine ? counters : nullptr,
                 fused_combine ? reinterpret_cast<unsigned short*>(out) : nullptr, l.num_slots};
+  dn.weight_evict_first = gu.weight_evict_first;
   if (down_gemv_applies(s, direct, l.num_slots)) {
     dn.combine_out = reinterpret_cast<unsigned short*>(out);
     dn.residual = residual;

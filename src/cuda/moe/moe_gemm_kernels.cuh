@@ -346,6 +346,11 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p, char* smem) {
   unsigned short* Bs = As + STAGES * BM * BK;
   const unsigned short* b_src[B_ITERS];
   bool b_ok[B_ITERS];
+  // The decode tiles (BN 16, mma.sync) stream their weights with an L2 priority (GemmParams::weight_evict_first);
+  // the larger tiles re-read a weight tile from several CTAs and keep the default.
+  constexpr bool kHint = BN == 16 && Cfg::WGMMA == 0;
+  const bool hint = kHint && p.weight_evict_first != 0;
+  const unsigned long long wpol = hint ? moe_ptx::l2_evict_first_policy() : 0ull;
   auto load_a = [&](int stage, int kt) {
     const int k0 = kt * BK;
     const bool k_ok = k0 + ch * 8 < K;
@@ -354,7 +359,10 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p, char* smem) {
     for (int it = 0; it < A_ITERS; ++it) {
       const int r = tid / CPR + it * RPP;
       const bool ok = a_ok[it] && k_ok;
-      cp_async16(as + swz<BK>(r, ch), ok ? a_src[it] + k0 : p.weights, ok);
+      if constexpr (kHint)
+        moe_ptx::cp_async16_hint(as + swz<BK>(r, ch), ok ? a_src[it] + k0 : p.weights, ok, hint, wpol);
+      else
+        cp_async16(as + swz<BK>(r, ch), ok ? a_src[it] + k0 : p.weights, ok);
     }
   };
   auto load_b = [&](int stage, int kt) {
@@ -628,6 +636,8 @@ __device__ __forceinline__ void down_gemv_body(const GemmParams& p, char* smem) 
   const bool active = e >= 0 && e < p.num_experts;
   const int NS = I / SLICE;
   const unsigned short* w = p.weights + ((long long)(active ? e : 0) * H + h0) * I;
+  const bool hint = p.weight_evict_first != 0;
+  const unsigned long long wpol = hint ? l2_evict_first_policy() : 0ull;
   // Slice s of this warp's 16 rows: 128 16-byte chunks, 4 a lane; chunk c of row r lands at chunk c ^ (r & 7).
   auto load_slice = [&](int s) {
     unsigned short* dst = my_ring + (s % S) * R * SLICE;
@@ -635,7 +645,8 @@ __device__ __forceinline__ void down_gemv_body(const GemmParams& p, char* smem) 
     for (int m = 0; m < 4; ++m) {
       const int id = lane + 32 * m, r = id >> 3, c = id & 7;
       const bool ok = active && s < NS;  // else a zero fill (the address is not read)
-      cp_async16(dst + r * SLICE + ((c ^ (r & 7)) << 3), ok ? w + (long long)r * I + s * SLICE + c * 8 : p.weights, ok);
+      cp_async16_hint(dst + r * SLICE + ((c ^ (r & 7)) << 3), ok ? w + (long long)r * I + s * SLICE + c * 8 : p.weights,
+                      ok, hint, wpol);
     }
   };
 #pragma unroll

@@ -99,6 +99,9 @@ struct GemmParams {
   // the sum of squares of the CTA's updated residual rows (MoeBackend::run_residual).
   float* residual;                // [T, H] f32
   float* res_partials;            // [T, gridDim.x]
+  // Decode-sized tiles (configurations 0 and 7) and the down GEMV: stream the weights with the L2 evict_first
+  // priority (moe_ptx::l2_evict_first_policy; cuda/device.h l2_evict_first_weights).
+  int weight_evict_first;
 };
 
 // out[t, :] = bf16(sum over j < top_k of y[pair_pos[t * top_k + j], :]), slots in order (deterministic).

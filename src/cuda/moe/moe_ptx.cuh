@@ -17,6 +17,26 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool va
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem), "r"(src_bytes)
                : "memory");
 }
+// The L2 evict_first priority for the weight streams of decode steps (sm_80+). A weight byte is read once a step
+// and a step reads far more than L2 holds, so its lines are worth nothing after use; marked evict_first they do
+// not push out what else L2 holds (H200, served q30b8l decode step, session 14: bs 8 -45 us, bs 32 -50 us).
+__device__ __forceinline__ unsigned long long l2_evict_first_policy() {
+  unsigned long long p;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(p));
+  return p;
+}
+// cp_async16 with the L2 policy from l2_evict_first_policy when `hint`, else without a cache hint.
+__device__ __forceinline__ void cp_async16_hint(void* smem, const void* gmem, bool valid, bool hint,
+                                                unsigned long long policy) {
+  const unsigned src_bytes = valid ? 16u : 0u;
+  if (hint)
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(smem_addr(smem)),
+                 "l"(gmem), "r"(src_bytes), "l"(policy)
+                 : "memory");
+  else
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem), "r"(src_bytes)
+                 : "memory");
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 // Waits until at most N of this thread's committed groups are still in flight.
 template <int N>
