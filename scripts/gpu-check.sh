@@ -62,6 +62,13 @@ run test_cuda_moe_ws0 ok env MOESERVE_MOE_WS=0 "$BUILD/tests/test_cuda_moe" --gt
 # launch) against the CPU reference: the direct-mode tests.
 run test_cuda_moe_down_gemm ok env MOESERVE_MOE_DOWN_GEMV=0 "$BUILD/tests/test_cuda_moe" --gtest_brief=1 \
   --gtest_filter='*SmallTokenCounts*:*CudaMoeShapes*:*SelfTest*'
+# The decode weight streams without the L2 evict_first hint (MOESERVE_L2_EVICT_FIRST=0, the plain cp.async), and the
+# cluster decode attention with the 3-stage ring at every grid (MOESERVE_ATTN_GQA_CLUSTER_STAGES=3; the default takes
+# 2 stages for grids of at most half the SMs).
+run test_cuda_moe_no_evict_first ok env MOESERVE_L2_EVICT_FIRST=0 "$BUILD/tests/test_cuda_moe" --gtest_brief=1 \
+  --gtest_filter='*SmallTokenCounts*:*Residual*:*Captured*:*SelfTest*'
+run test_cuda_kernels_stages3 ok env MOESERVE_ATTN_GQA_CLUSTER_STAGES=3 "$BUILD/tests/test_cuda_kernels" --gtest_brief=1 \
+  --gtest_filter='*Decode*'
 # The split decode attention with its merge launch instead of the cluster merge (MOESERVE_ATTN_CLUSTER_MERGE=0), and
 # the fused input stage in the 16-row tiles where the keys-as-M tiles would take it (MOESERVE_ATTN_GQA_FUSED_IN=0).
 run test_cuda_kernels_merge_launch ok env MOESERVE_ATTN_CLUSTER_MERGE=0 MOESERVE_ATTN_GQA_FUSED_IN=0 \

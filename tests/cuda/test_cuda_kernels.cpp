@@ -812,6 +812,52 @@ TEST(CudaKernelsBench, DISABLED_AttentionTiming) {
   cudaEventDestroy(e1);
 }
 
+// Where a keys-as-M decode block spends its time (for docs/PERF.md): the blocks' clock64 at the phase points of
+// attention_decode_gqa.cuh (AttnMeta::phase_clocks), launched back to back as a decode step chains its layers;
+// medians over the blocks that ran every phase, in ns. Run with --gtest_also_run_disabled_tests.
+TEST(CudaKernelsBench, DISABLED_AttentionDecodePhases) {
+  REQUIRE_GPU();
+  Stream st;
+  int khz = 0;
+  ck(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0), "clock rate");
+  for (int seqs : {1, 4}) {
+    PagedScenario sc = build_scenario(kAttnConfigs[0], std::vector<SeqSpec>(size_t(seqs), SeqSpec{511, 1}), 901);
+    DeviceScenario dev(sc);
+    const int splits = cuda::paged_attention_decode_splits(dev.shape, seqs, cuda::current_device_multiprocessors(), 16);
+    const size_t ws_bytes = cuda::decode_workspace_bytes(dev.meta.num_seqs, sc.c.heads, sc.c.head_dim, splits);
+    DevBuf<uint8_t> ws(std::max<size_t>(ws_bytes, 16));
+    cuda::init_decode_workspace(ws.get(), ws_bytes, st.get());
+    const size_t blocks = size_t(splits) * sc.c.kv_heads * seqs;
+    DevBuf<long long> clocks(blocks * cuda::kAttnPhaseCount);
+    ck(cudaMemset(clocks.get(), 0, blocks * cuda::kAttnPhaseCount * sizeof(long long)), "memset");
+    cuda::AttnMeta meta = dev.meta;
+    for (int i = 0; i < 30; ++i) {
+      meta.phase_clocks = i == 29 ? clocks.get() : nullptr;
+      cuda::paged_attention_decode(dev.q.bf(), sc.q_stride, dev.k.bf(), dev.v.bf(), meta, dev.shape, splits, ws.get(),
+                                   ws_bytes, dev.out.bf(), sc.out_stride, st.get());
+    }
+    st.sync();
+    std::vector<long long> c(blocks * cuda::kAttnPhaseCount);
+    ck(cudaMemcpy(c.data(), clocks.get(), c.size() * sizeof(long long), cudaMemcpyDeviceToHost), "copy");
+    std::vector<std::vector<double>> d(cuda::kAttnPhaseCount);
+    for (size_t b = 0; b < blocks; ++b) {
+      const long long* r = c.data() + b * cuda::kAttnPhaseCount;
+      if (std::any_of(r, r + cuda::kAttnPhaseCount, [](long long v) { return v == 0; })) continue;  // idle block
+      for (int ph = 1; ph < cuda::kAttnPhaseCount; ++ph) d[ph].push_back(double(r[ph] - r[ph - 1]) * 1e6 / khz);
+    }
+    ASSERT_FALSE(d[1].empty()) << "no block ran every phase";
+    std::printf("[ info ] decode bs%d ctx512, %d parts a cluster, %zu of %zu blocks ran every phase; median ns:\n", seqs,
+                splits, d[1].size(), blocks);
+    const char* names[] = {"", "cached keys issued", "wait + input stage", "prologue tiles landed", "key tiles",
+                           "warps merged, part out", "cluster barrier 1", "cluster merge + barrier 2"};
+    for (int ph = 1; ph < cuda::kAttnPhaseCount; ++ph) {
+      std::sort(d[ph].begin(), d[ph].end());
+      std::printf("[ info ]   %-28s %8.0f  (min %.0f, max %.0f)\n", names[ph], d[ph][d[ph].size() / 2], d[ph].front(),
+                  d[ph].back());
+    }
+  }
+}
+
 // The split-KV part count is host logic (no GPU needed): one wave of two blocks an SM, except that the keys-as-M
 // tiles (head_dim 128, groups of up to 8) take as many parts as keep one block an SM, so that their parts merge
 // inside a cluster, whenever that is at least 2 parts; never more than max_splits (nor 16 for a cluster).

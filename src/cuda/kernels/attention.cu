@@ -95,6 +95,7 @@ AttnParams make_params(const char* op, const bf16* q, int64_t q_stride, const bf
   p.new_lens = meta.new_lens;
   p.q_rows = meta.q_rows;
   p.page_size = meta.page_size;
+  p.phase_clocks = meta.phase_clocks;
   p.heads = shape.heads;
   p.kv_heads = shape.kv_heads;
   p.group = shape.heads / shape.kv_heads;

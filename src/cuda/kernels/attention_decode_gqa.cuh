@@ -58,6 +58,14 @@ __global__ void __launch_bounds__(128) paged_attention_decode_gqa_kernel(const A
   bf16* sK = sQ + kGqaMaxGroup * D;                  // [STAGES][BN][D]
   bf16* sV = sK + STAGES * BN * D;                   // [STAGES][BN][D]
 
+  // Profiling (AttnMeta::phase_clocks, tests and benchmarks only): clock64 at 0 entry, 1 the cached keys issued,
+  // 2 the input stage done (programmatic wait, q / k / v, norm, RoPE, KV store), 3 the prologue tiles landed, 4 the
+  // key tiles done, 5 the warps' states merged and the part written, 6 the first cluster barrier passed, 7 the end.
+  auto stamp = [&](int phase) {
+    if (p.phase_clocks != nullptr && threadIdx.x == 0)
+      p.phase_clocks[((int64_t(blockIdx.z) * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x) * 8 + phase] = clock64();
+  };
+  stamp(0);
   // Before the programmatic wait only what the step's metadata upload and earlier steps wrote is read: the
   // lengths, the block table and the old keys (every kernel before the previous one has completed, see launch.h).
   const int s = blockIdx.z, kvh = blockIdx.y, split = SPLIT ? int(blockIdx.x) : 0;
@@ -98,6 +106,7 @@ __global__ void __launch_bounds__(128) paged_attention_decode_gqa_kernel(const A
 #pragma unroll
   for (int i = 0; i < STAGES - 1; ++i)
     if (prewait && i < n_tiles) load_kv(k_begin + i * BN, i, kCached);
+  stamp(1);
   if constexpr (FUSED_IN) {
     decode_input_stage<D, kGqaMaxGroup, BN, STAGES>(p, kvh, kvh * G, G, q_row_base, start, k_begin, k_end, sQ, sK,
                                                     sV);
@@ -113,9 +122,11 @@ __global__ void __launch_bounds__(128) paged_attention_decode_gqa_kernel(const A
     for (int i = 0; i < STAGES - 1; ++i)
       if (i < n_tiles) load_kv(k_begin + i * BN, i, prewait ? kNew : kAll);
   }
+  stamp(2);
   cp_async_commit();
   cp_async_wait<0>();
   __syncthreads();
+  stamp(3);
   // Q^T as B fragments (k = dims, n = heads): ldmatrix of the Q rows gives lane (g, q) head g, dims 2q, 2q + 1.
   uint32_t qf[KSTEPS][2];
 #pragma unroll
@@ -195,6 +206,7 @@ __global__ void __launch_bounds__(128) paged_attention_decode_gqa_kernel(const A
     l_r[j] += __shfl_xor_sync(0xffffffffu, l_r[j], 8);
     l_r[j] += __shfl_xor_sync(0xffffffffu, l_r[j], 16);
   }
+  stamp(4);
   // Merge the four warps' states through shared memory (the ring is free now).
   cp_async_wait<0>();
   __syncthreads();
@@ -255,11 +267,13 @@ __global__ void __launch_bounds__(128) paged_attention_decode_gqa_kernel(const A
       *reinterpret_cast<__nv_bfloat162*>(dst) = __floats2bfloat162_rn(o0 * inv, o1 * inv);
     }
   }
+  stamp(5);
   if constexpr (CLUSTER) {
     if (parts <= 1) return;  // uniform over the cluster: no block of it reaches a barrier
     namespace cg = cooperative_groups;
     cg::cluster_group cluster = cg::this_cluster();
     cluster.sync();  // every part in its block's shared memory
+    stamp(6);
     // Block `split` merges items split, split + num_splits, ... of the group's G x D / 8 chunks (split order).
     constexpr int CH = D / 8;
     const int nb = p.num_splits;
@@ -275,6 +289,7 @@ __global__ void __launch_bounds__(128) paged_attention_decode_gqa_kernel(const A
       *reinterpret_cast<uint4*>(p.out + int64_t(q_row_base) * p.out_stride + int64_t(kvh * G + h) * D + c * 8) = v;
     }
     cluster.sync();  // no block leaves while another still reads its shared memory
+    stamp(7);
   }
 }
 

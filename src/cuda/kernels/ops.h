@@ -51,7 +51,11 @@ struct AttnMeta {
   const int32_t* q_rows = nullptr;        // [num_seqs] first row of the sequence in q / out
   int num_seqs = 0;
   int page_size = 16;
+  // Profiling hook (tests and benchmarks only; null when serving): the keys-as-M decode blocks write clock64() at
+  // kAttnPhaseCount points, [linear block][phase] (attention_decode_gqa.cuh names them).
+  long long* phase_clocks = nullptr;
 };
+constexpr int kAttnPhaseCount = 8;
 
 // Query token i of a sequence (row q_rows[s] + i) sits at position kv_lens[s] - new_lens[s] + i and attends
 // causally to positions 0 .. that position. GQA: head h uses kv head h / (heads / kv_heads).
