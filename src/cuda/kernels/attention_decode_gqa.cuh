@@ -237,34 +237,53 @@ __global__ void __launch_bounds__(128) paged_attention_decode_gqa_kernel(const A
   static_assert((8 * kGqaMaxGroup + 5 * kGqaMaxGroup * D + kGqaMaxGroup) * sizeof(float) <=
                     size_t(STAGES) * 2 * BN * D * sizeof(bf16),
                 "cluster part fits in the ring");
+  // Warp 0 turns the warps' (max, sum) pairs into one weight per (warp, head), the 1 / sum of the block's part
+  // folded in, and writes the part's log2-sum-exp (lane = 8 w + h); then every thread sums its output elements
+  // over the warps with those weights: the exp2 / division / log2 chain runs once per head, not per element.
+  float* red_wt = part_o + kGqaMaxGroup * D + kGqaMaxGroup;  // [4][8], after part_lse
+  static_assert((8 * kGqaMaxGroup + 5 * kGqaMaxGroup * D + 5 * kGqaMaxGroup) * sizeof(float) <=
+                    size_t(STAGES) * 2 * BN * D * sizeof(bf16),
+                "merge weights fit in the ring");
+  if (warp == 0) {
+    const int w = lane >> 3, h = lane & 7;
+    const float mw = red_m[w * kGqaMaxGroup + h];
+    float M = mw;
+    M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, 8));
+    M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, 16));
+    const float wt = mw == kNegInf ? 0.0f : exp2f(mw - M);  // a warp that saw no key weighs nothing
+    float L = wt * red_l[w * kGqaMaxGroup + h];
+    L += __shfl_xor_sync(0xffffffffu, L, 8);
+    L += __shfl_xor_sync(0xffffffffu, L, 16);
+    red_wt[w * kGqaMaxGroup + h] = L > 0.0f ? wt / L : 0.0f;
+    if (w == 0 && h < G) {
+      const float lse = L > 0.0f ? M + log2f(L) : kNegInf;
+      if (CLUSTER && parts > 1)
+        part_lse[h] = lse;
+      else if (SPLIT && parts > 1)
+        p.ws_lse[(int64_t(s) * p.num_splits + split) * p.heads + kvh * G + h] = lse;
+    }
+  }
+  __syncthreads();
+#pragma unroll 4
   for (int e = tid; e < G * (D / 2); e += 128) {
     const int h = e / (D / 2), d = (e % (D / 2)) * 2;
-    float M = kNegInf;
-#pragma unroll
-    for (int w = 0; w < 4; ++w) M = fmaxf(M, red_m[w * kGqaMaxGroup + h]);
-    float L = 0.0f, o0 = 0.0f, o1 = 0.0f;
+    float o0 = 0.0f, o1 = 0.0f;
 #pragma unroll
     for (int w = 0; w < 4; ++w) {
-      const float mw = red_m[w * kGqaMaxGroup + h];
-      if (mw == kNegInf) continue;  // this warp saw no key
-      const float wt = exp2f(mw - M);
-      L += wt * red_l[w * kGqaMaxGroup + h];
-      o0 += wt * red_o[(w * kGqaMaxGroup + h) * D + d];
-      o1 += wt * red_o[(w * kGqaMaxGroup + h) * D + d + 1];
+      const float wt = red_wt[w * kGqaMaxGroup + h];
+      const float2 o = *reinterpret_cast<const float2*>(red_o + (w * kGqaMaxGroup + h) * D + d);
+      o0 += wt * o.x;
+      o1 += wt * o.y;
     }
-    const float inv = L > 0.0f ? 1.0f / L : 0.0f;
-    const float lse = L > 0.0f ? M + log2f(L) : kNegInf;
     const int hg = kvh * G + h;
     if (CLUSTER && parts > 1) {
-      *reinterpret_cast<float2*>(part_o + h * D + d) = make_float2(o0 * inv, o1 * inv);
-      if (d == 0) part_lse[h] = lse;
+      *reinterpret_cast<float2*>(part_o + h * D + d) = make_float2(o0, o1);
     } else if (SPLIT && parts > 1) {
       float* dst = p.ws_o + ((int64_t(s) * p.num_splits + split) * p.heads + hg) * D + d;
-      *reinterpret_cast<float2*>(dst) = make_float2(o0 * inv, o1 * inv);
-      if (d == 0) p.ws_lse[(int64_t(s) * p.num_splits + split) * p.heads + hg] = lse;
+      *reinterpret_cast<float2*>(dst) = make_float2(o0, o1);
     } else {
       bf16* dst = p.out + int64_t(q_row_base) * p.out_stride + int64_t(hg) * D + d;
-      *reinterpret_cast<__nv_bfloat162*>(dst) = __floats2bfloat162_rn(o0 * inv, o1 * inv);
+      *reinterpret_cast<__nv_bfloat162*>(dst) = __floats2bfloat162_rn(o0, o1);
     }
   }
   stamp(5);
