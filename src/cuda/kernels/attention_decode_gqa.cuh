@@ -45,7 +45,8 @@ __device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
 
 // FUSED_IN: the input stage of the step's token inside the kernel (decode_input_stage of attention_mma.cuh)
 // instead of qk_norm_rope_store_kv before it: q is the raw q/k/v row.
-// STAGES: the K / V ring depth (kGqaStages; 2 for the cluster path's A/B switch, see attention.cu).
+// STAGES: the K / V ring depth (kGqaStages; 2 for cluster grids of at most half the SMs, attention.cu's
+// decode_cluster_stages).
 template <int D, bool SPLIT, bool CLUSTER = false, bool FUSED_IN = false, int STAGES = kGqaStages>
 __global__ void __launch_bounds__(128) paged_attention_decode_gqa_kernel(const AttnParams p) {
   static_assert(SPLIT || !CLUSTER, "a cluster holds the split parts of a sequence");

@@ -19,7 +19,9 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool va
 }
 // The L2 evict_first priority for the weight streams of decode steps (sm_80+). A weight byte is read once a step
 // and a step reads far more than L2 holds, so its lines are worth nothing after use; marked evict_first they do
-// not push out what else L2 holds (H200, served q30b8l decode step, session 14: bs 8 -45 us, bs 32 -50 us).
+// not push out what else L2 holds (H200, served q30b8l decode step against no hint, session 14: bs 1 -5 us,
+// bs 8 -12 to -24, bs 32 -27 to -31, bs 64 / 128 even). An explicit evict_normal policy is not the same as no hint:
+// it was slower than both.
 __device__ __forceinline__ unsigned long long l2_evict_first_policy() {
   unsigned long long p;
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(p));
