@@ -17,6 +17,9 @@
 // agree on the mapping (it depends on q only), so the products pair up exactly. gemv_wide_kernel uses the same
 // per-lane mapping, with token g's chunk read from shared memory instead of global memory.
 #include <algorithm>
+#include <map>
+#include <mutex>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -267,31 +270,43 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_bf16_kernel(const bf16* x, i
 // -15; but bs 4 +5 to +8 and bs 8 +16 to +18 when the ring served every fitting grid, hence kRingMaxM (and at 4 or
 // 8 tokens the token rows push the q/k/v GEMV's 320 blocks into a second wave: +30-45 us without the one-wave rule).
 constexpr int kRingMaxM = 2;
+
+// Blocks of `kernel` an SM with `smem` bytes of dynamic shared memory, its shared-memory ceiling raised to that once:
+// both host calls are made once per (kernel, size) in a process (one device per process), not at every eager launch.
+int prepared_blocks_per_sm(const void* kernel, size_t smem) {
+  static std::mutex mu;
+  static std::map<std::pair<const void*, size_t>, int> known;
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_pair(kernel, smem);
+  if (auto it = known.find(key); it != known.end()) return it->second;
+  int per_sm = 0;
+  if (smem <= (227 << 10)) {
+    if (smem > (48 << 10))
+      MS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    MS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kWarps * 32, smem));
+  }
+  known.emplace(key, per_sm);
+  return per_sm;
+}
+
 template <typename OutT, int PRO = kPlainX, bool RES_OUT = false>
 void launch_gemv(dim3 grid, cudaStream_t stream, const bf16* x, int64_t ldx, int M, int K, const bf16* W, int N,
                  OutT* y, int64_t ldy, const NormArgs& na, const ResidualArgs& ra) {
   static const bool ring_on = env_flag("MOESERVE_GEMV_RING", true);
   ResidualArgs ra_hint = ra;  // (the weight streams' L2 priority, cuda/device.h)
   ra_hint.evict_first = l2_evict_first_weights() ? 1 : 0;
+  static const int sms = current_device_multiprocessors();
   const size_t rows = size_t(std::min(M, kTokens)) * size_t(K + kNormPad) * sizeof(bf16);
-  auto set_smem = [](auto kernel, size_t smem) {
-    if (smem > (48 << 10))
-      MS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  };
   if (ring_on && M <= kRingMaxM) {
     auto kernel = gemv_bf16_kernel<OutT, PRO, RES_OUT, true>;
     const size_t smem = kRingBytes + rows;
-    int per_sm = 0;
-    if (smem <= (227 << 10)) {
-      set_smem(kernel, smem);
-      MS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kWarps * 32, smem));
-    }
-    if (per_sm > 0 && int64_t(per_sm) * current_device_multiprocessors() >= int64_t(grid.x) * grid.y)
+    const int per_sm = prepared_blocks_per_sm(reinterpret_cast<const void*>(kernel), smem);
+    if (per_sm > 0 && int64_t(per_sm) * sms >= int64_t(grid.x) * grid.y)
       return launch_pdl(kernel, grid, dim3(kWarps * 32), smem, stream, x, ldx, M, K, W, N, y, ldy, na, ra_hint);
   }
   auto kernel = gemv_bf16_kernel<OutT, PRO, RES_OUT, false>;
   const size_t smem = PRO != kPlainX ? rows : 0;
-  set_smem(kernel, smem);
+  if (smem > (48 << 10)) prepared_blocks_per_sm(reinterpret_cast<const void*>(kernel), smem);
   launch_pdl(kernel, grid, dim3(kWarps * 32), smem, stream, x, ldx, M, K, W, N, y, ldy, na, ra_hint);
 }
 

@@ -145,7 +145,7 @@ void sample_greedy(const float* logits, int rows, int vocab, int32_t* out_ids, f
   static const bool wide = env_flag("MOESERVE_GREEDY_WIDE", true);
   int cluster = 1;
   if (wide) {
-    const int sms = current_device_multiprocessors();
+    static const int sms = current_device_multiprocessors();  // one device per process
     for (int c : {8, 4, 2})
       if (int64_t(rows) * c <= int64_t(kBlocksPerSm) * sms) {
         cluster = c;
