@@ -3,6 +3,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdlib>
+#include <map>
+#include <mutex>
 #include <string>
 
 #include <fmt/format.h>
@@ -116,6 +118,20 @@ int current_device_multiprocessors() {
   MS_CUDA_CHECK(cudaGetDevice(&dev));
   MS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   return sms;
+}
+
+bool raise_dynamic_smem(const void* kernel, size_t bytes) {
+  static std::mutex mu;
+  static std::map<const void*, size_t> ceiling;  // what each kernel's attribute holds now
+  std::lock_guard<std::mutex> lock(mu);
+  size_t& now = ceiling[kernel];
+  if (bytes <= now || bytes <= (48u << 10)) return true;
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)) != cudaSuccess) {
+    (void)cudaGetLastError();  // not sticky: the caller reports it
+    return false;
+  }
+  now = bytes;
+  return true;
 }
 
 bool l2_evict_first_weights() {

@@ -22,6 +22,11 @@ std::vector<int> compiled_architectures();
 // Multiprocessors of the calling thread's current device (for launchers that get no DeviceInfo). Throws on CUDA
 // errors.
 int current_device_multiprocessors();
+// Raises `kernel`'s dynamic shared-memory ceiling to at least `bytes` (a launch above the ceiling fails with
+// cudaErrorInvalidValue). Never lowers it, so that launchers caching what they set per (kernel, size) cannot
+// leave a kernel launched at several sizes below its largest; one device per process. False (the CUDA error
+// cleared) when the device refuses the size.
+bool raise_dynamic_smem(const void* kernel, size_t bytes);
 // Whether the weight streams of decode steps carry the L2 evict_first priority (the GEMV ring, the MoE's decode
 // tiles and down GEMV): MOESERVE_L2_EVICT_FIRST, default on (0: no cache hint, as before). A weight byte is read
 // once a step and a step reads far more than L2 holds; evict_first keeps those lines from pushing out the rest.

@@ -271,8 +271,10 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_bf16_kernel(const bf16* x, i
 // 8 tokens the token rows push the q/k/v GEMV's 320 blocks into a second wave: +30-45 us without the one-wave rule).
 constexpr int kRingMaxM = 2;
 
-// Blocks of `kernel` an SM with `smem` bytes of dynamic shared memory, its shared-memory ceiling raised to that once:
-// both host calls are made once per (kernel, size) in a process (one device per process), not at every eager launch.
+// Blocks of `kernel` an SM with `smem` bytes of dynamic shared memory, its shared-memory ceiling raised to at least
+// that (raise_dynamic_smem: a kernel launched at several sizes keeps the largest; setting the attribute to each size
+// once let a smaller size lower it under a larger one cached before, session 15): once per (kernel, size) in a
+// process (one device per process), not at every eager launch.
 int prepared_blocks_per_sm(const void* kernel, size_t smem) {
   static std::mutex mu;
   static std::map<std::pair<const void*, size_t>, int> known;
@@ -281,8 +283,7 @@ int prepared_blocks_per_sm(const void* kernel, size_t smem) {
   if (auto it = known.find(key); it != known.end()) return it->second;
   int per_sm = 0;
   if (smem <= (227 << 10)) {
-    if (smem > (48 << 10))
-      MS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    MS_CHECK(raise_dynamic_smem(kernel, smem), "gemv: the device refuses {} bytes of shared memory", smem);
     MS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kWarps * 32, smem));
   }
   known.emplace(key, per_sm);
