@@ -307,7 +307,8 @@ void launch_gemv(dim3 grid, cudaStream_t stream, const bf16* x, int64_t ldx, int
   }
   auto kernel = gemv_bf16_kernel<OutT, PRO, RES_OUT, false>;
   const size_t smem = PRO != kPlainX ? rows : 0;
-  if (smem > (48 << 10)) prepared_blocks_per_sm(reinterpret_cast<const void*>(kernel), smem);
+  MS_CHECK(raise_dynamic_smem(reinterpret_cast<const void*>(kernel), smem),
+           "gemv: the device refuses {} bytes of shared memory", smem);
   launch_pdl(kernel, grid, dim3(kWarps * 32), smem, stream, x, ldx, M, K, W, N, y, ldy, na, ra_hint);
 }
 

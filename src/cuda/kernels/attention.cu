@@ -245,15 +245,18 @@ bool cluster_fits(int splits) {
 // q30b8l served step, context 512: bs 1 (64 blocks) 633-635 us against 647-653 with the merge launch; bs 8 (256
 // blocks in clusters of 8) 1,651 against 1,604-1,614: clusters must fit in one GPC, so two blocks an SM no longer
 // make one wave). MOESERVE_ATTN_CLUSTER_MERGE=0 turns it off; sizes above 8 are non-portable cluster sizes, used
-// only where the occupancy calculator says such a cluster fits on this GPU.
+// only where the occupancy calculator says such a cluster fits on this GPU. Returns the cluster kernel's K / V ring
+// depth (decode_cluster_stages), 0 where the parts are not merged in clusters.
 template <bool FUSED_IN>
-bool decode_cluster_merge(dim3 grid) {
+int decode_cluster_merge(dim3 grid) {
   static const bool on = env_flag("MOESERVE_ATTN_CLUSTER_MERGE", true);
   const int splits = int(grid.x);
-  if (!on || splits <= 1 || splits > 16) return false;
+  if (!on || splits <= 1 || splits > 16) return 0;
   static const int sms = current_device_multiprocessors();
-  if (int64_t(grid.x) * grid.y * grid.z > sms) return false;
-  return decode_cluster_stages(grid) == 2 ? cluster_fits<FUSED_IN, 2>(splits) : cluster_fits<FUSED_IN, 3>(splits);
+  if (int64_t(grid.x) * grid.y * grid.z > sms) return 0;
+  const int stages = decode_cluster_stages(grid);
+  const bool fits = stages == 2 ? cluster_fits<FUSED_IN, 2>(splits) : cluster_fits<FUSED_IN, 3>(splits);
+  return fits ? stages : 0;
 }
 
 }  // namespace
@@ -281,8 +284,9 @@ void launch_decode_gqa(AttnParams p, dim3 grid, bool split, cudaStream_t stream)
   constexpr size_t smem = detail::gqa_smem_bytes<128>();
   static const bool prewait = env_flag("MOESERVE_ATTN_KV_PREWAIT", true);  // A/B switch
   p.kv_prewait = prewait ? 1 : 0;
-  if (split && decode_cluster_merge<FUSED_IN>(grid)) {  // cudaFuncSetAttribute done by decode_cluster_merge
-    if (decode_cluster_stages(grid) == 2)
+  // (cudaFuncSetAttribute done by decode_cluster_merge)
+  if (const int stages = split ? decode_cluster_merge<FUSED_IN>(grid) : 0; stages > 0) {
+    if (stages == 2)
       launch_pdl_cluster(detail::paged_attention_decode_gqa_kernel<128, true, true, FUSED_IN, 2>, grid, dim3(128),
                          detail::gqa_smem_bytes<128, 2>(), stream, grid.x, p);
     else

@@ -24,6 +24,7 @@
 #include <cooperative_groups.h>
 
 #include "cuda/kernels/attention_mma.cuh"
+#include "cuda/kernels/ops.h"
 
 namespace moeserve::cuda::detail {
 
@@ -64,7 +65,8 @@ __global__ void __launch_bounds__(128) paged_attention_decode_gqa_kernel(const A
   // key tiles done, 5 the warps' states merged and the part written, 6 the first cluster barrier passed, 7 the end.
   auto stamp = [&](int phase) {
     if (p.phase_clocks != nullptr && threadIdx.x == 0)
-      p.phase_clocks[((int64_t(blockIdx.z) * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x) * 8 + phase] = clock64();
+      p.phase_clocks[((int64_t(blockIdx.z) * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x) * kAttnPhaseCount +
+                     phase] = clock64();
   };
   stamp(0);
   // Before the programmatic wait only what the step's metadata upload and earlier steps wrote is read: the

@@ -359,10 +359,7 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p, char* smem) {
     for (int it = 0; it < A_ITERS; ++it) {
       const int r = tid / CPR + it * RPP;
       const bool ok = a_ok[it] && k_ok;
-      if constexpr (kHint)
-        moe_ptx::cp_async16_hint(as + swz<BK>(r, ch), ok ? a_src[it] + k0 : p.weights, ok, hint, wpol);
-      else
-        cp_async16(as + swz<BK>(r, ch), ok ? a_src[it] + k0 : p.weights, ok);
+      moe_ptx::cp_async16_hint(as + swz<BK>(r, ch), ok ? a_src[it] + k0 : p.weights, ok, hint, wpol);
     }
   };
   auto load_b = [&](int stage, int kt) {

@@ -30,14 +30,11 @@ __device__ __forceinline__ unsigned long long l2_evict_first_policy() {
 // cp_async16 with the L2 policy from l2_evict_first_policy when `hint`, else without a cache hint.
 __device__ __forceinline__ void cp_async16_hint(void* smem, const void* gmem, bool valid, bool hint,
                                                 unsigned long long policy) {
+  if (!hint) return cp_async16(smem, gmem, valid);
   const unsigned src_bytes = valid ? 16u : 0u;
-  if (hint)
-    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(smem_addr(smem)),
-                 "l"(gmem), "r"(src_bytes), "l"(policy)
-                 : "memory");
-  else
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem), "r"(src_bytes)
-                 : "memory");
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(smem_addr(smem)), "l"(gmem),
+               "r"(src_bytes), "l"(policy)
+               : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 // Waits until at most N of this thread's committed groups are still in flight.
