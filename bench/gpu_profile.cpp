@@ -7,8 +7,10 @@
 // chain of programmatic launches (the per-op table cannot show it: its events break that chain).
 // With --trace, no per-op events: the served decode steps run under CUPTI's kernel tracing (kernel_trace.h) and each
 // kernel's time from the previous kernel's end to its own end is listed, programmatic overlap included.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <random>
 #include <string>
 
 #include "cli/flags.h"
@@ -60,6 +62,41 @@ double served_step_us(ModelRunner& r, const ForwardBatch& fb, int iters) {
   return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / iters;
 }
 
+// The decode step as the overlap schedule serves it: step i + 1 is launched (its tokens the samples step i leaves on
+// the device) before step i is collected, so the host's work hides behind the device's and what remains between two
+// steps' kernels is the stream's own work at the boundary (copies, event, graph launch).
+double overlapped_step_us(ModelRunner& r, const ForwardBatch& fb, int iters) {
+  std::vector<SampleSpec> specs(fb.logit_rows.size());
+  std::mt19937_64 rng(1);
+  for (auto& s : specs) s.sampler.temperature = 0, s.rng = &rng;
+  ForwardBatch next = fb;
+  next.previous_samples.resize(fb.tokens.size());
+  for (size_t i = 0; i < next.previous_samples.size(); ++i) next.previous_samples[i] = int32_t(i);
+  std::vector<Sampled> out;
+  r.launch(fb, specs);
+  for (int i = 0; i < kWarmupSteps; ++i) r.launch(next, specs), r.collect(out);
+  auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < iters; ++i) r.launch(next, specs), r.collect(out);
+  const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / iters;
+  r.collect(out);
+  return us;
+}
+
+// Median time from one step's last kernel end to the next step's first kernel start, over `steps` identical steps
+// traced back to back.
+double median_boundary_gap_us(const std::vector<bench::KernelRecord>& recs, int steps) {
+  if (steps < 2 || recs.size() % size_t(steps) != 0) return -1;
+  const size_t n = recs.size() / size_t(steps);
+  std::vector<double> gaps;
+  for (int i = 0; i + 1 < steps; ++i) {
+    uint64_t last_end = 0;
+    for (size_t k = size_t(i) * n; k < size_t(i + 1) * n; ++k) last_end = std::max(last_end, recs[k].end_ns);
+    gaps.push_back((double(recs[size_t(i + 1) * n].start_ns) - double(last_end)) * 1e-3);
+  }
+  std::sort(gaps.begin(), gaps.end());
+  return gaps[gaps.size() / 2];
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -103,6 +140,12 @@ int main(int argc, char** argv) {
         std::printf("\n== decode, batch %lld, context %lld: kernel timeline (CUPTI) ==\n%s", (long long)bs,
                     (long long)ctx, bench::format_timeline(bench::step_timeline(recs, kWarmupSteps + kSteps)).c_str());
         std::printf("served decode step under tracing: %.1f us\n", us);
+        overlapped_step_us(r, b.fb, 5);
+        tracer.take();
+        const double ous = overlapped_step_us(r, b.fb, kSteps);
+        recs = tracer.take();
+        std::printf("overlapped decode step under tracing: %.1f us; median gap between steps' kernels %.2f us\n", ous,
+                    median_boundary_gap_us(recs, kWarmupSteps + kSteps + 1));
         release(r, b);
         continue;
       }
@@ -110,6 +153,8 @@ int main(int argc, char** argv) {
       std::printf("\n== decode, batch %lld, context %lld ==\n%s", (long long)bs, (long long)ctx,
                   r.executor().profile_step(b.fb).c_str());
       std::printf("served decode step (graph replay, sampling, copies): %.1f us\n", served_step_us(r, b.fb, 50));
+      std::printf("overlapped decode step (the next launched before collecting): %.1f us\n",
+                  overlapped_step_us(r, b.fb, 50));
       release(r, b);
     }
     for (int seqs : {1, 16}) {

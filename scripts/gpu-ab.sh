@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # A/B of engine variants on the GPU machine in one call: for each variant (environment settings and gpu_profile
 # flags), the served decode step at batch 1, 64 and 128 (graph replay + sampling + copies, host-timed) from
-# build/bench/gpu_profile, one row a variant, plus the full per-op report of each in logs.tgz.
+# build/bench/gpu_profile, one row a variant, plus the full per-op report of each in logs.tgz. Each cell is
+# "served / overlapped": one step launched and collected at a time, then the overlap schedule's regime (the next
+# step launched before the last is collected), which is what a server's decode runs at.
 #   scripts/gpu-ab.sh MODEL_DIR 'base=' 'nopdl=MOESERVE_PDL=0' 'gemv=--gemm-backend gemv' ...
 # A variant is NAME=WORDS: words with '=' are environment settings, the rest are gpu_profile flags.
 # Env: OUT (where logs.tgz goes), MOESERVE_BUILD (default build), AB_FLAGS (gpu_profile flags for every variant,
@@ -17,7 +19,7 @@ LOGS=$(mktemp -d /tmp/gpu-ab.XXXXXX)
 # Column headers: the batch sizes of AB_FLAGS' --batch-sizes (gpu_profile's default: 1,64,128).
 sizes=$(sed -nE 's/.*--batch-sizes[= ]([0-9,]+).*/\1/p' <<<"${AB_FLAGS:-}")
 IFS=, read -r -a bs <<<"${sizes:-1,64,128}"
-printf '%-14s %12s %12s %12s\n' variant "bs${bs[0]:-?} us" "bs${bs[1]:--} us" "bs${bs[2]:--} us"
+printf '%-14s %18s %18s %18s\n' variant "bs${bs[0]:-?} us" "bs${bs[1]:--} us" "bs${bs[2]:--} us"
 for v in "$@"; do
   name=${v%%=*}
   words=${v#*=}
@@ -28,6 +30,8 @@ for v in "$@"; do
   done
   env "${envs[@]}" "$BUILD/bench/gpu_profile" --model-path "$MODEL" "${flags[@]}" >"$LOGS/$name.log" 2>&1
   mapfile -t served < <(grep 'served decode step' "$LOGS/$name.log" | grep -oE '[0-9]+\.[0-9]+ us' | cut -d' ' -f1)
-  printf '%-14s %12s %12s %12s\n' "$name" "${served[0]:-fail}" "${served[1]:-fail}" "${served[2]:-fail}"
+  mapfile -t over < <(grep 'overlapped decode step' "$LOGS/$name.log" | grep -oE '[0-9]+\.[0-9]+ us' | cut -d' ' -f1)
+  cell() { echo "${served[$1]:-fail} / ${over[$1]:-fail}"; }
+  printf '%-14s %18s %18s %18s\n' "$name" "$(cell 0)" "$(cell 1)" "$(cell 2)"
 done
 mkdir -p "${OUT:-/tmp}" && tar czf "${OUT:-/tmp}/logs.tgz" -C "$LOGS" . && echo "logs: ${OUT:-/tmp}/logs.tgz"

@@ -32,6 +32,26 @@ Scheduler::Scheduler(ModelRunner& runner, const SchedulerOptions& opts)
   if (opts_.max_running_requests <= 0) throw_user("--max-running-requests must be positive");
   if (opts_.chunked_prefill_size <= 0) throw_user("--chunked-prefill-size must be positive");
   if (opts_.async_delivery) out_queue_ = std::make_unique<OutputQueue>();
+  if (!opts_.step_trace_path.empty()) {
+    trace_.reset(std::fopen(opts_.step_trace_path.c_str(), "w"));
+    if (!trace_) throw_user("cannot write the step trace to {}", opts_.step_trace_path);
+    std::setvbuf(trace_.get(), nullptr, _IOLBF, 0);  // a line a step, readable while the server runs
+    std::fprintf(trace_.get(), "launched_s,collected_s,decodes,prompt_tokens,prompt_seqs,sampled,running,waiting\n");
+  }
+}
+
+void Scheduler::trace_step(const LaunchedStep& st, double collected_s) {
+  int64_t decodes = 0, prompt_tokens = 0, prompt_seqs = 0, sampled = 0;
+  for (size_t i = 0; i < st.plan.size(); ++i) {
+    const auto& [r, chunk] = st.plan[i];
+    const bool decode = chunk == 1 && r->computed + 1 > int64_t(r->prompt.size());
+    if (decode) ++decodes;
+    else prompt_tokens += chunk, ++prompt_seqs;
+    if (st.logit_row_of[i] >= 0) ++sampled;
+  }
+  std::fprintf(trace_.get(), "%.6f,%.6f,%lld,%lld,%lld,%lld,%zu,%zu\n", st.launched_s, collected_s,
+               (long long)decodes, (long long)prompt_tokens, (long long)prompt_seqs, (long long)sampled,
+               running_.size(), waiting_.size());
 }
 
 void Scheduler::validate(const Request& r) const {
@@ -303,6 +323,7 @@ void Scheduler::launch(StepBatch b) {
   const double t0 = now_s();
   runner_.launch(b.fb, b.specs);
   stats_.forward_seconds += now_s() - t0;
+  b.step.launched_s = t0;
   launched_.push_back(std::move(b.step));
 }
 
@@ -420,6 +441,7 @@ void Scheduler::collect_oldest(Delivery& deliveries) {
   runner_.collect(sampled_);
   stats_.forward_seconds += now_s() - t0;
   ++stats_.steps;
+  if (trace_) trace_step(st, now_s());
   std::vector<RequestOutput> outs;
   for (size_t i = 0; i < st.plan.size(); ++i) {
     auto& [r, chunk] = st.plan[i];

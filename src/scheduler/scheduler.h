@@ -8,7 +8,9 @@
 #include <condition_variable>
 #include <deque>
 #include <mutex>
+#include <cstdio>
 #include <optional>
+#include <string>
 #include <thread>
 #include <memory>
 #include <vector>
@@ -36,6 +38,9 @@ struct SchedulerOptions {
   // would build once the running step is in, its decodes fed the running step's samples on the device), so
   // prefill-heavy phases overlap too. Off: only all-decode batches are launched ahead.
   bool overlap_mixed_steps = true;
+  // Diagnostics: one CSV line a collected step (when it was launched and collected, its decodes, prompt tokens,
+  // new admissions, and the running / waiting counts then) appended to this file. Empty: off.
+  std::string step_trace_path;
 };
 
 using Delivery = std::vector<std::pair<std::shared_ptr<Request>, RequestOutput>>;
@@ -112,6 +117,7 @@ class Scheduler {
   struct LaunchedStep {
     Plan plan;
     std::vector<int64_t> logit_row_of;  // per plan entry: its logit row, or -1
+    double launched_s = 0;              // for the step trace
   };
   // A step's batch as it is built: the forward batch, the plan with its logit rows, one spec a logit row.
   struct StepBatch {
@@ -129,6 +135,7 @@ class Scheduler {
   void launch_ahead();
   bool launch_ahead_mixed();
   void collect_oldest(Delivery& deliveries);
+  void trace_step(const LaunchedStep& st, double collected_s);
 
   ModelRunner& runner_;
   SchedulerOptions opts_;
@@ -140,6 +147,10 @@ class Scheduler {
   std::vector<Sampled> sampled_;
   std::deque<LaunchedStep> launched_;  // launched, not yet collected (two at most)
   std::unique_ptr<OutputQueue> out_queue_;  // with async_delivery
+  struct FileCloser {
+    void operator()(std::FILE* f) const { std::fclose(f); }
+  };
+  std::unique_ptr<std::FILE, FileCloser> trace_;  // with step_trace_path
 };
 
 }  // namespace moeserve

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <csignal>
+#include <cstdlib>
 #include <filesystem>
 #include <future>
 #include <thread>
@@ -256,6 +257,8 @@ void bring_up(App& app) {
   so.overlap_schedule = !o.disable_overlap_schedule;
   // A/B switch: MOESERVE_OVERLAP_MIXED=0 launches only all-decode steps ahead (SchedulerOptions).
   so.overlap_mixed_steps = env_flag("MOESERVE_OVERLAP_MIXED", true);
+  // Diagnostics: MOESERVE_STEP_TRACE=file writes one CSV line a step (SchedulerOptions::step_trace_path).
+  if (const char* t = std::getenv("MOESERVE_STEP_TRACE")) so.step_trace_path = t;
   app.page_size = ro.page_size;
   app.engine_info = runner->executor().info();
   app.engine = std::make_unique<Engine>(std::move(runner), so);

@@ -2,10 +2,14 @@
 // tiny KV cache, with prefix-cache hits; aborts free everything; the cache contract holds after every test.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <filesystem>
+#include <fstream>
 #include <future>
 #include <map>
 #include <mutex>
+#include <sstream>
 
 #include "core/error.h"
 #include "core/threadpool.h"
@@ -438,4 +442,42 @@ TEST_P(EngineP, ConcurrentSubmissionsFromManyThreads) {
     EXPECT_EQ(got, h.results[ref[i]->id].tokens) << "request " << i;
   }
   EXPECT_FALSE(engine.failed());
+}
+
+// The step trace (MOESERVE_STEP_TRACE): one CSV line a collected step whose decodes, prompt tokens and samples add up
+// to what the requests computed, with launch and collect times in order.
+TEST_P(SchedulerP, StepTraceAccountsForEveryToken) {
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("moeserve_step_trace_" + std::to_string(::getpid()) + ".csv")).string();
+  const int N = 5, P = 37, M = 4;
+  {
+    SchedulerOptions so = opts(64, 64);  // 64-token chunks: prompts span several steps
+    so.step_trace_path = path;
+    Harness h(4096, 16, so);
+    for (int i = 0; i < N; ++i) h.make(prompt_of(i, P), M);
+    h.run();
+  }  // the scheduler closes the file
+  std::ifstream in(path);
+  std::string line;
+  ASSERT_TRUE(std::getline(in, line));
+  EXPECT_EQ(line, "launched_s,collected_s,decodes,prompt_tokens,prompt_seqs,sampled,running,waiting");
+  int64_t decodes = 0, prompt_tokens = 0, sampled = 0, steps = 0;
+  double last_collected = 0;
+  while (std::getline(in, line)) {
+    std::stringstream ss(line);
+    std::vector<double> f;
+    for (std::string cell; std::getline(ss, cell, ',');) f.push_back(std::stod(cell));
+    ASSERT_EQ(f.size(), 8u) << line;
+    EXPECT_LE(f[0], f[1]) << line;
+    EXPECT_GE(f[1], last_collected) << line;
+    last_collected = f[1];
+    decodes += int64_t(f[2]), prompt_tokens += int64_t(f[3]), sampled += int64_t(f[5]);
+    ++steps;
+  }
+  std::filesystem::remove(path);
+  EXPECT_GT(steps, 1);
+  EXPECT_EQ(prompt_tokens, N * P);
+  // The first token of each request comes from its last prompt chunk, the other M - 1 from decode steps.
+  EXPECT_EQ(decodes, N * (M - 1));
+  EXPECT_EQ(sampled, N * M);
 }
