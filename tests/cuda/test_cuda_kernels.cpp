@@ -137,17 +137,36 @@ TEST(CudaKernels, EmbeddingGathersRows) {
     for (auto& i : ids) i = pick(g);
     DevBuf<uint16_t> d_table(table);
     DevBuf<int32_t> d_ids(ids);
-    DevBuf<float> d_res(size_t(T) * H);
-    d_res.poison();
-    cuda::embedding(d_ids.get(), d_table.bf(), T, H, d_res.get(), st.get());
-    st.sync();
-    auto got = d_res.download();
-    Mismatches m(fmt::format("embedding T={} H={}", T, H));
+    // The same tokens again, about half of them taken from a previous step's samples (prev_rows >= 0) and the
+    // placeholders in ids left wrong: every row must come out as before.
+    std::vector<int32_t> placeholders = ids, prev_rows(size_t(T), -1), prev_ids(size_t(T) + 3, -7);
     for (int t = 0; t < T; ++t)
-      for (int i = 0; i < H; ++i) {
-        float want = bf16_to_f32(table[size_t(ids[t]) * H + i]), x = got[size_t(t) * H + i];
-        if (!(x == want)) m.add(fmt::format("token {} col {}", t, i), want, x);
+      if (g() % 2) {
+        prev_rows[size_t(t)] = (t * 5 + 2) % (T + 3);
+        prev_ids[size_t(prev_rows[size_t(t)])] = ids[size_t(t)];
+        placeholders[size_t(t)] = -1;
       }
+    for (int t = 0; t < T; ++t)  // two rows naming the same sample must both keep their token
+      if (prev_rows[size_t(t)] >= 0 && prev_ids[size_t(prev_rows[size_t(t)])] != ids[size_t(t)])
+        prev_rows[size_t(t)] = -1, placeholders[size_t(t)] = ids[size_t(t)];
+    DevBuf<int32_t> d_placeholders(placeholders), d_prev_rows(prev_rows), d_prev_ids(prev_ids);
+    for (bool from_prev : {false, true}) {
+      DevBuf<float> d_res(size_t(T) * H);
+      d_res.poison();
+      if (from_prev)
+        cuda::embedding(d_placeholders.get(), d_table.bf(), T, H, d_res.get(), st.get(), d_prev_rows.get(),
+                        d_prev_ids.get());
+      else
+        cuda::embedding(d_ids.get(), d_table.bf(), T, H, d_res.get(), st.get());
+      st.sync();
+      auto got = d_res.download();
+      Mismatches m(fmt::format("embedding T={} H={} from the previous samples {}", T, H, from_prev));
+      for (int t = 0; t < T; ++t)
+        for (int i = 0; i < H; ++i) {
+          float want = bf16_to_f32(table[size_t(ids[t]) * H + i]), x = got[size_t(t) * H + i];
+          if (!(x == want)) m.add(fmt::format("token {} col {}", t, i), want, x);
+        }
+    }
   }
 }
 

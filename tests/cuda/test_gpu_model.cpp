@@ -4,6 +4,7 @@
 // batch must not change a sequence's numbers beyond that. Skipped without a GPU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <random>
@@ -44,8 +45,9 @@ struct Runner {
   std::vector<std::vector<int32_t>> pages;
 };
 
-Runner make(const std::string& device) {
+Runner make(const std::string& device, bool graphs = true) {
   LaunchOptions lo;
+  lo.disable_cuda_graph = !graphs;
   lo.model_path = make_model();
   lo.device = device;
   lo.runner.page_size = 16;
@@ -185,4 +187,75 @@ TEST(GpuModel, GraphDecodeStepsMatchCpu) {
   std::printf("[ info ] graph decode: largest |logprob| difference from the CPU %.4f\n", worst);
   release(cpu);
   release(gpu);
+}
+
+// The overlap schedule's launches: step n + 1 is launched before step n is collected, its tokens the samples step n
+// leaves on the device (previous_samples), its metadata uploaded and step n's samples copied back on side streams.
+// Graph-replayed greedy steps, graph steps with the general sampler (top logprobs), and eager steps (graphs off)
+// must give the tokens of the same steps run one at a time with the tokens known on the host.
+TEST(GpuModel, LaunchedAheadStepsFeedSamplesOnTheDevice) {
+  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 g(21);
+  for (bool graphs : {true, false}) {
+    Runner gpu = make("cuda", graphs);
+    const int64_t V = gpu.r->config().vocab_size;
+    const int n = 13;  // padded to the graph of 16
+    for (int top : {0, 2}) {
+      std::vector<std::vector<int32_t>> seqs;
+      for (int s = 0; s < n; ++s) {
+        std::vector<int32_t> p(size_t(4 + s % 9));
+        for (auto& t : p) t = int32_t(g() % uint32_t(V));
+        seqs.push_back(p);
+      }
+      const int steps = 5;
+      std::vector<std::vector<int32_t>> got[2];  // [0] one step at a time, [1] launched ahead
+      for (int mode = 0; mode < 2; ++mode) {
+        std::vector<float> logits = prefill(gpu, seqs);
+        std::vector<int32_t> first(static_cast<size_t>(n));
+        for (int s = 0; s < n; ++s) {  // greedy first tokens from the prefill logits
+          const float* row = &logits[size_t(s) * size_t(V)];
+          first[size_t(s)] = int32_t(std::max_element(row, row + V) - row);
+        }
+        std::mt19937_64 rng(1);
+        std::vector<SampleSpec> specs(static_cast<size_t>(n));
+        for (auto& sp : specs) sp.sampler.temperature = 0, sp.rng = &rng, sp.top_logprobs = top;
+        auto batch = [&](int step, const std::vector<int32_t>& tokens) {
+          ForwardBatch fb;
+          for (int s = 0; s < n; ++s) {
+            const int64_t pos = int64_t(seqs[size_t(s)].size()) + step;
+            fb.tokens.push_back(tokens[size_t(s)]);
+            fb.positions.push_back(pos);
+            fb.seqs.push_back({gpu.pages[size_t(s)].data(), pos, 1, int64_t(s)});
+            fb.logit_rows.push_back(s);
+          }
+          return fb;
+        };
+        got[mode].assign(size_t(steps), {});
+        std::vector<Sampled> out;
+        if (mode == 0) {
+          std::vector<int32_t> tokens = first;
+          for (int step = 0; step < steps; ++step) {
+            gpu.r->step(batch(step, tokens), specs, out);
+            for (int s = 0; s < n; ++s) tokens[size_t(s)] = out[size_t(s)].token;
+            for (auto& o : out) got[mode][size_t(step)].push_back(o.token);
+          }
+        } else {
+          gpu.r->launch(batch(0, first), specs);
+          std::vector<int32_t> placeholders(static_cast<size_t>(n), 0);
+          for (int step = 1; step <= steps; ++step) {
+            if (step < steps) {
+              ForwardBatch fb = batch(step, placeholders);  // wrong tokens on the host: the device has the right ones
+              for (int s = 0; s < n; ++s) fb.previous_samples.push_back(s);
+              gpu.r->launch(fb, specs);
+            }
+            gpu.r->collect(out);
+            for (auto& o : out) got[mode][size_t(step - 1)].push_back(o.token);
+          }
+        }
+        release(gpu);
+      }
+      for (int step = 0; step < steps; ++step)
+        EXPECT_EQ(got[1][size_t(step)], got[0][size_t(step)]) << "graphs " << graphs << ", top " << top << ", step " << step;
+    }
+  }
 }

@@ -18,10 +18,22 @@ using detail::store_bf16;
 // ---------------------------------------------------------------------------------------------------------
 // Embedding: one block per token.
 
-__global__ void embedding_vec8_kernel(const int32_t* ids, const bf16* table, int H, float* residual) {
+// Token t's id: ids[t], or where prev_rows[t] >= 0 the id the step before sampled for that row (prev_ids, still on
+// the device: the overlap schedule's look-ahead steps).
+__device__ __forceinline__ int32_t token_id(const int32_t* ids, const int32_t* prev_rows, const int32_t* prev_ids,
+                                            int64_t t) {
+  if (prev_rows != nullptr) {
+    const int32_t r = prev_rows[t];
+    if (r >= 0) return prev_ids[r];
+  }
+  return ids[t];
+}
+
+__global__ void embedding_vec8_kernel(const int32_t* ids, const int32_t* prev_rows, const int32_t* prev_ids,
+                                      const bf16* table, int H, float* residual) {
   pdl_enter();
   const int64_t t = blockIdx.x;
-  const bf16* src = table + int64_t(ids[t]) * H;
+  const bf16* src = table + int64_t(token_id(ids, prev_rows, prev_ids, t)) * H;
   float* dst = residual + t * H;
   for (int i = threadIdx.x; i < H / 8; i += blockDim.x) {
     float v[8];
@@ -31,10 +43,11 @@ __global__ void embedding_vec8_kernel(const int32_t* ids, const bf16* table, int
   }
 }
 
-__global__ void embedding_scalar_kernel(const int32_t* ids, const bf16* table, int H, float* residual) {
+__global__ void embedding_scalar_kernel(const int32_t* ids, const int32_t* prev_rows, const int32_t* prev_ids,
+                                        const bf16* table, int H, float* residual) {
   pdl_enter();
   const int64_t t = blockIdx.x;
-  const bf16* src = table + int64_t(ids[t]) * H;
+  const bf16* src = table + int64_t(token_id(ids, prev_rows, prev_ids, t)) * H;
   for (int i = threadIdx.x; i < H; i += blockDim.x) residual[t * H + i] = __bfloat162float(src[i]);
 }
 
@@ -179,14 +192,16 @@ int grid_for(int64_t n, int threads) {
 
 }  // namespace
 
-void embedding(const int32_t* ids, const bf16* table, int T, int H, float* residual, cudaStream_t stream) {
+void embedding(const int32_t* ids, const bf16* table, int T, int H, float* residual, cudaStream_t stream,
+               const int32_t* prev_rows, const int32_t* prev_ids) {
   MS_CHECK(T >= 0 && H > 0, "embedding: T {} H {}", T, H);
+  MS_CHECK((prev_rows == nullptr) == (prev_ids == nullptr), "embedding: prev_rows and prev_ids go together");
   if (T == 0) return;
   if (H % 8 == 0 && aligned_to(table, 16) && aligned_to(residual, 16)) {
     const int threads = H / 8 >= 256 ? 256 : int(ceil_div(H / 8, 32) * 32);
-    embedding_vec8_kernel<<<T, threads, 0, stream>>>(ids, table, H, residual);
+    embedding_vec8_kernel<<<T, threads, 0, stream>>>(ids, prev_rows, prev_ids, table, H, residual);
   } else {
-    embedding_scalar_kernel<<<T, 256, 0, stream>>>(ids, table, H, residual);
+    embedding_scalar_kernel<<<T, 256, 0, stream>>>(ids, prev_rows, prev_ids, table, H, residual);
   }
   MS_CUDA_LAUNCH_CHECK();
 }

@@ -7,8 +7,10 @@
 
 namespace moeserve::cuda {
 
-// residual[t, :] = float(table[ids[t], :]) for t < T (ids are checked by the host before the step).
-void embedding(const int32_t* ids, const bf16* table, int T, int H, float* residual, cudaStream_t stream);
+// residual[t, :] = float(table[id of t, :]) for t < T. The id of t is ids[t] (checked by the host before the step),
+// or, where prev_rows[t] >= 0, prev_ids[prev_rows[t]]: a token the step before sampled and left on the device.
+void embedding(const int32_t* ids, const bf16* table, int T, int H, float* residual, cudaStream_t stream,
+               const int32_t* prev_rows = nullptr, const int32_t* prev_ids = nullptr);
 
 // out[r, :] = bf16(x[r, :] * rsqrt(mean(x[r]^2) + eps) * w), the norm computed in f32.
 void rmsnorm(const float* x, const bf16* w, float eps, int rows, int dim, bf16* out, cudaStream_t stream);

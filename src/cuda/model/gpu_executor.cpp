@@ -35,7 +35,7 @@ size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 // Offsets of the per-step inputs inside one host (pinned) and one device buffer, so that a step uploads them
 // with a single copy and the captured graphs always find them at the same device addresses.
 struct MetaLayout {
-  size_t tokens, positions, slots, kv_lens, new_lens, q_rows, logit_rows, params, block_tables, end;
+  size_t tokens, prev_rows, positions, slots, kv_lens, new_lens, q_rows, logit_rows, params, block_tables, end;
   int max_tokens, max_seqs, max_rows, max_pages;
   MetaLayout(int T, int S, int R, int P) : max_tokens(T), max_seqs(S), max_rows(R), max_pages(P) {
     size_t o = 0;
@@ -45,6 +45,7 @@ struct MetaLayout {
       return at;
     };
     tokens = take(size_t(T) * 4);
+    prev_rows = take(size_t(T) * 4);
     positions = take(size_t(T) * 4);
     slots = take(size_t(T) * 4);
     kv_lens = take(size_t(S) * 4);
@@ -61,6 +62,16 @@ struct MetaLayout {
 // row (one 2-D copy) instead of whole rows.
 bool meta_2d_copy() {
   static const bool on = env_flag("MOESERVE_META_2D", true);
+  return on;
+}
+
+// A/B switch (MOESERVE_STEP_STREAMS=0: off): the metadata upload and the samples' copy back of a step launched while
+// another is in flight run on two side streams ordered by events, so that the compute stream holds nothing but the
+// steps' kernels and the next step's graph starts as soon as the last one ends (H200, q30b8l decode at bs 1: the gap
+// between two steps' kernels 23.6 -> 2.1 us, the overlapped step 591-595 -> 576 us). Off: both on the compute
+// stream.
+bool side_stream_copies() {
+  static const bool on = env_flag("MOESERVE_STEP_STREAMS", true);
   return on;
 }
 
@@ -82,10 +93,12 @@ class GpuExecutor : public Executor {
   int64_t max_top_logprobs() const override { return kMaxTop; }
 
  private:
-  // Fills the metadata for a batch; returns the step inputs. pad_to > T pads a decode batch for a graph.
-  StepInputs prepare(const ForwardBatch& batch, const std::vector<SampleSpec>& specs, int pad_to);
+  // Fills buffer set `cur_`'s metadata for a batch and uploads it on `upload`; returns the step inputs. pad_to > T
+  // pads a decode batch for a graph.
+  StepInputs prepare(const ForwardBatch& batch, const std::vector<SampleSpec>& specs, int pad_to,
+                     cudaStream_t upload);
   // Copies the first `bytes` of the metadata, then the first table_pages entries of table_rows block-table rows.
-  void upload_meta(size_t bytes, int table_rows = 0, int table_pages = 0);
+  void upload_meta(cudaStream_t s, size_t bytes, int table_rows = 0, int table_pages = 0);
   void run_sampling(int rows, bool with_penalties);
   void capture_graphs();
   void record_decode(int bs, StepInputs& in, bool greedy);
@@ -101,18 +114,29 @@ class GpuExecutor : public Executor {
   std::unique_ptr<GpuQwen3> model_;
   std::unique_ptr<KVPool> kv_;
   std::unique_ptr<MetaLayout> layout_;
-  // Two host metadata blocks and two result blocks, alternating by launched step, so that the next step can be
-  // prepared while the last one's copies are still queued (the overlap schedule keeps up to two in flight).
-  PinnedBuffer host_meta_[2];
-  int meta_buf_ = 0;  // the block the next launch uses
-  char* host_meta() { return static_cast<char*>(host_meta_[meta_buf_].get()); }
-  DeviceArray<uint8_t> dev_meta_;
-  // Sampling outputs and penalty inputs.
-  DeviceArray<int32_t> out_ids_, top_ids_, pen_ids_, pen_counts_, ban_ids_;
-  DeviceArray<float> out_lp_, top_lp_;
+  // Two sets of a step's inputs and outputs, alternating by launched step (the overlap schedule keeps up to two in
+  // flight): the next step's metadata is uploaded while the last one runs, and the last one's samples are copied
+  // back while the next one runs. Each set has its own CUDA graphs (their kernels read and write its buffers); a
+  // step takes the samples of the step before (prev_rows) from the other set's out_ids.
+  struct StepBuffers {
+    PinnedBuffer host_meta, host_out;
+    DeviceArray<uint8_t> meta;
+    DeviceArray<int32_t> out_ids, top_ids;
+    DeviceArray<float> out_lp, top_lp;
+    cudaEvent_t meta_ready = nullptr;  // upload stream: the metadata is on the device
+    cudaEvent_t done = nullptr;        // compute stream: the step that used this set has run
+    cudaEvent_t out_ready = nullptr;   // copy-back stream: the samples are in host_out
+    // Decode batch size -> graph; [0] ends with the general sampler, [1] with the all-greedy fast path.
+    std::map<int, cudaGraphExec_t> graphs[2];
+  };
+  StepBuffers buf_[2];
+  int cur_ = 0;  // the set the next launch uses
+  char* host_meta() { return static_cast<char*>(buf_[cur_].host_meta.get()); }
+  cudaStream_t upload_stream_ = nullptr, download_stream_ = nullptr;
+  // Penalty inputs (one set: a step with penalties orders its upload after both sets' steps) and the sampler's
+  // workspace (used on the compute stream only).
+  DeviceArray<int32_t> pen_ids_, pen_counts_, ban_ids_;
   DeviceArray<uint8_t> sample_ws_;
-  PinnedBuffer host_out_[2];
-  cudaEvent_t out_ready_[2] = {nullptr, nullptr};  // recorded after each block's copies back
   struct Launched {
     std::vector<int> top_n;  // top logprobs wanted per sampled row (its size: the rows)
     bool want_lp;
@@ -121,8 +145,6 @@ class GpuExecutor : public Executor {
   };
   std::deque<Launched> in_flight_;
   std::vector<int32_t> h_pen_ids_, h_pen_counts_, h_ban_ids_;
-  // Decode batch size -> graph; [0] ends with the general sampler, [1] with the all-greedy fast path.
-  std::map<int, cudaGraphExec_t> graphs_[2];
   StepProfile profile_;
 };
 
@@ -139,6 +161,8 @@ GpuExecutor::GpuExecutor(const std::string& model_dir, const GpuOptions& opts) :
   log_info("GPU {}: {} ({}), {} SMs, {} total, {} free", dev_.index, dev_.name, sm_name(sm_version(dev_)),
            dev_.multiprocessors, format_bytes(dev_.total_memory), format_bytes(dev_.free_memory));
   MS_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  MS_CUDA_CHECK(cudaStreamCreateWithFlags(&upload_stream_, cudaStreamNonBlocking));
+  MS_CUDA_CHECK(cudaStreamCreateWithFlags(&download_stream_, cudaStreamNonBlocking));
   pool_ = std::make_unique<ThreadPool>(opts_.threads);
 
   // Weights: the CPU loader validates and maps the checkpoint; the GPU model copies from its views.
@@ -181,19 +205,20 @@ GpuExecutor::GpuExecutor(const std::string& model_dir, const GpuOptions& opts) :
   size_t before = alloc_.in_use();
   model_->plan_workspace(max_tokens, max_rows, max_seqs, kMaxSplits, mb);
   layout_ = std::make_unique<MetaLayout>(max_tokens, max_seqs, max_rows, max_pages);
-  for (auto& b : host_meta_) b = PinnedBuffer(layout_->end);
-  dev_meta_ = DeviceArray<uint8_t>(alloc_, layout_->end, "activations");
-  MS_CUDA_CHECK(cudaMemset(dev_meta_.get(), 0, layout_->end));
-  out_ids_ = DeviceArray<int32_t>(alloc_, size_t(max_rows), "activations");
-  out_lp_ = DeviceArray<float>(alloc_, size_t(max_rows), "activations");
-  top_ids_ = DeviceArray<int32_t>(alloc_, size_t(max_rows) * kMaxTop, "activations");
-  top_lp_ = DeviceArray<float>(alloc_, size_t(max_rows) * kMaxTop, "activations");
+  for (StepBuffers& b : buf_) {
+    b.host_meta = PinnedBuffer(layout_->end);
+    b.host_out = PinnedBuffer(size_t(max_rows) * (8 + kMaxTop * 8));
+    b.meta = DeviceArray<uint8_t>(alloc_, layout_->end, "activations");
+    MS_CUDA_CHECK(cudaMemset(b.meta.get(), 0, layout_->end));
+    b.out_ids = DeviceArray<int32_t>(alloc_, size_t(max_rows), "activations");
+    b.out_lp = DeviceArray<float>(alloc_, size_t(max_rows), "activations");
+    b.top_ids = DeviceArray<int32_t>(alloc_, size_t(max_rows) * kMaxTop, "activations");
+    b.top_lp = DeviceArray<float>(alloc_, size_t(max_rows) * kMaxTop, "activations");
+    for (cudaEvent_t* e : {&b.meta_ready, &b.done, &b.out_ready})
+      MS_CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+  }
   sample_ws_ = DeviceArray<uint8_t>(alloc_, std::max<size_t>(sample_workspace_bytes(max_rows, int(cfg_.vocab_size)), 256),
                                     "activations");
-  for (int i = 0; i < 2; ++i) {
-    host_out_[i] = PinnedBuffer(size_t(max_rows) * (8 + kMaxTop * 8));
-    MS_CUDA_CHECK(cudaEventCreateWithFlags(&out_ready_[i], cudaEventDisableTiming));
-  }
   log_info("activations: {} for steps of up to {} tokens, {} sequences", format_bytes(alloc_.in_use() - before),
            max_tokens, max_seqs);
 
@@ -252,27 +277,32 @@ nlohmann::json GpuExecutor::info() const {
       b[op_family_name(r.spec.family)] = {{"backend", r.spec.name}, {"reason", r.status.why_chosen}};
   }
   nlohmann::json sizes = nlohmann::json::array();
-  for (auto& [bs, g] : graphs_[0]) sizes.push_back(bs);
+  for (auto& [bs, g] : buf_[0].graphs[0]) sizes.push_back(bs);
   std::string why = opts_.disable_cuda_graph ? "--disable-cuda-graph"
                     : !be_.capturable        ? "a chosen backend cannot be captured"
                                              : "decode batches padded to the next captured size";
   return {{"device", device_name()},
           {"kernel_backends", b},
           {"backend_reports", all},
-          {"cuda_graphs", {{"enabled", !graphs_[0].empty()}, {"batch_sizes", sizes}, {"reason", why}}},
+          {"cuda_graphs", {{"enabled", !buf_[0].graphs[0].empty()}, {"batch_sizes", sizes}, {"reason", why}}},
           {"kv_cache_tokens", kv_->shape().num_pages * kv_->shape().page_size}};
 }
 
 GpuExecutor::~GpuExecutor() {
-  if (stream_) cudaStreamSynchronize(stream_);  // launched steps still use the buffers
-  for (auto& e : out_ready_)
-    if (e) cudaEventDestroy(e);
-  for (auto& set : graphs_)
-    for (auto& [bs, g] : set) cudaGraphExecDestroy(g);
-  if (stream_) cudaStreamDestroy(stream_);
+  for (cudaStream_t s : {stream_, upload_stream_, download_stream_})  // launched steps still use the buffers
+    if (s) cudaStreamSynchronize(s);
+  for (StepBuffers& b : buf_) {
+    for (cudaEvent_t e : {b.meta_ready, b.done, b.out_ready})
+      if (e) cudaEventDestroy(e);
+    for (auto& set : b.graphs)
+      for (auto& [bs, g] : set) cudaGraphExecDestroy(g);
+  }
+  for (cudaStream_t s : {stream_, upload_stream_, download_stream_})
+    if (s) cudaStreamDestroy(s);
 }
 
-StepInputs GpuExecutor::prepare(const ForwardBatch& batch, const std::vector<SampleSpec>& specs, int pad_to) {
+StepInputs GpuExecutor::prepare(const ForwardBatch& batch, const std::vector<SampleSpec>& specs, int pad_to,
+                                cudaStream_t upload) {
   const MetaLayout& L = *layout_;
   const int T = int(batch.tokens.size()), S = int(batch.seqs.size()), R = int(batch.logit_rows.size());
   MS_CHECK(T > 0 && T <= L.max_tokens && S <= L.max_seqs && R <= L.max_rows,
@@ -281,15 +311,16 @@ StepInputs GpuExecutor::prepare(const ForwardBatch& batch, const std::vector<Sam
   const int Tp = std::max(T, pad_to), Sp = std::max(S, pad_to), Rp = std::max(R, pad_to);
   char* h = host_meta();
   auto arr = [&](size_t off) { return reinterpret_cast<int32_t*>(h + off); };
-  int32_t *tok = arr(L.tokens), *pos = arr(L.positions), *slots = arr(L.slots);
+  int32_t *tok = arr(L.tokens), *prev = arr(L.prev_rows), *pos = arr(L.positions), *slots = arr(L.slots);
   int32_t *kvl = arr(L.kv_lens), *nl = arr(L.new_lens), *qr = arr(L.q_rows), *lr = arr(L.logit_rows);
   int32_t* bt = arr(L.block_tables);
   const int64_t ps = opts_.page_size;
   for (int t = 0; t < T; ++t) {
     tok[t] = batch.tokens[size_t(t)];
+    prev[t] = batch.previous_samples.empty() ? -1 : batch.previous_samples[size_t(t)];
     pos[t] = int32_t(batch.positions[size_t(t)]);
   }
-  for (int t = T; t < Tp; ++t) tok[t] = 0, pos[t] = 0, slots[t] = -1;
+  for (int t = T; t < Tp; ++t) tok[t] = 0, prev[t] = -1, pos[t] = 0, slots[t] = -1;
   int max_new = 0;
   int64_t max_pages_used = 0;  // the block-table columns the step's sequences use
   for (int s = 0; s < S; ++s) {
@@ -354,15 +385,17 @@ StepInputs GpuExecutor::prepare(const ForwardBatch& batch, const std::vector<Sam
   if (meta_2d_copy()) {
     // Only the pages in use of each table row: at 128 sequences of 512 tokens that is 17 KB, where the whole rows
     // (max_pages = 2,561 at a 40,960-token context) are 1.3 MB on every step's critical path.
-    upload_meta(L.block_tables, S, int(max_pages_used));
+    upload_meta(upload, L.block_tables, S, int(max_pages_used));
   } else {
-    upload_meta(L.block_tables + size_t(std::max(S, 1)) * size_t(L.max_pages) * 4);
+    upload_meta(upload, L.block_tables + size_t(std::max(S, 1)) * size_t(L.max_pages) * 4);
   }
 
-  const char* d = reinterpret_cast<const char*>(dev_meta_.get());
+  const char* d = reinterpret_cast<const char*>(buf_[cur_].meta.get());
   auto darr = [&](size_t off) { return reinterpret_cast<const int32_t*>(d + off); };
   StepInputs in;
   in.tokens = darr(L.tokens);
+  in.prev_rows = darr(L.prev_rows);
+  in.prev_ids = buf_[cur_ ^ 1].out_ids.get();  // the step launched before this one used the other set
   in.positions = darr(L.positions);
   in.slots = darr(L.slots);
   in.attn.block_tables = darr(L.block_tables);
@@ -387,18 +420,22 @@ StepInputs GpuExecutor::prepare(const ForwardBatch& batch, const std::vector<Sam
   return in;
 }
 
-void GpuExecutor::upload_meta(size_t bytes, int table_rows, int table_pages) {
-  MS_CUDA_CHECK(cudaMemcpyAsync(dev_meta_.get(), host_meta(), bytes, cudaMemcpyHostToDevice, stream_));
+void GpuExecutor::upload_meta(cudaStream_t s, size_t bytes, int table_rows, int table_pages) {
+  uint8_t* dev = buf_[cur_].meta.get();
+  MS_CUDA_CHECK(cudaMemcpyAsync(dev, host_meta(), bytes, cudaMemcpyHostToDevice, s));
   if (table_rows > 0 && table_pages > 0) {
     const size_t pitch = size_t(layout_->max_pages) * 4, off = layout_->block_tables;
-    MS_CUDA_CHECK(cudaMemcpy2DAsync(dev_meta_.get() + off, pitch, host_meta() + off,
-                                    pitch, size_t(table_pages) * 4, size_t(table_rows), cudaMemcpyHostToDevice,
-                                    stream_));
+    MS_CUDA_CHECK(cudaMemcpy2DAsync(dev + off, pitch, host_meta() + off, pitch, size_t(table_pages) * 4,
+                                    size_t(table_rows), cudaMemcpyHostToDevice, s));
   }
   auto grow_upload = [&](DeviceArray<int32_t>& dst, const std::vector<int32_t>& src) {
     if (src.empty()) return;
-    if (dst.size() < src.size()) dst = DeviceArray<int32_t>(alloc_, src.size() * 2, "activations");
-    MS_CUDA_CHECK(cudaMemcpyAsync(dst.get(), src.data(), src.size() * 4, cudaMemcpyHostToDevice, stream_));
+    if (dst.size() < src.size()) {
+      // The old array may still be read by a step in flight: wait for everything before freeing it.
+      for (cudaStream_t q : {stream_, upload_stream_, download_stream_}) MS_CUDA_CHECK(cudaStreamSynchronize(q));
+      dst = DeviceArray<int32_t>(alloc_, src.size() * 2, "activations");
+    }
+    MS_CUDA_CHECK(cudaMemcpyAsync(dst.get(), src.data(), src.size() * 4, cudaMemcpyHostToDevice, s));
   };
   grow_upload(pen_ids_, h_pen_ids_);
   grow_upload(pen_counts_, h_pen_counts_);
@@ -410,15 +447,16 @@ void GpuExecutor::run_sampling(int rows, bool with_penalties) {
   a.logits = model_->logits();
   a.rows = rows;
   a.vocab = int(cfg_.vocab_size);
-  a.params = reinterpret_cast<const SampleRowParams*>(dev_meta_.get() + layout_->params);
+  StepBuffers& b = buf_[cur_];
+  a.params = reinterpret_cast<const SampleRowParams*>(b.meta.get() + layout_->params);
   a.pen_ids = with_penalties ? pen_ids_.get() : nullptr;
   a.pen_counts = with_penalties ? pen_counts_.get() : nullptr;
   a.ban_ids = with_penalties ? ban_ids_.get() : nullptr;
   a.max_top = kMaxTop;
-  a.out_ids = out_ids_.get();
-  a.out_logprobs = out_lp_.get();
-  a.top_ids = top_ids_.get();
-  a.top_logprobs = top_lp_.get();
+  a.out_ids = b.out_ids.get();
+  a.out_logprobs = b.out_lp.get();
+  a.top_ids = b.top_ids.get();
+  a.top_logprobs = b.top_lp.get();
   a.workspace = sample_ws_.get();
   sample(a, stream_);
 }
@@ -430,14 +468,15 @@ void GpuExecutor::launch(const ForwardBatch& batch, const std::vector<SampleSpec
   MS_CHECK(batch.previous_samples.empty() || batch.previous_samples.size() == size_t(T),
            "previous_samples: {} entries for {} tokens", batch.previous_samples.size(), T);
   for (int32_t r : batch.previous_samples)
-    MS_CHECK(r < 0 || (!in_flight_.empty() && r < in_flight_.back().rows()),
+    MS_CHECK(r < 0 || (!in_flight_.empty() && r < in_flight_.back().rows() && in_flight_.back().buf == (cur_ ^ 1)),
              "a step takes sample {} of the previous step, which is not in flight or has fewer rows", r);
   bool plain = true;  // no penalties or bans: the captured graphs handle the step
   for (auto& s : specs) plain = plain && !s.penalized() && s.banned.empty();
   bool greedy = plain;  // and every row greedy without top logprobs: the fast sampler
   for (auto& s : specs)
     greedy = greedy && (s.sampler.temperature == 0.0f || s.sampler.top_k == 1) && s.top_logprobs == 0;
-  auto& graphs = graphs_[greedy ? 1 : 0];
+  StepBuffers& b = buf_[cur_];
+  auto& graphs = b.graphs[greedy ? 1 : 0];
   bool is_decode = R == T && int(batch.seqs.size()) == T;
   for (auto& q : batch.seqs) is_decode = is_decode && q.num_tokens == 1;
   int graph_bs = 0;
@@ -445,55 +484,61 @@ void GpuExecutor::launch(const ForwardBatch& batch, const std::vector<SampleSpec
     auto it = graphs.lower_bound(T);
     if (it != graphs.end()) graph_bs = it->first;
   }
-  StepInputs in = prepare(batch, specs, graph_bs);
-  // The tokens sampled by the step before (still on the device) over the placeholders just uploaded: one copy a
-  // run of consecutive rows (a look-ahead step's decodes come first, in the previous step's row order).
-  for (int i = 0; i < int(batch.previous_samples.size());) {
-    const int32_t r0 = batch.previous_samples[size_t(i)];
-    int n = 1;
-    if (r0 >= 0)
-      while (i + n < T && batch.previous_samples[size_t(i + n)] == r0 + n) ++n;
-    if (r0 >= 0)
-      MS_CUDA_CHECK(cudaMemcpyAsync(dev_meta_.get() + layout_->tokens + size_t(i) * 4, out_ids_.get() + r0,
-                                    size_t(n) * 4, cudaMemcpyDeviceToDevice, stream_));
-    i += n;
+  // The copies go to the side streams when a step is in flight (the overlap schedule's look-ahead launch); a step
+  // launched alone keeps them on the compute stream, where the GPU has nothing else to do and the cross-stream
+  // events would only add their latency. A side upload may start once the step that last used this set has read
+  // its metadata, and, for a step with penalties, once the step before has read the penalty arrays it overwrites.
+  const bool side = side_stream_copies() && !in_flight_.empty();
+  cudaStream_t up = side ? upload_stream_ : stream_, down = side ? download_stream_ : stream_;
+  if (side) {
+    MS_CUDA_CHECK(cudaStreamWaitEvent(up, b.done, 0));
+    if (!plain) MS_CUDA_CHECK(cudaStreamWaitEvent(up, buf_[cur_ ^ 1].done, 0));
+  }
+  StepInputs in = prepare(batch, specs, graph_bs, up);
+  if (side) {
+    MS_CUDA_CHECK(cudaEventRecord(b.meta_ready, up));
+    MS_CUDA_CHECK(cudaStreamWaitEvent(stream_, b.meta_ready, 0));
   }
   if (graph_bs > 0) {
     MS_CUDA_CHECK(cudaGraphLaunch(graphs.at(graph_bs), stream_));
   } else {
     model_->forward(in, stream_);
-    if (R > 0 && greedy) sample_greedy(model_->logits(), R, int(cfg_.vocab_size), out_ids_.get(), out_lp_.get(), stream_);
+    if (R > 0 && greedy) sample_greedy(model_->logits(), R, int(cfg_.vocab_size), b.out_ids.get(), b.out_lp.get(), stream_);
     else if (R > 0) run_sampling(R, !h_pen_ids_.empty() || !h_ban_ids_.empty());
   }
-  Launched l{{}, false, meta_buf_};
+  MS_CUDA_CHECK(cudaEventRecord(b.done, stream_));
+  Launched l{{}, false, cur_};
   bool want_top = false;
   for (auto& s : specs) {
     l.want_lp |= s.logprob, want_top |= s.top_logprobs > 0;
     l.top_n.push_back(int(std::min<int64_t>(s.top_logprobs, kMaxTop)));
   }
-  char* h = static_cast<char*>(host_out_[l.buf].get());
+  // The samples back to the host. The set's outputs are next overwritten by the step launched after the one
+  // after this, which the overlap schedule launches only once this one is collected, i.e. these copies are done.
+  if (side) MS_CUDA_CHECK(cudaStreamWaitEvent(down, b.done, 0));
+  char* h = static_cast<char*>(b.host_out.get());
   int32_t* ids = reinterpret_cast<int32_t*>(h);
   float* lps = reinterpret_cast<float*>(h + size_t(R) * 4);
   int32_t* tids = reinterpret_cast<int32_t*>(h + size_t(R) * 8);
   float* tlps = reinterpret_cast<float*>(h + size_t(R) * 8 + size_t(R) * kMaxTop * 4);
-  if (R > 0) MS_CUDA_CHECK(cudaMemcpyAsync(ids, out_ids_.get(), size_t(R) * 4, cudaMemcpyDeviceToHost, stream_));
-  if (l.want_lp) MS_CUDA_CHECK(cudaMemcpyAsync(lps, out_lp_.get(), size_t(R) * 4, cudaMemcpyDeviceToHost, stream_));
+  if (R > 0) MS_CUDA_CHECK(cudaMemcpyAsync(ids, b.out_ids.get(), size_t(R) * 4, cudaMemcpyDeviceToHost, down));
+  if (l.want_lp) MS_CUDA_CHECK(cudaMemcpyAsync(lps, b.out_lp.get(), size_t(R) * 4, cudaMemcpyDeviceToHost, down));
   if (want_top) {
-    MS_CUDA_CHECK(cudaMemcpyAsync(tids, top_ids_.get(), size_t(R) * kMaxTop * 4, cudaMemcpyDeviceToHost, stream_));
-    MS_CUDA_CHECK(cudaMemcpyAsync(tlps, top_lp_.get(), size_t(R) * kMaxTop * 4, cudaMemcpyDeviceToHost, stream_));
+    MS_CUDA_CHECK(cudaMemcpyAsync(tids, b.top_ids.get(), size_t(R) * kMaxTop * 4, cudaMemcpyDeviceToHost, down));
+    MS_CUDA_CHECK(cudaMemcpyAsync(tlps, b.top_lp.get(), size_t(R) * kMaxTop * 4, cudaMemcpyDeviceToHost, down));
   }
-  MS_CUDA_CHECK(cudaEventRecord(out_ready_[l.buf], stream_));
+  MS_CUDA_CHECK(cudaEventRecord(b.out_ready, down));
   in_flight_.push_back(std::move(l));
-  meta_buf_ ^= 1;
+  cur_ ^= 1;
 }
 
 void GpuExecutor::collect(std::vector<Sampled>& out) {
   MS_CHECK(!in_flight_.empty(), "collect() without a launched step");
   const Launched l = std::move(in_flight_.front());
   in_flight_.pop_front();
-  MS_CUDA_CHECK(cudaEventSynchronize(out_ready_[l.buf]));
+  MS_CUDA_CHECK(cudaEventSynchronize(buf_[l.buf].out_ready));
   const int R = l.rows();
-  const char* h = static_cast<const char*>(host_out_[l.buf].get());
+  const char* h = static_cast<const char*>(buf_[l.buf].host_out.get());
   const int32_t* ids = reinterpret_cast<const int32_t*>(h);
   const float* lps = reinterpret_cast<const float*>(h + size_t(R) * 4);
   const int32_t* tids = reinterpret_cast<const int32_t*>(h + size_t(R) * 8);
@@ -511,7 +556,8 @@ void GpuExecutor::collect(std::vector<Sampled>& out) {
 }
 
 void GpuExecutor::drop_launched() {
-  cudaStreamSynchronize(stream_);  // the buffers of a dropped step are reused only once it has run
+  for (cudaStream_t s : {stream_, upload_stream_, download_stream_})
+    cudaStreamSynchronize(s);  // the buffers of a dropped step are reused only once it has run
   in_flight_.clear();
 }
 
@@ -523,7 +569,7 @@ void GpuExecutor::step(const ForwardBatch& batch, const std::vector<SampleSpec>&
 
 void GpuExecutor::forward_logits(const ForwardBatch& batch, std::vector<float>& logits) {
   MS_CHECK(in_flight_.empty(), "forward_logits() while launched steps wait for collect()");
-  StepInputs in = prepare(batch, {}, 0);
+  StepInputs in = prepare(batch, {}, 0, stream_);
   model_->forward(in, stream_);
   const size_t n = batch.logit_rows.size() * size_t(cfg_.vocab_size);
   logits.resize(n);
@@ -535,7 +581,7 @@ std::string GpuExecutor::profile_step(const ForwardBatch& batch) {
   MS_CHECK(in_flight_.empty(), "profile_step() while launched steps wait for collect()");
   // Floors at the H200's measured copy bandwidth and dense BF16 rate (docs/PERF.md).
   const double bw = 4.3e12, rate = 790e12;
-  StepInputs in = prepare(batch, {}, 0);
+  StepInputs in = prepare(batch, {}, 0, stream_);
   model_->forward(in, stream_, &profile_);
   std::string out = "eager launches (small ops include host launch gaps):\n" + profile_.report(bw, rate);
   // The same pass recorded in a CUDA graph, with external event nodes between the ops: the device-side cost of
@@ -566,7 +612,8 @@ std::string GpuExecutor::profile_step(const ForwardBatch& batch) {
 
 void GpuExecutor::record_decode(int bs, StepInputs& in, bool greedy) {
   model_->forward(in, stream_);
-  if (greedy) sample_greedy(model_->logits(), bs, int(cfg_.vocab_size), out_ids_.get(), out_lp_.get(), stream_);
+  StepBuffers& b = buf_[cur_];
+  if (greedy) sample_greedy(model_->logits(), bs, int(cfg_.vocab_size), b.out_ids.get(), b.out_lp.get(), stream_);
   else run_sampling(bs, false);
 }
 
@@ -592,34 +639,39 @@ void GpuExecutor::capture_graphs() {
       fb.logit_rows.push_back(i);
       specs[size_t(i)].sampler.temperature = 0.0f;
     }
-    StepInputs in = prepare(fb, specs, bs);
-    // The dummy must not write into page 0 of a live cache: no slots.
-    int32_t* slots = reinterpret_cast<int32_t*>(host_meta() + layout_->slots);
-    for (int i = 0; i < bs; ++i) slots[i] = -1;
-    upload_meta(layout_->block_tables + size_t(bs) * size_t(layout_->max_pages) * 4);
-    for (int greedy = 0; greedy < 2; ++greedy) {
-      record_decode(bs, in, greedy);  // eager warm-up: libraries pick algorithms, load modules outside capture
-      MS_CUDA_CHECK(cudaStreamSynchronize(stream_));
-      cudaGraph_t g = nullptr;
-      MS_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-      try {
-        record_decode(bs, in, greedy);
-      } catch (...) {
-        cudaStreamEndCapture(stream_, &g);
-        if (g) cudaGraphDestroy(g);
-        throw;
+    for (cur_ = 0; cur_ < 2; ++cur_) {  // a graph for each buffer set
+      StepInputs in = prepare(fb, specs, bs, stream_);
+      // The dummy must not write into page 0 of a live cache: no slots.
+      int32_t* slots = reinterpret_cast<int32_t*>(host_meta() + layout_->slots);
+      for (int i = 0; i < bs; ++i) slots[i] = -1;
+      upload_meta(stream_, layout_->block_tables + size_t(bs) * size_t(layout_->max_pages) * 4);
+      for (int greedy = 0; greedy < 2; ++greedy) {
+        record_decode(bs, in, greedy);  // eager warm-up: libraries pick algorithms, load modules outside capture
+        MS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+        cudaGraph_t g = nullptr;
+        MS_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+        try {
+          record_decode(bs, in, greedy);
+        } catch (...) {
+          cudaStreamEndCapture(stream_, &g);
+          if (g) cudaGraphDestroy(g);
+          cur_ = 0;
+          throw;
+        }
+        MS_CUDA_CHECK(cudaStreamEndCapture(stream_, &g));
+        cudaGraphExec_t exec = nullptr;
+        MS_CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
+        cudaGraphDestroy(g);
+        buf_[cur_].graphs[greedy][bs] = exec;
       }
-      MS_CUDA_CHECK(cudaStreamEndCapture(stream_, &g));
-      cudaGraphExec_t exec = nullptr;
-      MS_CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
-      cudaGraphDestroy(g);
-      graphs_[greedy][bs] = exec;
     }
+    cur_ = 0;
   }
   MS_CUDA_CHECK(cudaStreamSynchronize(stream_));
   MS_CUDA_CHECK(cudaMemGetInfo(&free1, &total));
-  log_info("CUDA graphs: {} decode batch sizes ({}..{}), each with the general and the greedy sampler, captured in "
-           "{:.2f} s, {}", graphs_[0].size(), sizes.back(),
+  log_info("CUDA graphs: {} decode batch sizes ({}..{}), each with the general and the greedy sampler for both "
+           "buffer sets, captured in "
+           "{:.2f} s, {}", buf_[0].graphs[0].size(), sizes.back(),
            sizes.front(), now_s() - t0, format_bytes(free0 > free1 ? free0 - free1 : 0));
 }
 

@@ -248,7 +248,7 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
   const bool fused_input = in.decode && T <= 64 && !be_.reference_attention && be_.fused_attention_input &&
                            attention_input_stage_fusable(ash, rope_) &&
                            (!decode_gqa_usable(ash, T) || decode_gqa_fused_input());
-  embedding(in.tokens, embed_.get(), T, H, residual_.get(), s);
+  embedding(in.tokens, embed_.get(), T, H, residual_.get(), s, in.prev_rows, in.prev_ids);
   mark("embedding", act * 6, 0);
   for (size_t l = 0; l < layers_.size(); ++l) {
     GpuLayer& L = layers_[l];

@@ -28,6 +28,9 @@ struct GpuLayer {
 // Device pointers of one step's inputs (the executor fills them).
 struct StepInputs {
   const int32_t* tokens = nullptr;      // [T]
+  // [T] or null: where >= 0, token t is prev_ids[prev_rows[t]] (sampled by the step before, still on the device)
+  const int32_t* prev_rows = nullptr;
+  const int32_t* prev_ids = nullptr;
   const int32_t* positions = nullptr;   // [T]
   const int32_t* slots = nullptr;       // [T] KV slot of each token
   AttnMeta attn;                        // sequences
