@@ -57,10 +57,19 @@ void norm_gemv(float* residual, const bf16* delta, const bf16* norm_w, float eps
 constexpr int kResidualGemvMaxM = 8;
 bool residual_gemv_fits(int M, int K);
 int residual_gemv_parts(int N);
+// Both take `ext`: W has ext.rows more rows after its N (N a multiple of 16), whose products go to ext.out[m, i]
+// (f32, row stride ext.ld) instead of y and leave the residual alone: another small GEMV over the same input rides
+// in the same launch (the folded router, gpu_model.cpp).
+struct GemvExtraRows {
+  int rows = 0;
+  float* out = nullptr;
+  int64_t ld = 0;
+};
 void gemv_norm_in(const float* residual, const float* partials, int nparts, const bf16* norm_w, float eps, int M,
-                  int K, const bf16* W, int N, void* y, int64_t ldy, OutType out, bf16* xn_out, cudaStream_t stream);
+                  int K, const bf16* W, int N, void* y, int64_t ldy, OutType out, bf16* xn_out, cudaStream_t stream,
+                  const GemvExtraRows& ext = {});
 void gemv_residual_out(const bf16* x, int64_t ldx, int M, int K, const bf16* W, int N, bf16* y, int64_t ldy,
-                       float* residual, float* partials, cudaStream_t stream);
+                       float* residual, float* partials, cudaStream_t stream, const GemvExtraRows& ext = {});
 
 // Against a CPU reference on random shapes (odd M, N, K included). "" on pass.
 std::string gemm_self_test(GemmBackend& b, double& max_err);

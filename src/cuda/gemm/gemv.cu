@@ -17,6 +17,7 @@
 // agree on the mapping (it depends on q only), so the products pair up exactly. gemv_wide_kernel uses the same
 // per-lane mapping, with token g's chunk read from shared memory instead of global memory.
 #include <algorithm>
+#include <climits>
 #include <map>
 #include <mutex>
 #include <utility>
@@ -84,8 +85,13 @@ struct ResidualArgs {
   const bf16* weight;         // NORM_IN: the RMSNorm weight [K]
   float eps;
   bf16* xn_out;               // NORM_IN: block x = 0 also writes the normalized rows here, when non-null
-  float* partials_out;        // RES_OUT: [M, gridDim.x]
+  float* partials_out;        // RES_OUT: [M, ceil(n_main / 16)]
   int evict_first;            // RING: the weight slices with the L2 evict_first priority (l2_evict_first_weights)
+  // Extra rows (GemvExtraRows): rows n >= n_main (a multiple of 16, so whole blocks) go to ext_out[m, n - n_main]
+  // as f32 instead of y, and take no part in the residual update. n_main = N: none.
+  int n_main = INT_MAX;
+  float* ext_out = nullptr;
+  int64_t ld_ext = 0;
 };
 enum GemvPrologue { kPlainX, kNormRows, kNormIn };
 
@@ -242,20 +248,27 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_bf16_kernel(const bf16* x, i
     float sum = 0.f;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) sum += partial[w][r][t];
-    if (t < tokens && n0 + r < N) store(y + int64_t(t0 + t) * ldy + n0 + r, sum);
+    const bool ext = n0 >= ra.n_main;  // the whole block (n_main % kRows == 0)
+    if (t < tokens && n0 + r < N) {
+      if (ext) ra.ext_out[int64_t(t0 + t) * ra.ld_ext + (n0 + r - ra.n_main)] = sum;
+      else store(y + int64_t(t0 + t) * ldy + n0 + r, sum);
+    }
     if constexpr (RES_OUT) {
-      // Token t's rows are threads 16 t .. 16 t + 15 (an aligned half-warp; threads 0-127 are whole warps).
-      static_assert(kRows == 16, "a token's rows in an aligned half-warp");
-      float v = 0.f;
-      if (t < tokens && n0 + r < N) {
-        float* rp = ra.residual + int64_t(t0 + t) * N + n0 + r;
-        v = __ldcg(rp) + __bfloat162float(__float2bfloat16_rn(sum));
-        *rp = v;
-      }
-      float sq = v * v;
+      if (!ext) {
+        // Token t's rows are threads 16 t .. 16 t + 15 (an aligned half-warp; threads 0-127 are whole warps).
+        static_assert(kRows == 16, "a token's rows in an aligned half-warp");
+        const int width = ra.n_main;  // the residual's
+        float v = 0.f;
+        if (t < tokens && n0 + r < width) {
+          float* rp = ra.residual + int64_t(t0 + t) * width + n0 + r;
+          v = __ldcg(rp) + __bfloat162float(__float2bfloat16_rn(sum));
+          *rp = v;
+        }
+        float sq = v * v;
 #pragma unroll
-      for (int o = 8; o > 0; o >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, o);
-      if (r == 0 && t < tokens) ra.partials_out[int64_t(t0 + t) * gridDim.x + blockIdx.x] = sq;
+        for (int o = 8; o > 0; o >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, o);
+        if (r == 0 && t < tokens) ra.partials_out[int64_t(t0 + t) * ((width + kRows - 1) / kRows) + blockIdx.x] = sq;
+      }
     }
   }
   if constexpr (PRO == kNormRows) {
@@ -582,30 +595,48 @@ bool residual_gemv_fits(int M, int K) { return M >= 1 && M <= kResidualGemvMaxM 
 
 int residual_gemv_parts(int N) { return int(ceil_div(N, kRows)); }
 
+namespace {
+// The extra rows' arguments into ra (checked); N_main: the rows that go to y.
+void set_extra_rows(ResidualArgs& ra, int N, const GemvExtraRows& ext, const char* what) {
+  ra.n_main = N;
+  if (ext.rows == 0) return;
+  MS_CHECK(ext.rows > 0 && ext.out != nullptr && ext.ld >= ext.rows && N % kRows == 0,
+           "{}: {} extra rows (ld {}) after {} rows: the main rows must be a multiple of {}", what, ext.rows, ext.ld,
+           N, kRows);
+  ra.ext_out = ext.out;
+  ra.ld_ext = ext.ld;
+}
+}  // namespace
+
 void gemv_norm_in(const float* residual, const float* partials, int nparts, const bf16* norm_w, float eps, int M,
                   int K, const bf16* W, int N, void* y, int64_t ldy, OutType out, bf16* xn_out,
-                  cudaStream_t stream) {
+                  cudaStream_t stream, const GemvExtraRows& ext) {
   MS_CHECK(residual_gemv_fits(M, K) && N > 0 && ldy >= N && nparts >= 1 && partials != nullptr,
            "gemv_norm_in: M {} K {} N {} ldy {} nparts {} do not fit", M, K, N, ldy, nparts);
   MS_CHECK(aligned16(residual) && aligned16(W) && (reinterpret_cast<uintptr_t>(norm_w) & 7) == 0 &&
                (xn_out == nullptr || (reinterpret_cast<uintptr_t>(xn_out) & 7) == 0),
            "gemv_norm_in: residual and W 16-byte, the norm weight and xn_out 8-byte aligned");
-  const dim3 grid(unsigned(ceil_div(N, kRows)));
-  const ResidualArgs ra{const_cast<float*>(residual), partials, nparts, norm_w, eps, xn_out, nullptr};
+  ResidualArgs ra{const_cast<float*>(residual), partials, nparts, norm_w, eps, xn_out, nullptr};
+  set_extra_rows(ra, N, ext, "gemv_norm_in");
+  const int rows = N + ext.rows;
+  const dim3 grid(unsigned(ceil_div(rows, kRows)));
   if (out == OutType::BF16)
-    launch_gemv<bf16, kNormIn>(grid, stream, nullptr, 0, M, K, W, N, static_cast<bf16*>(y), ldy, NormArgs{}, ra);
+    launch_gemv<bf16, kNormIn>(grid, stream, nullptr, 0, M, K, W, rows, static_cast<bf16*>(y), ldy, NormArgs{}, ra);
   else
-    launch_gemv<float, kNormIn>(grid, stream, nullptr, 0, M, K, W, N, static_cast<float*>(y), ldy, NormArgs{}, ra);
+    launch_gemv<float, kNormIn>(grid, stream, nullptr, 0, M, K, W, rows, static_cast<float*>(y), ldy, NormArgs{}, ra);
 }
 
 void gemv_residual_out(const bf16* x, int64_t ldx, int M, int K, const bf16* W, int N, bf16* y, int64_t ldy,
-                       float* residual, float* partials, cudaStream_t stream) {
+                       float* residual, float* partials, cudaStream_t stream, const GemvExtraRows& ext) {
   MS_CHECK(residual_gemv_fits(M, K) && N > 0 && ldy >= N && ldx >= K && ldx % 8 == 0 && residual != nullptr &&
                partials != nullptr,
            "gemv_residual_out: M {} K {} N {} ldx {} ldy {} do not fit", M, K, N, ldx, ldy);
   MS_CHECK(aligned16(x) && aligned16(W), "gemv_residual_out: x and W must be 16-byte aligned");
-  launch_gemv<bf16, kPlainX, true>(dim3(unsigned(ceil_div(N, kRows))), stream, x, ldx, M, K, W, N, y, ldy, NormArgs{},
-                                   ResidualArgs{residual, nullptr, 0, nullptr, 0.f, nullptr, partials});
+  ResidualArgs ra{residual, nullptr, 0, nullptr, 0.f, nullptr, partials};
+  set_extra_rows(ra, N, ext, "gemv_residual_out");
+  const int rows = N + ext.rows;
+  launch_gemv<bf16, kPlainX, true>(dim3(unsigned(ceil_div(rows, kRows))), stream, x, ldx, M, K, W, rows, y, ldy,
+                                   NormArgs{}, ra);
 }
 
 std::unique_ptr<GemmBackend> make_gemv_backend(int kernel_max_m) {

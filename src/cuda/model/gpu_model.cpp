@@ -5,7 +5,9 @@
 
 #include <fmt/format.h>
 
+#include "core/env.h"
 #include "core/log.h"
+#include "core/tensor.h"
 #include "cuda/model/attention_ref.h"
 #include "cuda/model/model_kernels.h"
 #include "cuda/model/uploader.h"
@@ -88,14 +90,26 @@ void GpuQwen3::upload(const Qwen3Model& cpu, cudaStream_t stream, ThreadPool& po
   }
   final_norm_ = put(cpu.final_norm_weight());
   layers_.resize(layers.size());
+  // The folded router (moe_route_folded) for the MoE layers after the first (the first layer's input norm is not
+  // inside its q/k/v GEMV), where the input norm has no (near-)zero weight to divide by. MOESERVE_ROUTER_FOLD=0: off
+  // (A/B).
+  const bool fold = env_flag("MOESERVE_ROUTER_FOLD", true);
+  const int64_t E_fold = c.is_moe() ? c.num_experts : 0;
   for (size_t l = 0; l < layers.size(); ++l) {
     const Qwen3Layer& L = layers[l];
     GpuLayer& G = layers_[l];
-    G.qkv = DeviceArray<bf16>(alloc_, size_t((Hq + 2 * Hkv) * D * H), "weights");
+    G.router_folded = fold && L.is_moe && l > 0 && ((Hq + 2 * Hkv) * D) % 16 == 0 && H % 16 == 0 && [&] {
+      const Tensor g = to_f32(L.input_norm);
+      const float* p = g.ptr<float>();
+      return std::all_of(p, p + g.numel(), [](float v) { return std::fabs(v) >= 1e-12f; });
+    }();
+    const int64_t extra = G.router_folded ? E_fold : 0;
+    G.qkv = DeviceArray<bf16>(alloc_, size_t(((Hq + 2 * Hkv) * D + extra) * H), "weights");
     up.copy(L.q.weight, G.qkv.get());
     up.copy(L.k.weight, G.qkv.get() + Hq * D * H);
     up.copy(L.v.weight, G.qkv.get() + (Hq + Hkv) * D * H);
-    G.o = put(L.o.weight);
+    G.o = DeviceArray<bf16>(alloc_, size_t((H + extra) * Hq * D), "weights");
+    up.copy(L.o.weight, G.o.get());
     G.q_norm = put(L.q_norm);
     G.k_norm = put(L.k_norm);
     G.input_norm = put(L.input_norm);
@@ -124,6 +138,11 @@ void GpuQwen3::upload(const Qwen3Model& cpu, cudaStream_t stream, ThreadPool& po
     }
   }
   up.finish();
+  for (GpuLayer& G : layers_)
+    if (G.router_folded)
+      fold_router_weights(G.router.get(), G.input_norm.get(), G.post_norm.get(), G.o.get(), int(E_fold), int(H),
+                          int(Hq * D), G.qkv.get() + (Hq + 2 * Hkv) * D * H, G.o.get() + H * Hq * D, stream);
+  MS_CUDA_CHECK(cudaStreamSynchronize(stream));
   const kernels::RopeTable& rt = cpu.rope_table();
   inv_freq_ = DeviceArray<float>(alloc_, rt.inv_freq.size(), "weights");
   MS_CUDA_CHECK(cudaMemcpy(inv_freq_.get(), rt.inv_freq.data(), rt.inv_freq.size() * sizeof(float),
@@ -151,6 +170,8 @@ void GpuQwen3::plan_workspace(int max_tokens, int max_rows, int max_seqs, int ma
   logits_ = DeviceArray<float>(alloc_, size_t(max_rows) * size_t(c.vocab_size), part);
   if (c.is_moe()) {
     router_logits_ = DeviceArray<float>(alloc_, T * size_t(c.num_experts), part);
+    router_u1_ = DeviceArray<float>(alloc_, size_t(kResidualGemvMaxM) * size_t(c.num_experts), part);
+    router_u2_ = DeviceArray<float>(alloc_, size_t(kResidualGemvMaxM) * size_t(c.num_experts), part);
     topk_ids_ = DeviceArray<int32_t>(alloc_, T * size_t(c.num_experts_per_tok), part);
     topk_w_ = DeviceArray<float>(alloc_, T * size_t(c.num_experts_per_tok), part);
 
@@ -253,9 +274,12 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
   for (size_t l = 0; l < layers_.size(); ++l) {
     GpuLayer& L = layers_[l];
     auto g1 = gemm_cost(T, QKV, H, 2);
+    // The folded router's first product rides in this layer's q/k/v GEMV, its second in o_proj (GpuLayer).
+    const bool folded = resfuse && l > 0 && L.router_folded;
     if (resfuse && l > 0) {  // the previous layer's MoE updated the residual and left its partial sums
       gemv_norm_in(residual_.get(), part_moe_.get(), res_parts, L.input_norm.get(), eps, T, H, L.qkv.get(), QKV,
-                   qkv_.get(), QKV, OutType::BF16, nullptr, s);
+                   qkv_.get(), QKV, OutType::BF16, nullptr, s,
+                   folded ? GemvExtraRows{E, router_u1_.get(), E} : GemvExtraRows{});
       mark("norm+gemm qkv", g1.first + act * 8, g1.second);
     } else if (fuse_qkv_norm) {
       norm_gemv(residual_.get(), l == 0 ? nullptr : o_.get(), L.input_norm.get(), eps, T, H, L.qkv.get(), QKV,
@@ -296,7 +320,8 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
     mark(fused_input ? "attention decode+qk_norm_rope_kv" : in.decode ? "attention decode" : "attention prefill",
          double(in.kv_tokens) * Hkv * D * 4 + 4.0 * T * QD, 4.0 * double(in.attn_pairs) * Hq * D);
     if (resfuse)  // residual += o, and the partial sums for the router's norm
-      gemv_residual_out(attn_.get(), QD, T, QD, L.o.get(), H, o_.get(), H, residual_.get(), part_attn_.get(), s);
+      gemv_residual_out(attn_.get(), QD, T, QD, L.o.get(), H, o_.get(), H, residual_.get(), part_attn_.get(), s,
+                        folded ? GemvExtraRows{E, router_u2_.get(), E} : GemvExtraRows{});
     else if (run_op(kSkipOproj))
       gemm.run(attn_.get(), QD, T, QD, L.o.get(), H, o_.get(), H, OutType::BF16, s);
     auto g2 = gemm_cost(T, H, QD, 2);
@@ -310,7 +335,14 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
     if (L.is_moe) {
       const int I = int(c.moe_intermediate_size);
       auto g3 = gemm_cost(T, E, H, 4);
-      if (resfuse) {  // the post-attention norm inside the router GEMV, which also writes xn_ for the experts
+      if (folded) {  // the router's logits from the two products, the top-k, and xn_ for the experts
+        FoldedRouterInputs f;
+        f.u1 = router_u1_.get(), f.ld_u1 = E, f.u2 = router_u2_.get(), f.ld_u2 = E;
+        f.part_h = part_moe_.get(), f.part_x = part_attn_.get(), f.nparts = res_parts;
+        f.residual = residual_.get(), f.post_norm = L.post_norm.get(), f.eps = eps, f.H = H, f.xn_out = xn_.get();
+        moe_route_folded(f, T, E, K, c.norm_topk_prob, topk_ids_.get(), topk_w_.get(), s);
+        mark("moe route_folded", act * 8, 0);
+      } else if (resfuse) {  // the post-attention norm inside the router GEMV, which also writes xn_ for the experts
         gemv_norm_in(residual_.get(), part_attn_.get(), res_parts, L.post_norm.get(), eps, T, H, L.router.get(), E,
                      router_logits_.get(), E, OutType::F32, xn_.get(), s);
         mark("norm+gemm router", g3.first + act * 8, g3.second);

@@ -17,7 +17,10 @@
 namespace moeserve::cuda {
 
 struct GpuLayer {
-  DeviceArray<bf16> qkv, o;                          // [(Hq + 2 Hkv) D, H], [H, Hq D]
+  // [(Hq + 2 Hkv) D, H], [H, Hq D]; with router_folded each has E rows more after those, the folded router's
+  // products (fold_router_weights: u1's rows ride in the q/k/v GEMV, u2's in o_proj's; moe_route_folded).
+  DeviceArray<bf16> qkv, o;
+  bool router_folded = false;
   DeviceArray<bf16> q_norm, k_norm, input_norm, post_norm;
   bool is_moe = false;
   DeviceArray<bf16> router;                          // [E, H]
@@ -140,6 +143,7 @@ class GpuQwen3 {
   // The residual fusion's partial sums of squares: written by o_proj (read by the router), by the MoE (read by the
   // next layer's q/k/v); [kResidualGemvMaxM][hidden / 16] each.
   DeviceArray<float> part_attn_, part_moe_;
+  DeviceArray<float> router_u1_, router_u2_;  // the folded router's products [kResidualGemvMaxM, E]
   DeviceArray<uint8_t> moe_ws_, decode_ws_;
 };
 

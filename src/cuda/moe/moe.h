@@ -44,6 +44,30 @@ void moe_route_topk(const float* logits, int T, int E, int k, bool renormalize, 
 // Serves moe_router_topk_fits(T, H, E, k) shapes: T <= 8, H a multiple of 8 up to 4096.
 constexpr int kFusedRouterMaxTokens = 8;
 bool moe_router_topk_fits(int T, int H, int E, int k);
+
+// The folded router of a decode step of T <= kFusedRouterMaxTokens tokens (the residual fusion's layers): the
+// router's logits W_r rmsnorm(x) g_post for the residual x = h + W_o a after o_proj, from two products the q/k/v and
+// o_proj GEMVs computed as extra rows, u1 = (W_r diag(g_post / g_in)) xn_in (xn_in = rmsnorm(h) g_in, their input)
+// and u2 = (W_r diag(g_post) W_o) a, and the RMS factors of h and x from the partial sums:
+// logits = (u1 / inv_h + u2) inv_x. Then the top-k as moe_route_topk, and xn_out = bf16(x inv_x g_post) (the
+// experts' input). One launch where the router GEMV and the route were two.
+struct FoldedRouterInputs {
+  const float* u1 = nullptr;
+  int64_t ld_u1 = 0;
+  const float* u2 = nullptr;
+  int64_t ld_u2 = 0;
+  const float* part_h = nullptr;  // [T, nparts]: sums of squares of h over parts (the q/k/v GEMV's norm input)
+  const float* part_x = nullptr;  // [T, nparts]: of x (o_proj's residual output)
+  int nparts = 0;
+  const float* residual = nullptr;  // x [T, H]
+  const bf16* post_norm = nullptr;  // g_post [H]
+  float eps = 0;
+  int H = 0;
+  bf16* xn_out = nullptr;       // [T, H]
+  float* logits_out = nullptr;  // [T, E] or null: the logits (tests)
+};
+void moe_route_folded(const FoldedRouterInputs& f, int T, int E, int k, bool renormalize, int32_t* ids,
+                      float* weights, cudaStream_t stream);
 void moe_router_topk(const bf16* x, const bf16* router, int T, int H, int E, int k, bool renormalize,
                      float* logits, int* counter, int32_t* ids, float* weights, cudaStream_t stream);
 

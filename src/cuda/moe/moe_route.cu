@@ -29,18 +29,14 @@ constexpr int kRouteWarpsPerBlock = 4;
 // One warp routes token t from its logits row l: lane l holds experts l, l + 32, ... (SLOTS of them: the
 // dispatcher below picks the fewest that cover E, since every slot costs the whole warp a double exp and a
 // compare in each of the k rounds). The row may have been written by other blocks of the same grid (the fused
-// router): read through L2.
+// router): read through L2. route_token_values: the top-k of a token whose logits the warp holds already (lane l:
+// expert l + 32 i in v[i], -INFINITY past E).
 template <int SLOTS>
-__device__ __forceinline__ void route_token_slots(const float* l, int t, int E, int k, bool renormalize,
-                                                  int32_t* ids, float* weights, int lane) {
-  float v[SLOTS];
+__device__ __forceinline__ void route_token_values(const float (&v)[SLOTS], int t, int E, int k, bool renormalize,
+                                                   int32_t* ids, float* weights, int lane) {
   float mx = -INFINITY;
 #pragma unroll
-  for (int i = 0; i < SLOTS; ++i) {
-    const int e = lane + 32 * i;
-    v[i] = e < E ? __ldcg(l + e) : -INFINITY;
-    mx = fmaxf(mx, v[i]);
-  }
+  for (int i = 0; i < SLOTS; ++i) mx = fmaxf(mx, v[i]);
 #pragma unroll
   for (int d = 16; d > 0; d >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, d));
   double ex[SLOTS];  // exp(logit - max) in double, as the CPU computes it; once per expert
@@ -86,11 +82,108 @@ __device__ __forceinline__ void route_token_slots(const float* l, int t, int E, 
   if (lane < k) weights[size_t(t) * k + lane] = renormalize ? chosen_p / total : chosen_p;
 }
 
+// logit(e) gives expert e's logit (e < E).
+template <int SLOTS, typename Logit>
+__device__ __forceinline__ void route_token_slots(const Logit& logit, int t, int E, int k, bool renormalize,
+                                                  int32_t* ids, float* weights, int lane) {
+  float v[SLOTS];
+#pragma unroll
+  for (int i = 0; i < SLOTS; ++i) {
+    const int e = lane + 32 * i;
+    v[i] = e < E ? logit(e) : -INFINITY;
+  }
+  route_token_values(v, t, E, k, renormalize, ids, weights, lane);
+}
+
+template <typename Logit>
+__device__ __forceinline__ void route_token_with(const Logit& logit, int t, int E, int k, bool renormalize,
+                                                 int32_t* ids, float* weights, int lane) {
+  if (E <= 128) route_token_slots<4>(logit, t, E, k, renormalize, ids, weights, lane);
+  else if (E <= 256) route_token_slots<8>(logit, t, E, k, renormalize, ids, weights, lane);
+  else route_token_slots<kRouteMaxPerLane>(logit, t, E, k, renormalize, ids, weights, lane);
+}
+
 __device__ __forceinline__ void route_token(const float* l, int t, int E, int k, bool renormalize, int32_t* ids,
                                             float* weights, int lane) {
-  if (E <= 128) route_token_slots<4>(l, t, E, k, renormalize, ids, weights, lane);
-  else if (E <= 256) route_token_slots<8>(l, t, E, k, renormalize, ids, weights, lane);
-  else route_token_slots<kRouteMaxPerLane>(l, t, E, k, renormalize, ids, weights, lane);
+  route_token_with([l](int e) { return __ldcg(l + e); }, t, E, k, renormalize, ids, weights, lane);
+}
+
+// ---- The folded router (moe_route_folded): the logits from the two products that rode in the q/k/v and o_proj
+// GEMVs, rescaled by the two RMS factors from the residual stream's partial sums, then the top-k (warp w < T routes
+// token w); the other warps write the experts' input rmsnorm(x) * w meanwhile (all warps, after routing, at T = 8).
+// Every load a warp needs is issued before its first reduction, so each path is one L2 round trip deep.
+constexpr int kFoldedWarps = 8;
+constexpr int kFoldedThreads = kFoldedWarps * 32;
+constexpr int kMaxPartsPerLane = 8;  // nparts <= 256: H <= 4096
+
+// Sums of squares over the parts held as lane + 32 j, in gemv_norm_in's order (lanes strided, then a fixed xor
+// tree), so the RMS factor is bitwise the one that kernel applies.
+__device__ __forceinline__ float rms_inverse_of(const float (&v)[kMaxPartsPerLane], int H, float eps) {
+  float ss = 0.f;
+#pragma unroll
+  for (int j = 0; j < kMaxPartsPerLane; ++j) ss += v[j];  // absent parts are 0: adding them changes nothing
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  return rsqrtf(ss / float(H) + eps);
+}
+
+__device__ __forceinline__ void load_parts(const float* part, int nparts, int lane, float (&v)[kMaxPartsPerLane]) {
+#pragma unroll
+  for (int j = 0; j < kMaxPartsPerLane; ++j) v[j] = lane + 32 * j < nparts ? __ldcg(part + lane + 32 * j) : 0.f;
+}
+
+template <int SLOTS>
+__global__ void __launch_bounds__(kFoldedThreads)
+    route_folded_kernel(FoldedRouterInputs f, int T, int E, int k, bool renormalize, int32_t* ids, float* weights) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  pdl_enter();
+  if (warp < T) {
+    const int t = warp;
+    float ph[kMaxPartsPerLane], px[kMaxPartsPerLane], u1[SLOTS], u2[SLOTS];
+    load_parts(f.part_h + int64_t(t) * f.nparts, f.nparts, lane, ph);
+    load_parts(f.part_x + int64_t(t) * f.nparts, f.nparts, lane, px);
+#pragma unroll
+    for (int i = 0; i < SLOTS; ++i) {
+      const int e = lane + 32 * i;
+      u1[i] = e < E ? __ldcg(f.u1 + int64_t(t) * f.ld_u1 + e) : 0.f;
+      u2[i] = e < E ? __ldcg(f.u2 + int64_t(t) * f.ld_u2 + e) : 0.f;
+    }
+    const float inv_h = rms_inverse_of(ph, f.H, f.eps), inv_x = rms_inverse_of(px, f.H, f.eps);
+    // u1 = (W_r diag(g_post / g_in)) xn_in with xn_in = h inv_h g_in, so W_r diag(g_post) h = u1 / inv_h; with
+    // u2 = (W_r diag(g_post) W_o) a, the router's W_r (g_post x inv_x) for x = h + W_o a is (u1 / inv_h + u2) inv_x.
+    float v[SLOTS];
+#pragma unroll
+    for (int i = 0; i < SLOTS; ++i) {
+      const int e = lane + 32 * i;
+      v[i] = e < E ? (u1[i] / inv_h + u2[i]) * inv_x : -INFINITY;
+      if (f.logits_out != nullptr && e < E) f.logits_out[int64_t(t) * E + e] = v[i];
+    }
+    route_token_values(v, t, E, k, renormalize, ids, weights, lane);
+    if (T < kFoldedWarps) return;  // the other warps write the experts' input
+  }
+  // The experts' input: each token's float4 columns split evenly over the writing warps.
+  const int writers = T < kFoldedWarps ? kFoldedWarps - T : kFoldedWarps;
+  const int w = T < kFoldedWarps ? warp - T : warp;
+  const int q = f.H / 4, per = (q + writers - 1) / writers, c0 = w * per, c1 = min(q, c0 + per);
+  for (int t = 0; t < T; ++t) {
+    float px[kMaxPartsPerLane];
+    load_parts(f.part_x + int64_t(t) * f.nparts, f.nparts, lane, px);
+    const float4* r = reinterpret_cast<const float4*>(f.residual + int64_t(t) * f.H);
+    for (int cb = c0; cb < c1; cb += 4 * 32) {
+      float4 x[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int c = cb + lane + 32 * u;
+        x[u] = c < c1 ? __ldcg(r + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+      const float inv = rms_inverse_of(px, f.H, f.eps);
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int c = cb + lane + 32 * u;
+        if (c < c1) store_norm4(f.xn_out + int64_t(t) * f.H + 4 * c, x[u], f.post_norm + 4 * c, inv);
+      }
+    }
+  }
 }
 
 // One warp per token.
@@ -188,6 +281,21 @@ void moe_route_topk(const float* logits, int T, int E, int k, bool renormalize, 
   const int blocks = int(ceil_div(T, kRouteWarpsPerBlock));
   launch_pdl(route_topk_kernel, dim3(blocks), dim3(kRouteWarpsPerBlock * 32), 0, stream, logits, T, E, k,
              renormalize, ids, weights);
+}
+
+void moe_route_folded(const FoldedRouterInputs& f, int T, int E, int k, bool renormalize, int32_t* ids,
+                      float* weights, cudaStream_t stream) {
+  MS_CHECK(T >= 1 && T <= kFusedRouterMaxTokens && T <= kFoldedWarps,
+           "moe_route_folded: {} tokens (at most {})", T, kFusedRouterMaxTokens);
+  MS_CHECK(E >= 1 && E <= 32 * kRouteMaxPerLane && k >= 1 && k <= E && k <= kRouteMaxTopK,
+           "moe_route_folded: top_k {} of {} experts", k, E);
+  MS_CHECK(f.H > 0 && f.H % 4 == 0 && f.nparts >= 1 && f.nparts <= 32 * kMaxPartsPerLane && f.u1 && f.u2 && f.part_h && f.part_x && f.residual &&
+               f.post_norm && f.xn_out && (reinterpret_cast<uintptr_t>(f.residual) & 15) == 0 &&
+               (reinterpret_cast<uintptr_t>(f.xn_out) & 7) == 0 && (reinterpret_cast<uintptr_t>(f.post_norm) & 7) == 0,
+           "moe_route_folded: H {} (a multiple of 4), every input, 16-byte aligned residual, 8-byte aligned xn_out and "
+           "norm weight", f.H);
+  auto kernel = E <= 128 ? route_folded_kernel<4> : E <= 256 ? route_folded_kernel<8> : route_folded_kernel<kRouteMaxPerLane>;
+  launch_pdl(kernel, dim3(1), dim3(kFoldedThreads), 0, stream, f, T, E, k, renormalize, ids, weights);
 }
 
 bool moe_router_topk_fits(int T, int H, int E, int k) {

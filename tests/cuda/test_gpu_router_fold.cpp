@@ -1,0 +1,178 @@
+// The folded router of the decode steps (gpu_model.cpp, moe_route_folded): the router's two products ride as
+// extra rows in the q/k/v GEMV (with the input norm) and in o_proj (with the residual update), and one launch
+// turns them into the router's logits, the top-k and the experts' input. Against the router of the residual
+// stream computed on the host from the same residual (W_r bf16(rmsnorm(x) g_post)), on fresh random inputs of
+// several shapes; the extra rows must leave the GEMVs' own outputs, the residual and its partial sums bitwise as
+// without them. Skipped without a GPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "cuda/device.h"
+#include "cuda/gemm/gemm.h"
+#include "cuda/model/model_kernels.h"
+#include "cuda/moe/moe.h"
+#include "kernels/moe/moe.h"
+
+using namespace moeserve;
+using namespace moeserve::cuda;
+
+namespace {
+
+template <typename T>
+struct Dev {
+  T* p = nullptr;
+  size_t n = 0;
+  explicit Dev(size_t count) : n(count) { MS_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(count * sizeof(T), 16))); }
+  explicit Dev(const std::vector<T>& v) : Dev(v.size()) {
+    MS_CUDA_CHECK(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  Dev(const Dev&) = delete;
+  ~Dev() { cudaFree(p); }
+  std::vector<T> get() const {
+    std::vector<T> v(n);
+    MS_CUDA_CHECK(cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return v;
+  }
+  void poison() { MS_CUDA_CHECK(cudaMemset(p, 0xff, std::max<size_t>(n * sizeof(T), 16))); }
+  const bf16* bf() const { return reinterpret_cast<const bf16*>(p); }
+  bf16* bf() { return reinterpret_cast<bf16*>(p); }
+};
+
+std::vector<uint16_t> random_bf16(size_t n, float lo, float hi, std::mt19937& g) {
+  std::uniform_real_distribution<float> u(lo, hi);
+  std::vector<uint16_t> v(n);
+  for (auto& e : v) e = f32_to_bf16(u(g));
+  return v;
+}
+
+// Sums of squares of each row's 16-element parts, as the residual GEMVs leave them.
+std::vector<float> part_sums(const std::vector<float>& x, int T, int H) {
+  std::vector<float> p(size_t(T) * (H / 16), 0.0f);
+  for (int t = 0; t < T; ++t)
+    for (int b = 0; b < H / 16; ++b) {
+      float s = 0;
+      for (int i = 0; i < 16; ++i) s += x[size_t(t) * H + 16 * b + i] * x[size_t(t) * H + 16 * b + i];
+      p[size_t(t) * (H / 16) + b] = s;
+    }
+  return p;
+}
+
+}  // namespace
+
+TEST(GpuRouterFold, LogitsTopkAndExpertInputMatchTheResidualStreamsRouter) {
+  if (list_devices().empty()) GTEST_SKIP() << "no CUDA device";
+  cudaStream_t st = nullptr;
+  MS_CUDA_CHECK(cudaStreamCreate(&st));
+  std::mt19937 g(77);
+  struct Shape {
+    int E, k, H, QD, N0;  // experts, top-k, hidden, attention width, q/k/v rows
+  };
+  const float eps = 1e-6f;
+  for (const Shape sh : {Shape{128, 8, 2048, 4096, 5120}, Shape{16, 4, 256, 512, 640}, Shape{60, 3, 128, 192, 96}})
+    for (int T : {1, 3, 8}) {
+      const std::string where = fmt::format("E{} k{} H{} QD{} T{}", sh.E, sh.k, sh.H, sh.QD, T);
+      const auto w_r = random_bf16(size_t(sh.E) * sh.H, -3.0f / std::sqrt(float(sh.H)), 3.0f / std::sqrt(float(sh.H)), g);
+      const auto w_o = random_bf16(size_t(sh.H) * sh.QD, -1.7f / std::sqrt(float(sh.QD)), 1.7f / std::sqrt(float(sh.QD)), g);
+      const auto w_qkv = random_bf16(size_t(sh.N0) * sh.H, -0.05f, 0.05f, g);
+      auto g_in = random_bf16(size_t(sh.H), 0.5f, 1.5f, g), g_post = random_bf16(size_t(sh.H), 0.5f, 1.5f, g);
+      for (size_t i = 0; i < g_in.size(); i += 7) g_in[i] = f32_to_bf16(-bf16_to_f32(g_in[i]));  // signs too
+      const auto a = random_bf16(size_t(T) * sh.QD, -1.0f, 1.0f, g);
+      std::vector<float> h(size_t(T) * sh.H);
+      std::normal_distribution<float> nd(0, 1.5f);
+      for (auto& v : h) v = nd(g);
+
+      // The extended weights: q/k/v rows then the folded input rows; o_proj rows then the folded o rows.
+      Dev<uint16_t> d_wr(w_r), d_gin(g_in), d_gpost(g_post), d_wo_plain(w_o);
+      std::vector<uint16_t> qkv_ext(size_t(sh.N0 + sh.E) * sh.H), o_ext(size_t(sh.H + sh.E) * sh.QD);
+      std::copy(w_qkv.begin(), w_qkv.end(), qkv_ext.begin());
+      std::copy(w_o.begin(), w_o.end(), o_ext.begin());
+      Dev<uint16_t> d_qkv(qkv_ext), d_o(o_ext);
+      fold_router_weights(d_wr.bf(), d_gin.bf(), d_gpost.bf(), d_wo_plain.bf(), sh.E, sh.H, sh.QD,
+                          d_qkv.bf() + size_t(sh.N0) * sh.H, d_o.bf() + size_t(sh.H) * sh.QD, st);
+
+      const auto ph = part_sums(h, T, sh.H);
+      Dev<float> d_h(h), d_ph(ph), d_u1(size_t(T) * sh.E), d_u2(size_t(T) * sh.E);
+      Dev<uint16_t> d_a(a);
+      // Both GEMVs with and without the extra rows: [0] plain, [1] extended.
+      std::vector<uint16_t> y[2], o[2];
+      std::vector<float> res[2], px[2];
+      for (int ext = 0; ext < 2; ++ext) {
+        Dev<uint16_t> d_y(size_t(T) * sh.N0), d_oo(size_t(T) * sh.H);
+        Dev<float> d_res(h), d_px(size_t(T) * (sh.H / 16));
+        d_y.poison(), d_oo.poison(), d_px.poison();
+        if (ext) d_u1.poison(), d_u2.poison();
+        gemv_norm_in(d_h.p, d_ph.p, sh.H / 16, d_gin.bf(), eps, T, sh.H, d_qkv.bf(), sh.N0, d_y.p, sh.N0, OutType::BF16,
+                     nullptr, st, ext ? GemvExtraRows{sh.E, d_u1.p, sh.E} : GemvExtraRows{});
+        gemv_residual_out(d_a.bf(), sh.QD, T, sh.QD, d_o.bf(), sh.H, d_oo.bf(), sh.H, d_res.p, d_px.p, st,
+                          ext ? GemvExtraRows{sh.E, d_u2.p, sh.E} : GemvExtraRows{});
+        MS_CUDA_CHECK(cudaStreamSynchronize(st));
+        y[ext] = d_y.get(), o[ext] = d_oo.get(), res[ext] = d_res.get(), px[ext] = d_px.get();
+        if (!ext) continue;
+        ASSERT_EQ(y[1], y[0]) << where << ": the q/k/v rows changed with the extra rows";
+        ASSERT_EQ(o[1], o[0]) << where << ": o_proj's rows changed with the extra rows";
+        ASSERT_EQ(res[1], res[0]) << where << ": the residual changed with the extra rows";
+        ASSERT_EQ(px[1], px[0]) << where << ": the partial sums changed with the extra rows";
+
+        // The folded route.
+        Dev<uint16_t> d_xn(size_t(T) * sh.H);
+        Dev<float> d_logits(size_t(T) * sh.E), d_w(size_t(T) * sh.k);
+        Dev<int32_t> d_ids(size_t(T) * sh.k);
+        d_xn.poison(), d_logits.poison(), d_ids.poison();
+        FoldedRouterInputs f;
+        f.u1 = d_u1.p, f.ld_u1 = sh.E, f.u2 = d_u2.p, f.ld_u2 = sh.E, f.part_h = d_ph.p, f.part_x = d_px.p;
+        f.nparts = sh.H / 16, f.residual = d_res.p, f.post_norm = d_gpost.bf(), f.eps = eps, f.H = sh.H;
+        f.xn_out = d_xn.bf(), f.logits_out = d_logits.p;
+        moe_route_folded(f, T, sh.E, sh.k, true, d_ids.p, d_w.p, st);
+        MS_CUDA_CHECK(cudaStreamSynchronize(st));
+        const auto xn = d_xn.get();
+        const auto logits = d_logits.get();
+        const auto ids = d_ids.get();
+        const auto& x = res[1];
+        for (int t = 0; t < T; ++t) {
+          double ss = 0;
+          for (int i = 0; i < sh.H; ++i) ss += double(x[size_t(t) * sh.H + i]) * x[size_t(t) * sh.H + i];
+          const double inv = 1.0 / std::sqrt(ss / sh.H + eps);
+          std::vector<double> xn_ref(sh.H);
+          for (int i = 0; i < sh.H; ++i) {
+            xn_ref[i] = double(bf16_to_f32(g_post[i])) * x[size_t(t) * sh.H + i] * inv;
+            const float got = bf16_to_f32(xn[size_t(t) * sh.H + i]);
+            ASSERT_NEAR(got, xn_ref[i], std::fabs(xn_ref[i]) / 128 + 1e-6) << where << " xn t " << t << " i " << i;
+          }
+          // The unfolded router: W_r times the bf16 expert input, summed in f32 or better.
+          std::vector<double> ref(sh.E);
+          double rms = 0;
+          for (int e = 0; e < sh.E; ++e) {
+            double s = 0;
+            for (int i = 0; i < sh.H; ++i)
+              s += double(bf16_to_f32(w_r[size_t(e) * sh.H + i])) * bf16_to_f32(xn[size_t(t) * sh.H + i]);
+            ref[e] = s;
+            rms += s * s;
+          }
+          rms = std::sqrt(rms / sh.E);
+          for (int e = 0; e < sh.E; ++e) {
+            const float got = logits[size_t(t) * sh.E + e];
+            ASSERT_TRUE(std::isfinite(got)) << where;
+            // Both are bf16 approximations of W_r (g_post x inv_x): the folded one rounds the two folded weights
+            // and the q/k/v input (and takes W_o a unrounded), the unfolded one its input; each is ~2^-8 of the
+            // logits' scale, so they differ by up to ~2% of it (a wrong scale or product would be off by ~100%).
+            EXPECT_NEAR(got, ref[e], 0.03 * rms) << where << " t " << t << " e " << e;
+          }
+        }
+        // The top-k is the route of the logits the kernel computed.
+        std::vector<int32_t> want_ids(size_t(T) * sh.k);
+        std::vector<float> want_w(size_t(T) * sh.k);
+        kernels::route_topk(logits.data(), T, sh.E, sh.k, true, want_ids.data(), want_w.data());
+        EXPECT_EQ(ids, want_ids) << where;
+        const auto wts = d_w.get();
+        for (size_t i = 0; i < want_w.size(); ++i) EXPECT_FLOAT_EQ(wts[i], want_w[i]) << where << " weight " << i;
+      }
+    }
+  cudaStreamDestroy(st);
+}
