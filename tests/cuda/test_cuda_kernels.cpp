@@ -153,9 +153,13 @@ TEST(CudaKernels, EmbeddingGathersRows) {
     for (bool from_prev : {false, true}) {
       DevBuf<float> d_res(size_t(T) * H);
       d_res.poison();
+      // With H % 16 == 0, the second pass also asks for the residual fusion's partial sums of squares.
+      const bool parts = from_prev && H % 16 == 0;
+      DevBuf<float> d_parts(size_t(T) * (H / 16) + 1);
+      d_parts.poison();
       if (from_prev)
         cuda::embedding(d_placeholders.get(), d_table.bf(), T, H, d_res.get(), st.get(), d_prev_rows.get(),
-                        d_prev_ids.get());
+                        d_prev_ids.get(), parts ? d_parts.get() : nullptr);
       else
         cuda::embedding(d_ids.get(), d_table.bf(), T, H, d_res.get(), st.get());
       st.sync();
@@ -165,6 +169,18 @@ TEST(CudaKernels, EmbeddingGathersRows) {
         for (int i = 0; i < H; ++i) {
           float want = bf16_to_f32(table[size_t(ids[t]) * H + i]), x = got[size_t(t) * H + i];
           if (!(x == want)) m.add(fmt::format("token {} col {}", t, i), want, x);
+        }
+      if (!parts) continue;
+      auto got_parts = d_parts.download();
+      for (int t = 0; t < T; ++t)
+        for (int j = 0; j < H / 16; ++j) {
+          double want = 0;
+          for (int i = 16 * j; i < 16 * j + 16; ++i) {
+            const double v = bf16_to_f32(table[size_t(ids[t]) * H + i]);
+            want += v * v;
+          }
+          const float x = got_parts[size_t(t) * (H / 16) + j];
+          if (!(std::fabs(x - want) <= 1e-5 * want + 1e-30)) m.add(fmt::format("token {} part {}", t, j), want, x);
         }
     }
   }

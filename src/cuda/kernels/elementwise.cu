@@ -29,8 +29,10 @@ __device__ __forceinline__ int32_t token_id(const int32_t* ids, const int32_t* p
   return ids[t];
 }
 
+// partials (H % 16 == 0): the sums of squares of each 16-element part of the row, as the residual GEMVs leave them
+// (gemv_norm_in applies the first layer's input norm from them). Threads 2 j and 2 j + 1 hold part j.
 __global__ void embedding_vec8_kernel(const int32_t* ids, const int32_t* prev_rows, const int32_t* prev_ids,
-                                      const bf16* table, int H, float* residual) {
+                                      const bf16* table, int H, float* residual, float* partials) {
   pdl_enter();
   const int64_t t = blockIdx.x;
   const bf16* src = table + int64_t(token_id(ids, prev_rows, prev_ids, t)) * H;
@@ -40,6 +42,13 @@ __global__ void embedding_vec8_kernel(const int32_t* ids, const int32_t* prev_ro
     load_bf16<8>(src + 8 * i, v);
     reinterpret_cast<float4*>(dst)[2 * i] = make_float4(v[0], v[1], v[2], v[3]);
     reinterpret_cast<float4*>(dst)[2 * i + 1] = make_float4(v[4], v[5], v[6], v[7]);
+    if (partials != nullptr) {  // both threads of a part are active together (H / 8 is even)
+      float sq = 0.f;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) sq = fmaf(v[j], v[j], sq);
+      sq += __shfl_xor_sync(__activemask(), sq, 1);
+      if ((i & 1) == 0) partials[t * (H / 16) + i / 2] = sq;
+    }
   }
 }
 
@@ -193,13 +202,16 @@ int grid_for(int64_t n, int threads) {
 }  // namespace
 
 void embedding(const int32_t* ids, const bf16* table, int T, int H, float* residual, cudaStream_t stream,
-               const int32_t* prev_rows, const int32_t* prev_ids) {
+               const int32_t* prev_rows, const int32_t* prev_ids, float* partials) {
   MS_CHECK(T >= 0 && H > 0, "embedding: T {} H {}", T, H);
   MS_CHECK((prev_rows == nullptr) == (prev_ids == nullptr), "embedding: prev_rows and prev_ids go together");
+  const bool vec8 = H % 8 == 0 && aligned_to(table, 16) && aligned_to(residual, 16);
+  MS_CHECK(partials == nullptr || (vec8 && H % 16 == 0),
+           "embedding: partial sums need H {} a multiple of 16 and 16-byte aligned rows", H);
   if (T == 0) return;
-  if (H % 8 == 0 && aligned_to(table, 16) && aligned_to(residual, 16)) {
+  if (vec8) {
     const int threads = H / 8 >= 256 ? 256 : int(ceil_div(H / 8, 32) * 32);
-    embedding_vec8_kernel<<<T, threads, 0, stream>>>(ids, prev_rows, prev_ids, table, H, residual);
+    embedding_vec8_kernel<<<T, threads, 0, stream>>>(ids, prev_rows, prev_ids, table, H, residual, partials);
   } else {
     embedding_scalar_kernel<<<T, 256, 0, stream>>>(ids, prev_rows, prev_ids, table, H, residual);
   }

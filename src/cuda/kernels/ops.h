@@ -9,8 +9,10 @@ namespace moeserve::cuda {
 
 // residual[t, :] = float(table[id of t, :]) for t < T. The id of t is ids[t] (checked by the host before the step),
 // or, where prev_rows[t] >= 0, prev_ids[prev_rows[t]]: a token the step before sampled and left on the device.
+// partials (H % 16 == 0): also partials[t, j] = the sum of squares of residual[t, 16 j .. 16 j + 15], the residual
+// fusion's form (gemv_norm_in).
 void embedding(const int32_t* ids, const bf16* table, int T, int H, float* residual, cudaStream_t stream,
-               const int32_t* prev_rows = nullptr, const int32_t* prev_ids = nullptr);
+               const int32_t* prev_rows = nullptr, const int32_t* prev_ids = nullptr, float* partials = nullptr);
 
 // out[r, :] = bf16(x[r, :] * rsqrt(mean(x[r]^2) + eps) * w), the norm computed in f32.
 void rmsnorm(const float* x, const bf16* w, float eps, int rows, int dim, bf16* out, cudaStream_t stream);

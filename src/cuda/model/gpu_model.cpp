@@ -90,15 +90,14 @@ void GpuQwen3::upload(const Qwen3Model& cpu, cudaStream_t stream, ThreadPool& po
   }
   final_norm_ = put(cpu.final_norm_weight());
   layers_.resize(layers.size());
-  // The folded router (moe_route_folded) for the MoE layers after the first (the first layer's input norm is not
-  // inside its q/k/v GEMV), where the input norm has no (near-)zero weight to divide by. MOESERVE_ROUTER_FOLD=0: off
-  // (A/B).
+  // The folded router (moe_route_folded) for the MoE layers whose input norm has no (near-)zero weight to divide by.
+  // MOESERVE_ROUTER_FOLD=0: off (A/B).
   const bool fold = env_flag("MOESERVE_ROUTER_FOLD", true);
   const int64_t E_fold = c.is_moe() ? c.num_experts : 0;
   for (size_t l = 0; l < layers.size(); ++l) {
     const Qwen3Layer& L = layers[l];
     GpuLayer& G = layers_[l];
-    G.router_folded = fold && L.is_moe && l > 0 && ((Hq + 2 * Hkv) * D) % 16 == 0 && H % 16 == 0 && [&] {
+    G.router_folded = fold && L.is_moe && ((Hq + 2 * Hkv) * D) % 16 == 0 && H % 16 == 0 && [&] {
       const Tensor g = to_f32(L.input_norm);
       const float* p = g.ptr<float>();
       return std::all_of(p, p + g.numel(), [](float v) { return std::fabs(v) >= 1e-12f; });
@@ -269,14 +268,20 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
   const bool fused_input = in.decode && T <= 64 && !be_.reference_attention && be_.fused_attention_input &&
                            attention_input_stage_fusable(ash, rope_) &&
                            (!decode_gqa_usable(ash, T) || decode_gqa_fused_input());
-  embedding(in.tokens, embed_.get(), T, H, residual_.get(), s, in.prev_rows, in.prev_ids);
+  // With the residual fusion the embedding also leaves the partial sums, so the first layer's q/k/v GEMV applies
+  // its input norm too (no norm launch) and its router folds like the others'. MOESERVE_EMBED_PARTIALS=0: off (A/B).
+  static const bool embed_partials_on = env_flag("MOESERVE_EMBED_PARTIALS", true);
+  const bool embed_parts = resfuse && embed_partials_on && H % 16 == 0;
+  embedding(in.tokens, embed_.get(), T, H, residual_.get(), s, in.prev_rows, in.prev_ids,
+            embed_parts ? part_moe_.get() : nullptr);
   mark("embedding", act * 6, 0);
   for (size_t l = 0; l < layers_.size(); ++l) {
     GpuLayer& L = layers_[l];
     auto g1 = gemm_cost(T, QKV, H, 2);
     // The folded router's first product rides in this layer's q/k/v GEMV, its second in o_proj (GpuLayer).
-    const bool folded = resfuse && l > 0 && L.router_folded;
-    if (resfuse && l > 0) {  // the previous layer's MoE updated the residual and left its partial sums
+    const bool norm_in = resfuse && (l > 0 || embed_parts);
+    const bool folded = norm_in && L.router_folded;
+    if (norm_in) {  // the previous layer's MoE (or the embedding) updated the residual and left its partial sums
       gemv_norm_in(residual_.get(), part_moe_.get(), res_parts, L.input_norm.get(), eps, T, H, L.qkv.get(), QKV,
                    qkv_.get(), QKV, OutType::BF16, nullptr, s,
                    folded ? GemvExtraRows{E, router_u1_.get(), E} : GemvExtraRows{});
