@@ -4,7 +4,8 @@
 # 1 request (512 in / 128 out), 64 and 128 concurrent (512 / 128) and prefill-heavy (512 in / 1 out), and
 # prints one table with SPEC.md's targets beside the figures.
 # Env: MODELS (default "q30b8l"; "q30b8l q30b" for both: q30b needs ~57 GiB of disk, the q30b8l copy is removed
-# first), BENCH_DIR (models; default /tmp/moeserve-bench), SERVE_ARGS (extra serve flags), SCENARIOS (default
+# first, and q30b stays on disk afterwards: on the 64 GiB GPU machine nothing else that writes to disk fits after
+# it in the same call - run tests and A/Bs before it, or remove BENCH_DIR/q30b), BENCH_DIR (models; default /tmp/moeserve-bench), SERVE_ARGS (extra serve flags), SCENARIOS (default
 # "decode1 conc64 conc128 prefill": a subset for quick A/B), OUT (where logs.tgz goes).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)

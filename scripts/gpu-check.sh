@@ -81,6 +81,10 @@ run test_cuda_gemm_noring ok env MOESERVE_GEMV_RING=0 "$BUILD/tests/test_cuda_ge
 run test_gpu_model_norm_paths ok env MOESERVE_RESIDUAL_FUSION=0 MOESERVE_GEMV_RING=0 MOESERVE_MOE_COMBINE_NORM=1 \
   "$BUILD/tests/test_gpu_model" --gtest_brief=1
 run test_gpu_parity_combine_norm ok env MOESERVE_MOE_COMBINE_NORM=1 "$BUILD/tests/test_gpu_parity" --gtest_brief=1
+# The decode-step switches of session 16 off: the unfolded router (router GEMV + route launch), layer 0's norm
+# launch instead of the embedding's partial sums, and every step copy on the compute stream.
+run test_gpu_model_unfolded ok env MOESERVE_ROUTER_FOLD=0 MOESERVE_EMBED_PARTIALS=0 MOESERVE_STEP_STREAMS=0 \
+  "$BUILD/tests/test_gpu_model" --gtest_brief=1
 # The mma.sync prefill attention tiles at head_dim 128 too (the default there is the wgmma kernel on sm_90), and the
 # 16-row decode tiles (the default at head_dim 128 and groups of up to 8 is the keys-as-M kernel).
 run test_cuda_kernels_mma ok env MOESERVE_ATTN_PREFILL_WGMMA=0 MOESERVE_ATTN_DECODE_GQA_MIN=0 "$BUILD/tests/test_cuda_kernels" --gtest_brief=1

@@ -1,0 +1,90 @@
+#!/usr/bin/env python3
+"""Summarises a scheduler step trace (MOESERVE_STEP_TRACE=file on `moeserve serve`).
+
+Each CSV line is one collected step: when it was launched and collected (host seconds), its decodes, prompt tokens
+and prompt sequences, the rows it sampled, and the running / waiting counts. A step's device time is taken as the time
+from the later of its launch and the previous step's collection to its own collection (the overlap schedule keeps up
+to two steps in flight). Runs separated by an idle gap (default 0.25 s) are reported apart, e.g. the scenarios of one
+gpu-bench server.
+
+  tools/step_trace_summary.py steps.csv [--gap 0.25] [--steps]
+"""
+import argparse
+import csv
+import collections
+import sys
+
+
+def load(path):
+    with open(path) as f:
+        rows = [{k: float(v) for k, v in r.items()} for r in csv.DictReader(f)]
+    prev = None
+    for r in rows:
+        start = r["launched_s"] if prev is None else max(r["launched_s"], prev)
+        r["device_s"] = r["collected_s"] - start
+        prev = r["collected_s"]
+    return rows
+
+
+def split_runs(rows, gap):
+    runs = []
+    for r in rows:
+        if not runs or r["launched_s"] - runs[-1][-1]["collected_s"] > gap:
+            runs.append([])
+        runs[-1].append(r)
+    return runs
+
+
+def kind(r):
+    if r["prompt_tokens"] > 0:
+        return "prompt" if r["decodes"] == 0 else "mixed"
+    return "decode"
+
+
+def summarise(run, index, out):
+    span = run[-1]["collected_s"] - run[0]["launched_s"]
+    decodes = sum(r["decodes"] for r in run)
+    prompt = sum(r["prompt_tokens"] for r in run)
+    out.write(f"run {index}: {len(run)} steps in {span * 1e3:.1f} ms, {decodes:.0f} decodes, {prompt:.0f} prompt tokens, "
+              f"{sum(r['sampled'] for r in run):.0f} samples\n")
+    groups = collections.defaultdict(list)
+    for r in run:
+        groups[kind(r)].append(r)
+    for k in ("decode", "mixed", "prompt"):
+        g = groups.get(k)
+        if not g:
+            continue
+        t = sorted(r["device_s"] for r in g)
+        out.write(f"  {k:<7} {len(g):5d} steps, {sum(t) * 1e3:9.1f} ms, median {t[len(t) // 2] * 1e3:7.2f} ms, "
+                  f"max {t[-1] * 1e3:7.2f} ms, decodes a step {sum(r['decodes'] for r in g) / len(g):6.1f}, "
+                  f"prompt tokens a step {sum(r['prompt_tokens'] for r in g) / len(g):7.0f}\n")
+    # Decode steps by batch size: a partial batch costs nearly a full one when the step is weight-bound.
+    sizes = collections.Counter(int(r["decodes"]) for r in groups.get("decode", []))
+    if sizes:
+        top = ", ".join(f"{b}: {n}" for b, n in sorted(sizes.items(), key=lambda x: -x[1])[:8])
+        out.write(f"  decode steps by batch size (most frequent first): {top}\n")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("trace")
+    ap.add_argument("--gap", type=float, default=0.25, help="idle seconds that separate two runs")
+    ap.add_argument("--steps", action="store_true", help="also list every non-decode step and partial decode batch")
+    a = ap.parse_args()
+    rows = load(a.trace)
+    if not rows:
+        sys.exit(f"{a.trace}: no steps")
+    for i, run in enumerate(split_runs(rows, a.gap)):
+        summarise(run, i, sys.stdout)
+        if a.steps:
+            full = max(int(r["decodes"]) for r in run)
+            t0 = run[0]["launched_s"]
+            for r in run:
+                if kind(r) != "decode" or int(r["decodes"]) < full:
+                    print(f"    t {1e3 * (r['launched_s'] - t0):9.2f} ms  {kind(r):<7} decodes {r['decodes']:4.0f}  "
+                          f"prompt {r['prompt_tokens']:6.0f} in {r['prompt_seqs']:3.0f} seqs  "
+                          f"device {1e3 * r['device_s']:6.2f} ms  running {r['running']:4.0f}  waiting {r['waiting']:4.0f}")
+
+
+if __name__ == "__main__":
+    main()
