@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Summarises a scheduler step trace (MOESERVE_STEP_TRACE=file on `moeserve serve`).
 
-Each CSV line is one collected step: when it was launched and collected (host seconds), its decodes, prompt tokens
-and prompt sequences, the rows it sampled, and the running / waiting counts. A step's device time is taken as the time
+Each CSV line is one collected step: when its launch began, how long the launch took on the host (launch_ms; absent
+in traces before it was added), when it was collected (host seconds), its decodes, prompt tokens and prompt
+sequences, the rows it sampled, and the running / waiting counts. A launch longer than the step before it leaves the
+device idle (host-bound). A step's device time is taken as the time
 from the later of its launch and the previous step's collection to its own collection (the overlap schedule keeps up
 to two steps in flight). Runs separated by an idle gap (default 0.25 s) are reported apart, e.g. the scenarios of one
 gpu-bench server.
@@ -58,6 +60,15 @@ def summarise(run, index, out):
         out.write(f"  {k:<7} {len(g):5d} steps, {sum(t) * 1e3:9.1f} ms, median {t[len(t) // 2] * 1e3:7.2f} ms, "
                   f"max {t[-1] * 1e3:7.2f} ms, decodes a step {sum(r['decodes'] for r in g) / len(g):6.1f}, "
                   f"prompt tokens a step {sum(r['prompt_tokens'] for r in g) / len(g):7.0f}\n")
+        if "launch_ms" in g[0]:
+            lt = sorted(r["launch_ms"] for r in g)
+            out.write(f"          host launch median {lt[len(lt) // 2]:6.2f} ms, max {lt[-1]:6.2f} ms\n")
+    if "launch_ms" in run[0]:
+        # A launch that outlasts the step before it (the overlap schedule launches n + 1 while n runs).
+        slow = [b for a, b in zip(run, run[1:]) if b["launch_ms"] * 1e-3 > a["device_s"]]
+        if slow:
+            out.write(f"  host-bound launches: {len(slow)} (longer than the step before them), "
+                      f"{sum(r['launch_ms'] for r in slow):.1f} ms of launch in all\n")
     # Decode steps by batch size: a partial batch costs nearly a full one when the step is weight-bound.
     sizes = collections.Counter(int(r["decodes"]) for r in groups.get("decode", []))
     if sizes:

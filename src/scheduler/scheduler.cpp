@@ -36,7 +36,8 @@ Scheduler::Scheduler(ModelRunner& runner, const SchedulerOptions& opts)
     trace_.reset(std::fopen(opts_.step_trace_path.c_str(), "w"));
     if (!trace_) throw_user("cannot write the step trace to {}", opts_.step_trace_path);
     std::setvbuf(trace_.get(), nullptr, _IOLBF, 0);  // a line a step, readable while the server runs
-    std::fprintf(trace_.get(), "launched_s,collected_s,decodes,prompt_tokens,prompt_seqs,sampled,running,waiting\n");
+    std::fprintf(trace_.get(),
+                 "launched_s,launch_ms,collected_s,decodes,prompt_tokens,prompt_seqs,sampled,running,waiting\n");
   }
 }
 
@@ -49,7 +50,8 @@ void Scheduler::trace_step(const LaunchedStep& st, double collected_s) {
     else prompt_tokens += chunk, ++prompt_seqs;
     if (st.logit_row_of[i] >= 0) ++sampled;
   }
-  std::fprintf(trace_.get(), "%.6f,%.6f,%lld,%lld,%lld,%lld,%zu,%zu\n", st.launched_s, collected_s,
+  std::fprintf(trace_.get(), "%.6f,%.3f,%.6f,%lld,%lld,%lld,%lld,%zu,%zu\n", st.launched_s, st.launch_s * 1e3,
+               collected_s,
                (long long)decodes, (long long)prompt_tokens, (long long)prompt_seqs, (long long)sampled,
                running_.size(), waiting_.size());
 }
@@ -322,8 +324,10 @@ void Scheduler::launch(StepBatch b) {
   if (!b.fb.previous_samples.empty()) b.fb.previous_samples.resize(b.fb.tokens.size(), -1);
   const double t0 = now_s();
   runner_.launch(b.fb, b.specs);
-  stats_.forward_seconds += now_s() - t0;
+  const double t1 = now_s();
+  stats_.forward_seconds += t1 - t0;
   b.step.launched_s = t0;
+  b.step.launch_s = t1 - t0;
   launched_.push_back(std::move(b.step));
 }
 

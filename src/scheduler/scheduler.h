@@ -38,8 +38,9 @@ struct SchedulerOptions {
   // would build once the running step is in, its decodes fed the running step's samples on the device), so
   // prefill-heavy phases overlap too. Off: only all-decode batches are launched ahead.
   bool overlap_mixed_steps = true;
-  // Diagnostics: one CSV line a collected step (when it was launched and collected, its decodes, prompt tokens,
-  // new admissions, and the running / waiting counts then) appended to this file. Empty: off.
+  // Diagnostics: one CSV line a collected step (when its launch began and how long the launch took on the host, when
+  // it was collected, its decodes, prompt tokens and sequences, sampled rows, and the running / waiting counts
+  // then) written to this file. Empty: off.
   std::string step_trace_path;
 };
 
@@ -117,7 +118,7 @@ class Scheduler {
   struct LaunchedStep {
     Plan plan;
     std::vector<int64_t> logit_row_of;  // per plan entry: its logit row, or -1
-    double launched_s = 0;              // for the step trace
+    double launched_s = 0, launch_s = 0;  // for the step trace: when the launch began, and how long it took
   };
   // A step's batch as it is built: the forward batch, the plan with its logit rows, one spec a logit row.
   struct StepBatch {

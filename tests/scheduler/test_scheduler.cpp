@@ -460,18 +460,19 @@ TEST_P(SchedulerP, StepTraceAccountsForEveryToken) {
   std::ifstream in(path);
   std::string line;
   ASSERT_TRUE(std::getline(in, line));
-  EXPECT_EQ(line, "launched_s,collected_s,decodes,prompt_tokens,prompt_seqs,sampled,running,waiting");
+  EXPECT_EQ(line, "launched_s,launch_ms,collected_s,decodes,prompt_tokens,prompt_seqs,sampled,running,waiting");
   int64_t decodes = 0, prompt_tokens = 0, sampled = 0, steps = 0;
   double last_collected = 0;
   while (std::getline(in, line)) {
     std::stringstream ss(line);
     std::vector<double> f;
     for (std::string cell; std::getline(ss, cell, ',');) f.push_back(std::stod(cell));
-    ASSERT_EQ(f.size(), 8u) << line;
-    EXPECT_LE(f[0], f[1]) << line;
-    EXPECT_GE(f[1], last_collected) << line;
-    last_collected = f[1];
-    decodes += int64_t(f[2]), prompt_tokens += int64_t(f[3]), sampled += int64_t(f[5]);
+    ASSERT_EQ(f.size(), 9u) << line;
+    EXPECT_GE(f[1], 0.0) << line;
+    EXPECT_LE(f[0] + f[1] * 1e-3, f[2] + 1e-6) << line;  // launched, then collected
+    EXPECT_GE(f[2], last_collected) << line;
+    last_collected = f[2];
+    decodes += int64_t(f[3]), prompt_tokens += int64_t(f[4]), sampled += int64_t(f[6]);
     ++steps;
   }
   std::filesystem::remove(path);
