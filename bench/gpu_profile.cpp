@@ -51,10 +51,16 @@ void release(ModelRunner& r, Batch& b) {
 
 constexpr int kWarmupSteps = 3;  // untimed steps before served_step_us's timed ones
 
-double served_step_us(ModelRunner& r, const ForwardBatch& fb, int iters) {
+// Greedy sampling for every logit row of fb (rng: kept alive by the caller).
+std::vector<SampleSpec> greedy_specs(const ForwardBatch& fb, std::mt19937_64& rng) {
   std::vector<SampleSpec> specs(fb.logit_rows.size());
-  std::mt19937_64 rng(1);
   for (auto& s : specs) s.sampler.temperature = 0, s.rng = &rng;
+  return specs;
+}
+
+double served_step_us(ModelRunner& r, const ForwardBatch& fb, int iters) {
+  std::mt19937_64 rng(1);
+  const std::vector<SampleSpec> specs = greedy_specs(fb, rng);
   std::vector<Sampled> out;
   for (int i = 0; i < kWarmupSteps; ++i) r.step(fb, specs, out);
   auto t0 = std::chrono::steady_clock::now();
@@ -66,9 +72,8 @@ double served_step_us(ModelRunner& r, const ForwardBatch& fb, int iters) {
 // the device) before step i is collected, so the host's work hides behind the device's and what remains between two
 // steps' kernels is the stream's own work at the boundary (copies, event, graph launch).
 double overlapped_step_us(ModelRunner& r, const ForwardBatch& fb, int iters) {
-  std::vector<SampleSpec> specs(fb.logit_rows.size());
   std::mt19937_64 rng(1);
-  for (auto& s : specs) s.sampler.temperature = 0, s.rng = &rng;
+  const std::vector<SampleSpec> specs = greedy_specs(fb, rng);
   ForwardBatch next = fb;
   next.previous_samples.resize(fb.tokens.size());
   for (size_t i = 0; i < next.previous_samples.size(); ++i) next.previous_samples[i] = int32_t(i);

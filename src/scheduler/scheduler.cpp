@@ -45,8 +45,7 @@ void Scheduler::trace_step(const LaunchedStep& st, double collected_s) {
   int64_t decodes = 0, prompt_tokens = 0, prompt_seqs = 0, sampled = 0;
   for (size_t i = 0; i < st.plan.size(); ++i) {
     const auto& [r, chunk] = st.plan[i];
-    const bool decode = chunk == 1 && r->computed + 1 > int64_t(r->prompt.size());
-    if (decode) ++decodes;
+    if (chunk == 1 && r->computed >= int64_t(r->prompt.size())) ++decodes;  // a generated token
     else prompt_tokens += chunk, ++prompt_seqs;
     if (st.logit_row_of[i] >= 0) ++sampled;
   }

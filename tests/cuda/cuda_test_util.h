@@ -20,6 +20,7 @@ struct Dev {
   T* p = nullptr;
   size_t n = 0;
   explicit Dev(size_t count) : n(count) { MS_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(count, 1) * sizeof(T))); }
+  explicit Dev(const std::vector<T>& h) : Dev(h.size()) { upload(h); }
   ~Dev() { cudaFree(p); }
   Dev(const Dev&) = delete;
   Dev& operator=(const Dev&) = delete;

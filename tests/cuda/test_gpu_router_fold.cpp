@@ -15,6 +15,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "cuda/device.h"
+#include "cuda_test_util.h"
 #include "cuda/gemm/gemm.h"
 #include "cuda/model/model_kernels.h"
 #include "cuda/moe/moe.h"
@@ -25,25 +26,8 @@ using namespace moeserve::cuda;
 
 namespace {
 
-template <typename T>
-struct Dev {
-  T* p = nullptr;
-  size_t n = 0;
-  explicit Dev(size_t count) : n(count) { MS_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(count * sizeof(T), 16))); }
-  explicit Dev(const std::vector<T>& v) : Dev(v.size()) {
-    MS_CUDA_CHECK(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
-  }
-  Dev(const Dev&) = delete;
-  ~Dev() { cudaFree(p); }
-  std::vector<T> get() const {
-    std::vector<T> v(n);
-    MS_CUDA_CHECK(cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
-    return v;
-  }
-  void poison() { MS_CUDA_CHECK(cudaMemset(p, 0xff, std::max<size_t>(n * sizeof(T), 16))); }
-  const bf16* bf() const { return reinterpret_cast<const bf16*>(p); }
-  bf16* bf() { return reinterpret_cast<bf16*>(p); }
-};
+using cuda_test::Dev;
+bf16* bf(Dev<uint16_t>& d) { return reinterpret_cast<bf16*>(d.p); }
 
 std::vector<uint16_t> random_bf16(size_t n, float lo, float hi, std::mt19937& g) {
   std::uniform_real_distribution<float> u(lo, hi);
@@ -67,7 +51,7 @@ std::vector<float> part_sums(const std::vector<float>& x, int T, int H) {
 }  // namespace
 
 TEST(GpuRouterFold, LogitsTopkAndExpertInputMatchTheResidualStreamsRouter) {
-  if (list_devices().empty()) GTEST_SKIP() << "no CUDA device";
+  SKIP_WITHOUT_GPU();
   cudaStream_t st = nullptr;
   MS_CUDA_CHECK(cudaStreamCreate(&st));
   std::mt19937 g(77);
@@ -94,8 +78,8 @@ TEST(GpuRouterFold, LogitsTopkAndExpertInputMatchTheResidualStreamsRouter) {
       std::copy(w_qkv.begin(), w_qkv.end(), qkv_ext.begin());
       std::copy(w_o.begin(), w_o.end(), o_ext.begin());
       Dev<uint16_t> d_qkv(qkv_ext), d_o(o_ext);
-      fold_router_weights(d_wr.bf(), d_gin.bf(), d_gpost.bf(), d_wo_plain.bf(), sh.E, sh.H, sh.QD,
-                          d_qkv.bf() + size_t(sh.N0) * sh.H, d_o.bf() + size_t(sh.H) * sh.QD, st);
+      fold_router_weights(bf(d_wr), bf(d_gin), bf(d_gpost), bf(d_wo_plain), sh.E, sh.H, sh.QD,
+                          bf(d_qkv) + size_t(sh.N0) * sh.H, bf(d_o) + size_t(sh.H) * sh.QD, st);
 
       const auto ph = part_sums(h, T, sh.H);
       Dev<float> d_h(h), d_ph(ph), d_u1(size_t(T) * sh.E), d_u2(size_t(T) * sh.E);
@@ -108,12 +92,12 @@ TEST(GpuRouterFold, LogitsTopkAndExpertInputMatchTheResidualStreamsRouter) {
         Dev<float> d_res(h), d_px(size_t(T) * (sh.H / 16));
         d_y.poison(), d_oo.poison(), d_px.poison();
         if (ext) d_u1.poison(), d_u2.poison();
-        gemv_norm_in(d_h.p, d_ph.p, sh.H / 16, d_gin.bf(), eps, T, sh.H, d_qkv.bf(), sh.N0, d_y.p, sh.N0, OutType::BF16,
+        gemv_norm_in(d_h.p, d_ph.p, sh.H / 16, bf(d_gin), eps, T, sh.H, bf(d_qkv), sh.N0, d_y.p, sh.N0, OutType::BF16,
                      nullptr, st, ext ? GemvExtraRows{sh.E, d_u1.p, sh.E} : GemvExtraRows{});
-        gemv_residual_out(d_a.bf(), sh.QD, T, sh.QD, d_o.bf(), sh.H, d_oo.bf(), sh.H, d_res.p, d_px.p, st,
+        gemv_residual_out(bf(d_a), sh.QD, T, sh.QD, bf(d_o), sh.H, bf(d_oo), sh.H, d_res.p, d_px.p, st,
                           ext ? GemvExtraRows{sh.E, d_u2.p, sh.E} : GemvExtraRows{});
         MS_CUDA_CHECK(cudaStreamSynchronize(st));
-        y[ext] = d_y.get(), o[ext] = d_oo.get(), res[ext] = d_res.get(), px[ext] = d_px.get();
+        y[ext] = d_y.download(), o[ext] = d_oo.download(), res[ext] = d_res.download(), px[ext] = d_px.download();
         if (!ext) continue;
         ASSERT_EQ(y[1], y[0]) << where << ": the q/k/v rows changed with the extra rows";
         ASSERT_EQ(o[1], o[0]) << where << ": o_proj's rows changed with the extra rows";
@@ -127,13 +111,13 @@ TEST(GpuRouterFold, LogitsTopkAndExpertInputMatchTheResidualStreamsRouter) {
         d_xn.poison(), d_logits.poison(), d_ids.poison();
         FoldedRouterInputs f;
         f.u1 = d_u1.p, f.ld_u1 = sh.E, f.u2 = d_u2.p, f.ld_u2 = sh.E, f.part_h = d_ph.p, f.part_x = d_px.p;
-        f.nparts = sh.H / 16, f.residual = d_res.p, f.post_norm = d_gpost.bf(), f.eps = eps, f.H = sh.H;
-        f.xn_out = d_xn.bf(), f.logits_out = d_logits.p;
+        f.nparts = sh.H / 16, f.residual = d_res.p, f.post_norm = bf(d_gpost), f.eps = eps, f.H = sh.H;
+        f.xn_out = bf(d_xn), f.logits_out = d_logits.p;
         moe_route_folded(f, T, sh.E, sh.k, true, d_ids.p, d_w.p, st);
         MS_CUDA_CHECK(cudaStreamSynchronize(st));
-        const auto xn = d_xn.get();
-        const auto logits = d_logits.get();
-        const auto ids = d_ids.get();
+        const auto xn = d_xn.download();
+        const auto logits = d_logits.download();
+        const auto ids = d_ids.download();
         const auto& x = res[1];
         for (int t = 0; t < T; ++t) {
           double ss = 0;
@@ -170,7 +154,7 @@ TEST(GpuRouterFold, LogitsTopkAndExpertInputMatchTheResidualStreamsRouter) {
         std::vector<float> want_w(size_t(T) * sh.k);
         kernels::route_topk(logits.data(), T, sh.E, sh.k, true, want_ids.data(), want_w.data());
         EXPECT_EQ(ids, want_ids) << where;
-        const auto wts = d_w.get();
+        const auto wts = d_w.download();
         for (size_t i = 0; i < want_w.size(); ++i) EXPECT_FLOAT_EQ(wts[i], want_w[i]) << where << " weight " << i;
       }
     }

@@ -100,6 +100,9 @@ class GpuExecutor : public Executor {
   // Copies the first `bytes` of the metadata, then the first table_pages entries of table_rows block-table rows.
   void upload_meta(cudaStream_t s, size_t bytes, int table_rows = 0, int table_pages = 0);
   void run_sampling(int rows, bool with_penalties);
+  // The step's sampler over `rows` logit rows into the current set's outputs: the all-greedy fast path or the
+  // general one.
+  void sample_rows(int rows, bool greedy, bool with_penalties);
   void capture_graphs();
   void record_decode(int bs, StepInputs& in, bool greedy);
 
@@ -503,8 +506,7 @@ void GpuExecutor::launch(const ForwardBatch& batch, const std::vector<SampleSpec
     MS_CUDA_CHECK(cudaGraphLaunch(graphs.at(graph_bs), stream_));
   } else {
     model_->forward(in, stream_);
-    if (R > 0 && greedy) sample_greedy(model_->logits(), R, int(cfg_.vocab_size), b.out_ids.get(), b.out_lp.get(), stream_);
-    else if (R > 0) run_sampling(R, !h_pen_ids_.empty() || !h_ban_ids_.empty());
+    if (R > 0) sample_rows(R, greedy, !h_pen_ids_.empty() || !h_ban_ids_.empty());
   }
   MS_CUDA_CHECK(cudaEventRecord(b.done, stream_));
   Launched l{{}, false, cur_};
@@ -610,11 +612,15 @@ std::string GpuExecutor::profile_step(const ForwardBatch& batch) {
   return out;
 }
 
+void GpuExecutor::sample_rows(int rows, bool greedy, bool with_penalties) {
+  StepBuffers& b = buf_[cur_];
+  if (greedy) sample_greedy(model_->logits(), rows, int(cfg_.vocab_size), b.out_ids.get(), b.out_lp.get(), stream_);
+  else run_sampling(rows, with_penalties);
+}
+
 void GpuExecutor::record_decode(int bs, StepInputs& in, bool greedy) {
   model_->forward(in, stream_);
-  StepBuffers& b = buf_[cur_];
-  if (greedy) sample_greedy(model_->logits(), bs, int(cfg_.vocab_size), b.out_ids.get(), b.out_lp.get(), stream_);
-  else run_sampling(bs, false);
+  sample_rows(bs, greedy, false);
 }
 
 void GpuExecutor::capture_graphs() {
