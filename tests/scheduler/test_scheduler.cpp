@@ -469,7 +469,8 @@ TEST_P(SchedulerP, StepTraceAccountsForEveryToken) {
     for (std::string cell; std::getline(ss, cell, ',');) f.push_back(std::stod(cell));
     ASSERT_EQ(f.size(), 9u) << line;
     EXPECT_GE(f[1], 0.0) << line;
-    EXPECT_LE(f[0] + f[1] * 1e-3, f[2] + 1e-6) << line;  // launched, then collected
+    // launched, then collected; each of the three cells is rounded to the microsecond when printed (up to 1.5 us in all)
+    EXPECT_LE(f[0] + f[1] * 1e-3, f[2] + 2e-6) << line;
     EXPECT_GE(f[2], last_collected) << line;
     last_collected = f[2];
     decodes += int64_t(f[3]), prompt_tokens += int64_t(f[4]), sampled += int64_t(f[6]);
