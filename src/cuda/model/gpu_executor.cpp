@@ -139,7 +139,7 @@ class GpuExecutor : public Executor {
   // Penalty inputs (one set: a step with penalties orders its upload after both sets' steps) and the sampler's
   // workspace (used on the compute stream only).
   DeviceArray<int32_t> pen_ids_, pen_counts_, ban_ids_;
-  DeviceArray<uint8_t> sample_ws_;
+  DeviceArray<uint8_t> sample_ws_, greedy_ws_;
   struct Launched {
     std::vector<int> top_n;  // top logprobs wanted per sampled row (its size: the rows)
     bool want_lp;
@@ -222,6 +222,8 @@ GpuExecutor::GpuExecutor(const std::string& model_dir, const GpuOptions& opts) :
   }
   sample_ws_ = DeviceArray<uint8_t>(alloc_, std::max<size_t>(sample_workspace_bytes(max_rows, int(cfg_.vocab_size)), 256),
                                     "activations");
+  greedy_ws_ = DeviceArray<uint8_t>(alloc_, greedy_workspace_bytes(), "activations");
+  MS_CUDA_CHECK(cudaMemset(greedy_ws_.get(), 0, greedy_ws_.bytes()));
   log_info("activations: {} for steps of up to {} tokens, {} sequences", format_bytes(alloc_.in_use() - before),
            max_tokens, max_seqs);
 
@@ -614,7 +616,9 @@ std::string GpuExecutor::profile_step(const ForwardBatch& batch) {
 
 void GpuExecutor::sample_rows(int rows, bool greedy, bool with_penalties) {
   StepBuffers& b = buf_[cur_];
-  if (greedy) sample_greedy(model_->logits(), rows, int(cfg_.vocab_size), b.out_ids.get(), b.out_lp.get(), stream_);
+  if (greedy)
+    sample_greedy(model_->logits(), rows, int(cfg_.vocab_size), b.out_ids.get(), b.out_lp.get(), stream_,
+                  greedy_ws_.get());
   else run_sampling(rows, with_penalties);
 }
 
