@@ -625,6 +625,7 @@ void GpuExecutor::sample_rows(int rows, bool greedy, bool with_penalties) {
 void GpuExecutor::record_decode(int bs, StepInputs& in, bool greedy) {
   model_->forward(in, stream_);
   sample_rows(bs, greedy, false);
+  model_->prefetch_first_layer(stream_);
 }
 
 void GpuExecutor::capture_graphs() {

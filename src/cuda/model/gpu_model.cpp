@@ -151,6 +151,14 @@ void GpuQwen3::upload(const Qwen3Model& cpu, cudaStream_t stream, ThreadPool& po
   rope_.attention_scaling = rt.attention_scaling;
 }
 
+void GpuQwen3::prefetch_first_layer(cudaStream_t stream) const {
+  static const bool on = env_flag("MOESERVE_PREFETCH_FIRST_LAYER", true);
+  if (!on || layers_.empty()) return;
+  const ModelConfig& c = cfg_;
+  const size_t qkv_rows = size_t(c.num_heads + 2 * c.num_kv_heads) * size_t(c.head_dim);
+  prefetch_to_l2(layers_[0].qkv.get(), qkv_rows * size_t(c.hidden_size) * sizeof(bf16), stream);
+}
+
 void GpuQwen3::plan_workspace(int max_tokens, int max_rows, int max_seqs, int max_decode_splits,
                               const ModelBackends& b) {
   const ModelConfig& c = cfg_;

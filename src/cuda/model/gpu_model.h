@@ -118,6 +118,9 @@ class GpuQwen3 {
   // Runs the model over the step's tokens; leaves f32 logits [R, vocab] in logits().
   void forward(const StepInputs& in, cudaStream_t stream, StepProfile* profile = nullptr);
   float* logits() const { return logits_.get(); }
+  // Layer 0's q/k/v weights towards L2 (the end of a decode step: the next step reads them first). Off with
+  // MOESERVE_PREFETCH_FIRST_LAYER=0 (A/B).
+  void prefetch_first_layer(cudaStream_t stream) const;
 
  private:
   void upload(const Qwen3Model& cpu, cudaStream_t stream, ThreadPool& pool);
