@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <random>
 #include <string>
 
@@ -15,6 +16,9 @@ using namespace moeserve;
 
 TEST(CudaGreedySampler, MatchesCpuArgmaxAndLogprob) {
   if (cuda::list_devices().empty()) GTEST_SKIP() << "no CUDA device";
+  // The grid form is opt-in (MOESERVE_GREEDY_GRID=1, read once at the first call): this binary's only test turns
+  // it on before any call, so the calls with a workspace take it.
+  setenv("MOESERVE_GREEDY_GRID", "1", 1);
   std::mt19937 g(17);
   void* ws = nullptr;
   ASSERT_EQ(cudaMalloc(&ws, cuda::greedy_workspace_bytes()), cudaSuccess);

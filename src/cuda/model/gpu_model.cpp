@@ -152,7 +152,7 @@ void GpuQwen3::upload(const Qwen3Model& cpu, cudaStream_t stream, ThreadPool& po
 }
 
 void GpuQwen3::prefetch_first_layer(cudaStream_t stream) const {
-  static const bool on = env_flag("MOESERVE_PREFETCH_FIRST_LAYER", true);
+  static const bool on = env_flag("MOESERVE_PREFETCH_FIRST_LAYER", false);
   if (!on || layers_.empty()) return;
   const ModelConfig& c = cfg_;
   const size_t qkv_rows = size_t(c.num_heads + 2 * c.num_kv_heads) * size_t(c.head_dim);

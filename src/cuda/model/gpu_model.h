@@ -118,8 +118,8 @@ class GpuQwen3 {
   // Runs the model over the step's tokens; leaves f32 logits [R, vocab] in logits().
   void forward(const StepInputs& in, cudaStream_t stream, StepProfile* profile = nullptr);
   float* logits() const { return logits_.get(); }
-  // Layer 0's q/k/v weights towards L2 (the end of a decode step: the next step reads them first). Off with
-  // MOESERVE_PREFETCH_FIRST_LAYER=0 (A/B).
+  // Layer 0's q/k/v weights towards L2 (the end of a decode step: the next step reads them first). On with
+  // MOESERVE_PREFETCH_FIRST_LAYER=1 (off by default until measured on a GPU: the A/B decides the default).
   void prefetch_first_layer(cudaStream_t stream) const;
 
  private:

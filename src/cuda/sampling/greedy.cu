@@ -212,7 +212,7 @@ void sample_greedy(const float* logits, int rows, int vocab, int32_t* out_ids, f
                    cudaStream_t stream, void* workspace) {
   MS_CHECK(vocab > 0, "vocabulary of {} tokens", vocab);
   if (rows <= 0) return;
-  static const bool grid_on = env_flag("MOESERVE_GREEDY_GRID", true);
+  static const bool grid_on = env_flag("MOESERVE_GREEDY_GRID", false);
   if (workspace != nullptr && grid_on && rows <= kGridRowsMax && vocab >= 4 * kGridBlocks) {
     launch_pdl(greedy_grid_kernel, dim3(unsigned(kGridBlocks), unsigned(rows)), dim3(kThreads), 0, stream, logits,
                vocab, out_ids, out_logprobs, static_cast<GridWorkspace*>(workspace));
