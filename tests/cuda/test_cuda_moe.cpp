@@ -740,7 +740,8 @@ TEST(CudaMoe, JitSourceCompilesForSm90aWithoutAGpu) {
   EXPECT_EQ(r, "");
   EXPECT_GT(cubin.size(), size_t(10000));
   // Every kernel the JIT table looks up is in it.
-  for (const char* name : {"moe_prep", "moe_combine", "moe_down_gemv", "moe_gemm_0_gu", "moe_gemm_0_dn", "moe_gemm_10_dn"})
+  for (const char* name : {"moe_prep", "moe_combine", "moe_down_gemv", "moe_down_gemv_deep", "moe_gemm_0_gu",
+                           "moe_gemm_0_dn", "moe_gemm_10_dn"})
     EXPECT_NE(cubin.find(name), std::string::npos) << name;
 }
 

@@ -41,10 +41,12 @@ constexpr int kTokens = 8;           // tokens per block: the MMA's N
 constexpr int kKPerIteration = 64;   // per warp and iteration: two 16-byte chunks per lane and row
 constexpr unsigned kPrefetchBlocks = 512;  // blocks that prefetch their rows: 16 MiB for K = 2048
 constexpr int kStride = kWarps * kKPerIteration;  // k between one warp's iterations
-// The cp.async ring of gemv_bf16_kernel<..., RING = true>: kRingStages k-iterations a warp, each 16 rows x 64 k.
+// The cp.async ring of gemv_bf16_kernel<..., STAGES > 0>: STAGES k-iterations a warp, each 16 rows x 64 k; kRingStages
+// by default (64 KiB: all of a K = 2048 row block), kDeepRingStages for longer rows when asked for (launch_gemv).
 constexpr int kRingStages = 4;
+constexpr int kDeepRingStages[] = {8, 6};  // deepest first
 constexpr int kRingStageElems = kRows * kKPerIteration;
-constexpr size_t kRingBytes = size_t(kWarps) * kRingStages * kRingStageElems * sizeof(bf16);  // 64 KiB
+constexpr size_t ring_bytes(int stages) { return size_t(kWarps) * size_t(stages) * kRingStageElems * sizeof(bf16); }
 
 __device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                          uint32_t b0, uint32_t b1) {
@@ -64,7 +66,7 @@ __device__ __forceinline__ uint4 load_token(const bf16* p) { return __ldcg(reint
 __device__ __forceinline__ void store(float* p, float v) { *p = v; }
 __device__ __forceinline__ void store(bf16* p, float v) { *p = __float2bfloat16_rn(v); }
 
-// The fused norm prologue of gemv_bf16_kernel<OutT, true> (norm_gemv): x = rmsnorm(residual + delta) * w is
+// The fused norm prologue of gemv_bf16_kernel<OutT, kNormRows> (norm_gemv): x = rmsnorm(residual + delta) * w is
 // computed by every block into shared memory; the last block adds delta into the residual.
 struct NormArgs {
   float* residual;   // [M, K] f32
@@ -101,34 +103,37 @@ enum GemvPrologue { kPlainX, kNormRows, kNormIn };
 // is bf16(rmsnorm(residual) * weight) with the sums of squares from ra.partials_in (same shared memory). RES_OUT:
 // besides y, residual[m, n] += float(bf16(y[m, n])) and ra.partials_out[m, bx] = the block's rows' sum of squares.
 //
-// RING: each warp streams its 16 rows through a cp.async ring of kRingStages 64-k slices in shared memory (kRingBytes
-// at the start of the dynamic shared memory, the token rows after it), the first kRingStages slices issued before
+// STAGES > 0 (RING): each warp streams its 16 rows through a cp.async ring of STAGES 64-k slices in shared memory
+// (ring_bytes(STAGES) at the start of the dynamic shared memory, the token rows after it), the first STAGES slices
+// issued before
 // the programmatic wait: a 1-token GEMV of K <= 2048 then has all its weight bytes in flight while the kernel
 // before still runs, and no load waits on a register (ptxas schedules register loads just ahead of their MMAs,
 // which leaves each warp one memory round trip an iteration). The plain x is staged into shared memory as well.
-template <typename OutT, int PRO = kPlainX, bool RES_OUT = false, bool RING = false>
+template <typename OutT, int PRO = kPlainX, bool RES_OUT = false, int STAGES = 0>
 __global__ void __launch_bounds__(kWarps * 32) gemv_bf16_kernel(const bf16* x, int64_t ldx, int M,
                                                                  int K, const bf16* __restrict__ W, int N,
                                                                  OutT* __restrict__ y, int64_t ldy, NormArgs na,
                                                                  ResidualArgs ra) {
   constexpr bool NORM = PRO != kPlainX;
+  constexpr bool RING = STAGES > 0;
+  constexpr int kS = RING ? STAGES : 1;  // (the ring's index arithmetic, also compiled without a ring)
   __shared__ float partial[kWarps][kRows][kTokens];
   extern __shared__ __align__(16) bf16 gemv_dyn_smem[];
-  bf16* norm_rows = gemv_dyn_smem + (RING ? kRingBytes / sizeof(bf16) : 0);
+  bf16* norm_rows = gemv_dyn_smem + ring_bytes(STAGES) / sizeof(bf16);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, q = lane % 4;
   const int n0 = blockIdx.x * kRows, t0 = blockIdx.y * kTokens;
   // The block's weight rows are contiguous: start them towards L2 (one bulk prefetch) while the kernel before
   // may still run. Only the first kPrefetchBlocks blocks do: beyond that the prefetched lines of a large matrix
   // (lm_head) would push each other out of L2 before use.
-  // RING: this warp's k-iterations i (k = 64 warp + kStride i), slice i in stage i % kRingStages; chunk c of row r
+  // RING: this warp's k-iterations i (k = 64 warp + kStride i), slice i in stage i % STAGES; chunk c of row r
   // at chunk c ^ 4 (r & 1), so that the two rows a quarter-warp reads fill all 32 banks once.
-  bf16* my_ring = gemv_dyn_smem + warp * kRingStages * kRingStageElems;
+  bf16* my_ring = gemv_dyn_smem + warp * kS * kRingStageElems;
   const int iters = warp * kKPerIteration < K ? (K - warp * kKPerIteration + kStride - 1) / kStride : 0;
   const bool hint = RING && ra.evict_first != 0;
   const unsigned long long wpol = hint ? moe_ptx::l2_evict_first_policy() : 0ull;
   auto load_slice = [&](int i) {
-    bf16* dst = my_ring + (i % kRingStages) * kRingStageElems;
+    bf16* dst = my_ring + (i % kS) * kRingStageElems;
 #pragma unroll
     for (int m = 0; m < 4; ++m) {
       const int id = lane + 32 * m, r = id >> 3, c = id & 7;
@@ -140,7 +145,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_bf16_kernel(const bf16* x, i
   };
   if constexpr (RING) {
 #pragma unroll
-    for (int i = 0; i < kRingStages; ++i) {
+    for (int i = 0; i < kS; ++i) {
       load_slice(i);
       moe_ptx::cp_async_commit();
     }
@@ -197,9 +202,9 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_bf16_kernel(const bf16* x, i
   if constexpr (RING) {
     const bf16* xr = norm_rows + (has_token ? g : 0) * (K + kNormPad) + 8 * q;
     for (int i = 0; i < iters; ++i) {
-      moe_ptx::cp_async_wait<kRingStages - 1>();  // this lane's copies of slice i have landed...
+      moe_ptx::cp_async_wait<kS - 1>();  // this lane's copies of slice i have landed...
       __syncwarp();                                // ...and the warp's
-      const bf16* sl = my_ring + (i % kRingStages) * kRingStageElems;
+      const bf16* sl = my_ring + (i % kS) * kRingStageElems;
       const int kb = warp * kKPerIteration + i * kStride;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -211,8 +216,8 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_bf16_kernel(const bf16* x, i
         mma_bf16(c, lo.x, hi.x, lo.y, hi.y, b.x, b.y);
         mma_bf16(c, lo.z, hi.z, lo.w, hi.w, b.z, b.w);
       }
-      __syncwarp();  // the stage is refilled by slice i + kRingStages
-      load_slice(i + kRingStages);
+      __syncwarp();  // the stage is refilled by slice i + STAGES
+      load_slice(i + kS);
       moe_ptx::cp_async_commit();
     }
     moe_ptx::cp_async_wait<0>();
@@ -284,6 +289,15 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_bf16_kernel(const bf16* x, i
 // 8 tokens the token rows push the q/k/v GEMV's 320 blocks into a second wave: +30-45 us without the one-wave rule).
 constexpr int kRingMaxM = 2;
 
+// The deepest ring asked for (MOESERVE_GEMV_RING_STAGES, default kRingStages): gemv_residual_out's rows longer than
+// kRingStages slices a warp (K > 2048: o_proj's 4096) then take the deepest of kDeepRingStages that keeps the grid
+// one wave, so that more of their weights are in flight before the programmatic wait (at K = 4096 the default ring
+// holds half of a block's rows). An experiment: not measured on a GPU yet.
+int gemv_ring_stages_wanted() {
+  static const int stages = int(env_int("MOESERVE_GEMV_RING_STAGES", kRingStages, kRingStages, kDeepRingStages[0]));
+  return stages;
+}
+
 // Blocks of `kernel` an SM with `smem` bytes of dynamic shared memory, its shared-memory ceiling raised to at least
 // that (raise_dynamic_smem: a kernel launched at several sizes keeps the largest; setting the attribute to each size
 // once let a smaller size lower it under a larger one cached before, session 15): once per (kernel, size) in a
@@ -311,14 +325,27 @@ void launch_gemv(dim3 grid, cudaStream_t stream, const bf16* x, int64_t ldx, int
   ra_hint.evict_first = l2_evict_first_weights() ? 1 : 0;
   static const int sms = current_device_multiprocessors();
   const size_t rows = size_t(std::min(M, kTokens)) * size_t(K + kNormPad) * sizeof(bf16);
-  if (ring_on && M <= kRingMaxM) {
-    auto kernel = gemv_bf16_kernel<OutT, PRO, RES_OUT, true>;
-    const size_t smem = kRingBytes + rows;
+  // The ring at `stages` if the grid stays one wave with it.
+  auto try_ring = [&](auto kernel, int stages) {
+    const size_t smem = ring_bytes(stages) + rows;
     const int per_sm = prepared_blocks_per_sm(reinterpret_cast<const void*>(kernel), smem);
-    if (per_sm > 0 && int64_t(per_sm) * sms >= int64_t(grid.x) * grid.y)
-      return launch_pdl(kernel, grid, dim3(kWarps * 32), smem, stream, x, ldx, M, K, W, N, y, ldy, na, ra_hint);
+    if (per_sm <= 0 || int64_t(per_sm) * sms < int64_t(grid.x) * grid.y) return false;
+    launch_pdl(kernel, grid, dim3(kWarps * 32), smem, stream, x, ldx, M, K, W, N, y, ldy, na, ra_hint);
+    return true;
+  };
+  if (ring_on && M <= kRingMaxM) {
+    if constexpr (RES_OUT) {  // (only o_proj's form has rows this long in the models served: fewer kernels to build)
+      const int wanted = gemv_ring_stages_wanted(), slices = int(ceil_div(K, kStride));  // a warp's k-iterations
+      if (wanted >= kDeepRingStages[0] && slices >= kDeepRingStages[0] &&
+          try_ring(gemv_bf16_kernel<OutT, PRO, RES_OUT, kDeepRingStages[0]>, kDeepRingStages[0]))
+        return;
+      if (wanted >= kDeepRingStages[1] && slices > kRingStages &&
+          try_ring(gemv_bf16_kernel<OutT, PRO, RES_OUT, kDeepRingStages[1]>, kDeepRingStages[1]))
+        return;
+    }
+    if (try_ring(gemv_bf16_kernel<OutT, PRO, RES_OUT, kRingStages>, kRingStages)) return;
   }
-  auto kernel = gemv_bf16_kernel<OutT, PRO, RES_OUT, false>;
+  auto kernel = gemv_bf16_kernel<OutT, PRO, RES_OUT, 0>;
   const size_t smem = PRO != kPlainX ? rows : 0;
   MS_CHECK(raise_dynamic_smem(reinterpret_cast<const void*>(kernel), smem),
            "gemv: the device refuses {} bytes of shared memory", smem);

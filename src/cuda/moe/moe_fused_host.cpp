@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/env.h"
@@ -162,7 +163,7 @@ std::string fused_shape_check(const MoeShape& s) {
 }
 
 std::string fused_check_kernels(const KernelTable& t, const DeviceInfo& dev) {
-  std::vector<const void*> all = {t.prep, t.combine, t.down_gemv};
+  std::vector<const void*> all = {t.prep, t.combine, t.down_gemv, t.down_gemv_deep};
   for (int c = 0; c < kNumGemmConfigs; ++c)
     for (int m = 0; m < 2; ++m) all.push_back(t.gemm[c][m]);
   for (const void* k : all) {
@@ -170,12 +171,15 @@ std::string fused_check_kernels(const KernelTable& t, const DeviceInfo& dev) {
     std::string r = check_kernel_present(k, dev);
     if (!r.empty()) return r;
   }
-  if (cudaError_t e = cudaFuncSetAttribute(t.down_gemv, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          down_gemv_smem_bytes(kDownGemvMaxI));
-      e != cudaSuccess) {
-    cudaGetLastError();
-    return fmt::format("the down GEMV needs {} KiB of shared memory per block: {}",
-                       down_gemv_smem_bytes(kDownGemvMaxI) / 1024, cudaGetErrorString(e));
+  for (auto [kernel, stages] :
+       {std::pair{t.down_gemv, kDownGemvStages}, std::pair{t.down_gemv_deep, kDownGemvDeepStages}}) {
+    const int smem = down_gemv_smem_bytes(kDownGemvMaxI, stages);
+    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+        e != cudaSuccess) {
+      cudaGetLastError();
+      return fmt::format("the down GEMV ({} ring stages) needs {} KiB of shared memory per block: {}", stages,
+                         smem / 1024, cudaGetErrorString(e));
+    }
   }
   for (int c = 0; c < kNumGemmConfigs; ++c)
     for (int m = 0; m < 2; ++m) {
@@ -325,8 +329,12 @@ void fused_run(const KernelTable& k, const MoeShape& s, const bf16* x, int T, co
     dn.combine_out = reinterpret_cast<unsigned short*>(out);
     dn.residual = residual;
     dn.res_partials = res_partials;
-    launch(k.down_gemv, dim3(unsigned(s.hidden / kDownGemvRows)), dim3(kDownGemvThreads),
-           size_t(down_gemv_smem_bytes(s.inter)), &dn, stream, "moe down GEMV launch", pdl);
+    // MOESERVE_MOE_DOWN_GEMV_STAGES=8: the deeper ring (an experiment, not measured on a GPU yet).
+    static const bool deep = env_int("MOESERVE_MOE_DOWN_GEMV_STAGES", kDownGemvStages, kDownGemvStages,
+                                     kDownGemvDeepStages) == kDownGemvDeepStages;
+    launch(deep ? k.down_gemv_deep : k.down_gemv, dim3(unsigned(s.hidden / kDownGemvRows)), dim3(kDownGemvThreads),
+           size_t(down_gemv_smem_bytes(s.inter, deep ? kDownGemvDeepStages : kDownGemvStages)), &dn, stream,
+           "moe down GEMV launch", pdl);
     return;
   }
   if (cfg.persistent) encode_weight_map(dn.wmap, w.down, int64_t(s.num_experts) * s.hidden, s.inter, cfg.bm);

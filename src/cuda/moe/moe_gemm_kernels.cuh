@@ -614,10 +614,10 @@ __device__ __forceinline__ void combine_body(const CombineParams& p) {
 //   out[t, h] = bf16(sum over the token's slots j, in order, of bf16(topk_weight[j] * (act[j] . Wd[e_j, h])))
 // which is the down GEMM's y rows and the combine's sum, rounded the same way. A CTA streams 8 x 16 rows of I
 // (196 KB at q30b shapes) instead of the down GEMM's 48 KB tiles, and no CTA waits for another to combine.
-template <int FIXED_H, int FIXED_I>
+template <int FIXED_H, int FIXED_I, int S = kDownGemvStages>
 __device__ __forceinline__ void down_gemv_body(const GemmParams& p, char* smem) {
   using namespace moe_ptx;
-  constexpr int R = kDownGemvRows, S = kDownGemvStages, SLICE = kDownGemvSlice;
+  constexpr int R = kDownGemvRows, SLICE = kDownGemvSlice;
   const int H = FIXED_H > 0 ? FIXED_H : p.hidden;
   const int I = FIXED_I > 0 ? FIXED_I : p.inter;
   const int P = p.num_slots, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
@@ -746,6 +746,11 @@ extern "C" __global__ void __launch_bounds__(moe_kernels::kDownGemvThreads)
     moe_down_gemv(const __grid_constant__ moe_kernels::GemmParams p) {
   moe_kernels::down_gemv_body<MOE_JIT_HIDDEN, MOE_JIT_INTER>(p, reinterpret_cast<char*>(moe_dyn_smem));
 }
+extern "C" __global__ void __launch_bounds__(moe_kernels::kDownGemvThreads)
+    moe_down_gemv_deep(const __grid_constant__ moe_kernels::GemmParams p) {
+  moe_kernels::down_gemv_body<MOE_JIT_HIDDEN, MOE_JIT_INTER, moe_kernels::kDownGemvDeepStages>(
+      p, reinterpret_cast<char*>(moe_dyn_smem));
+}
 #define MOE_JIT_GEMM(IDX, MODE, SUFFIX)                                                                  \
   extern "C" __global__ void __launch_bounds__(moe_kernels::GemmCfg##IDX::THREADS,                       \
                                                moe_kernels::GemmCfg##IDX::MINB)                          \
@@ -798,12 +803,16 @@ __global__ void __launch_bounds__(kCombineThreads) moe_combine_kernel(CombinePar
 __global__ void __launch_bounds__(kDownGemvThreads) moe_down_gemv_kernel(const __grid_constant__ GemmParams p) {
   down_gemv_body<0, 0>(p, reinterpret_cast<char*>(moe_dyn_smem));
 }
+__global__ void __launch_bounds__(kDownGemvThreads) moe_down_gemv_deep_kernel(const __grid_constant__ GemmParams p) {
+  down_gemv_body<0, 0, kDownGemvDeepStages>(p, reinterpret_cast<char*>(moe_dyn_smem));
+}
 
 inline KernelTable kernel_table() {
   KernelTable t{};
   t.prep = reinterpret_cast<const void*>(&moe_prep_kernel);
   t.combine = reinterpret_cast<const void*>(&moe_combine_kernel);
   t.down_gemv = reinterpret_cast<const void*>(&moe_down_gemv_kernel);
+  t.down_gemv_deep = reinterpret_cast<const void*>(&moe_down_gemv_deep_kernel);
   t.gemm[0][kGateUp] = reinterpret_cast<const void*>(&moe_gemm_kernel<GemmCfg0, kGateUp>);
   t.gemm[0][kDown] = reinterpret_cast<const void*>(&moe_gemm_kernel<GemmCfg0, kDown>);
   t.gemm[1][kGateUp] = reinterpret_cast<const void*>(&moe_gemm_kernel<GemmCfg1, kGateUp>);

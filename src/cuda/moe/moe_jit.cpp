@@ -241,6 +241,7 @@ class JitBackend final : public FusedBackendBase {
     if (std::string r = get("moe_prep", t.prep); !r.empty()) return r;
     if (std::string r = get("moe_combine", t.combine); !r.empty()) return r;
     if (std::string r = get("moe_down_gemv", t.down_gemv); !r.empty()) return r;
+    if (std::string r = get("moe_down_gemv_deep", t.down_gemv_deep); !r.empty()) return r;
     for (int c = 0; c < kNumGemmConfigs; ++c) {
       if (std::string r = get(fmt::format("moe_gemm_{}_gu", c), t.gemm[c][kGateUp]); !r.empty()) return r;
       if (std::string r = get(fmt::format("moe_gemm_{}_dn", c), t.gemm[c][kDown]); !r.empty()) return r;
