@@ -17,6 +17,7 @@
 #include "core/dtype.h"
 #include "cuda/device.h"
 #include "cuda_test_util.h"
+#include "cuda/gemm/backends.h"
 #include "cuda/gemm/gemm.h"
 
 using namespace moeserve;
@@ -48,6 +49,36 @@ std::unique_ptr<cuda::GemmBackend> prepared(std::unique_ptr<cuda::GemmBackend> b
 }
 
 const cuda::bf16* as_bf16(const Dev<uint16_t>& d) { return reinterpret_cast<const cuda::bf16*>(d.p); }
+
+// y [M, N] of two backends (f32 or bf16 as `out`) agree: two f32 accumulations in different orders, which a BF16
+// output may round to neighbours; the tolerance scales with the row's largest |y|.
+::testing::AssertionResult same_products(const std::vector<uint8_t>& got, const std::vector<uint8_t>& want, int M,
+                                         int N, OutType out, const std::string& what) {
+  auto at = [&](const std::vector<uint8_t>& v, size_t i) {
+    if (out == OutType::F32) {
+      float f;
+      std::memcpy(&f, &v[i * 4], 4);
+      return f;
+    }
+    uint16_t h;
+    std::memcpy(&h, &v[i * 2], 2);
+    return bf16_to_f32(h);
+  };
+  for (int m = 0; m < M; ++m) {
+    float scale = 1e-6f;
+    for (int n = 0; n < N; ++n) scale = std::max(scale, std::fabs(at(want, size_t(m) * N + n)));
+    for (int n = 0; n < N; ++n) {
+      const size_t i = size_t(m) * N + n;
+      const float g = at(got, i), r = at(want, i);
+      const float tol = out == OutType::F32 ? 1e-4f * scale : 8e-3f * std::fabs(r) + 1e-4f * scale;
+      if (!(std::isfinite(g) && std::fabs(g - r) <= tol))
+        return ::testing::AssertionFailure() << what << " out=" << (out == OutType::F32 ? "f32" : "bf16") << ": y["
+                                             << m << ", " << n << "] " << g << " against " << r << " (tolerance "
+                                             << tol << ")";
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
 
 }  // namespace
 
@@ -104,30 +135,39 @@ TEST(CudaGemm, GemvMatchesCublasOnDecodeShapes) {
         gemv->run(as_bf16(x), s.K, M, s.K, as_bf16(w), s.N, y.p, s.N, out, st.s);
         ref->run(as_bf16(x), s.K, M, s.K, as_bf16(w), s.N, y_ref.p, s.N, out, st.s);
         MS_CUDA_CHECK(cudaStreamSynchronize(st.s));
-        const auto got = y.download(), want = y_ref.download();
-        auto at = [&](const std::vector<uint8_t>& v, size_t i) {
-          if (out == OutType::F32) {
-            float f;
-            std::memcpy(&f, &v[i * 4], 4);
-            return f;
-          }
-          uint16_t h;
-          std::memcpy(&h, &v[i * 2], 2);
-          return bf16_to_f32(h);
-        };
-        for (int m = 0; m < M; ++m) {
-          float scale = 1e-6f;
-          for (int n = 0; n < s.N; ++n) scale = std::max(scale, std::fabs(at(want, size_t(m) * s.N + n)));
-          for (int n = 0; n < s.N; ++n) {
-            const size_t i = size_t(m) * s.N + n;
-            const float g = at(got, i), r = at(want, i);
-            // Two f32 accumulations in different orders; BF16 output may round them to neighbours.
-            const float tol = out == OutType::F32 ? 1e-4f * scale : 8e-3f * std::fabs(r) + 1e-4f * scale;
-            ASSERT_TRUE(std::isfinite(g) && std::fabs(g - r) <= tol)
-                << "N=" << s.N << " K=" << s.K << " M=" << M << " out=" << (out == OutType::F32 ? "f32" : "bf16")
-                << ": y[" << m << ", " << n << "] gemv " << g << " cuBLAS " << r << " (tolerance " << tol << ")";
-          }
-        }
+        ASSERT_TRUE(same_products(y.download(), y_ref.download(), M, s.N, out,
+                                  fmt::format("N={} K={} M={} gemv against cuBLAS", s.N, s.K, M)));
+      }
+    }
+  }
+}
+
+// cuBLASLt with token buckets (above 256 tokens one algorithm per bucket of 256, chosen for the bucket's largest M
+// and checked with cublasLtMatmulAlgoCheck for each exact M): token counts that share a bucket, first seen in either
+// order, and the bucket's own M, against cuBLAS (cublasGemmEx, its own algorithm choice) on a mixed step's q/k/v and
+// o_proj shapes.
+TEST(CudaGemm, CublasLtTokenBucketsMatchCublas) {
+  SKIP_WITHOUT_GPU();
+  auto ref = prepared(cuda::make_cublas_backend());
+  auto lt = prepared(cuda::make_cublaslt_backend(true));
+  ASSERT_TRUE(ref && lt);
+  Stream st;
+  for (auto [N, K] : {std::pair{5120, 2048}, std::pair{2048, 4096}}) {
+    const int max_m = 8448;
+    Dev<uint16_t> w(size_t(N) * K), x(size_t(max_m) * K);
+    w.upload(random_bf16(w.n, 3 + N));
+    x.upload(random_bf16(x.n, 5 + K));
+    for (int M : {300, 257, 512, 511, 513, 1000, 8209, 8448, 256}) {
+      for (OutType out : {OutType::F32, OutType::BF16}) {
+        const size_t elt = out == OutType::F32 ? 4 : 2;
+        Dev<uint8_t> y(size_t(M) * N * elt), y_ref(size_t(M) * N * elt);
+        y.poison();
+        y_ref.poison();
+        lt->run(as_bf16(x), K, M, K, as_bf16(w), N, y.p, N, out, st.s);
+        ref->run(as_bf16(x), K, M, K, as_bf16(w), N, y_ref.p, N, out, st.s);
+        MS_CUDA_CHECK(cudaStreamSynchronize(st.s));
+        ASSERT_TRUE(same_products(y.download(), y_ref.download(), M, N, out,
+                                  fmt::format("N={} K={} M={} cuBLASLt against cuBLAS", N, K, M)));
       }
     }
   }

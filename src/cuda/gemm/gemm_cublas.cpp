@@ -5,11 +5,14 @@
 #include <cublas_v2.h>
 
 #include <algorithm>
+#include <chrono>
 #include <map>
 #include <tuple>
 
 #include <fmt/format.h>
 
+#include "core/env.h"
+#include "core/log.h"
 #include "cuda/gemm/backends.h"
 
 namespace moeserve::cuda {
@@ -137,12 +140,14 @@ uint32_t pointer_alignment(const void* p) {
 
 class CublasLtBackend final : public GemmBackend {
  public:
-  CublasLtBackend() {
+  explicit CublasLtBackend(bool m_buckets) : m_buckets_(m_buckets) {
     spec_.name = "cublaslt";
     spec_.family = OpFamily::Gemm;
     spec_.formats = {"bf16"};
     spec_.capturable = true;
-    spec_.summary = "cublasLtMatmul, BF16 inputs, f32 accumulation, heuristic algorithm cached per shape";
+    spec_.summary = m_buckets ? "cublasLtMatmul, BF16 inputs, f32 accumulation, heuristic algorithm cached per shape "
+                                "(above 256 tokens per bucket of 256)"
+                              : "cublasLtMatmul, BF16 inputs, f32 accumulation, heuristic algorithm cached per shape";
   }
   ~CublasLtBackend() override {
     for (auto& [key, p] : plans_) destroy(p);
@@ -178,10 +183,22 @@ class CublasLtBackend final : public GemmBackend {
     const Key key{M, N, K, ldx, ldy, int(out), pointer_alignment(x), pointer_alignment(W), pointer_alignment(y)};
     auto it = plans_.find(key);
     if (it == plans_.end()) it = plans_.emplace(key, make_plan(key)).first;
-    const Plan& p = it->second;
+    Plan& p = it->second;
     const float alpha = 1.0f, beta = 0.0f;
-    cublasStatus_t st = cublasLtMatmul(handle_, p.op, &alpha, W, p.a, x, p.b, &beta, y, p.c, y, p.c, &p.algo,
-                                       workspace_, kWorkspaceBytes, stream);
+    auto matmul = [&] {
+      return cublasLtMatmul(handle_, p.op, &alpha, W, p.a, x, p.b, &beta, y, p.c, y, p.c, &p.algo, workspace_,
+                            kWorkspaceBytes, stream);
+    };
+    cublasStatus_t st = matmul();
+    if (st != CUBLAS_STATUS_SUCCESS && p.from_bucket) {
+      // The M bucket's algorithm passed cublasLtMatmulAlgoCheck but the library refused it here: the heuristic for
+      // this exact shape from now on.
+      log_debug("cuBLASLt: the M bucket's algorithm failed for {} ({}); choosing one for this shape",
+                shape_text(M, N, K, ldx, ldy, out), status_text(st));
+      p.algo = heuristic(key, p);
+      p.from_bucket = false;
+      st = matmul();
+    }
     if (st != CUBLAS_STATUS_SUCCESS)
       throw InternalError(fmt::format("cublasLtMatmul failed for {}: {}", shape_text(M, N, K, ldx, ldy, out),
                                       status_text(st)));
@@ -196,7 +213,15 @@ class CublasLtBackend final : public GemmBackend {
     cublasLtMatmulDesc_t op = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
     cublasLtMatmulAlgo_t algo{};
+    bool from_bucket = false;  // algo is the M bucket's (bucket_m), checked for this shape
   };
+
+  // With m_buckets_, token counts above kExactM share one algorithm per bucket of kBucketM (rounded up): the
+  // heuristic (cublasLtMatmulAlgoGetHeuristic, a host call on the launching thread) then runs once per bucket and
+  // shape instead of once per distinct token count, which mixed prompt + decode steps vary at every step. The
+  // decode-sized counts CUDA graphs capture keep their own.
+  static constexpr int kExactM = 256, kBucketM = 256;
+  int bucket_m(int M) const { return !m_buckets_ || M <= kExactM ? M : (M + kBucketM - 1) / kBucketM * kBucketM; }
 
   static void destroy(Plan& p) {
     if (p.c) cublasLtMatrixLayoutDestroy(p.c);
@@ -206,28 +231,36 @@ class CublasLtBackend final : public GemmBackend {
     p = Plan{};
   }
 
-  Plan make_plan(const Key& key) {
+  // The operation and the three layouts of `key`'s shape (destroyed by the caller, also when this throws).
+  static void describe(const Key& key, Plan& p) {
     const auto [M, N, K, ldx, ldy, out_i, align_x, align_w, align_y] = key;
     const OutType out = OutType(out_i);
     const std::string shape = shape_text(M, N, K, ldx, ldy, out);
-    Plan p;
+    check_cublas(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate", shape);
+    const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    check_cublas(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)),
+                 "cublasLtMatmulDescSetAttribute(TRANSA)", shape);
+    check_cublas(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)),
+                 "cublasLtMatmulDescSetAttribute(TRANSB)", shape);
+    check_cublas(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, uint64_t(K), uint64_t(N), int64_t(K)),
+                 "cublasLtMatrixLayoutCreate(W)", shape);
+    check_cublas(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, uint64_t(K), uint64_t(M), ldx),
+                 "cublasLtMatrixLayoutCreate(x)", shape);
+    check_cublas(cublasLtMatrixLayoutCreate(&p.c, out == OutType::BF16 ? CUDA_R_16BF : CUDA_R_32F, uint64_t(N),
+                                            uint64_t(M), ldy),
+                 "cublasLtMatrixLayoutCreate(y)", shape);
+  }
+
+  // The heuristic's first algorithm for `key` described by `p`.
+  cublasLtMatmulAlgo_t heuristic(const Key& key, const Plan& p) {
+    const auto [M, N, K, ldx, ldy, out_i, align_x, align_w, align_y] = key;
+    const std::string shape = shape_text(M, N, K, ldx, ldy, OutType(out_i));
+    const auto t0 = std::chrono::steady_clock::now();
     cublasLtMatmulPreference_t pref = nullptr;
+    check_cublas(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate", shape);
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
     try {
-      check_cublas(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate",
-                   shape);
-      const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-      check_cublas(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)),
-                   "cublasLtMatmulDescSetAttribute(TRANSA)", shape);
-      check_cublas(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)),
-                   "cublasLtMatmulDescSetAttribute(TRANSB)", shape);
-      check_cublas(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, uint64_t(K), uint64_t(N), int64_t(K)),
-                   "cublasLtMatrixLayoutCreate(W)", shape);
-      check_cublas(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, uint64_t(K), uint64_t(M), ldx),
-                   "cublasLtMatrixLayoutCreate(x)", shape);
-      check_cublas(cublasLtMatrixLayoutCreate(&p.c, out == OutType::BF16 ? CUDA_R_16BF : CUDA_R_32F, uint64_t(N),
-                                              uint64_t(M), ldy),
-                   "cublasLtMatrixLayoutCreate(y)", shape);
-      check_cublas(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate", shape);
       const uint64_t ws = kWorkspaceBytes;
       // Split-K partial sums reduced in f32 only, never in the BF16 output type.
       const uint32_t reduction = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
@@ -241,35 +274,78 @@ class CublasLtBackend final : public GemmBackend {
       set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_x, sizeof(align_x));
       set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_y, sizeof(align_y));
       set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_y, sizeof(align_y));
-      cublasLtMatmulHeuristicResult_t result{};
-      int found = 0;
       check_cublas(cublasLtMatmulAlgoGetHeuristic(handle_, p.op, p.a, p.b, p.c, p.c, pref, 1, &result, &found),
                    "cublasLtMatmulAlgoGetHeuristic", shape);
-      if (found == 0)
-        throw InternalError(fmt::format("cuBLASLt has no algorithm for {} (buffer alignment x {} W {} y {} bytes)",
-                                        shape, align_x, align_w, align_y));
-      p.algo = result.algo;
     } catch (...) {
-      if (pref) cublasLtMatmulPreferenceDestroy(pref);
-      destroy(p);
+      cublasLtMatmulPreferenceDestroy(pref);
       throw;
     }
     cublasLtMatmulPreferenceDestroy(pref);
+    if (found == 0)
+      throw InternalError(fmt::format("cuBLASLt has no algorithm for {} (buffer alignment x {} W {} y {} bytes)",
+                                      shape, align_x, align_w, align_y));
+    log_debug("cuBLASLt: algorithm for {} chosen in {:.2f} ms", shape,
+              std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    return result.algo;
+  }
+
+  Plan make_plan(const Key& key) {
+    Plan p;
+    try {
+      describe(key, p);
+      const int M = std::get<0>(key), bm = bucket_m(M);
+      if (bm != M) {
+        Key bk = key;
+        std::get<0>(bk) = bm;
+        auto it = bucket_algos_.find(bk);
+        if (it == bucket_algos_.end()) {
+          Plan rep;  // the bucket's representative shape (its largest M)
+          try {
+            describe(bk, rep);
+            it = bucket_algos_.emplace(bk, heuristic(bk, rep)).first;
+          } catch (...) {
+            destroy(rep);
+            throw;
+          }
+          destroy(rep);
+        }
+        cublasLtMatmulHeuristicResult_t check{};
+        if (cublasLtMatmulAlgoCheck(handle_, p.op, p.a, p.b, p.c, p.c, &it->second, &check) == CUBLAS_STATUS_SUCCESS &&
+            check.workspaceSize <= kWorkspaceBytes) {
+          p.algo = it->second;
+          p.from_bucket = true;
+          return p;
+        }
+      }
+      p.algo = heuristic(key, p);
+    } catch (...) {
+      destroy(p);
+      throw;
+    }
     return p;
   }
 
   BackendSpec spec_;
+  const bool m_buckets_;
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;
   // Filled on first use of a shape (a host-only call, so also allowed while capturing); never evicted: a
-  // model has a handful of shapes times the token counts its graphs are captured for.
+  // model has a handful of shapes times the token counts its steps take (layouts only, a few hundred bytes each;
+  // the algorithm comes from bucket_algos_ above kExactM).
   std::map<Key, Plan> plans_;
+  std::map<Key, cublasLtMatmulAlgo_t> bucket_algos_;  // key with M = bucket_m(M)
 };
 
 }  // namespace
 
 std::unique_ptr<GemmBackend> make_cublas_backend() { return std::make_unique<CublasBackend>(); }
-std::unique_ptr<GemmBackend> make_cublaslt_backend() { return std::make_unique<CublasLtBackend>(); }
+std::unique_ptr<GemmBackend> make_cublaslt_backend(bool m_buckets) {
+  return std::make_unique<CublasLtBackend>(m_buckets);
+}
+std::unique_ptr<GemmBackend> make_cublaslt_backend() {
+  static const bool m_buckets = env_flag("MOESERVE_CUBLASLT_M_BUCKETS", false);
+  return make_cublaslt_backend(m_buckets);
+}
 
 std::vector<std::unique_ptr<GemmBackend>> make_gemm_backends() {
   std::vector<std::unique_ptr<GemmBackend>> r;
