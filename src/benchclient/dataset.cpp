@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/json_depth.h"
 
 namespace moeserve::bench {
 
@@ -127,6 +128,8 @@ std::vector<BenchRequest> load_sharegpt_dataset(const std::string& path, const S
   MS_USER_CHECK(in.good(), "--dataset-path {}: cannot open the file", path);
   std::stringstream ss;
   ss << in.rdbuf();
+  MS_USER_CHECK(!json_nesting_exceeds(ss.str()), "--dataset-path {}: nests arrays and objects more than {} levels deep",
+                path, kMaxJsonDepth);
   json data = json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
   MS_USER_CHECK(!data.is_discarded(), "--dataset-path {}: not valid JSON", path);
   return sharegpt_from_json(data, o, path);

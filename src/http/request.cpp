@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/json_depth.h"
 
 namespace moeserve::http {
 
@@ -49,6 +50,8 @@ std::optional<std::string> Request::query_param(std::string_view name) const {
 
 nlohmann::json Request::json() const {
   if (body.empty()) throw UserError("the request body is empty; expected a JSON object");
+  if (json_nesting_exceeds(body))
+    throw UserError(fmt::format("the request body nests arrays and objects more than {} levels deep", kMaxJsonDepth));
   try {
     return nlohmann::json::parse(body);
   } catch (const nlohmann::json::parse_error& e) {

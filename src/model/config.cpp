@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "core/json_depth.h"
 
 namespace moeserve {
 
@@ -256,16 +257,23 @@ ModelConfig ModelConfig::from_json(const json& root, const std::string& where) {
   return c;
 }
 
-ModelConfig ModelConfig::from_file(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw_user("cannot open {}: {}", path, std::filesystem::exists(path) ? "permission denied" : "no such file");
-  json j;
+json read_json_file(std::istream& in, const std::string& path) {
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string text = ss.str();
+  if (json_nesting_exceeds(text))
+    throw_user("{}: nests arrays and objects more than {} levels deep", path, kMaxJsonDepth);
   try {
-    j = json::parse(in);
+    return json::parse(text);
   } catch (const json::exception& e) {
     throw_user("{}: invalid JSON: {}", path, e.what());
   }
-  return from_json(j, path);
+}
+
+ModelConfig ModelConfig::from_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw_user("cannot open {}: {}", path, std::filesystem::exists(path) ? "permission denied" : "no such file");
+  return from_json(read_json_file(in, path), path);
 }
 
 json ModelConfig::to_json() const {
@@ -300,12 +308,7 @@ GenerationDefaults GenerationDefaults::from_dir(const std::string& model_dir) {
   std::string path = model_dir + "/generation_config.json";
   std::ifstream in(path);
   if (!in) return g;
-  json j;
-  try {
-    j = json::parse(in);
-  } catch (const json::exception& e) {
-    throw_user("{}: invalid JSON: {}", path, e.what());
-  }
+  const json j = read_json_file(in, path);
   if (!j.is_object()) throw_user("{}: expected a JSON object", path);
   Fields f{j, path};
   g.present = true;

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <istream>
 #include <string>
 #include <vector>
 
@@ -10,6 +11,10 @@
 #include "core/dtype.h"
 
 namespace moeserve {
+
+// The JSON document of a checkpoint file read from `in` (opened by the caller): a UserError naming `path` when it
+// is not valid JSON or nests deeper than core/json_depth.h's limit.
+nlohmann::json read_json_file(std::istream& in, const std::string& path);
 
 struct RopeConfig {
   std::string type = "default";  // default | linear | yarn | llama3

@@ -14,7 +14,9 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "core/json_depth.h"
 #include "core/threadpool.h"
+#include "model/config.h"
 
 namespace moeserve {
 
@@ -57,6 +59,8 @@ std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) 
     throw_user("{}: corrupt safetensors header length {} (file is {} bytes)", path, header_len, size);
   std::string header(header_len, '\0');
   read_exact(f.fd, header.data(), header_len, 8, path);
+  if (json_nesting_exceeds(header))
+    throw_user("{}: the safetensors header nests more than {} levels deep", path, kMaxJsonDepth);
   json j;
   try {
     j = json::parse(header);
@@ -143,12 +147,7 @@ Checkpoint Checkpoint::open(const std::string& dir) {
   fs::path index = fs::path(dir) / "model.safetensors.index.json";
   if (fs::exists(index)) {
     std::ifstream in(index);
-    json j;
-    try {
-      j = json::parse(in);
-    } catch (const json::exception& e) {
-      throw_user("{}: invalid JSON: {}", index.string(), e.what());
-    }
+    const json j = read_json_file(in, index.string());
     if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
       throw_user("{}: missing 'weight_map' object", index.string());
     std::map<std::string, std::shared_ptr<SafetensorsFile>> files;

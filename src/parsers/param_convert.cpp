@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "core/json_depth.h"
 #include "parsers/text_util.h"
 
 namespace moeserve::parsers {
@@ -74,6 +75,7 @@ std::optional<ordered_json> parse_boolean(std::string_view s) {
 
 std::optional<ordered_json> parse_structured(std::string_view s, ordered_json::value_t want) {
   s = detail::strip(s);
+  if (json_nesting_exceeds(s)) return std::nullopt;  // (core/json_depth.h)
   ordered_json v = ordered_json::parse(s.begin(), s.end(), nullptr, /*allow_exceptions=*/false);
   if (v.is_discarded()) {
     auto lit = parse_python_literal(s);

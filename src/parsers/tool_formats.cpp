@@ -4,6 +4,7 @@
 #include <cctype>
 #include <unordered_set>
 
+#include "core/json_depth.h"
 #include "parsers/param_convert.h"
 #include "parsers/text_util.h"
 #include "parsers/tool_calls.h"
@@ -30,6 +31,7 @@ Match match_at(std::string_view text, size_t pos, std::string_view tag) {
 }
 
 ordered_json parse_json(std::string_view text) {
+  if (json_nesting_exceeds(text)) return ordered_json(ordered_json::value_t::discarded);  // (core/json_depth.h)
   return ordered_json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
 }
 

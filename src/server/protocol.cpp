@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/json_depth.h"
 #include "parsers/tool_calls.h"
 #include "server/text.h"
 
@@ -165,6 +166,9 @@ std::string text_of_content(const json& content, size_t index) {
 }  // namespace
 
 json parse_body(const std::string& body) {
+  if (json_nesting_exceeds(body))
+    throw ApiError(400,
+                   fmt::format("the request body nests arrays and objects more than {} levels deep", kMaxJsonDepth));
   json j;
   try {
     j = json::parse(body);
@@ -198,9 +202,11 @@ json normalize_messages(const json& messages) {
         // Templates read arguments as a mapping; OpenAI sends a JSON string. Give them the object when it parses.
         if (tc.is_object() && tc.contains("function") && tc["function"].is_object() &&
             tc["function"].contains("arguments") && tc["function"]["arguments"].is_string()) {
+          const std::string& text = tc["function"]["arguments"].get_ref<const std::string&>();
+          if (json_nesting_exceeds(text)) continue;  // stays a string
           try {
-            json a = json::parse(tc["function"]["arguments"].get<std::string>());
-            if (a.is_object()) tc["function"]["arguments"] = a;
+            json a = json::parse(text);
+            if (a.is_object()) tc["function"]["arguments"] = std::move(a);
           } catch (const json::exception&) {
           }
         }
@@ -318,6 +324,8 @@ ApiRequest parse_generate_request(const json& body, const ParseContext& ctx) {
   ApiRequest r;
   r.kind = ApiKind::Generate;
   r.model = ctx.served_model_name;
+  // As SGLang: exactly one of the two (which one to serve would otherwise be a guess).
+  if (b.has("input_ids") && b.has("text")) bad("text", "give either 'text' or 'input_ids', not both");
   if (b.has("input_ids")) {
     const json& ids = body["input_ids"];
     if (!ids.is_array() || ids.empty()) bad("input_ids", "'input_ids' must be a non-empty list of token ids");

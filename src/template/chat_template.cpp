@@ -3,6 +3,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "core/json_depth.h"
 #include "template/jinja.h"
 
 namespace moeserve::tpl {
@@ -22,8 +23,11 @@ std::optional<nlohmann::ordered_json> read_tokenizer_config(const std::string& m
   const fs::path p = fs::path(model_dir) / "tokenizer_config.json";
   std::error_code ec;
   if (!fs::is_regular_file(p, ec)) return std::nullopt;
+  const std::string text = read_file(p, "tokenizer config");
+  if (json_nesting_exceeds(text))
+    throw UserError(fmt::format("'{}' nests arrays and objects more than {} levels deep", p.string(), kMaxJsonDepth));
   try {
-    return nlohmann::ordered_json::parse(read_file(p, "tokenizer config"));
+    return nlohmann::ordered_json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     throw UserError(fmt::format("'{}' is not valid JSON: {}", p.string(), e.what()));
   }

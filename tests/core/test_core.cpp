@@ -5,11 +5,13 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "cli/flags.h"
 #include "core/dtype.h"
 #include "core/env.h"
 #include "core/error.h"
+#include "core/json_depth.h"
 #include "core/threadpool.h"
 
 using namespace moeserve;
@@ -125,4 +127,18 @@ TEST(Env, UnsetEmptyAndBadValuesFallBack) {
   ::setenv(name, "11", 1);
   EXPECT_EQ(env_int(name, 7, 0, 10), 7);  // out of range
   ::unsetenv(name);
+}
+
+// The nesting guard in front of every parse of outside JSON: brackets inside strings (escaped quotes included) do
+// not count, the limit itself is accepted, one level more is not.
+TEST(JsonDepth, CountsNestingOutsideStrings) {
+  const auto nest = [](int n) { return std::string(size_t(n), '[') + std::string(size_t(n), ']'); };
+  EXPECT_FALSE(json_nesting_exceeds("{}", 1));
+  EXPECT_TRUE(json_nesting_exceeds("{\"a\": []}", 1));
+  EXPECT_FALSE(json_nesting_exceeds(nest(kMaxJsonDepth)));
+  EXPECT_TRUE(json_nesting_exceeds(nest(kMaxJsonDepth + 1)));
+  EXPECT_TRUE(json_nesting_exceeds(nest(1000000)));
+  EXPECT_FALSE(json_nesting_exceeds("[\"[[[[\", \"\\\"[[[[\", {\"k\\\\\": \"]]]\"}]", 2));
+  EXPECT_TRUE(json_nesting_exceeds("[\"\\\\\", [[]]]", 2));  // a string ending in an escaped backslash
+  EXPECT_FALSE(json_nesting_exceeds("]]]]][", 1));             // unbalanced: the parser rejects it, no crash here
 }

@@ -119,6 +119,13 @@ TEST(Safetensors, CorruptFilesAreClearErrors) {
   write_raw(p, "{not json", "");
   EXPECT_USER_ERROR(SafetensorsFile::open(p.string()), "not valid JSON");
 
+  // Nesting that would exhaust the stack of the JSON library's recursive copies: refused before parsing.
+  write_raw(p, "{\"w\": " + std::string(100000, '[') + std::string(100000, ']') + "}", "");
+  EXPECT_USER_ERROR(SafetensorsFile::open(p.string()), "levels deep");
+  const fs::path cfg = d / "config.json";
+  { std::ofstream(cfg) << "{\"a\": " << std::string(100000, '[') << std::string(100000, ']') << "}"; }
+  EXPECT_USER_ERROR(ModelConfig::from_file(cfg.string()), "config.json", "levels deep");
+
   write_raw(p, ok_header, std::string(8, '\0'));  // data cut short
   EXPECT_USER_ERROR(SafetensorsFile::open(p.string()), "'w'", "past the end");
 

@@ -685,3 +685,38 @@ TEST(ToolCallParser, FuzzHermesStreamingEqualsNonStreaming) {
 
 }  // namespace
 }  // namespace moeserve::parsers
+
+namespace moeserve::parsers {
+namespace {
+
+// Model output nesting far past any real argument (here 100,000 levels) must not reach a recursive JSON copy; nothing
+// crashes and streaming agrees with parse_full. qwen3_coder keeps the text as the parameter's string value; hermes,
+// whose call was committed at its name, closes the call with the members before the nested one (a valid object).
+TEST(ToolCallParser, DeeplyNestedArgumentsDoNotCrash) {
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  const std::string hermes = "<tool_call>\n{\"name\": \"search\", \"arguments\": {\"query\": \"q\", \"tags\": " +
+                             deep + "}}\n</tool_call>";
+  const std::string coder = "<tool_call>\n<function=search>\n<parameter=tags>\n" + deep +
+                            "\n</parameter>\n</function>\n</tool_call>";
+  for (const auto& [parser, text] :
+       {std::pair{std::string("hermes"), hermes}, std::pair{std::string("qwen3_coder"), coder}}) {
+    const ToolParseResult full = make(parser)->parse_full(text);
+    auto p = make(parser);
+    Collector col;
+    for (size_t i = 0; i < text.size(); i += 4096) col.add(p->push(std::string_view(text).substr(i, 4096)));
+    col.add(p->finish());
+    expect_same(col.total, full, parser);
+    ASSERT_EQ(full.calls.size(), 1u) << parser;
+    EXPECT_EQ(full.calls[0].name, "search");
+    const ordered_json args = ordered_json::parse(full.calls[0].arguments, nullptr, false);
+    ASSERT_TRUE(args.is_object()) << parser << ": " << full.calls[0].arguments.substr(0, 80);
+    if (parser == "qwen3_coder") {
+      EXPECT_EQ(args.value("tags", ""), deep);
+    } else {
+      EXPECT_EQ(args, ordered_json::parse(R"({"query": "q"})"));
+    }
+  }
+}
+
+}  // namespace
+}  // namespace moeserve::parsers

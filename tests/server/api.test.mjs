@@ -166,6 +166,10 @@ test('errors use the OpenAI shape with the right status', async () => {
     ['POST', '/generate', JSON.stringify({ input_ids: new Array(40000).fill(5) }), 400],
     ['POST', '/generate', JSON.stringify({ text: 'x', sampling_params: { top_p: 0 } }), 400],
     ['POST', '/detokenize', JSON.stringify({ tokens: [1, 'a'] }), 400],
+    ['POST', '/generate', JSON.stringify({ text: 'x', input_ids: [1, 2] }), 400],
+    // Nesting deep enough to exhaust a thread's stack in a JSON library's recursive copy / print / compare.
+    ['POST', '/v1/completions', `{"prompt": ${'['.repeat(200000)}${']'.repeat(200000)}}`, 400],
+    ['POST', '/generate', `{"text": "x", "sampling_params": ${'{"a":'.repeat(100000)}1${'}'.repeat(100000)}}`, 400],
     ['GET', '/v1/nothing', undefined, 404],
     ['GET', '/v1/chat/completions', undefined, 405],
   ];
@@ -181,6 +185,13 @@ test('errors use the OpenAI shape with the right status', async () => {
   // Too large a body.
   const big = await rawRequest(srv.port, 'POST', '/v1/completions', 'x'.repeat(1100000), { 'content-type': 'application/json' });
   assert.equal(big.status, 413);
+  // A tool call's arguments nested past the limit stay a string for the chat template (they are not parsed).
+  const deepArgs = await client.chat.completions.create({ max_tokens: 1, messages: [
+    { role: 'user', content: 'x' },
+    { role: 'assistant', content: null, tool_calls: [{ id: 'call_1', type: 'function',
+      function: { name: 'f', arguments: `${'{"a":'.repeat(300)}1${'}'.repeat(300)}` } }] },
+    { role: 'tool', tool_call_id: 'call_1', content: 'ok' }] });
+  assert.equal(deepArgs.choices.length, 1);
   assert.equal((await fetch(`${srv.base}/health`)).status, 200, 'still healthy after bad input');
 });
 
