@@ -79,6 +79,42 @@ __device__ __forceinline__ State block_reduce(State s) {
   return s;
 }
 
+// A row's 16-byte aligned body as float4 chunks [0, n4) after its first n_head scalars (row_parts), and the scan of
+// one thread's share of it: chunks begin, begin + step, ... below end, U of them in flight at a time.
+struct RowParts {
+  int n_head, n4;
+};
+__device__ __forceinline__ RowParts row_parts(const float* row, int vocab) {
+  const int head = int((16 - (reinterpret_cast<uintptr_t>(row) & 15)) / 4) & 3;
+  const int n_head = min(head, vocab);
+  return RowParts{n_head, (vocab - n_head) / 4};
+}
+// The unaligned head and the tail past the last chunk (a block does them once a row, scalar loads).
+__device__ __forceinline__ void scan_row_ends(State& s, const float* row, int vocab, RowParts rp) {
+  for (int i = threadIdx.x; i < rp.n_head; i += kThreads) add(s, __ldcg(row + i), i);
+  for (int i = rp.n_head + 4 * rp.n4 + threadIdx.x; i < vocab; i += kThreads) add(s, __ldcg(row + i), i);
+}
+template <int U>
+__device__ __forceinline__ void scan_chunks(State& s, const float* row, RowParts rp, int begin, int end, int step) {
+  const float4* v4 = reinterpret_cast<const float4*>(row + rp.n_head);
+  for (int i0 = begin; i0 < end; i0 += U * step) {
+    float4 v[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int i = i0 + u * step;
+      v[u] = i < end ? __ldcg(v4 + i) : make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int b = rp.n_head + 4 * (i0 + u * step);
+      add(s, v[u].x, b);
+      add(s, v[u].y, b + 1);
+      add(s, v[u].z, b + 2);
+      add(s, v[u].w, b + 3);
+    }
+  }
+}
+
 // One cluster of `cluster` blocks per row (launched with that cluster size; 1 for large batches): block `rank`
 // takes every cluster-th run of kThreads 16-byte chunks of the row, each thread kUnroll chunks in flight at a
 // time; rank 0 merges the blocks' states in rank order through distributed shared memory. A programmatic
@@ -93,31 +129,9 @@ __global__ void __launch_bounds__(kThreads) greedy_kernel(const float* logits, i
   pdl_enter();
   State s{-INFINITY, INT_MAX, 0.0f};
   // Aligned 16-byte loads over the bulk of the row, scalar loads for the ends (rank 0).
-  const int head = int((16 - (reinterpret_cast<uintptr_t>(row) & 15)) / 4) & 3;
-  const int n_head = min(head, vocab);
-  const int n4 = (vocab - n_head) / 4;
-  if (rank == 0) {
-    for (int i = threadIdx.x; i < n_head; i += kThreads) add(s, __ldcg(row + i), i);
-    for (int i = n_head + 4 * n4 + threadIdx.x; i < vocab; i += kThreads) add(s, __ldcg(row + i), i);
-  }
-  const float4* v4 = reinterpret_cast<const float4*>(row + n_head);
-  const int stride = cluster * kThreads;
-  for (int i0 = rank * kThreads + threadIdx.x; i0 < n4; i0 += kUnroll * stride) {
-    float4 v[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int i = i0 + u * stride;
-      v[u] = i < n4 ? __ldcg(v4 + i) : make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int b = n_head + 4 * (i0 + u * stride);
-      add(s, v[u].x, b);
-      add(s, v[u].y, b + 1);
-      add(s, v[u].z, b + 2);
-      add(s, v[u].w, b + 3);
-    }
-  }
+  const RowParts rp = row_parts(row, vocab);
+  if (rank == 0) scan_row_ends(s, row, vocab, rp);
+  scan_chunks<kUnroll>(s, row, rp, rank * kThreads + int(threadIdx.x), rp.n4, cluster * kThreads);
   s = block_reduce(s);
   __shared__ State block_state;
   if (threadIdx.x == 0) block_state = s;
@@ -155,32 +169,10 @@ __global__ void __launch_bounds__(kThreads) greedy_grid_kernel(const float* logi
   const float* row = logits + int64_t(row_idx) * vocab;
   pdl_enter();
   State s{-INFINITY, INT_MAX, 0.0f};
-  const int head = int((16 - (reinterpret_cast<uintptr_t>(row) & 15)) / 4) & 3;
-  const int n_head = min(head, vocab);
-  const int n4 = (vocab - n_head) / 4;
-  if (b == 0) {
-    for (int i = threadIdx.x; i < n_head; i += kThreads) add(s, __ldcg(row + i), i);
-    for (int i = n_head + 4 * n4 + threadIdx.x; i < vocab; i += kThreads) add(s, __ldcg(row + i), i);
-  }
-  const float4* v4 = reinterpret_cast<const float4*>(row + n_head);
-  const int per = (n4 + kGridBlocks - 1) / kGridBlocks, i0 = b * per, i1 = min(n4, i0 + per);
-  constexpr int kLoads = 2;
-  for (int i = i0 + int(threadIdx.x); i < i1; i += kLoads * kThreads) {
-    float4 v[kLoads];
-#pragma unroll
-    for (int u = 0; u < kLoads; ++u) {
-      const int j = i + u * kThreads;
-      v[u] = j < i1 ? __ldcg(v4 + j) : make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
-    }
-#pragma unroll
-    for (int u = 0; u < kLoads; ++u) {
-      const int e = n_head + 4 * (i + u * kThreads);
-      add(s, v[u].x, e);
-      add(s, v[u].y, e + 1);
-      add(s, v[u].z, e + 2);
-      add(s, v[u].w, e + 3);
-    }
-  }
+  const RowParts rp = row_parts(row, vocab);
+  if (b == 0) scan_row_ends(s, row, vocab, rp);
+  const int per = (rp.n4 + kGridBlocks - 1) / kGridBlocks, i0 = b * per, i1 = min(rp.n4, i0 + per);
+  scan_chunks<2>(s, row, rp, i0 + int(threadIdx.x), i1, kThreads);  // one or two 16-byte loads a thread
   s = block_reduce(s);
   __shared__ bool last;
   if (threadIdx.x == 0) {
