@@ -220,8 +220,11 @@ bool cluster_fits(int splits) {
   if (fits[splits] == 0) {
     constexpr size_t smem = detail::gqa_smem_bytes<128, STAGES>();
     auto kernel = detail::paged_attention_decode_gqa_kernel<128, true, true, FUSED_IN, STAGES>;
-    MS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    MS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    // The head-dimension split variant (decode_gqa_dsplit) has the same blocks: it fits wherever this one does.
+    for (auto k : {kernel, detail::paged_attention_decode_gqa_kernel<128, true, true, FUSED_IN, STAGES, true>}) {
+      MS_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+      MS_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    }
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = dim3(unsigned(splits), 1, 1);
     cfg.blockDim = dim3(128);
@@ -279,6 +282,13 @@ int paged_attention_decode_splits(const AttnShape& shape, int num_seqs, int sms,
 
 namespace {
 
+// The cluster path's warps split the head dimension instead of the keys (DSPLIT of attention_decode_gqa.cuh):
+// MOESERVE_ATTN_GQA_DSPLIT=1, an experiment not yet measured on a GPU.
+bool decode_gqa_dsplit() {
+  static const bool on = env_flag("MOESERVE_ATTN_GQA_DSPLIT", false);
+  return on;
+}
+
 template <bool FUSED_IN>
 void launch_decode_gqa(AttnParams p, dim3 grid, bool split, cudaStream_t stream) {
   constexpr size_t smem = detail::gqa_smem_bytes<128>();
@@ -286,12 +296,15 @@ void launch_decode_gqa(AttnParams p, dim3 grid, bool split, cudaStream_t stream)
   p.kv_prewait = prewait ? 1 : 0;
   // (cudaFuncSetAttribute done by decode_cluster_merge)
   if (const int stages = split ? decode_cluster_merge<FUSED_IN>(grid) : 0; stages > 0) {
+    const bool dsplit = decode_gqa_dsplit();
     if (stages == 2)
-      launch_pdl_cluster(detail::paged_attention_decode_gqa_kernel<128, true, true, FUSED_IN, 2>, grid, dim3(128),
-                         detail::gqa_smem_bytes<128, 2>(), stream, grid.x, p);
+      launch_pdl_cluster(dsplit ? detail::paged_attention_decode_gqa_kernel<128, true, true, FUSED_IN, 2, true>
+                                : detail::paged_attention_decode_gqa_kernel<128, true, true, FUSED_IN, 2>,
+                         grid, dim3(128), detail::gqa_smem_bytes<128, 2>(), stream, grid.x, p);
     else
-      launch_pdl_cluster(detail::paged_attention_decode_gqa_kernel<128, true, true, FUSED_IN>, grid, dim3(128), smem,
-                         stream, grid.x, p);
+      launch_pdl_cluster(dsplit ? detail::paged_attention_decode_gqa_kernel<128, true, true, FUSED_IN, 3, true>
+                                : detail::paged_attention_decode_gqa_kernel<128, true, true, FUSED_IN>,
+                         grid, dim3(128), smem, stream, grid.x, p);
     return;
   }
   auto kernel = split ? detail::paged_attention_decode_gqa_kernel<128, true, false, FUSED_IN>
