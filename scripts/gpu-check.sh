@@ -88,21 +88,24 @@ run test_gpu_model_unfolded ok env MOESERVE_ROUTER_FOLD=0 MOESERVE_EMBED_PARTIAL
 # Opt-in decode-step experiments (off by default until a same-call A/B decides): the greedy sampler's grid form
 # (test_cuda_sampling_greedy turns it on itself), the L2 prefetch of layer 0's q/k/v weights at the end of a decode
 # step, the deeper GEMV ring for o_proj's 4096-long rows (MOESERVE_GEMV_RING_STAGES=8: 6 or 8 stages where the grid
-# stays one wave), the down GEMV's deeper ring (MOESERVE_MOE_DOWN_GEMV_STAGES=8) and the cluster decode attention
-# with its warps splitting the head dimension (MOESERVE_ATTN_GQA_DSPLIT=1; both ring depths).
-OPT_IN=(MOESERVE_GREEDY_GRID=1 MOESERVE_PREFETCH_FIRST_LAYER=1 MOESERVE_GEMV_RING_STAGES=8 MOESERVE_MOE_DOWN_GEMV_STAGES=8
-  MOESERVE_ATTN_GQA_DSPLIT=1)
+# stays one wave), the down GEMV's ring depth (MOESERVE_MOE_DOWN_GEMV_STAGES=2, 3 or 8) and the cluster decode
+# attention with its warps splitting the head dimension (MOESERVE_ATTN_GQA_DSPLIT=1; both ring depths).
+OPT_IN=(MOESERVE_GREEDY_GRID=1 MOESERVE_PREFETCH_FIRST_LAYER=1 MOESERVE_GEMV_RING_STAGES=8
+  MOESERVE_MOE_DOWN_GEMV_STAGES=8 MOESERVE_ATTN_GQA_DSPLIT=1)
 run test_gpu_model_opt_in ok env "${OPT_IN[@]}" "$BUILD/tests/test_gpu_model" --gtest_brief=1
 run test_gpu_parity_opt_in ok env "${OPT_IN[@]}" "$BUILD/tests/test_gpu_parity" --gtest_brief=1 --gtest_filter='*Bf16*'
 run test_cuda_gemm_deep_ring ok env MOESERVE_GEMV_RING_STAGES=8 "$BUILD/tests/test_cuda_gemm" --gtest_brief=1
-# The 1-token down GEMV with the 8-stage ring (MOESERVE_MOE_DOWN_GEMV_STAGES=8), the direct-mode tests.
-run test_cuda_moe_deep_down ok env MOESERVE_MOE_DOWN_GEMV_STAGES=8 "$BUILD/tests/test_cuda_moe" --gtest_brief=1 \
-  --gtest_filter='*SmallTokenCounts*:*Residual*:*Captured*:*SelfTest*'
+# The 1-token down GEMV with the other ring depths (MOESERVE_MOE_DOWN_GEMV_STAGES=2, 3, 8), the direct-mode tests.
+for st in 2 3 8; do
+  run "test_cuda_moe_down_stages$st" ok env MOESERVE_MOE_DOWN_GEMV_STAGES=$st "$BUILD/tests/test_cuda_moe" \
+    --gtest_brief=1 --gtest_filter='*SmallTokenCounts*:*Residual*:*Captured*:*SelfTest*'
+done
 run test_cuda_kernels_dsplit ok env MOESERVE_ATTN_GQA_DSPLIT=1 "$BUILD/tests/test_cuda_kernels" --gtest_brief=1 \
   --gtest_filter='*Decode*'
 run test_cuda_kernels_dsplit_stages3 ok env MOESERVE_ATTN_GQA_DSPLIT=1 MOESERVE_ATTN_GQA_CLUSTER_STAGES=3 \
   "$BUILD/tests/test_cuda_kernels" --gtest_brief=1 --gtest_filter='*Decode*'
-run test_gpu_router_fold_deep_ring ok env MOESERVE_GEMV_RING_STAGES=8 "$BUILD/tests/test_gpu_router_fold" --gtest_brief=1
+run test_gpu_router_fold_deep_ring ok env MOESERVE_GEMV_RING_STAGES=8 "$BUILD/tests/test_gpu_router_fold" \
+  --gtest_brief=1
 # The mma.sync prefill attention tiles at head_dim 128 too (the default there is the wgmma kernel on sm_90), and the
 # 16-row decode tiles (the default at head_dim 128 and groups of up to 8 is the keys-as-M kernel).
 run test_cuda_kernels_mma ok env MOESERVE_ATTN_PREFILL_WGMMA=0 MOESERVE_ATTN_DECODE_GQA_MIN=0 "$BUILD/tests/test_cuda_kernels" --gtest_brief=1

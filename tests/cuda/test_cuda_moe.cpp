@@ -736,12 +736,15 @@ TEST(CudaMoe, JitSourceCompilesForSm90aWithoutAGpu) {
   MoeShape shape;
   shape.hidden = 2048;
   shape.inter = 768;
-  const std::string r = jit_compile(jit_embedded_source(), jit_options("sm_90a", shape), cubin);
+  // With the optional down GEMV depths too (compiled only when MOESERVE_MOE_DOWN_GEMV_STAGES picks one).
+  std::vector<std::string> options = jit_options("sm_90a", shape);
+  options.push_back("-DMOE_JIT_DOWN_GEMV_VARIANTS=1");
+  const std::string r = jit_compile(jit_embedded_source(), options, cubin);
   EXPECT_EQ(r, "");
   EXPECT_GT(cubin.size(), size_t(10000));
   // Every kernel the JIT table looks up is in it.
-  for (const char* name : {"moe_prep", "moe_combine", "moe_down_gemv", "moe_down_gemv_deep", "moe_gemm_0_gu",
-                           "moe_gemm_0_dn", "moe_gemm_10_dn"})
+  for (const char* name : {"moe_prep", "moe_combine", "moe_down_gemv", "moe_down_gemv_s2", "moe_down_gemv_s3",
+                           "moe_down_gemv_s8", "moe_gemm_0_gu", "moe_gemm_0_dn", "moe_gemm_10_dn"})
     EXPECT_NE(cubin.find(name), std::string::npos) << name;
 }
 

@@ -14,6 +14,7 @@
 
 #include "core/env.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "cuda/device.h"
 #include "cuda/launch.h"
 #include "cuda/moe/moe_internal.h"
@@ -163,7 +164,8 @@ std::string fused_shape_check(const MoeShape& s) {
 }
 
 std::string fused_check_kernels(const KernelTable& t, const DeviceInfo& dev) {
-  std::vector<const void*> all = {t.prep, t.combine, t.down_gemv, t.down_gemv_deep};
+  std::vector<const void*> all = {t.prep, t.combine};
+  for (const void* k : t.down_gemv) all.push_back(k);
   for (int c = 0; c < kNumGemmConfigs; ++c)
     for (int m = 0; m < 2; ++m) all.push_back(t.gemm[c][m]);
   for (const void* k : all) {
@@ -171,10 +173,9 @@ std::string fused_check_kernels(const KernelTable& t, const DeviceInfo& dev) {
     std::string r = check_kernel_present(k, dev);
     if (!r.empty()) return r;
   }
-  for (auto [kernel, stages] :
-       {std::pair{t.down_gemv, kDownGemvStages}, std::pair{t.down_gemv_deep, kDownGemvDeepStages}}) {
-    const int smem = down_gemv_smem_bytes(kDownGemvMaxI, stages);
-    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  for (int v = 0; v < kNumDownGemvVariants; ++v) {
+    const int stages = kDownGemvStageVariants[v], smem = down_gemv_smem_bytes(kDownGemvMaxI, stages);
+    if (cudaError_t e = cudaFuncSetAttribute(t.down_gemv[v], cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
         e != cudaSuccess) {
       cudaGetLastError();
       return fmt::format("the down GEMV ({} ring stages) needs {} KiB of shared memory per block: {}", stages,
@@ -220,6 +221,19 @@ std::string DeviceCounters::ensure(size_t n) {
 
 DeviceCounters::~DeviceCounters() {
   if (p_) cudaFree(p_);
+}
+
+// MOESERVE_MOE_DOWN_GEMV_STAGES = 2, 3, 4 (the default) or 8: an experiment, not measured on a GPU yet. Another
+// value warns and keeps the default.
+int down_gemv_variant() {
+  static const int v = [] {
+    const long want = env_int("MOESERVE_MOE_DOWN_GEMV_STAGES", kDownGemvStages, 1, 64);
+    for (int i = 0; i < kNumDownGemvVariants; ++i)
+      if (kDownGemvStageVariants[i] == want) return i;
+    log_warn("MOESERVE_MOE_DOWN_GEMV_STAGES={}: built for 2, 3, 4 or 8 ring stages; using {}", want, kDownGemvStages);
+    return 0;
+  }();
+  return v;
 }
 
 namespace {
@@ -329,12 +343,9 @@ void fused_run(const KernelTable& k, const MoeShape& s, const bf16* x, int T, co
     dn.combine_out = reinterpret_cast<unsigned short*>(out);
     dn.residual = residual;
     dn.res_partials = res_partials;
-    // MOESERVE_MOE_DOWN_GEMV_STAGES=8: the deeper ring (an experiment, not measured on a GPU yet).
-    static const bool deep = env_int("MOESERVE_MOE_DOWN_GEMV_STAGES", kDownGemvStages, kDownGemvStages,
-                                     kDownGemvDeepStages) == kDownGemvDeepStages;
-    launch(deep ? k.down_gemv_deep : k.down_gemv, dim3(unsigned(s.hidden / kDownGemvRows)), dim3(kDownGemvThreads),
-           size_t(down_gemv_smem_bytes(s.inter, deep ? kDownGemvDeepStages : kDownGemvStages)), &dn, stream,
-           "moe down GEMV launch", pdl);
+    const int v = down_gemv_variant();
+    launch(k.down_gemv[v], dim3(unsigned(s.hidden / kDownGemvRows)), dim3(kDownGemvThreads),
+           size_t(down_gemv_smem_bytes(s.inter, kDownGemvStageVariants[v])), &dn, stream, "moe down GEMV launch", pdl);
     return;
   }
   if (cfg.persistent) encode_weight_map(dn.wmap, w.down, int64_t(s.num_experts) * s.hidden, s.inter, cfg.bm);

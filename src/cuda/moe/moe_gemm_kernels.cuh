@@ -746,11 +746,18 @@ extern "C" __global__ void __launch_bounds__(moe_kernels::kDownGemvThreads)
     moe_down_gemv(const __grid_constant__ moe_kernels::GemmParams p) {
   moe_kernels::down_gemv_body<MOE_JIT_HIDDEN, MOE_JIT_INTER>(p, reinterpret_cast<char*>(moe_dyn_smem));
 }
-extern "C" __global__ void __launch_bounds__(moe_kernels::kDownGemvThreads)
-    moe_down_gemv_deep(const __grid_constant__ moe_kernels::GemmParams p) {
-  moe_kernels::down_gemv_body<MOE_JIT_HIDDEN, MOE_JIT_INTER, moe_kernels::kDownGemvDeepStages>(
-      p, reinterpret_cast<char*>(moe_dyn_smem));
-}
+// The other ring depths of kDownGemvStageVariants (moe_down_gemv_s<S>), compiled only when one is picked (the JIT
+// options then define MOE_JIT_DOWN_GEMV_VARIANTS): the default start compiles nothing it does not run.
+#ifdef MOE_JIT_DOWN_GEMV_VARIANTS
+#define MOE_JIT_DOWN_GEMV(S)                                                                               \
+  extern "C" __global__ void __launch_bounds__(moe_kernels::kDownGemvThreads)                              \
+      moe_down_gemv_s##S(const __grid_constant__ moe_kernels::GemmParams p) {                              \
+    moe_kernels::down_gemv_body<MOE_JIT_HIDDEN, MOE_JIT_INTER, S>(p, reinterpret_cast<char*>(moe_dyn_smem)); \
+  }
+MOE_JIT_DOWN_GEMV(2)
+MOE_JIT_DOWN_GEMV(3)
+MOE_JIT_DOWN_GEMV(8)
+#endif
 #define MOE_JIT_GEMM(IDX, MODE, SUFFIX)                                                                  \
   extern "C" __global__ void __launch_bounds__(moe_kernels::GemmCfg##IDX::THREADS,                       \
                                                moe_kernels::GemmCfg##IDX::MINB)                          \
@@ -800,19 +807,20 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MINB) moe_gemm_kernel(const
   gemm_entry<Cfg, MODE, 0, 0>(p, reinterpret_cast<char*>(moe_dyn_smem));
 }
 __global__ void __launch_bounds__(kCombineThreads) moe_combine_kernel(CombineParams p) { combine_body(p); }
+template <int S>
 __global__ void __launch_bounds__(kDownGemvThreads) moe_down_gemv_kernel(const __grid_constant__ GemmParams p) {
-  down_gemv_body<0, 0>(p, reinterpret_cast<char*>(moe_dyn_smem));
-}
-__global__ void __launch_bounds__(kDownGemvThreads) moe_down_gemv_deep_kernel(const __grid_constant__ GemmParams p) {
-  down_gemv_body<0, 0, kDownGemvDeepStages>(p, reinterpret_cast<char*>(moe_dyn_smem));
+  down_gemv_body<0, 0, S>(p, reinterpret_cast<char*>(moe_dyn_smem));
 }
 
 inline KernelTable kernel_table() {
   KernelTable t{};
   t.prep = reinterpret_cast<const void*>(&moe_prep_kernel);
   t.combine = reinterpret_cast<const void*>(&moe_combine_kernel);
-  t.down_gemv = reinterpret_cast<const void*>(&moe_down_gemv_kernel);
-  t.down_gemv_deep = reinterpret_cast<const void*>(&moe_down_gemv_deep_kernel);
+  static_assert(kNumDownGemvVariants == 4, "one kernel per ring depth");
+  t.down_gemv[0] = reinterpret_cast<const void*>(&moe_down_gemv_kernel<kDownGemvStageVariants[0]>);
+  t.down_gemv[1] = reinterpret_cast<const void*>(&moe_down_gemv_kernel<kDownGemvStageVariants[1]>);
+  t.down_gemv[2] = reinterpret_cast<const void*>(&moe_down_gemv_kernel<kDownGemvStageVariants[2]>);
+  t.down_gemv[3] = reinterpret_cast<const void*>(&moe_down_gemv_kernel<kDownGemvStageVariants[3]>);
   t.gemm[0][kGateUp] = reinterpret_cast<const void*>(&moe_gemm_kernel<GemmCfg0, kGateUp>);
   t.gemm[0][kDown] = reinterpret_cast<const void*>(&moe_gemm_kernel<GemmCfg0, kDown>);
   t.gemm[1][kGateUp] = reinterpret_cast<const void*>(&moe_gemm_kernel<GemmCfg1, kGateUp>);

@@ -48,6 +48,9 @@ bool fused_direct_for(const MoeShape& s, int T);
 std::string fused_shape_check(const MoeShape& s);
 // Checks that every kernel of `t` has code for this device and allows its dynamic shared memory. "" or why not.
 std::string fused_check_kernels(const moe_kernels::KernelTable& t, const DeviceInfo& dev);
+// The direct-mode down GEMV's ring depth, an index into kDownGemvStageVariants (0: the default;
+// MOESERVE_MOE_DOWN_GEMV_STAGES picks another). The JIT build compiles the other depths only when one is picked.
+int down_gemv_variant();
 // Device ints, zeroed when allocated: the direct path's fused-combine counters (each launch leaves them at zero
 // again). One set per backend: a backend must not run on two streams at once.
 class DeviceCounters {

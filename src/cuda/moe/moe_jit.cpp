@@ -43,8 +43,11 @@ std::string jit_arch_for(const DeviceInfo& dev) {
 // --split-compile=0: NVRTC optimizes the kernels on as many threads as the machine has (the cubin a fresh
 // machine compiles at its first start: 4.7 s -> 3.1 s on the 2-core development VM; H200 machine: 5.6 s before).
 std::vector<std::string> jit_options(const std::string& arch, const MoeShape& shape) {
-  return {"--gpu-architecture=" + arch, "-std=c++17", "--split-compile=0", "-DMOE_JIT=1",
-          fmt::format("-DMOE_JIT_HIDDEN={}", shape.hidden), fmt::format("-DMOE_JIT_INTER={}", shape.inter)};
+  std::vector<std::string> o = {"--gpu-architecture=" + arch, "-std=c++17", "--split-compile=0", "-DMOE_JIT=1",
+                                fmt::format("-DMOE_JIT_HIDDEN={}", shape.hidden),
+                                fmt::format("-DMOE_JIT_INTER={}", shape.inter)};
+  if (down_gemv_variant() != 0) o.push_back("-DMOE_JIT_DOWN_GEMV_VARIANTS=1");
+  return o;
 }
 
 std::string jit_compile(const JitSource& src, const std::vector<std::string>& options, std::string& cubin) {
@@ -240,8 +243,17 @@ class JitBackend final : public FusedBackendBase {
     };
     if (std::string r = get("moe_prep", t.prep); !r.empty()) return r;
     if (std::string r = get("moe_combine", t.combine); !r.empty()) return r;
-    if (std::string r = get("moe_down_gemv", t.down_gemv); !r.empty()) return r;
-    if (std::string r = get("moe_down_gemv_deep", t.down_gemv_deep); !r.empty()) return r;
+    // The other ring depths are in the library only when one was picked (jit_options); else their slots repeat the
+    // default kernel, which down_gemv_variant() == 0 is the only one to launch.
+    for (int v = 0; v < kNumDownGemvVariants; ++v) {
+      if (v > 0 && down_gemv_variant() == 0) {
+        t.down_gemv[v] = t.down_gemv[0];
+        continue;
+      }
+      const std::string name =
+          v == 0 ? "moe_down_gemv" : fmt::format("moe_down_gemv_s{}", kDownGemvStageVariants[v]);
+      if (std::string r = get(name, t.down_gemv[v]); !r.empty()) return r;
+    }
     for (int c = 0; c < kNumGemmConfigs; ++c) {
       if (std::string r = get(fmt::format("moe_gemm_{}_gu", c), t.gemm[c][kGateUp]); !r.empty()) return r;
       if (std::string r = get(fmt::format("moe_gemm_{}_dn", c), t.gemm[c][kDown]); !r.empty()) return r;

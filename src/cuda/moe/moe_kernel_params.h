@@ -24,10 +24,12 @@ constexpr int kDirectMaxPairs = 8;
 // Direct mode's down projection + combine as one GEMV launch (down_gemv_body): a CTA of kDownGemvWarps warps (one a
 // pair, so at most that many pairs) takes kDownGemvRows hidden rows of every pair's expert, each warp streaming its
 // rows through a kDownGemvStages-deep ring of 64-k slices. Shared memory: the pairs' y values, the rings and the
-// pairs' act rows (I <= kDownGemvMaxI). kDownGemvDeepStages: the deeper ring of the opt-in variant
-// (MOESERVE_MOE_DOWN_GEMV_STAGES=8: more of the weights in flight before the programmatic wait; an experiment).
+// pairs' act rows (I <= kDownGemvMaxI). kDownGemvStageVariants: the ring depths built (the first is the default);
+// MOESERVE_MOE_DOWN_GEMV_STAGES picks another (an experiment: a shallower ring's 46-62 KB CTAs fit beside three of
+// the gate/up GEMM's and can start their weights before the wait, a deeper one has more of them in flight).
 constexpr int kDownGemvRows = 16, kDownGemvWarps = 8, kDownGemvThreads = kDownGemvWarps * 32, kDownGemvStages = 4;
-constexpr int kDownGemvDeepStages = 8;
+constexpr int kDownGemvStageVariants[] = {kDownGemvStages, 2, 3, 8};
+constexpr int kNumDownGemvVariants = 4;
 constexpr int kDownGemvSlice = 64;  // k elements a ring stage
 constexpr int kDownGemvMaxI = 4096;
 #ifndef __CUDACC_RTC__  // host-side helper (NVRTC rejects unannotated functions)
@@ -203,8 +205,8 @@ struct KernelTable {
   const void* prep;
   const void* gemm[kNumGemmConfigs][2];  // [config][GemmMode]
   const void* combine;
-  const void* down_gemv;       // direct mode's down projection + combine (down_gemv_body)
-  const void* down_gemv_deep;  // the same with kDownGemvDeepStages ring stages
+  // Direct mode's down projection + combine (down_gemv_body), one kernel per ring depth of kDownGemvStageVariants.
+  const void* down_gemv[kNumDownGemvVariants];
   // The GPU supports programmatic dependent launch (sm_90+): the direct path then launches the down GEMM and
   // combine with cudaLaunchAttributeProgrammaticStreamSerialization.
   bool pdl;
