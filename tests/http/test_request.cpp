@@ -1,5 +1,8 @@
 // Pieces of the transport that need no socket: target splitting, decoding, error bodies, key comparison.
 #include <gtest/gtest.h>
+
+#include <string>
+
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -53,6 +56,12 @@ TEST(HttpRequest, JsonBodyErrorsAreUserErrors) {
   EXPECT_THROW(r.json(), UserError);
   r.body.clear();
   EXPECT_THROW(r.json(), UserError);
+  // Nesting past core/json_depth.h's limit is refused before parsing (a JSON value that deep would overflow the
+  // stack when copied); at the limit it parses.
+  r.body = std::string(300, '[') + std::string(300, ']');
+  EXPECT_THROW(r.json(), UserError);
+  r.body = std::string(256, '[') + std::string(256, ']');
+  EXPECT_TRUE(r.json().is_array());
 }
 
 TEST(HttpErrors, OpenAIErrorShape) {
