@@ -1,5 +1,5 @@
 // The all-greedy fast sampler against the CPU: argmax (lowest id on ties) and its raw logprob, on vocabularies
-// whose rows start unaligned, with ties and -inf entries, in its cluster form and (with a workspace, up to 4 rows)
+// whose rows start unaligned, with ties and -inf entries, in its cluster form and (with a workspace, up to 128 rows)
 // its grid form, twice in a row (the grid form's counters must be left at zero). Skipped without a GPU.
 #include <gtest/gtest.h>
 
@@ -16,17 +16,18 @@ using namespace moeserve;
 
 TEST(CudaGreedySampler, MatchesCpuArgmaxAndLogprob) {
   if (cuda::list_devices().empty()) GTEST_SKIP() << "no CUDA device";
-  // The grid form is opt-in (MOESERVE_GREEDY_GRID=1, read once at the first call): this binary's only test turns
-  // it on before any call, so the calls with a workspace take it.
-  setenv("MOESERVE_GREEDY_GRID", "1", 1);
+  // The grid form is opt-in (MOESERVE_GREEDY_GRID=1 up to 4 rows, 2 up to 128, read once at the first call): this
+  // binary's only test turns it on up to 128 rows before any call, so the calls with a workspace take it.
+  setenv("MOESERVE_GREEDY_GRID", "2", 1);
   std::mt19937 g(17);
   void* ws = nullptr;
   ASSERT_EQ(cudaMalloc(&ws, cuda::greedy_workspace_bytes()), cudaSuccess);
   ASSERT_EQ(cudaMemset(ws, 0, cuda::greedy_workspace_bytes()), cudaSuccess);
   for (bool with_ws : {false, true}) {
     for (int V : {1, 3, 7, 1000, 50257, 151936}) {
-      // Clusters of 8, 8, 8, 8, 4, 4, 2 and 1 blocks a row on 132 SMs; with the workspace rows 1, 2 and 4 take the
-      // grid form (vocabularies of at least 256).
+      // Clusters of 8, 8, 8, 8, 4, 4, 2 and 1 blocks a row on 132 SMs; with the workspace rows up to 64 take the
+      // grid form (64, 64, 64, 51, 6 and 4 blocks a row; vocabularies of at least 4 per block), 130 and 300 the
+      // cluster form.
       for (int rows : {1, 2, 4, 5, 40, 64, 130, 300}) {
         std::normal_distribution<float> d(0, 4);
         std::vector<float> lg(size_t(rows) * V);

@@ -1,5 +1,6 @@
 #include "cuda/sampling/greedy.h"
 
+#include <algorithm>
 #include <cfloat>
 
 #include <cooperative_groups.h>
@@ -150,42 +151,48 @@ __global__ void __launch_bounds__(kThreads) greedy_kernel(const float* logits, i
   }
 }
 
-// ---- The grid form for a few rows (sample_greedy with a workspace): kGridBlocks blocks a row, each takes a
-// contiguous slice of it (one or two 16-byte loads a thread), leaves its state in the workspace, and the row's last
-// block merges the states in index order (a fixed tree: deterministic) and resets the row's counter. The cluster
-// form keeps each row on at most 8 SMs, whose reads of 600 KB of logits and cluster barriers cost ~9.5 us after
-// lm_head at batch 1 (H200 trace, session 16).
-constexpr int kGridRowsMax = 4;
-constexpr int kGridBlocks = 64;
+// ---- The grid form (sample_greedy with a workspace): gridDim.x blocks a row (grid_blocks_per_row), each takes a
+// contiguous slice of it, leaves its state in the workspace, and the row's last block merges the states in index
+// order (a fixed tree: deterministic) and resets the row's counter. The cluster form keeps each row on at most 8
+// SMs, whose reads of 600 KB of logits and cluster barriers cost ~9.5 us after lm_head at batch 1, and 2 SMs a row
+// at batch 64, where the kernel takes 27-32 us for 39 MB of logits (H200 traces, sessions 13 and 16).
+constexpr int kGridBlocksMax = 64;   // blocks a row
+constexpr int kGridStates = 256;     // blocks in all: rows x blocks a row
+constexpr int kGridRowsMax = 128;    // with 2 blocks a row
 struct GridWorkspace {
-  State states[kGridRowsMax * kGridBlocks];
+  State states[kGridStates];
   int count[kGridRowsMax];
 };
+// Blocks a row: 64 up to 4 rows, then as many as keep the grid at kGridStates blocks (~2 an SM), at least 2.
+int grid_blocks_per_row(int rows) { return std::clamp(kGridStates / std::max(rows, 1), 2, kGridBlocksMax); }
 
 __global__ void __launch_bounds__(kThreads) greedy_grid_kernel(const float* logits, int vocab,
                                                                int32_t* __restrict__ out_ids,
                                                                float* __restrict__ out_lp, GridWorkspace* ws) {
-  const int row_idx = int(blockIdx.y), b = int(blockIdx.x);
+  const int row_idx = int(blockIdx.y), b = int(blockIdx.x), nb = int(gridDim.x);
   const float* row = logits + int64_t(row_idx) * vocab;
   pdl_enter();
   State s{-INFINITY, INT_MAX, 0.0f};
   const RowParts rp = row_parts(row, vocab);
   if (b == 0) scan_row_ends(s, row, vocab, rp);
-  const int per = (rp.n4 + kGridBlocks - 1) / kGridBlocks, i0 = b * per, i1 = min(rp.n4, i0 + per);
-  scan_chunks<2>(s, row, rp, i0 + int(threadIdx.x), i1, kThreads);  // one or two 16-byte loads a thread
+  const int per = (rp.n4 + nb - 1) / nb, i0 = b * per, i1 = min(rp.n4, i0 + per);
+  if (per <= 2 * kThreads)
+    scan_chunks<2>(s, row, rp, i0 + int(threadIdx.x), i1, kThreads);  // one or two 16-byte loads a thread
+  else
+    scan_chunks<kUnroll>(s, row, rp, i0 + int(threadIdx.x), i1, kThreads);  // few blocks a row: longer slices
   s = block_reduce(s);
   __shared__ bool last;
   if (threadIdx.x == 0) {
-    ws->states[row_idx * kGridBlocks + b] = s;
+    ws->states[row_idx * nb + b] = s;
     __threadfence();
-    last = atomicAdd(&ws->count[row_idx], 1) == kGridBlocks - 1;
+    last = atomicAdd(&ws->count[row_idx], 1) == nb - 1;
   }
   __syncthreads();
   if (!last) return;
   __threadfence();
   State m{-INFINITY, INT_MAX, 0.0f};
-  if (threadIdx.x < kGridBlocks) {
-    const State* st = ws->states + row_idx * kGridBlocks + threadIdx.x;
+  if (int(threadIdx.x) < nb) {
+    const State* st = ws->states + row_idx * nb + threadIdx.x;
     m = State{__ldcg(&st->max), __ldcg(&st->id), __ldcg(&st->sum)};
   }
   m = block_reduce(m);
@@ -204,10 +211,13 @@ void sample_greedy(const float* logits, int rows, int vocab, int32_t* out_ids, f
                    cudaStream_t stream, void* workspace) {
   MS_CHECK(vocab > 0, "vocabulary of {} tokens", vocab);
   if (rows <= 0) return;
-  static const bool grid_on = env_flag("MOESERVE_GREEDY_GRID", false);
-  if (workspace != nullptr && grid_on && rows <= kGridRowsMax && vocab >= 4 * kGridBlocks) {
-    launch_pdl(greedy_grid_kernel, dim3(unsigned(kGridBlocks), unsigned(rows)), dim3(kThreads), 0, stream, logits,
-               vocab, out_ids, out_logprobs, static_cast<GridWorkspace*>(workspace));
+  // MOESERVE_GREEDY_GRID: 1 the grid form up to 4 rows, 2 up to kGridRowsMax (experiments, off by default).
+  static const int grid_mode = int(env_int("MOESERVE_GREEDY_GRID", 0, 0, 2));
+  const int grid_rows = grid_mode == 1 ? 4 : grid_mode == 2 ? kGridRowsMax : 0;
+  if (workspace != nullptr && rows <= grid_rows && vocab >= 4 * grid_blocks_per_row(rows)) {
+    const int nb = grid_blocks_per_row(rows);
+    launch_pdl(greedy_grid_kernel, dim3(unsigned(nb), unsigned(rows)), dim3(kThreads), 0, stream, logits, vocab,
+               out_ids, out_logprobs, static_cast<GridWorkspace*>(workspace));
     return;
   }
   static const bool wide = env_flag("MOESERVE_GREEDY_WIDE", true);
