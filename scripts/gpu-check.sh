@@ -90,7 +90,7 @@ run test_gpu_model_unfolded ok env MOESERVE_ROUTER_FOLD=0 MOESERVE_EMBED_PARTIAL
 # step, the deeper GEMV ring for o_proj's 4096-long rows (MOESERVE_GEMV_RING_STAGES=8: 6 or 8 stages where the grid
 # stays one wave), the down GEMV's ring depth (MOESERVE_MOE_DOWN_GEMV_STAGES=2, 3 or 8) and the cluster decode
 # attention with its warps splitting the head dimension (MOESERVE_ATTN_GQA_DSPLIT=1; both ring depths).
-OPT_IN=(MOESERVE_GREEDY_GRID=1 MOESERVE_PREFETCH_FIRST_LAYER=1 MOESERVE_GEMV_RING_STAGES=8
+OPT_IN=(MOESERVE_GREEDY_GRID=2 MOESERVE_PREFETCH_FIRST_LAYER=1 MOESERVE_GEMV_RING_STAGES=8
   MOESERVE_MOE_DOWN_GEMV_STAGES=8 MOESERVE_ATTN_GQA_DSPLIT=1)
 run test_gpu_model_opt_in ok env "${OPT_IN[@]}" "$BUILD/tests/test_gpu_model" --gtest_brief=1
 run test_gpu_parity_opt_in ok env "${OPT_IN[@]}" "$BUILD/tests/test_gpu_parity" --gtest_brief=1 --gtest_filter='*Bf16*'
