@@ -44,6 +44,20 @@ __device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
   return y;
 }
 
+// O^T accumulators (dims g, g + 8 x heads 2q, 2q + 1) rescaled by their heads' softmax correction, unless no lane
+// of the warp has one (the usual case once the running maximum has settled).
+template <int N>
+__device__ __forceinline__ void rescale_o(float (&oacc)[N][4], const float (&alpha)[2]) {
+  if (!__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) return;
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    oacc[i][0] *= alpha[0];
+    oacc[i][1] *= alpha[1];
+    oacc[i][2] *= alpha[0];
+    oacc[i][3] *= alpha[1];
+  }
+}
+
 // One K / V tile of the DSPLIT kernel (below): every warp scores all BN keys of the tile (BN / 16 groups of 16 keys
 // as the MMA's M, the group's heads as its N: the same S^T fragments the key-split warps compute for their own 16),
 // updates the online softmax state of its heads (m, l: every warp holds the same), and accumulates O^T for its D / 4
@@ -94,15 +108,7 @@ __device__ __forceinline__ void dsplit_tile(const bf16* k_s, const bf16* v_s, in
     }
     l_r[j] = l;
   }
-  if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
-#pragma unroll
-    for (int i = 0; i < DTW; ++i) {
-      oacc[i][0] *= alpha[0];
-      oacc[i][1] *= alpha[1];
-      oacc[i][2] *= alpha[0];
-      oacc[i][3] *= alpha[1];
-    }
-  }
+  rescale_o(oacc, alpha);
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
     if (tile0 + mt * 16 >= k_end) continue;
@@ -272,15 +278,7 @@ __global__ void __launch_bounds__(128) paged_attention_decode_gqa_kernel(const A
           sacc[j + 2] = p1;
           l_r[j] = l_r[j] * alpha[j] + p0 + p1;  // this thread's keys only; summed over g at the end
         }
-        if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
-#pragma unroll
-          for (int dt = 0; dt < DT; ++dt) {
-            oacc[dt][0] *= alpha[0];
-            oacc[dt][1] *= alpha[1];
-            oacc[dt][2] *= alpha[0];
-            oacc[dt][3] *= alpha[1];
-          }
-        }
+        rescale_o(oacc, alpha);
         // P^T as B fragments (k = keys, n = heads): the accumulator pairs (key g, heads 2q, 2q + 1) transposed.
         const uint32_t b0 = movmatrix_trans(pack_bf16x2(sacc[0], sacc[1]));
         const uint32_t b1 = movmatrix_trans(pack_bf16x2(sacc[2], sacc[3]));
