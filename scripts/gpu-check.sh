@@ -35,6 +35,7 @@ run() {
   local summary
   summary=$(grep -E '^\[  (PASSED|FAILED|SKIPPED) |^# (pass|fail) |^error:' "$LOGS/$name.log" | tr '\n' ' ' | cut -c1-90)
   rows+=("$(printf '%-34s %-5s %7.1f s  %s' "$name" "$verdict" "$(( (t1 - t0) / 1000000 ))e-3" "$summary")")
+  echo "${rows[-1]}"  # as it completes too: a run cut short by a time limit still shows what passed
   if [[ $verdict == FAIL ]]; then
     echo "----- $name (rc $rc) -----"
     grep -E 'FAILED|Failure|error|Error|expected|Which is|Expected|actual' "$LOGS/$name.log" | head -40
