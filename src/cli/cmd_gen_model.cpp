@@ -97,7 +97,7 @@ int cmd_gen_model(const std::vector<std::string>& args) {
   f.add_string("tokenizer-from", &tokenizer_from, "copy tokenizer.json and tokenizer_config.json from this folder");
   f.add_bool("no-tokenizer", &no_tok, "write no tokenizer files");
   f.add_bool("force", &force, "overwrite a non-empty output folder");
-  f.add_int("threads", &threads, "writer threads (0: all cores)", 0);
+  f.add_int("threads", &threads, "writer threads (0: all cores)", 0, kMaxPoolThreads);
   if (!f.parse(args)) return 0;
   if (out.empty()) throw_user("gen-model: --output DIR is required (see moeserve gen-model --help)");
   GenModelSpec s = gen_model_preset(preset.empty() ? "demo" : preset);

@@ -7,6 +7,7 @@
 #include "cli/flags.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/threadpool.h"
 #include "executor/model_runner.h"
 #include "launch/launch.h"
 #include "model/config.h"
@@ -47,7 +48,7 @@ int cmd_generate(const std::vector<std::string>& args) {
   f.add_bool("json", &as_json, "print one JSON object like the /generate response");
   f.add_bool("ignore-eos", &ignore_eos, "do not stop at end-of-sequence tokens");
   f.add_string("device", &device, "where to run", {"auto", "cpu", "cuda"});
-  f.add_int("threads", &threads, "CPU threads (0: all cores)", 0);
+  f.add_int("threads", &threads, "CPU threads (0: all cores)", 0, kMaxPoolThreads);
   f.add_double("mem-fraction-static", &mem_fraction, "GPU memory fraction for weights + KV (0: 0.85)", 0, 1);
   f.add_bool("disable-cuda-graph", &disable_graphs, "no CUDA graphs");
   f.add_string("moe-runner-backend", &moe_backend, "MoE kernel backend (auto, or a name from `moeserve backends`)");

@@ -12,6 +12,9 @@
 
 namespace moeserve {
 
+// The most threads a --threads flag accepts: far above any core count, far below what makes thread creation fail.
+constexpr int kMaxPoolThreads = 1024;
+
 class ThreadPool {
  public:
   explicit ThreadPool(int num_threads = 0);  // 0: std::thread::hardware_concurrency()

@@ -209,8 +209,19 @@ size_t write_gen_model(const GenModelSpec& s, const std::string& dir, ThreadPool
       ts.push_back(mat(p + "mlp.down_proj.weight", H, s.intermediate_size));
     }
   }
-  size_t bytes = 0;
-  for (auto& t : ts) bytes += t.nbytes();
+  // The size first (in long double: absurd shapes must not wrap around), against the free space of the folder, so
+  // that a typo in a size is an error now rather than a disk filled or an hour of writing.
+  long double total = 0;
+  for (auto& t : ts) {
+    long double n = dtype_size(t.dtype);
+    for (int64_t d : t.shape) n *= (long double)d;
+    total += n;
+  }
+  const fs::space_info space = fs::space(dir, ec);
+  if (total > (long double)(int64_t(1) << 60) || (!ec && total > (long double)space.available))
+    throw_user("gen-model: the checkpoint would take {:.1f} GiB, and {} has {:.1f} GiB free",
+               double(total / (1ull << 30)), dir, ec ? 0.0 : double(space.available) / double(1ull << 30));
+  const size_t bytes = size_t(total);
   write_checkpoint_shards(dir, ts, s.max_shard_bytes, pool);
   write_json(dir + "/config.json", cfg_json);
   json gen = {{"bos_token_id", s.bos_token_id}, {"eos_token_id", s.eos_token_ids}, {"do_sample", true},

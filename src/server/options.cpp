@@ -2,6 +2,7 @@
 
 #include "cli/flags.h"
 #include "core/error.h"
+#include "core/threadpool.h"
 
 namespace moeserve::server {
 
@@ -56,7 +57,7 @@ void register_serve_flags(cli::FlagSet& f, ServeOptions& o) {
   f.add_int("speculative-num-steps", &o.speculative_num_steps, "draft steps", 0);
   f.add_int("speculative-eagle-topk", &o.speculative_eagle_topk, "draft top-k", 0);
   f.add_int("speculative-num-draft-tokens", &o.speculative_num_draft_tokens, "draft tokens", 0);
-  f.add_int("threads", &o.threads, "CPU backend threads (0: all cores)", 0);
+  f.add_int("threads", &o.threads, "CPU backend threads (0: all cores)", 0, kMaxPoolThreads);
   f.add_int("max-body-bytes", &o.max_body_bytes, "largest accepted request body", 1024);
   f.add_int("shutdown-timeout", &o.shutdown_timeout_s, "seconds in-flight requests get on SIGTERM", 0);
   f.add_bool("enable-metrics", &o.enable_metrics, "serve /metrics (always on)");

@@ -85,3 +85,22 @@ TEST(GenModel, BenchmarkPresetsHaveTheSpecShapes) {
   EXPECT_EQ(gen_model_preset("q30b").num_layers, 48);
   EXPECT_THROW(gen_model_preset("nope"), UserError);
 }
+
+// A size typo (a hidden size of 10^9, or one whose byte count overflows 64 bits) is an error naming the size and the
+// free space before anything is written, not a disk filled or an hour of writing.
+TEST(GenModel, RefusesACheckpointLargerThanTheFreeSpace) {
+  ThreadPool pool(1);
+  for (int64_t hidden : {int64_t(1000000000), int64_t(4000000000000000000)}) {
+    GenModelSpec s = gen_model_preset("tiny-moe");
+    s.hidden_size = hidden;
+    const fs::path d = fresh("huge");
+    try {
+      write_gen_model(s, d.string(), pool);
+      FAIL() << "hidden " << hidden << " was written";
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find("GiB free"), std::string::npos) << e.what();
+    }
+    EXPECT_FALSE(fs::exists(d / "model.safetensors"));
+    fs::remove_all(d);
+  }
+}
