@@ -42,6 +42,12 @@ std::vector<BenchRequest> make_random_dataset(const RandomDatasetOptions& o) {
   MS_USER_CHECK(o.output_len >= 1, "--random-output-len must be at least 1, got {}", o.output_len);
   MS_USER_CHECK(o.range_ratio >= 0 && o.range_ratio <= 1, "--random-range-ratio must be in [0, 1], got {}",
                 o.range_ratio);
+  // The prompts are made up front: a workload that cannot fit in memory is an error, not std::bad_alloc.
+  constexpr long double kMaxPromptTokens = 1e9;  // 4 GB of token ids, ~5 GB of text
+  MS_USER_CHECK((long double)o.num_prompts * (long double)o.input_len <= kMaxPromptTokens,
+                "--num-prompts {} x --random-input-len {} = {:.3g} prompt tokens to hold in memory; at most {:.0e}",
+                o.num_prompts, o.input_len, double((long double)o.num_prompts * (long double)o.input_len),
+                double(kMaxPromptTokens));
   MS_USER_CHECK(o.as_text || o.vocab_size >= 1,
                 "random token-id prompts need the vocabulary size: pass --vocab-size N (the server's "
                 "/get_model_info did not give one)");

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <fstream>
 #include <numeric>
+#include <string>
 
 #include "benchclient/dataset.h"
 #include "core/error.h"
@@ -38,6 +39,23 @@ TEST(RandomDataset, LengthsWithinRangeAndIdsInVocab) {
   EXPECT_EQ(max_in, 100);
   EXPECT_EQ(min_out, 20);
   EXPECT_EQ(max_out, 40);
+}
+
+// A workload too large to hold (10^12 prompts, or 10^11-token prompts) is a clear error before any allocation.
+TEST(RandomDataset, RefusesWorkloadsThatCannotFitInMemory) {
+  RandomDatasetOptions o;
+  o.vocab_size = 100;
+  o.num_prompts = 1000000000000;
+  o.input_len = 512;
+  EXPECT_THROW(make_random_dataset(o), UserError);
+  o.num_prompts = 2;
+  o.input_len = 100000000000;
+  try {
+    make_random_dataset(o);
+    FAIL() << "10^11-token prompts were made";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("--random-input-len"), std::string::npos) << e.what();
+  }
 }
 
 TEST(RandomDataset, RangeRatioOneIsFixedAndZeroStartsAtOne) {
