@@ -3,10 +3,10 @@
 # on local disk, starts the server on each, measures start to /health 200, runs `moeserve bench` for
 # 1 request (512 in / 128 out), 64 and 128 concurrent (512 / 128) and prefill-heavy (512 in / 1 out), and
 # prints one table with SPEC.md's targets beside the figures.
-# Env: MODELS (default "q30b8l"; "q30b8l q30b" for both: q30b needs ~57 GiB of disk, the q30b8l copy is removed
-# first, and q30b stays on disk afterwards: on the 64 GiB GPU machine nothing else that writes to disk fits after
-# it in the same call - run tests and A/Bs before it, or remove BENCH_DIR/q30b), BENCH_DIR (models; default /tmp/moeserve-bench), SERVE_ARGS (extra serve flags), SCENARIOS (default
-# "decode1 conc64 conc128 prefill": a subset for quick A/B), OUT (where logs.tgz goes).
+# Env: MODELS (default "q30b8l"; "q30b8l q30b" for both: q30b needs ~57 GiB of disk, so the q30b8l copy is removed
+# first and q30b is removed after its run, unless KEEP_Q30B=1: on the 64 GiB GPU machine nothing else that writes
+# to disk fits beside it), BENCH_DIR (models; default /tmp/moeserve-bench), SERVE_ARGS (extra serve flags),
+# SCENARIOS (default "decode1 conc64 conc128 prefill": a subset for quick A/B), OUT (where logs.tgz goes).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${MOESERVE_BUILD:-$ROOT/build}
@@ -89,6 +89,7 @@ for m in $MODELS; do
   fi
   grep -E 'backend |KV cache|CUDA graphs|weights:|GPU ready' "$LOGS/serve-$m.log" | cut -c1-220
   kill $pid; wait $pid 2>/dev/null
+  [[ $m == q30b && ${KEEP_Q30B:-0} != 1 ]] && rm -rf "$path"  # the disk back for whatever follows in this call
 done
 mkdir -p "$(dirname "$ARCHIVE")" && tar czf "$ARCHIVE" -C "$LOGS" . 2>/dev/null && echo "logs: $ARCHIVE"
 echo
