@@ -134,9 +134,10 @@ std::vector<BenchRequest> load_sharegpt_dataset(const std::string& path, const S
   MS_USER_CHECK(in.good(), "--dataset-path {}: cannot open the file", path);
   std::stringstream ss;
   ss << in.rdbuf();
-  MS_USER_CHECK(!json_nesting_exceeds(ss.str()), "--dataset-path {}: nests arrays and objects more than {} levels deep",
+  const std::string text = ss.str();  // (one copy of a file that may be hundreds of MB)
+  MS_USER_CHECK(!json_nesting_exceeds(text), "--dataset-path {}: nests arrays and objects more than {} levels deep",
                 path, kMaxJsonDepth);
-  json data = json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
+  json data = json::parse(text, nullptr, /*allow_exceptions=*/false);
   MS_USER_CHECK(!data.is_discarded(), "--dataset-path {}: not valid JSON", path);
   return sharegpt_from_json(data, o, path);
 }

@@ -165,9 +165,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_bf16_kernel(const bf16* x, i
       const float* part = ra.partials_in + int64_t(t0 + t) * ra.nparts_in;
       float ss = 0.f;
       for (int i = lane; i < ra.nparts_in; i += 32) ss += __ldcg(part + i);
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-      const float inv = rsqrtf(ss / float(K) + ra.eps);  // as rmsnorm / add_rmsnorm
+      const float inv = rms_inverse_from_lane_sums(ss, K, ra.eps);
       const float4* r = reinterpret_cast<const float4*>(ra.residual + int64_t(t0 + t) * K);
       for (int c = threadIdx.x; c < K / 4; c += blockDim.x) {
         bf16* row = norm_rows + t * (K + kNormPad) + 4 * c;

@@ -105,6 +105,9 @@ class GpuExecutor : public Executor {
   void sample_rows(int rows, bool greedy, bool with_penalties);
   void capture_graphs();
   void record_decode(int bs, StepInputs& in, bool greedy);
+  // Waits for everything queued on the compute and both copy streams (launched steps still use the buffers);
+  // check: a CUDA error throws (not in the destructor or when dropping steps after a failure).
+  void sync_streams(bool check) const;
 
   GpuOptions opts_;
   DeviceInfo dev_;
@@ -293,9 +296,16 @@ nlohmann::json GpuExecutor::info() const {
           {"kv_cache_tokens", kv_->shape().num_pages * kv_->shape().page_size}};
 }
 
+void GpuExecutor::sync_streams(bool check) const {
+  for (cudaStream_t s : {stream_, upload_stream_, download_stream_}) {
+    if (!s) continue;
+    if (check) MS_CUDA_CHECK(cudaStreamSynchronize(s));
+    else cudaStreamSynchronize(s);
+  }
+}
+
 GpuExecutor::~GpuExecutor() {
-  for (cudaStream_t s : {stream_, upload_stream_, download_stream_})  // launched steps still use the buffers
-    if (s) cudaStreamSynchronize(s);
+  sync_streams(false);
   for (StepBuffers& b : buf_) {
     for (cudaEvent_t e : {b.meta_ready, b.done, b.out_ready})
       if (e) cudaEventDestroy(e);
@@ -436,8 +446,7 @@ void GpuExecutor::upload_meta(cudaStream_t s, size_t bytes, int table_rows, int 
   auto grow_upload = [&](DeviceArray<int32_t>& dst, const std::vector<int32_t>& src) {
     if (src.empty()) return;
     if (dst.size() < src.size()) {
-      // The old array may still be read by a step in flight: wait for everything before freeing it.
-      for (cudaStream_t q : {stream_, upload_stream_, download_stream_}) MS_CUDA_CHECK(cudaStreamSynchronize(q));
+      sync_streams(true);  // the old array may still be read by a step in flight
       dst = DeviceArray<int32_t>(alloc_, src.size() * 2, "activations");
     }
     MS_CUDA_CHECK(cudaMemcpyAsync(dst.get(), src.data(), src.size() * 4, cudaMemcpyHostToDevice, s));
@@ -560,8 +569,7 @@ void GpuExecutor::collect(std::vector<Sampled>& out) {
 }
 
 void GpuExecutor::drop_launched() {
-  for (cudaStream_t s : {stream_, upload_stream_, download_stream_})
-    cudaStreamSynchronize(s);  // the buffers of a dropped step are reused only once it has run
+  sync_streams(false);  // the buffers of a dropped step are reused only once it has run
   in_flight_.clear();
 }
 
@@ -681,9 +689,9 @@ void GpuExecutor::capture_graphs() {
   MS_CUDA_CHECK(cudaStreamSynchronize(stream_));
   MS_CUDA_CHECK(cudaMemGetInfo(&free1, &total));
   log_info("CUDA graphs: {} decode batch sizes ({}..{}), each with the general and the greedy sampler for both "
-           "buffer sets, captured in "
-           "{:.2f} s, {}", buf_[0].graphs[0].size(), sizes.back(),
-           sizes.front(), now_s() - t0, format_bytes(free0 > free1 ? free0 - free1 : 0));
+           "buffer sets, captured in {:.2f} s, {}",
+           buf_[0].graphs[0].size(), sizes.back(), sizes.front(), now_s() - t0,
+           format_bytes(free0 > free1 ? free0 - free1 : 0));
 }
 
 }  // namespace

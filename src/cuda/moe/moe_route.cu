@@ -116,15 +116,13 @@ constexpr int kFoldedWarps = 8;
 constexpr int kFoldedThreads = kFoldedWarps * 32;
 constexpr int kMaxPartsPerLane = 8;  // nparts <= 256: H <= 4096
 
-// Sums of squares over the parts held as lane + 32 j, in gemv_norm_in's order (lanes strided, then a fixed xor
-// tree), so the RMS factor is bitwise the one that kernel applies.
+// Sums of squares over the parts held as lane + 32 j, in gemv_norm_in's order (each lane its parts in order, then
+// rms_inverse_from_lane_sums), so the RMS factor is bitwise the one that kernel applies.
 __device__ __forceinline__ float rms_inverse_of(const float (&v)[kMaxPartsPerLane], int H, float eps) {
   float ss = 0.f;
 #pragma unroll
   for (int j = 0; j < kMaxPartsPerLane; ++j) ss += v[j];  // absent parts are 0: adding them changes nothing
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-  return rsqrtf(ss / float(H) + eps);
+  return rms_inverse_from_lane_sums(ss, H, eps);
 }
 
 __device__ __forceinline__ void load_parts(const float* part, int nparts, int lane, float (&v)[kMaxPartsPerLane]) {
