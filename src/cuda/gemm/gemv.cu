@@ -42,7 +42,7 @@ constexpr int kKPerIteration = 64;   // per warp and iteration: two 16-byte chun
 constexpr unsigned kPrefetchBlocks = 512;  // blocks that prefetch their rows: 16 MiB for K = 2048
 constexpr int kStride = kWarps * kKPerIteration;  // k between one warp's iterations
 // The cp.async ring of gemv_bf16_kernel<..., STAGES > 0>: STAGES k-iterations a warp, each 16 rows x 64 k; kRingStages
-// by default (64 KiB: all of a K = 2048 row block), kDeepRingStages for longer rows when asked for (launch_gemv).
+// (64 KiB: all of a K = 2048 row block), kDeepRingStages for gemv_residual_out's longer rows (launch_gemv).
 constexpr int kRingStages = 4;
 constexpr int kDeepRingStages[] = {8, 6};  // deepest first
 constexpr int kRingStageElems = kRows * kKPerIteration;
@@ -287,12 +287,14 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_bf16_kernel(const bf16* x, i
 // 8 tokens the token rows push the q/k/v GEMV's 320 blocks into a second wave: +30-45 us without the one-wave rule).
 constexpr int kRingMaxM = 2;
 
-// The deepest ring asked for (MOESERVE_GEMV_RING_STAGES, default kRingStages): gemv_residual_out's rows longer than
-// kRingStages slices a warp (K > 2048: o_proj's 4096) then take the deepest of kDeepRingStages that keeps the grid
-// one wave, so that more of their weights are in flight before the programmatic wait (at K = 4096 the default ring
-// holds half of a block's rows). An experiment: not measured on a GPU yet.
+// The deepest ring allowed (MOESERVE_GEMV_RING_STAGES, default kDeepRingStages[0]; 4 keeps kRingStages):
+// gemv_residual_out's rows longer than kRingStages slices a warp (K > 2048: o_proj's 4096) take the deepest of
+// kDeepRingStages that keeps the grid one wave, so that more of their weights are in flight before the programmatic
+// wait (at K = 4096 the 4-stage ring holds half of a block's rows, 6 stages three quarters). Served q30b8l decode
+// step, H200, session 18 (same call): bs 1 -4.6 us (554.6 against 559.2 / 561.0 overlapped), bs 64 even.
 int gemv_ring_stages_wanted() {
-  static const int stages = int(env_int("MOESERVE_GEMV_RING_STAGES", kRingStages, kRingStages, kDeepRingStages[0]));
+  static const int stages =
+      int(env_int("MOESERVE_GEMV_RING_STAGES", kDeepRingStages[0], kRingStages, kDeepRingStages[0]));
   return stages;
 }
 

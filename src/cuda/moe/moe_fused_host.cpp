@@ -223,8 +223,8 @@ DeviceCounters::~DeviceCounters() {
   if (p_) cudaFree(p_);
 }
 
-// MOESERVE_MOE_DOWN_GEMV_STAGES = 2, 3, 4 (the default) or 8: an experiment, not measured on a GPU yet. Another
-// value warns and keeps the default.
+// MOESERVE_MOE_DOWN_GEMV_STAGES = 2, 3, 4 or 8 (the default; kDownGemvStageVariants): for A/B. Another value warns
+// and keeps the default.
 int down_gemv_variant() {
   static const int v = [] {
     const long want = env_int("MOESERVE_MOE_DOWN_GEMV_STAGES", kDownGemvStages, 1, 64);

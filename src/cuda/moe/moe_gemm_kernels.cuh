@@ -756,7 +756,7 @@ extern "C" __global__ void __launch_bounds__(moe_kernels::kDownGemvThreads)
   }
 MOE_JIT_DOWN_GEMV(2)
 MOE_JIT_DOWN_GEMV(3)
-MOE_JIT_DOWN_GEMV(8)
+MOE_JIT_DOWN_GEMV(4)
 #endif
 #define MOE_JIT_GEMM(IDX, MODE, SUFFIX)                                                                  \
   extern "C" __global__ void __launch_bounds__(moe_kernels::GemmCfg##IDX::THREADS,                       \

@@ -25,10 +25,12 @@ constexpr int kDirectMaxPairs = 8;
 // pair, so at most that many pairs) takes kDownGemvRows hidden rows of every pair's expert, each warp streaming its
 // rows through a kDownGemvStages-deep ring of 64-k slices. Shared memory: the pairs' y values, the rings and the
 // pairs' act rows (I <= kDownGemvMaxI). kDownGemvStageVariants: the ring depths built (the first is the default);
-// MOESERVE_MOE_DOWN_GEMV_STAGES picks another (an experiment: a shallower ring's 46-62 KB CTAs fit beside three of
-// the gate/up GEMM's and can start their weights before the wait, a deeper one has more of them in flight).
-constexpr int kDownGemvRows = 16, kDownGemvWarps = 8, kDownGemvThreads = kDownGemvWarps * 32, kDownGemvStages = 4;
-constexpr int kDownGemvStageVariants[] = {kDownGemvStages, 2, 3, 8};
+// MOESERVE_MOE_DOWN_GEMV_STAGES picks another (for A/B). 8 stages put 8 of a warp's slices (q30b: 8 of 12) in flight
+// before the programmatic wait: served q30b8l decode step, H200, session 18 (same call): bs 1 -8.7 us against 4
+// stages (551.8 against 560.5 / 559.1 overlapped), 3 stages +12.5 (the shallower CTAs that fit beside the gate/up
+// GEMM's do not pay: session 12's hypothesis refuted), bs 64 even (the down GEMV is the 1-token path).
+constexpr int kDownGemvRows = 16, kDownGemvWarps = 8, kDownGemvThreads = kDownGemvWarps * 32, kDownGemvStages = 8;
+constexpr int kDownGemvStageVariants[] = {kDownGemvStages, 2, 3, 4};
 constexpr int kNumDownGemvVariants = 4;
 constexpr int kDownGemvSlice = 64;  // k elements a ring stage
 constexpr int kDownGemvMaxI = 4096;

@@ -211,8 +211,9 @@ void sample_greedy(const float* logits, int rows, int vocab, int32_t* out_ids, f
                    cudaStream_t stream, void* workspace) {
   MS_CHECK(vocab > 0, "vocabulary of {} tokens", vocab);
   if (rows <= 0) return;
-  // MOESERVE_GREEDY_GRID: 1 the grid form up to 4 rows, 2 up to kGridRowsMax (experiments, off by default).
-  static const int grid_mode = int(env_int("MOESERVE_GREEDY_GRID", 0, 0, 2));
+  // MOESERVE_GREEDY_GRID: 2 (the default) the grid form up to kGridRowsMax rows, 1 up to 4, 0 never. Served q30b8l
+  // decode step, H200, session 18 (same call), with the deeper GEMV rings: bs 1 -4 us, bs 2 -3, bs 64 -5 to -7.
+  static const int grid_mode = int(env_int("MOESERVE_GREEDY_GRID", 2, 0, 2));
   const int grid_rows = grid_mode == 1 ? 4 : grid_mode == 2 ? kGridRowsMax : 0;
   if (workspace != nullptr && rows <= grid_rows && vocab >= 4 * grid_blocks_per_row(rows)) {
     const int nb = grid_blocks_per_row(rows);

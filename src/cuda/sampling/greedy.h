@@ -10,10 +10,9 @@
 namespace moeserve::cuda {
 
 // workspace: greedy_workspace_bytes() of device memory, zeroed once and kept for the process (graphs capture it);
-// with it and MOESERVE_GREEDY_GRID=1, batches of up to 4 rows take the grid form (64 blocks a row, the row's last
-// block merges; one stream at a time may use a workspace), with MOESERVE_GREEDY_GRID=2 batches of up to 128 rows
-// (fewer blocks a row as rows grow, ~256 blocks in all). Off by default until measured on a GPU (then the A/B
-// decides the default); without it the cluster form always.
+// with it, batches of up to 128 rows take the grid form (fewer blocks a row as rows grow, ~256 blocks in all, at most
+// 64 a row; the row's last block merges; one stream at a time may use a workspace): MOESERVE_GREEDY_GRID=2, the
+// default; =1 up to 4 rows, =0 never. Without a workspace, and above 128 rows, the cluster form.
 size_t greedy_workspace_bytes();
 void sample_greedy(const float* logits, int rows, int vocab, int32_t* out_ids, float* out_logprobs,
                    cudaStream_t stream, void* workspace = nullptr);
