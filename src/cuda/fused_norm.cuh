@@ -79,13 +79,15 @@ __device__ __forceinline__ void norm_rows_to_smem(const float* residual, const b
 }
 
 // Counts this block as finished (after its last read of the old residual); true in the one block that finishes
-// last, which also resets the counter for the next launch. Every thread of the block must call it.
-__device__ __forceinline__ bool finished_last(int* counter) {
+// last of the `blocks` that count on `counter` (default: the whole grid), which also resets the counter for the next
+// launch. Every thread of the block must call it.
+__device__ __forceinline__ bool finished_last(int* counter, int blocks = -1) {
   __shared__ int last;
+  if (blocks < 0) blocks = int(gridDim.x * gridDim.y * gridDim.z);
   __threadfence();
   __syncthreads();
   if (threadIdx.x == 0) {
-    last = atomicAdd(counter, 1) == int(gridDim.x * gridDim.y * gridDim.z) - 1;
+    last = atomicAdd(counter, 1) == blocks - 1;
     if (last) *counter = 0;
   }
   __syncthreads();

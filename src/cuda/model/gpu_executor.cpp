@@ -199,6 +199,7 @@ GpuExecutor::GpuExecutor(const std::string& model_dir, const GpuOptions& opts) :
   mb.fused_attention_input = env_flag("MOESERVE_ATTN_FUSED_IN", true);
   mb.residual_fusion = env_flag("MOESERVE_RESIDUAL_FUSION", true);
   mb.moe_combine_norm = env_flag("MOESERVE_MOE_COMBINE_NORM", false);
+  mb.router_topk_wide = env_flag("MOESERVE_ROUTER_TOPK_WIDE", false);
   if (const char* v = std::getenv("MOESERVE_PROFILE_SKIP_OPS"); v != nullptr && *v != 0) {
     mb.skip_ops = parse_skip_ops(v);
     if (mb.skip_ops != 0)

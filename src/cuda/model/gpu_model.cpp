@@ -186,7 +186,7 @@ void GpuQwen3::plan_workspace(int max_tokens, int max_rows, int max_seqs, int ma
                 WeightFormat::BF16, max_tokens};
     moe_ws_ = DeviceArray<uint8_t>(alloc_, std::max<size_t>(b.moe->workspace_bytes(ms), 256), part);
   }
-  grid_counter_ = DeviceArray<int>(alloc_, 1, part);
+  grid_counter_ = DeviceArray<int>(alloc_, kRouterTopkMaxGroups, part);  // (moe_router_topk: one a token group)
   MS_CUDA_CHECK(cudaMemset(grid_counter_.get(), 0, grid_counter_.bytes()));
   if (b.residual_fusion) {
     const size_t parts = size_t(kResidualGemvMaxM) * size_t(residual_gemv_parts(int(H)));
@@ -366,7 +366,8 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
                              c.norm_topk_prob, router_logits_.get(), grid_counter_.get(), topk_ids_.get(),
                              topk_w_.get(), s);
         mark("norm+router+topk", g3.first + act * 12, g3.second);
-      } else if (be_.fused_small_steps && moe_router_topk_fits(T, H, E, K)) {  // decode-sized: one launch
+      } else if (((be_.fused_small_steps && T <= kFusedRouterMaxTokens) || be_.router_topk_wide) &&
+                 moe_router_topk_fits(T, H, E, K)) {  // router GEMV and top-k in one launch
         moe_router_topk(xn_.get(), L.router.get(), T, H, E, K, c.norm_topk_prob, router_logits_.get(),
                         grid_counter_.get(), topk_ids_.get(), topk_w_.get(), s);
         mark("router+topk", g3.first, g3.second);

@@ -40,9 +40,13 @@ void moe_route_topk(const float* logits, int T, int E, int k, bool renormalize, 
 
 // The router GEMV and the routing above in one launch, for decode-sized steps: logits[t, e] = x[t] . router[e]
 // (x [T, H] bf16, router [E, H] bf16, f32 sums), then the same softmax / top-k / renormalisation. `logits` is
-// [T, E] f32 scratch; `counter` one int of device memory, zero before the first call (each call leaves it zero).
-// Serves moe_router_topk_fits(T, H, E, k) shapes: T <= 8, H a multiple of 8 up to 4096.
-constexpr int kFusedRouterMaxTokens = 8;
+// [T, E] f32 scratch; `counter` router_topk_groups(T) ints of device memory (one a group of 8 tokens), zero before
+// the first call (each call leaves them zero). Serves moe_router_topk_fits(T, H, E, k) shapes: T <= 128, H a multiple
+// of 8 up to 4096.
+constexpr int kFusedRouterMaxTokens = 8;  // tokens a group (a block's tokens)
+constexpr int kRouterTopkMaxTokens = 128;
+constexpr int router_topk_groups(int T) { return (T + kFusedRouterMaxTokens - 1) / kFusedRouterMaxTokens; }
+constexpr int kRouterTopkMaxGroups = router_topk_groups(kRouterTopkMaxTokens);
 bool moe_router_topk_fits(int T, int H, int E, int k);
 
 // The folded router of a decode step of T <= kFusedRouterMaxTokens tokens (the residual fusion's layers): the

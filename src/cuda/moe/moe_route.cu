@@ -193,12 +193,13 @@ __global__ void __launch_bounds__(kRouteWarpsPerBlock * 32)
   route_token(logits + size_t(t) * E, t, E, k, renormalize, ids, weights, threadIdx.x & 31);
 }
 
-// ---- The router GEMV fused with routing (T <= kFusedRouterMaxTokens). Warp w of block b computes expert
-// e = 4 b + w for every token: its weight row (H bf16, 16-byte chunks c = lane + 32 i < H / 8) is loaded into
-// registers before the programmatic wait, the token rows after it; products of bf16 values are exact in f32 and
-// summed in f32. The block that finishes last (a grid-wide counter, reset by that block) routes every token.
-// NORM: the token rows are rmsnorm(residual + delta) * norm_w, computed by every block into shared memory; the
-// last block also writes them to xn_out (the experts' input) and adds delta into the residual.
+// ---- The router GEMV fused with routing (T <= kRouterTopkMaxTokens). Block (b, g) takes token group g (tokens
+// 8 g .. 8 g + 7) and warp w of it expert e = 4 b + w: its weight row (H bf16, 16-byte chunks c = lane + 32 i < H / 8)
+// is loaded into registers before the programmatic wait, the group's token rows after it; products of bf16 values
+// are exact in f32 and summed in f32. The block of a group that finishes last (the group's counter, counter[g],
+// reset by that block) routes the group's tokens. NORM (one group): the token rows are rmsnorm(residual + delta) *
+// norm_w, computed by every block into shared memory; the last block also writes them to xn_out (the experts'
+// input) and adds delta into the residual.
 constexpr int kFusedRouterWarps = 4;
 constexpr int kFusedRouterMaxChunks = 16;  // 16-byte chunks per lane: H <= 32 * 16 * 8 = 4096
 constexpr int kNormPad = 8;                // bf16 of padding per shared row
@@ -218,6 +219,9 @@ __global__ void __launch_bounds__(kFusedRouterWarps * 32)
   extern __shared__ __align__(16) bf16 xs[];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int e = blockIdx.x * kFusedRouterWarps + warp;
+  const int t0 = int(blockIdx.y) * kFusedRouterMaxTokens;  // this block's token group
+  T = min(T - t0, kFusedRouterMaxTokens);                    // (NORM: one group, t0 = 0)
+  logits += size_t(t0) * E, ids += size_t(t0) * k, weights += size_t(t0) * k;
   const int nch = H / 8;  // 16-byte chunks of a row; lane + 32 i < nch, i < CHUNKS (host)
   uint4 wr[CHUNKS];
 #pragma unroll
@@ -227,6 +231,7 @@ __global__ void __launch_bounds__(kFusedRouterWarps * 32)
                 : make_uint4(0, 0, 0, 0);
   pdl_enter();
   int64_t ldx = H;
+  x += size_t(t0) * H;
   if constexpr (NORM) {
     norm_rows_to_smem(rn.residual, rn.delta, rn.weight, rn.eps, T, H, xs, H + kNormPad);
     x = xs;
@@ -255,7 +260,7 @@ __global__ void __launch_bounds__(kFusedRouterWarps * 32)
       if (lane == 0) logits[size_t(t) * E + e] = acc;
     }
   }
-  if (!finished_last(counter)) return;
+  if (!finished_last(counter + blockIdx.y, int(gridDim.x))) return;
   if constexpr (NORM) {
     for (int i = threadIdx.x; i < T * H / 8; i += blockDim.x) {
       const int t = i / (H / 8), c = i % (H / 8);
@@ -297,7 +302,7 @@ void moe_route_folded(const FoldedRouterInputs& f, int T, int E, int k, bool ren
 }
 
 bool moe_router_topk_fits(int T, int H, int E, int k) {
-  return T >= 1 && T <= kFusedRouterMaxTokens && H > 0 && H % 8 == 0 && H <= 256 * kFusedRouterMaxChunks && E >= 1 &&
+  return T >= 1 && T <= kRouterTopkMaxTokens && H > 0 && H % 8 == 0 && H <= 256 * kFusedRouterMaxChunks && E >= 1 &&
          E <= 32 * kRouteMaxPerLane && k >= 1 && k <= E && k <= kRouteMaxTopK;
 }
 
@@ -310,7 +315,9 @@ void launch_router(const bf16* x, const bf16* router, int T, int H, int E, int k
   MS_CHECK((reinterpret_cast<uintptr_t>(x) & 15) == 0 && (reinterpret_cast<uintptr_t>(router) & 15) == 0 &&
                counter != nullptr,
            "moe_router_topk: x and the router weights must be 16-byte aligned, and a counter is needed");
-  const dim3 grid(unsigned(ceil_div(E, kFusedRouterWarps)));
+  MS_CHECK(!NORM || T <= kFusedRouterMaxTokens, "moe_norm_router_topk: {} tokens (one group of at most {})", T,
+           kFusedRouterMaxTokens);
+  const dim3 grid(unsigned(ceil_div(E, kFusedRouterWarps)), unsigned(router_topk_groups(T)));
   const int chunks = int(ceil_div(H / 8, 32));
   auto kernel = chunks <= 4   ? router_topk_kernel<4, NORM>
                 : chunks <= 8 ? router_topk_kernel<8, NORM>
