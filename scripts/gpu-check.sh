@@ -86,18 +86,25 @@ run test_gpu_parity_combine_norm ok env MOESERVE_MOE_COMBINE_NORM=1 "$BUILD/test
 # launch instead of the embedding's partial sums, and every step copy on the compute stream.
 run test_gpu_model_unfolded ok env MOESERVE_ROUTER_FOLD=0 MOESERVE_EMBED_PARTIALS=0 MOESERVE_STEP_STREAMS=0 \
   "$BUILD/tests/test_gpu_model" --gtest_brief=1
-# Opt-in decode-step experiments (off by default until a same-call A/B decides): the greedy sampler's grid form
-# (test_cuda_sampling_greedy turns it on itself), the L2 prefetch of layer 0's q/k/v weights at the end of a decode
-# step, the deeper GEMV ring for o_proj's 4096-long rows (MOESERVE_GEMV_RING_STAGES=8: 6 or 8 stages where the grid
-# stays one wave), the down GEMV's ring depth (MOESERVE_MOE_DOWN_GEMV_STAGES=2, 3 or 8) and the cluster decode
-# attention with its warps splitting the head dimension (MOESERVE_ATTN_GQA_DSPLIT=1; both ring depths).
-OPT_IN=(MOESERVE_GREEDY_GRID=2 MOESERVE_PREFETCH_FIRST_LAYER=1 MOESERVE_GEMV_RING_STAGES=8
-  MOESERVE_MOE_DOWN_GEMV_STAGES=8 MOESERVE_ATTN_GQA_DSPLIT=1)
+# Session 17's experiments made defaults in session 18 (greedy grid form up to 128 rows, o_proj's 8/6-stage GEMV
+# ring, the down GEMV's 8-stage ring): the earlier forms once more (MOESERVE_GREEDY_GRID=0 / 1,
+# MOESERVE_GEMV_RING_STAGES=4, MOESERVE_MOE_DOWN_GEMV_STAGES=2, 3, 4). Still opt-in (off by default; the same-call
+# A/B measured no gain): the L2 prefetch of layer 0's q/k/v weights at the end of a decode step, and the cluster
+# decode attention with its warps splitting the head dimension (MOESERVE_ATTN_GQA_DSPLIT=1; both ring depths). New in
+# session 18, opt-in: the router GEMV + top-k in one launch for steps of 9-128 tokens (MOESERVE_ROUTER_TOPK_WIDE=1;
+# the parity fixtures' short prompts take it in their prefill steps too).
+EARLIER=(MOESERVE_GREEDY_GRID=0 MOESERVE_GEMV_RING_STAGES=4 MOESERVE_MOE_DOWN_GEMV_STAGES=4)
+OPT_IN=(MOESERVE_PREFETCH_FIRST_LAYER=1 MOESERVE_ATTN_GQA_DSPLIT=1 MOESERVE_ROUTER_TOPK_WIDE=1)
+run test_gpu_model_earlier ok env "${EARLIER[@]}" "$BUILD/tests/test_gpu_model" --gtest_brief=1
 run test_gpu_model_opt_in ok env "${OPT_IN[@]}" "$BUILD/tests/test_gpu_model" --gtest_brief=1
 run test_gpu_parity_opt_in ok env "${OPT_IN[@]}" "$BUILD/tests/test_gpu_parity" --gtest_brief=1 --gtest_filter='*Bf16*'
-run test_cuda_gemm_deep_ring ok env MOESERVE_GEMV_RING_STAGES=8 "$BUILD/tests/test_cuda_gemm" --gtest_brief=1
-# The 1-token down GEMV with the other ring depths (MOESERVE_MOE_DOWN_GEMV_STAGES=2, 3, 8), the direct-mode tests.
-for st in 2 3 8; do
+for g in 0 1; do
+  run "test_cuda_sampling_greedy_grid$g" ok env MOESERVE_GREEDY_GRID=$g "$BUILD/tests/test_cuda_sampling_greedy" \
+    --gtest_brief=1
+done
+run test_cuda_gemm_ring4 ok env MOESERVE_GEMV_RING_STAGES=4 "$BUILD/tests/test_cuda_gemm" --gtest_brief=1
+# The 1-token down GEMV with the other ring depths (MOESERVE_MOE_DOWN_GEMV_STAGES=2, 3, 4), the direct-mode tests.
+for st in 2 3 4; do
   run "test_cuda_moe_down_stages$st" ok env MOESERVE_MOE_DOWN_GEMV_STAGES=$st "$BUILD/tests/test_cuda_moe" \
     --gtest_brief=1 --gtest_filter='*SmallTokenCounts*:*Residual*:*Captured*:*SelfTest*'
 done
@@ -105,7 +112,7 @@ run test_cuda_kernels_dsplit ok env MOESERVE_ATTN_GQA_DSPLIT=1 "$BUILD/tests/tes
   --gtest_filter='*Decode*'
 run test_cuda_kernels_dsplit_stages3 ok env MOESERVE_ATTN_GQA_DSPLIT=1 MOESERVE_ATTN_GQA_CLUSTER_STAGES=3 \
   "$BUILD/tests/test_cuda_kernels" --gtest_brief=1 --gtest_filter='*Decode*'
-run test_gpu_router_fold_deep_ring ok env MOESERVE_GEMV_RING_STAGES=8 "$BUILD/tests/test_gpu_router_fold" \
+run test_gpu_router_fold_ring4 ok env MOESERVE_GEMV_RING_STAGES=4 "$BUILD/tests/test_gpu_router_fold" \
   --gtest_brief=1
 # The mma.sync prefill attention tiles at head_dim 128 too (the default there is the wgmma kernel on sm_90), and the
 # 16-row decode tiles (the default at head_dim 128 and groups of up to 8 is the keys-as-M kernel).

@@ -1,12 +1,11 @@
 #!/usr/bin/env bash
-# Same-call A/B of the opt-in decode experiments (docs/ARCHITECTURE.md, "opt-in GPU experiments") on the served decode
-# step of q30b8l at bs 1, 2 and 64 (scripts/gpu-ab.sh over build/bench/gpu_profile), in two halves that each fit one
-# device call of 10 minutes:
-#   scripts/gpu-opt-in-ab.sh a   base, greedy grid form up to 4 / 128 rows, layer-0 prefetch, o_proj's 8-stage ring,
-#                                the down GEMV at 8 / 2 / 3 stages, base again
-#   scripts/gpu-opt-in-ab.sh b   base, the head-dimension split attention (also with 128-key parts), everything on,
-#                                MOESERVE_EMBED_PARTIALS=0, base and everything on again; then a bs 1 kernel trace with
-#                                everything on and with nothing on (OUT/trace_all.log, OUT/trace_base.log)
+# Same-call A/B of the decode-step switches (docs/ARCHITECTURE.md, "opt-in GPU experiments") on the served decode
+# step of q30b8l at bs 1, 2 and 64 (scripts/gpu-ab.sh over build/bench/gpu_profile; ~6 s a variant): the defaults,
+# session 17's experiments as they were before session 18 made them defaults (greedy cluster form, 4-stage GEMV and
+# down GEMV rings), one at a time and together, the still opt-in ones (layer-0 prefetch, head-dimension split
+# attention, also with 128-key parts, the router + top-k launch for 9-128 tokens), MOESERVE_EMBED_PARTIALS=0, the
+# defaults again; then a bs 1 kernel trace with
+# the opt-in ones on and off (OUT/trace_opt_in.log, OUT/trace_base.log).
 # Makes the model with gen-model when missing. Env: OUT (logs), MOESERVE_BUILD, MODEL (default
 # /tmp/moeserve-bench/q30b8l).
 set -uo pipefail
@@ -18,24 +17,15 @@ mkdir -p "$OUT"
 t0=$SECONDS
 [[ -f $M/config.json ]] || "$BUILD/bin/moeserve" gen-model --preset q30b8l --output "$M" >/dev/null
 echo "model ready at $((SECONDS - t0)) s"
-ALL="MOESERVE_GREEDY_GRID=2 MOESERVE_PREFETCH_FIRST_LAYER=1 MOESERVE_GEMV_RING_STAGES=8 MOESERVE_MOE_DOWN_GEMV_STAGES=8"
-ALL+=" MOESERVE_ATTN_GQA_DSPLIT=1"
+OPT_IN="MOESERVE_PREFETCH_FIRST_LAYER=1 MOESERVE_ATTN_GQA_DSPLIT=1 MOESERVE_ROUTER_TOPK_WIDE=1"
+EARLIER="MOESERVE_GREEDY_GRID=0 MOESERVE_GEMV_RING_STAGES=4 MOESERVE_MOE_DOWN_GEMV_STAGES=4"
 export AB_FLAGS="--batch-sizes 1,2,64 --prefill=false"
-case ${1:-a} in
-  a)
-    OUT=$OUT/ab_a "$ROOT/scripts/gpu-ab.sh" "$M" base= grid=MOESERVE_GREEDY_GRID=1 grid2=MOESERVE_GREEDY_GRID=2 \
-      pref=MOESERVE_PREFETCH_FIRST_LAYER=1 ring8=MOESERVE_GEMV_RING_STAGES=8 down8=MOESERVE_MOE_DOWN_GEMV_STAGES=8 \
-      down2=MOESERVE_MOE_DOWN_GEMV_STAGES=2 down3=MOESERVE_MOE_DOWN_GEMV_STAGES=3 base2=
-    ;;
-  b)
-    OUT=$OUT/ab_b "$ROOT/scripts/gpu-ab.sh" "$M" base= dsplit=MOESERVE_ATTN_GQA_DSPLIT=1 \
-      "dsplit128=MOESERVE_ATTN_GQA_DSPLIT=1 MOESERVE_ATTN_MIN_SPLIT_KEYS=128" "all=$ALL" \
-      noemb=MOESERVE_EMBED_PARTIALS=0 base2= "all2=$ALL"
-    env $ALL timeout 60 "$BUILD/bench/gpu_profile" --model-path "$M" --batch-sizes 1 --prefill=false --trace \
-      >"$OUT/trace_all.log" 2>&1
-    timeout 60 "$BUILD/bench/gpu_profile" --model-path "$M" --batch-sizes 1 --prefill=false --trace \
-      >"$OUT/trace_base.log" 2>&1
-    ;;
-  *) echo "usage: $0 a|b" >&2; exit 2 ;;
-esac
+OUT=$OUT/ab "$ROOT/scripts/gpu-ab.sh" "$M" base= "earlier=$EARLIER" grid0=MOESERVE_GREEDY_GRID=0 \
+  ring4=MOESERVE_GEMV_RING_STAGES=4 down4=MOESERVE_MOE_DOWN_GEMV_STAGES=4 pref=MOESERVE_PREFETCH_FIRST_LAYER=1 \
+  dsplit=MOESERVE_ATTN_GQA_DSPLIT=1 "dsplit128=MOESERVE_ATTN_GQA_DSPLIT=1 MOESERVE_ATTN_MIN_SPLIT_KEYS=128" \
+  wide=MOESERVE_ROUTER_TOPK_WIDE=1 noemb=MOESERVE_EMBED_PARTIALS=0 base2= wide2=MOESERVE_ROUTER_TOPK_WIDE=1
+env $OPT_IN timeout 60 "$BUILD/bench/gpu_profile" --model-path "$M" --batch-sizes 1 --prefill=false --trace \
+  >"$OUT/trace_opt_in.log" 2>&1
+timeout 60 "$BUILD/bench/gpu_profile" --model-path "$M" --batch-sizes 1 --prefill=false --trace \
+  >"$OUT/trace_base.log" 2>&1
 echo "done at $((SECONDS - t0)) s"
