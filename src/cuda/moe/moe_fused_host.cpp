@@ -173,9 +173,19 @@ std::string fused_check_kernels(const KernelTable& t, const DeviceInfo& dev) {
     std::string r = check_kernel_present(k, dev);
     if (!r.empty()) return r;
   }
+  // A kernel may fill several slots (the JIT table repeats the default's kernel where the other depths were not
+  // compiled): its ceiling is the largest that any of its slots launches with, set once. (Setting it slot by slot
+  // left the default 8-stage kernel at the 4-stage slot's ceiling: every 1-token launch failed with
+  // cudaErrorInvalidValue, session 18.)
+  std::vector<std::pair<const void*, int>> ceilings;  // kernel, stages of its largest slot
   for (int v = 0; v < kNumDownGemvVariants; ++v) {
-    const int stages = kDownGemvStageVariants[v], smem = down_gemv_smem_bytes(kDownGemvMaxI, stages);
-    if (cudaError_t e = cudaFuncSetAttribute(t.down_gemv[v], cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    auto it = std::find_if(ceilings.begin(), ceilings.end(), [&](const auto& c) { return c.first == t.down_gemv[v]; });
+    if (it == ceilings.end()) ceilings.emplace_back(t.down_gemv[v], kDownGemvStageVariants[v]);
+    else it->second = std::max(it->second, kDownGemvStageVariants[v]);
+  }
+  for (const auto& [kernel, stages] : ceilings) {
+    const int smem = down_gemv_smem_bytes(kDownGemvMaxI, stages);
+    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
         e != cudaSuccess) {
       cudaGetLastError();
       return fmt::format("the down GEMV ({} ring stages) needs {} KiB of shared memory per block: {}", stages,
