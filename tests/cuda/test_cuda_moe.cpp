@@ -738,16 +738,38 @@ TEST(CudaMoe, JitSourceCompilesForSm90aWithoutAGpu) {
   MoeShape shape;
   shape.hidden = 2048;
   shape.inter = 768;
-  // With the optional down GEMV depths too (compiled only when MOESERVE_MOE_DOWN_GEMV_STAGES picks one).
-  std::vector<std::string> options = jit_options("sm_90a", shape);
+  // With the optional down GEMV depths too (compiled only when the shape or MOESERVE_MOE_DOWN_GEMV_STAGES takes one).
+  std::vector<std::string> options = jit_options("sm_90a", shape, 132);
   options.push_back("-DMOE_JIT_DOWN_GEMV_VARIANTS=1");
   const std::string r = jit_compile(jit_embedded_source(), options, cubin);
   EXPECT_EQ(r, "");
   EXPECT_GT(cubin.size(), size_t(10000));
   // Every kernel the JIT table looks up is in it.
   for (const char* name : {"moe_prep", "moe_combine", "moe_down_gemv", "moe_down_gemv_s2", "moe_down_gemv_s3",
-                           "moe_down_gemv_s8", "moe_gemm_0_gu", "moe_gemm_0_dn", "moe_gemm_10_dn"})
+                           "moe_down_gemv_s4", "moe_gemm_0_gu", "moe_gemm_0_dn", "moe_gemm_10_dn"})
     EXPECT_NE(cubin.find(name), std::string::npos) << name;
+}
+
+// The 1-token down GEMV's ring depth by shape (no GPU needed): the default 8 stages (143,872 B a CTA at inter 768:
+// one CTA an SM of 228 KiB) where hidden / 16 CTAs fit one wave, else the 4-stage ring (78,336 B: two an SM), which
+// keeps hidden 4,096's 256 CTAs one wave on 132 SMs; a forced depth as it is.
+TEST(CudaMoe, DownGemvDepthKeepsTheGridOneWave) {
+  using namespace moe_kernels;
+  EXPECT_EQ(down_gemv_smem_bytes(768, 8), 143872);
+  EXPECT_EQ(down_gemv_smem_bytes(768, 4), 78336);
+  EXPECT_EQ(down_gemv_ctas_per_sm(768, 8), 1);
+  EXPECT_EQ(down_gemv_ctas_per_sm(768, 4), 2);
+  EXPECT_EQ(kDownGemvStageVariants[0], 8);
+  EXPECT_EQ(kDownGemvStageVariants[kDownGemvFallbackVariant], 4);
+  EXPECT_EQ(down_gemv_variant_for(2048, 768, 132, -1), 0);   // q30b: 128 CTAs
+  EXPECT_EQ(down_gemv_variant_for(2112, 768, 132, -1), 0);   // 132 CTAs: still one wave
+  EXPECT_EQ(down_gemv_variant_for(2128, 768, 132, -1), kDownGemvFallbackVariant);  // 133
+  EXPECT_EQ(down_gemv_variant_for(4096, 768, 132, -1), kDownGemvFallbackVariant);  // 256 CTAs
+  EXPECT_EQ(down_gemv_variant_for(4096, 768, 132, 0), 0);    // forced
+  EXPECT_EQ(down_gemv_variant_for(2048, 768, 132, 1), 1);
+  // Small rows: several 8-stage CTAs an SM (inter 64: 8 x (64 + 16,384 + 128) B = 132,608 B: still one).
+  EXPECT_EQ(down_gemv_ctas_per_sm(64, 8), 1);
+  EXPECT_EQ(down_gemv_ctas_per_sm(64, 2), 6);  // 34,304 B
 }
 
 TEST(CudaMoe, JitCompileFailureReturnsTheNvrtcLog) {

@@ -233,17 +233,22 @@ DeviceCounters::~DeviceCounters() {
   if (p_) cudaFree(p_);
 }
 
-// MOESERVE_MOE_DOWN_GEMV_STAGES = 2, 3, 4 or 8 (the default; kDownGemvStageVariants): for A/B. Another value warns
-// and keeps the default.
-int down_gemv_variant() {
+// MOESERVE_MOE_DOWN_GEMV_STAGES = 2, 3, 4 or 8 (kDownGemvStageVariants): a depth forced for A/B, -1 when unset.
+// Another value warns and is ignored.
+static int down_gemv_forced_variant() {
   static const int v = [] {
+    if (std::getenv("MOESERVE_MOE_DOWN_GEMV_STAGES") == nullptr) return -1;
     const long want = env_int("MOESERVE_MOE_DOWN_GEMV_STAGES", kDownGemvStages, 1, 64);
     for (int i = 0; i < kNumDownGemvVariants; ++i)
       if (kDownGemvStageVariants[i] == want) return i;
-    log_warn("MOESERVE_MOE_DOWN_GEMV_STAGES={}: built for 2, 3, 4 or 8 ring stages; using {}", want, kDownGemvStages);
-    return 0;
+    log_warn("MOESERVE_MOE_DOWN_GEMV_STAGES={}: built for 2, 3, 4 or 8 ring stages; ignored", want);
+    return -1;
   }();
   return v;
+}
+
+int down_gemv_variant(const MoeShape& s, int sms) {
+  return down_gemv_variant_for(s.hidden, s.inter, sms, down_gemv_forced_variant());
 }
 
 namespace {
@@ -353,7 +358,7 @@ void fused_run(const KernelTable& k, const MoeShape& s, const bf16* x, int T, co
     dn.combine_out = reinterpret_cast<unsigned short*>(out);
     dn.residual = residual;
     dn.res_partials = res_partials;
-    const int v = down_gemv_variant();
+    const int v = down_gemv_variant(s, k.num_sms);
     launch(k.down_gemv[v], dim3(unsigned(s.hidden / kDownGemvRows)), dim3(kDownGemvThreads),
            size_t(down_gemv_smem_bytes(s.inter, kDownGemvStageVariants[v])), &dn, stream, "moe down GEMV launch", pdl);
     return;

@@ -48,9 +48,10 @@ bool fused_direct_for(const MoeShape& s, int T);
 std::string fused_shape_check(const MoeShape& s);
 // Checks that every kernel of `t` has code for this device and allows its dynamic shared memory. "" or why not.
 std::string fused_check_kernels(const moe_kernels::KernelTable& t, const DeviceInfo& dev);
-// The direct-mode down GEMV's ring depth, an index into kDownGemvStageVariants (0: the default;
-// MOESERVE_MOE_DOWN_GEMV_STAGES picks another). The JIT build compiles the other depths only when one is picked.
-int down_gemv_variant();
+// The direct-mode down GEMV's ring depth for a shape on `sms` SMs, an index into kDownGemvStageVariants
+// (down_gemv_variant_for: the default where its grid is one wave, else 4 stages; MOESERVE_MOE_DOWN_GEMV_STAGES forces
+// one). The JIT build compiles the other depths only when the shape takes one.
+int down_gemv_variant(const MoeShape& s, int sms);
 // Device ints, zeroed when allocated: the direct path's fused-combine counters (each launch leaves them at zero
 // again). One set per backend: a backend must not run on two streams at once.
 class DeviceCounters {
@@ -135,8 +136,8 @@ struct JitSource {
 JitSource jit_embedded_source();
 // Returns "" and fills `cubin`, or the failure with the first ~2000 characters of the NVRTC log.
 std::string jit_compile(const JitSource& src, const std::vector<std::string>& options, std::string& cubin);
-// The NVRTC options the JIT backend compiles with for `arch` (e.g. "sm_90a") and these shapes.
-std::vector<std::string> jit_options(const std::string& arch, const MoeShape& shape);
+// The NVRTC options the JIT backend compiles with for `arch` (e.g. "sm_90a") and these shapes on `sms` SMs.
+std::vector<std::string> jit_options(const std::string& arch, const MoeShape& shape, int sms);
 // "sm_90a" for compute capability 9.0 (the arch-specific variant: the same target the AOT build uses), else "sm_XY".
 std::string jit_arch_for(const DeviceInfo& dev);
 

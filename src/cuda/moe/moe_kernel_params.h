@@ -38,6 +38,23 @@ constexpr int kDownGemvMaxI = 4096;
 constexpr int down_gemv_smem_bytes(int inter, int stages = kDownGemvStages) {
   return kDownGemvWarps * (kDownGemvRows * 4 + stages * kDownGemvRows * kDownGemvSlice * 2 + inter * 2);
 }
+// CTAs of the down GEMV an SM at a ring depth (sm_90 / sm_100: 228 KiB of shared memory an SM, 1 KiB of it reserved
+// a CTA; at most 2,048 threads an SM).
+constexpr int kSmemPerSm = 228 << 10, kSmemReservedPerCta = 1 << 10;
+constexpr int down_gemv_ctas_per_sm(int inter, int stages) {
+  const int by_smem = kSmemPerSm / (down_gemv_smem_bytes(inter, stages) + kSmemReservedPerCta);
+  return by_smem < 2048 / kDownGemvThreads ? by_smem : 2048 / kDownGemvThreads;
+}
+// The ring-depth variant (an index into kDownGemvStageVariants) for hidden / kDownGemvRows CTAs on `sms` SMs:
+// `forced` (>= 0: MOESERVE_MOE_DOWN_GEMV_STAGES) as it is; else the default depth where its grid stays one wave,
+// else the 4-stage ring (2 CTAs an SM at inter 768: hidden 4,096's 256 CTAs still one wave on 132 SMs, where the
+// 8-stage ring's one CTA an SM would make two; the default was measured at hidden 2,048 only).
+constexpr int kDownGemvFallbackVariant = 3;  // 4 stages
+constexpr int down_gemv_variant_for(int hidden, int inter, int sms, int forced) {
+  if (forced >= 0) return forced;
+  const int ctas = hidden / kDownGemvRows;
+  return ctas <= sms * down_gemv_ctas_per_sm(inter, kDownGemvStageVariants[0]) ? 0 : kDownGemvFallbackVariant;
+}
 #endif
 
 // Routing -> per-expert tiles and the pair permutation, on the device (no host sync). Up to kPrepChunk pairs one
