@@ -1,9 +1,11 @@
 // Router on the GPU: softmax over experts, top-k, optional renormalisation. It computes the probabilities
 // exactly as kernels::route_topk does on the CPU (float logit - max, exp and sum in double, quotient rounded to
 // float) so that both pick the same experts, including between probabilities that are equal in float.
+#include <algorithm>
 #include <cmath>
 
 #include "core/error.h"
+#include "cuda/device.h"
 #include "cuda/fused_norm.cuh"
 #include "cuda/launch.h"
 #include "cuda/moe/moe.h"
@@ -194,13 +196,15 @@ __global__ void __launch_bounds__(kRouteWarpsPerBlock * 32)
 }
 
 // ---- The router GEMV fused with routing (T <= kRouterTopkMaxTokens). Block (b, g) takes token group g (tokens
-// 8 g .. 8 g + 7) and warp w of it expert e = 4 b + w: its weight row (H bf16, 16-byte chunks c = lane + 32 i < H / 8)
-// is loaded into registers before the programmatic wait, the group's token rows after it; products of bf16 values
-// are exact in f32 and summed in f32. The block of a group that finishes last (the group's counter, counter[g],
-// reset by that block) routes the group's tokens. NORM (one group): the token rows are rmsnorm(residual + delta) *
-// norm_w, computed by every block into shared memory; the last block also writes them to xn_out (the experts'
-// input) and adds delta into the residual.
-constexpr int kFusedRouterWarps = 4;
+// 8 g .. 8 g + 7) and warp w of it expert e = 8 b + w: its weight row (H bf16, 16-byte chunks c = lane + 32 i < H / 8)
+// is loaded into registers before the programmatic wait; after it the block stages the group's token rows in shared
+// memory, every load in flight at once (session 18's first form had each warp walk its tokens' rows in L2 one
+// after another: 8 dependent round trips, +8 us a layer at 64 tokens against the router GEMM + route launches);
+// products of bf16 values are exact in f32 and summed in f32. The block of a group that finishes last (the group's
+// counter, counter[g], reset by that block) routes the group's tokens, a warp a token. NORM (one group): the staged
+// rows are rmsnorm(residual + delta) * norm_w; the last block also writes them to xn_out (the experts' input) and
+// adds delta into the residual.
+constexpr int kFusedRouterWarps = 8;  // experts a block, and the group's tokens routed at once
 constexpr int kFusedRouterMaxChunks = 16;  // 16-byte chunks per lane: H <= 32 * 16 * 8 = 4096
 constexpr int kNormPad = 8;                // bf16 of padding per shared row
 
@@ -230,21 +234,34 @@ __global__ void __launch_bounds__(kFusedRouterWarps * 32)
                 ? __ldcs(reinterpret_cast<const uint4*>(w + size_t(e) * H) + lane + 32 * i)
                 : make_uint4(0, 0, 0, 0);
   pdl_enter();
-  int64_t ldx = H;
-  x += size_t(t0) * H;
+  const int ldx = H + kNormPad;  // the staged rows' pitch
   if constexpr (NORM) {
-    norm_rows_to_smem(rn.residual, rn.delta, rn.weight, rn.eps, T, H, xs, H + kNormPad);
-    x = xs;
-    ldx = H + kNormPad;
+    norm_rows_to_smem(rn.residual, rn.delta, rn.weight, rn.eps, T, H, xs, ldx);
+  } else {
+    // The group's rows (T * nch <= kFusedRouterMaxTokens * 32 * CHUNKS chunks) through registers: all loads first.
+    constexpr int kPerThread = kFusedRouterMaxTokens * 32 * CHUNKS / (kFusedRouterWarps * 32);
+    const uint4* src = reinterpret_cast<const uint4*>(x + size_t(t0) * H);
+    uint4 v[kPerThread];
+#pragma unroll
+    for (int j = 0; j < kPerThread; ++j) {
+      const int i = threadIdx.x + j * kFusedRouterWarps * 32;
+      if (i < T * nch) v[j] = __ldcg(src + i);  // not .nc: see pdl.cuh
+    }
+#pragma unroll
+    for (int j = 0; j < kPerThread; ++j) {
+      const int i = threadIdx.x + j * kFusedRouterWarps * 32;
+      if (i < T * nch) reinterpret_cast<uint4*>(xs + (i / nch) * ldx)[i % nch] = v[j];
+    }
+    __syncthreads();
   }
   if (e < E) {
     for (int t = 0; t < T; ++t) {
-      const uint4* xr = reinterpret_cast<const uint4*>(x + t * ldx);
+      const uint4* xr = reinterpret_cast<const uint4*>(xs + t * ldx);
       float acc = 0.0f;
 #pragma unroll
       for (int i = 0; i < CHUNKS; ++i) {
         if (lane + 32 * i < nch) {
-          const uint4 xv = NORM ? xr[lane + 32 * i] : __ldcg(xr + lane + 32 * i);  // not .nc: see pdl.cuh
+          const uint4 xv = xr[lane + 32 * i];
           const __nv_bfloat162* a = reinterpret_cast<const __nv_bfloat162*>(&wr[i]);
           const __nv_bfloat162* b = reinterpret_cast<const __nv_bfloat162*>(&xv);
 #pragma unroll
@@ -322,7 +339,9 @@ void launch_router(const bf16* x, const bf16* router, int T, int H, int E, int k
   auto kernel = chunks <= 4   ? router_topk_kernel<4, NORM>
                 : chunks <= 8 ? router_topk_kernel<8, NORM>
                               : router_topk_kernel<16, NORM>;
-  const size_t smem = NORM ? size_t(T) * size_t(H + kNormPad) * sizeof(bf16) : 0;
+  const size_t smem = size_t(std::min(T, kFusedRouterMaxTokens)) * size_t(H + kNormPad) * sizeof(bf16);
+  MS_CHECK(raise_dynamic_smem(reinterpret_cast<const void*>(kernel), smem),
+           "moe_router_topk: the device refuses {} bytes of shared memory", smem);
   launch_pdl(kernel, grid, dim3(kFusedRouterWarps * 32), smem, stream, x, router, T, H, E, k, renormalize, logits,
              counter, ids, weights, rn);
 }
