@@ -91,7 +91,8 @@ run test_gpu_model_unfolded ok env MOESERVE_ROUTER_FOLD=0 MOESERVE_EMBED_PARTIAL
 # MOESERVE_GEMV_RING_STAGES=4, MOESERVE_MOE_DOWN_GEMV_STAGES=2, 3, 4). Still opt-in (off by default; the same-call
 # A/B measured no gain): the L2 prefetch of layer 0's q/k/v weights at the end of a decode step, and the cluster
 # decode attention with its warps splitting the head dimension (MOESERVE_ATTN_GQA_DSPLIT=1; both ring depths). New in
-# session 18, opt-in: the router GEMV + top-k in one launch for steps of 9-128 tokens (MOESERVE_ROUTER_TOPK_WIDE=1;
+# session 18, opt-in: the router GEMV + top-k in one launch for steps of 2-128 tokens outside the residual fusion
+# (MOESERVE_ROUTER_TOPK_WIDE=1;
 # the parity fixtures' short prompts take it in their prefill steps too).
 EARLIER=(MOESERVE_GREEDY_GRID=0 MOESERVE_GEMV_RING_STAGES=4 MOESERVE_MOE_DOWN_GEMV_STAGES=4)
 OPT_IN=(MOESERVE_PREFETCH_FIRST_LAYER=1 MOESERVE_ATTN_GQA_DSPLIT=1 MOESERVE_ROUTER_TOPK_WIDE=1)
