@@ -3,7 +3,7 @@
 # step of q30b8l at bs 1, 2 and 64 (scripts/gpu-ab.sh over build/bench/gpu_profile; ~6 s a variant): the defaults,
 # session 17's experiments as they were before session 18 made them defaults (greedy cluster form, 4-stage GEMV and
 # down GEMV rings), one at a time and together, the still opt-in ones (layer-0 prefetch, head-dimension split
-# attention, also with 128-key parts, the router + top-k launch for 9-128 tokens), MOESERVE_EMBED_PARTIALS=0, the
+# attention, also with 128-key parts, the router + top-k launch for 2-128 tokens), MOESERVE_EMBED_PARTIALS=0, the
 # defaults again; then a bs 1 kernel trace with
 # the opt-in ones on and off (OUT/trace_opt_in.log, OUT/trace_base.log).
 # Makes the model with gen-model when missing. Env: OUT (logs), MOESERVE_BUILD, MODEL (default

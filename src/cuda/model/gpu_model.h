@@ -80,9 +80,10 @@ struct ModelBackends {
   // Steps whose MoE ends in a combine launch (not the direct path) fold the next residual add + RMSNorm into it
   // (MoeBackend::run_combine_norm), where every layer is MoE: MOESERVE_MOE_COMBINE_NORM=1 (A/B, off).
   bool moe_combine_norm = false;
-  // Steps of up to kRouterTopkMaxTokens tokens outside the residual fusion (9-128 decodes) compute the router's
-  // logits and the top-k in one launch (moe_router_topk, a block a group of 8 tokens and 4 experts) instead of the
-  // router GEMM and the route launch: MOESERVE_ROUTER_TOPK_WIDE=1 (an experiment, off until a GPU A/B decides).
+  // Steps of up to kRouterTopkMaxTokens tokens outside the residual fusion (for top-8 models 2-128 tokens: the
+  // fusion takes 1-token steps) compute the router's logits and the top-k in one launch (moe_router_topk, a block a
+  // group of 8 tokens and 8 experts) instead of the router GEMM and the route launch: MOESERVE_ROUTER_TOPK_WIDE=1
+  // (an experiment, off until a GPU A/B decides).
   bool router_topk_wide = false;
   // Timing only (MOESERVE_PROFILE_SKIP_OPS, see skip_ops_from_env): ops left out of every step, so that a step's
   // time with and without an op gives that op's marginal cost in the chain of programmatic launches. The
