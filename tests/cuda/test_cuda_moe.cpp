@@ -739,8 +739,7 @@ TEST(CudaMoe, JitSourceCompilesForSm90aWithoutAGpu) {
   shape.hidden = 2048;
   shape.inter = 768;
   // With the optional down GEMV depths too (compiled only when the shape or MOESERVE_MOE_DOWN_GEMV_STAGES takes one).
-  std::vector<std::string> options = jit_options("sm_90a", shape, 132);
-  options.push_back("-DMOE_JIT_DOWN_GEMV_VARIANTS=1");
+  const std::vector<std::string> options = jit_options("sm_90a", shape, /*depth_variants=*/true);
   const std::string r = jit_compile(jit_embedded_source(), options, cubin);
   EXPECT_EQ(r, "");
   EXPECT_GT(cubin.size(), size_t(10000));

@@ -136,8 +136,9 @@ struct JitSource {
 JitSource jit_embedded_source();
 // Returns "" and fills `cubin`, or the failure with the first ~2000 characters of the NVRTC log.
 std::string jit_compile(const JitSource& src, const std::vector<std::string>& options, std::string& cubin);
-// The NVRTC options the JIT backend compiles with for `arch` (e.g. "sm_90a") and these shapes on `sms` SMs.
-std::vector<std::string> jit_options(const std::string& arch, const MoeShape& shape, int sms);
+// The NVRTC options the JIT backend compiles with for `arch` (e.g. "sm_90a") and these shapes; depth_variants: also
+// the down GEMV's other ring depths (moe_down_gemv_s2 / s3 / s4).
+std::vector<std::string> jit_options(const std::string& arch, const MoeShape& shape, bool depth_variants);
 // "sm_90a" for compute capability 9.0 (the arch-specific variant: the same target the AOT build uses), else "sm_XY".
 std::string jit_arch_for(const DeviceInfo& dev);
 

@@ -42,11 +42,11 @@ std::string jit_arch_for(const DeviceInfo& dev) {
 
 // --split-compile=0: NVRTC optimizes the kernels on as many threads as the machine has (the cubin a fresh
 // machine compiles at its first start: 4.7 s -> 3.1 s on the 2-core development VM; H200 machine: 5.6 s before).
-std::vector<std::string> jit_options(const std::string& arch, const MoeShape& shape, int sms) {
+std::vector<std::string> jit_options(const std::string& arch, const MoeShape& shape, bool depth_variants) {
   std::vector<std::string> o = {"--gpu-architecture=" + arch, "-std=c++17", "--split-compile=0", "-DMOE_JIT=1",
                                 fmt::format("-DMOE_JIT_HIDDEN={}", shape.hidden),
                                 fmt::format("-DMOE_JIT_INTER={}", shape.inter)};
-  if (down_gemv_variant(shape, sms) != 0) o.push_back("-DMOE_JIT_DOWN_GEMV_VARIANTS=1");
+  if (depth_variants) o.push_back("-DMOE_JIT_DOWN_GEMV_VARIANTS=1");
   return o;
 }
 
@@ -165,8 +165,9 @@ class JitBackend final : public FusedBackendBase {
     code = fmt::format("JIT {} failed", arch);
     JitSource src = jit_embedded_source();
     if (!override_.empty()) src.main = override_;
-    const std::vector<std::string> options = jit_options(arch, shape, dev.multiprocessors);
+    // The down GEMV's other ring depths only when this shape (or MOESERVE_MOE_DOWN_GEMV_STAGES) takes one.
     const bool depth_variants = down_gemv_variant(shape, dev.multiprocessors) != 0;
+    const std::vector<std::string> options = jit_options(arch, shape, depth_variants);
     int driver = 0, nv_major = 0, nv_minor = 0;
     cudaDriverGetVersion(&driver);
     nvrtcVersion(&nv_major, &nv_minor);
@@ -244,8 +245,8 @@ class JitBackend final : public FusedBackendBase {
     };
     if (std::string r = get("moe_prep", t.prep); !r.empty()) return r;
     if (std::string r = get("moe_combine", t.combine); !r.empty()) return r;
-    // The other ring depths are in the library only when one was picked (jit_options); else their slots repeat the
-    // default kernel, which down_gemv_variant() == 0 is the only one to launch.
+    // The other ring depths are in the library only with depth_variants (jit_options); else their slots repeat the
+    // default kernel, the only one launched then (down_gemv_variant gives 0).
     for (int v = 0; v < kNumDownGemvVariants; ++v) {
       if (v > 0 && !depth_variants) {
         t.down_gemv[v] = t.down_gemv[0];

@@ -215,8 +215,7 @@ void sample_greedy(const float* logits, int rows, int vocab, int32_t* out_ids, f
   // decode step, H200, session 18 (same call), with the deeper GEMV rings: bs 1 -4 us, bs 2 -3, bs 64 -5 to -7.
   static const int grid_mode = int(env_int("MOESERVE_GREEDY_GRID", 2, 0, 2));
   const int grid_rows = grid_mode == 1 ? 4 : grid_mode == 2 ? kGridRowsMax : 0;
-  if (workspace != nullptr && rows <= grid_rows && vocab >= 4 * grid_blocks_per_row(rows)) {
-    const int nb = grid_blocks_per_row(rows);
+  if (const int nb = grid_blocks_per_row(rows); workspace != nullptr && rows <= grid_rows && vocab >= 4 * nb) {
     launch_pdl(greedy_grid_kernel, dim3(unsigned(nb), unsigned(rows)), dim3(kThreads), 0, stream, logits, vocab,
                out_ids, out_logprobs, static_cast<GridWorkspace*>(workspace));
     return;
