@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <set>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -171,6 +172,30 @@ TEST(CudaGemm, CublasLtTokenBucketsMatchCublas) {
       }
     }
   }
+}
+
+// The startup warm-up's token counts (no GPU needed): with buckets, every count up to max_m has its algorithm's
+// count in the list - itself up to 256, else its bucket's top (a multiple of 256, or max_m for the last bucket) -
+// each once and none above max_m; without buckets, 1..256. The gemv backend warms what its cuBLASLt serves.
+TEST(CudaGemm, WarmUpTokensCoverEveryTokenCount) {
+  for (int max_m : {1, 100, 256, 257, 1000, 8192, 8209}) {
+    const std::vector<int> ms = cuda::make_cublaslt_backend(true)->warm_up_tokens(max_m);
+    std::set<int> have(ms.begin(), ms.end());
+    EXPECT_EQ(have.size(), ms.size()) << "duplicates at max_m " << max_m;
+    EXPECT_LE(*have.rbegin(), max_m);
+    for (int M = 1; M <= max_m; ++M) {
+      const int rep = M <= 256 ? M : std::min((M + 255) / 256 * 256, max_m);
+      ASSERT_TRUE(have.count(rep)) << "M " << M << " (its algorithm's count " << rep << ") at max_m " << max_m;
+    }
+    std::set<int> needed;
+    for (int M = 1; M <= max_m; ++M) needed.insert(M <= 256 ? M : std::min((M + 255) / 256 * 256, max_m));
+    EXPECT_EQ(have, needed) << "max_m " << max_m;
+    const std::vector<int> exact = cuda::make_cublaslt_backend(false)->warm_up_tokens(max_m);
+    ASSERT_EQ(int(exact.size()), std::min(max_m, 256));
+    for (size_t i = 0; i < exact.size(); ++i) EXPECT_EQ(exact[i], int(i) + 1);
+  }
+  EXPECT_EQ(cuda::make_gemv_backend()->warm_up_tokens(1000), cuda::make_cublaslt_backend()->warm_up_tokens(1000));
+  EXPECT_TRUE(cuda::make_cublas_backend()->warm_up_tokens(1000).empty());
 }
 
 // A GEMM recorded in a CUDA graph and replayed gives bit-identical results to the eager call; the second

@@ -25,6 +25,11 @@ class GemmBackend {
   // y = x W^T. Strides in elements (ldx >= K, ldy >= N). Never synchronizes.
   virtual void run(const bf16* x, int64_t ldx, int M, int K, const bf16* W, int N, void* y, int64_t ldy,
                    OutType out, cudaStream_t stream) = 0;
+  // Token counts (each <= max_m) whose runs, once each per shape, make every later run of up to max_m tokens use
+  // kernels that have run before. The first launch of a library kernel loads its module, which waits for the
+  // device to drain (H200, q30b8l served with step traces: one prompt step's launch in each benchmark run blocked
+  // for 20-30 ms behind the step in flight); the executor runs these at startup. Empty: nothing to warm up.
+  virtual std::vector<int> warm_up_tokens(int /*max_m*/) const { return {}; }
 };
 
 std::vector<std::unique_ptr<GemmBackend>> make_gemm_backends();

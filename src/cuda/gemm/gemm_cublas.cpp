@@ -216,6 +216,16 @@ class CublasLtBackend final : public GemmBackend {
     bool from_bucket = false;  // algo is the M bucket's (bucket_m), checked for this shape
   };
 
+  // Every count up to kExactM, then one a bucket (its largest, or max_m): with buckets, the algorithms of every
+  // count up to max_m; without, those up to kExactM only (each larger count has an algorithm of its own).
+  std::vector<int> warm_up_tokens(int max_m) const override {
+    std::vector<int> ms;
+    for (int m = 1; m <= std::min(max_m, kExactM); ++m) ms.push_back(m);
+    if (m_buckets_)
+      for (int b = kExactM + kBucketM; b - kBucketM < max_m; b += kBucketM) ms.push_back(std::min(b, max_m));
+    return ms;
+  }
+
   // With m_buckets_, token counts above kExactM share one algorithm per bucket of kBucketM (rounded up): the
   // heuristic (cublasLtMatmulAlgoGetHeuristic, a host call on the launching thread) then runs once per bucket and
   // shape instead of once per distinct token count, which mixed prompt + decode steps vary at every step. The
@@ -343,7 +353,7 @@ std::unique_ptr<GemmBackend> make_cublaslt_backend(bool m_buckets) {
   return std::make_unique<CublasLtBackend>(m_buckets);
 }
 std::unique_ptr<GemmBackend> make_cublaslt_backend() {
-  static const bool m_buckets = env_flag("MOESERVE_CUBLASLT_M_BUCKETS", false);
+  static const bool m_buckets = env_flag("MOESERVE_CUBLASLT_M_BUCKETS", true);
   return make_cublaslt_backend(m_buckets);
 }
 

@@ -567,6 +567,9 @@ class GemvBackend final : public GemmBackend {
       launch_gemv(grid, stream, x, ldx, M, K, W, N, static_cast<float*>(y), ldy, NormArgs{}, ResidualArgs{});
   }
 
+  // The kernels here are this binary's (loaded with it); the counts cuBLASLt serves.
+  std::vector<int> warm_up_tokens(int max_m) const override { return fallback_->warm_up_tokens(max_m); }
+
  private:
   // 8 < M <= kWideMaxM. The split count depends on the shape and the device only (deterministic results).
   void run_wide(const bf16* x, int64_t ldx, int M, int K, const bf16* W, int N, void* y, int64_t ldy,

@@ -265,6 +265,14 @@ GpuExecutor::GpuExecutor(const std::string& model_dir, const GpuOptions& opts) :
   log_info("KV cache: {} tokens in {} pages of {} ({}, bf16)", pages * opts_.page_size, pages, opts_.page_size,
            format_bytes(size_t(pages * opts_.page_size) * per_token));
 
+  // Every library GEMM kernel a prompt step can pick, run once now: the first launch of one inside a served step
+  // blocks the host until the device drains (H200 step traces, session 19: one 20-30 ms launch a benchmark run).
+  // MOESERVE_GEMM_WARMUP=0 skips it (A/B switch).
+  if (env_flag("MOESERVE_GEMM_WARMUP", true)) {
+    const double t0 = now_s();
+    const int runs = model_->warm_up_gemms(stream_);
+    log_info("GEMM warm-up: {} runs over the prompt steps' token counts in {:.2f} s", runs, now_s() - t0);
+  }
   if (opts_.disable_cuda_graph) log_info("CUDA graphs: disabled by --disable-cuda-graph");
   else if (!be_.capturable) log_warn("CUDA graphs: skipped (a chosen backend cannot be captured)");
   else capture_graphs();

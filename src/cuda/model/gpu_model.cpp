@@ -1,6 +1,7 @@
 #include "cuda/model/gpu_model.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 
 #include <fmt/format.h>
@@ -241,9 +242,18 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
   GemmBackend& gemm = *be_.gemm;
   const size_t layer_elems = size_t(kv_pages_) * size_t(page_size_) * size_t(Hkv) * size_t(D);
   const AttnShape ash{Hq, Hkv, D, 1.0f / std::sqrt(float(D))};
-  // With a profile, an event after every op; bytes and flops give each op its floor.
+  // With a profile, an event after every op; bytes and flops give each op its floor. With
+  // MOESERVE_SLOW_LAUNCH_MS=x (diagnostics), an op whose launches held the host for more than x ms is logged.
+  static const double slow_ms = double(env_int("MOESERVE_SLOW_LAUNCH_MS", 0, 0, 1 << 20));
+  auto t_op = std::chrono::steady_clock::now();
   auto mark = [&](const char* op, double bytes, double flops) {
     if (prof) prof->mark(op, bytes, flops, s);
+    if (slow_ms > 0) {
+      const auto t = std::chrono::steady_clock::now();
+      const double ms = std::chrono::duration<double, std::milli>(t - t_op).count();
+      if (ms > slow_ms) log_warn("step of {} tokens ({} logit rows): launching '{}' held the host {:.2f} ms", T, in.R, op, ms);
+      t_op = t;
+    }
   };
   auto gemm_cost = [&](int M, int N, int K, int out_bytes) {
     return std::pair<double, double>{2.0 * N * K + 2.0 * M * K + double(out_bytes) * M * N, 2.0 * M * N * K};
@@ -420,6 +430,42 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
     gemm.run(rows, H, in.R, H, head, int(c.vocab_size), logits_.get(), c.vocab_size, OutType::F32, s);
   auto g4 = gemm_cost(in.R, int(c.vocab_size), H, 4);
   mark("gemm lm_head", g4.first, g4.second);
+}
+
+int GpuQwen3::warm_up_gemms(cudaStream_t s) {
+  const ModelConfig& c = cfg_;
+  const int H = int(c.hidden_size), QKV = int((c.num_heads + 2 * c.num_kv_heads) * c.head_dim);
+  const int QD = int(c.num_heads * c.head_dim), E = int(c.num_experts), V = int(c.vocab_size);
+  GemmBackend& gemm = *be_.gemm;
+  const GpuLayer* moe_layer = nullptr;
+  const GpuLayer* dense_layer = nullptr;
+  for (const GpuLayer& L : layers_) (L.is_moe ? moe_layer : dense_layer) = &L;
+  const GpuLayer& L0 = layers_.front();
+  const bf16* head = c.tie_word_embeddings ? embed_.get() : lm_head_.get();
+  int runs = 0;
+  // The calls of forward()'s prompt path, with its buffers (the library's choice depends on their alignment too).
+  for (int M : gemm.warm_up_tokens(max_tokens_)) {
+    gemm.run(xn_.get(), H, M, H, L0.qkv.get(), QKV, qkv_.get(), QKV, OutType::BF16, s);
+    gemm.run(attn_.get(), QD, M, QD, L0.o.get(), H, o_.get(), H, OutType::BF16, s);
+    runs += 2;
+    if (moe_layer) {
+      gemm.run(xn_.get(), H, M, H, moe_layer->router.get(), E, router_logits_.get(), E, OutType::F32, s);
+      ++runs;
+    }
+    if (dense_layer) {
+      const int I = int(c.intermediate_size);
+      gemm.run(xn_.get(), H, M, H, dense_layer->gate_up.get(), 2 * I, mlp_.get(), 2 * I, OutType::BF16, s);
+      gemm.run(mlp_act_.get(), I, M, I, dense_layer->down.get(), H, o_.get(), H, OutType::BF16, s);
+      runs += 2;
+    }
+    if (M <= max_rows_) {  // lm_head: the rows in order (xn_) or gathered (final_rows_)
+      for (const bf16* rows : {static_cast<const bf16*>(xn_.get()), static_cast<const bf16*>(final_rows_.get())})
+        gemm.run(rows, H, M, H, head, V, logits_.get(), V, OutType::F32, s);
+      runs += 2;
+    }
+  }
+  MS_CUDA_CHECK(cudaStreamSynchronize(s));
+  return runs;
 }
 
 namespace {

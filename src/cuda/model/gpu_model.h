@@ -123,6 +123,10 @@ class GpuQwen3 {
   // Runs the model over the step's tokens; leaves f32 logits [R, vocab] in logits().
   void forward(const StepInputs& in, cudaStream_t stream, StepProfile* profile = nullptr);
   float* logits() const { return logits_.get(); }
+  // Runs every library GEMM kernel the steps' GEMMs can pick (GemmBackend::warm_up_tokens, the shapes of forward())
+  // once, so that no step's launch is the first of a kernel (module loading waits for the device to drain).
+  // Outputs land in the activations: call before any step. Returns the GEMMs run.
+  int warm_up_gemms(cudaStream_t stream);
   // Layer 0's q/k/v weights towards L2 (the end of a decode step: the next step reads them first). On with
   // MOESERVE_PREFETCH_FIRST_LAYER=1 (off by default until measured on a GPU: the A/B decides the default).
   void prefetch_first_layer(cudaStream_t stream) const;
