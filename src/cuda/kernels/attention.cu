@@ -96,10 +96,6 @@ AttnParams make_params(const char* op, const bf16* q, int64_t q_stride, const bf
   p.q_rows = meta.q_rows;
   p.page_size = meta.page_size;
   p.phase_clocks = meta.phase_clocks;
-  MS_CHECK(meta.l2_prefetch_bytes == 0 || (detail::aligned_to(meta.l2_prefetch, 16) && meta.l2_prefetch_bytes % 16 == 0),
-           "{}: the L2 prefetch range must be 16-byte aligned", op);
-  p.l2_prefetch = static_cast<const char*>(meta.l2_prefetch);
-  p.l2_prefetch_bytes = meta.l2_prefetch_bytes;
   p.heads = shape.heads;
   p.kv_heads = shape.kv_heads;
   p.group = shape.heads / shape.kv_heads;

@@ -214,18 +214,6 @@ __global__ void __launch_bounds__(128) paged_attention_decode_gqa_kernel(const A
       if (i < n_tiles) load_kv(k_begin + i * BN, i, prewait ? kNew : kAll);
   }
   stamp(2);
-  if (p.l2_prefetch_bytes != 0 && tid == 0) {
-    // This block's share of the range (AttnMeta::l2_prefetch), in 64 KB requests: past the wait, so that it does
-    // not compete with the kernel before's weight stream.
-    using u64 = unsigned long long;
-    constexpr u64 kChunk = 64u << 10;
-    const u64 blocks = u64(gridDim.x) * gridDim.y * gridDim.z;
-    const u64 b = (u64(blockIdx.z) * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
-    const u64 share = ((p.l2_prefetch_bytes + blocks - 1) / blocks + 15) & ~15ull;
-    const u64 end = min(p.l2_prefetch_bytes, (b + 1) * share);
-    for (u64 at = b * share; at < end; at += kChunk)
-      prefetch_l2(p.l2_prefetch + at, unsigned(min(kChunk, end - at)));
-  }
   cp_async_commit();
   cp_async_wait<0>();
   __syncthreads();

@@ -59,8 +59,6 @@ struct AttnParams {
   int min_split_keys;  // SPLIT only: no part shorter than this (effective_splits)
   int kv_prewait;      // keys-as-M decode: issue the old keys of the prologue tiles before the programmatic wait
   long long* phase_clocks;  // AttnMeta::phase_clocks
-  const char* l2_prefetch;  // AttnMeta::l2_prefetch / l2_prefetch_bytes (keys-as-M decode)
-  unsigned long long l2_prefetch_bytes;
   // FUSED_IN only (decode with the input stage inside): q is the raw q/k/v row of the token (q heads, then k
   // heads, then v heads); q and k are RMS-normed (weights q_norm / k_norm, skipped when null) and rotated over
   // the whole head (rotary_dim == D) at positions[row], and the new k / v are stored at slots[row] of the caches.

@@ -58,11 +58,6 @@ struct AttnMeta {
   // Profiling hook (tests and benchmarks only; null when serving): the keys-as-M decode blocks write clock64() at
   // kAttnPhaseCount points, [linear block][phase] (attention_decode_gqa.cuh names them).
   long long* phase_clocks = nullptr;
-  // Decode only, the keys-as-M tiles (null / 0: nothing): bytes a later kernel will stream (a later layer's
-  // weights), started towards L2 by the blocks once past their programmatic wait, while the memory system is
-  // otherwise idle (16-byte aligned, a multiple of 16 bytes).
-  const void* l2_prefetch = nullptr;
-  size_t l2_prefetch_bytes = 0;
 };
 constexpr int kAttnPhaseCount = 8;
 

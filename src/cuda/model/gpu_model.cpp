@@ -262,18 +262,6 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
   const unsigned skip = be_.skip_ops;  // timing only
   auto run_op = [&](unsigned op) { return (skip & op) == 0; };
   if (prof) prof->start(s);
-  // MOESERVE_PREFETCH_NEXT_QKV=1 (opt-in until measured): steps of up to kPrefetchNextQkvMaxTokens decodes start the
-  // next layer's q/k/v weights towards L2 from the decode attention, whose ~8 us leave the memory system idle; the
-  // MoE streams between (o_proj's ring, the experts) carry the evict_first hint, so the lines should still be there.
-  static const bool prefetch_next_qkv = env_flag("MOESERVE_PREFETCH_NEXT_QKV", false);
-  auto decode_meta = [&](size_t l) {
-    AttnMeta m = in.attn;
-    if (prefetch_next_qkv && T <= kPrefetchNextQkvMaxTokens && l + 1 < layers_.size()) {
-      m.l2_prefetch = layers_[l + 1].qkv.get();
-      m.l2_prefetch_bytes = layers_[l + 1].qkv.size() * sizeof(bf16);
-    }
-    return m;
-  };
 
   // Steps of a few tokens: the residual add + RMSNorm run inside the q/k/v GEMV and the router (no launch of
   // their own), and the router GEMV and top-k are one launch.
@@ -344,10 +332,10 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
       paged_attention_reference(qkv_.get(), QKV, kc, vc, in.attn, ash, in.decode ? 1 : in.max_new, attn_.get(), QD, s);
     } else if (fused_input) {
       const AttnInputStage stage{L.q_norm.get(), L.k_norm.get(), eps, in.positions, rope_, in.slots};
-      paged_attention_decode_fused_input(qkv_.get(), QKV, kc, vc, decode_meta(l), ash, stage, in.decode_splits,
+      paged_attention_decode_fused_input(qkv_.get(), QKV, kc, vc, in.attn, ash, stage, in.decode_splits,
                                          decode_ws_.get(), decode_ws_.bytes(), attn_.get(), QD, s);
     } else if (in.decode) {
-      paged_attention_decode(qkv_.get(), QKV, kc, vc, decode_meta(l), ash, in.decode_splits, decode_ws_.get(),
+      paged_attention_decode(qkv_.get(), QKV, kc, vc, in.attn, ash, in.decode_splits, decode_ws_.get(),
                              decode_ws_.bytes(), attn_.get(), QD, s);
     } else {
       paged_attention_prefill(qkv_.get(), QKV, kc, vc, in.attn, ash, in.max_new, attn_.get(), QD, s);

@@ -106,9 +106,6 @@ enum SkipOp : unsigned {
 // Parses a list of those names; an unknown name is reported (with the valid ones) and ignored.
 unsigned parse_skip_ops(const std::string& list);
 
-// Decode steps of up to this many tokens may prefetch the next layer's q/k/v weights (MOESERVE_PREFETCH_NEXT_QKV).
-constexpr int kPrefetchNextQkvMaxTokens = 8;
-
 class GpuQwen3 {
  public:
   // Uploads the CPU model's weights (views of the mmapped checkpoint). max_tokens: rows per step at most;
