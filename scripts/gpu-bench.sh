@@ -6,7 +6,9 @@
 # Env: MODELS (default "q30b8l"; "q30b8l q30b" for both: q30b needs ~57 GiB of disk, so the q30b8l copy is removed
 # first and q30b is removed after its run, unless KEEP_Q30B=1: on the 64 GiB GPU machine nothing else that writes
 # to disk fits beside it), BENCH_DIR (models; default /tmp/moeserve-bench), SERVE_ARGS (extra serve flags),
-# SCENARIOS (default "decode1 conc64 conc128 prefill": a subset for quick A/B), OUT (where logs.tgz goes).
+# SCENARIOS (default "decode1 conc64 conc128 prefill": a subset for quick A/B), OUT (where logs.tgz goes),
+# STEP_TRACE (default 1: each server writes a step trace, MOESERVE_STEP_TRACE, unless the caller set that, and the
+# table is followed by one line a scenario run from tools/step_trace_summary.py --brief; 0: no trace).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${MOESERVE_BUILD:-$ROOT/build}
@@ -72,7 +74,10 @@ for m in $MODELS; do
   fi
   cat "$path"/*.safetensors >/dev/null  # from page cache, as the target says
   t0=$(date +%s%N)
-  "$BIN" serve --model-path "$path" --port "$PORT" --log-level info ${SERVE_ARGS:-} >"$LOGS/serve-$m.log" 2>&1 &
+  trace=${MOESERVE_STEP_TRACE:-}
+  [[ -z $trace && ${STEP_TRACE:-1} != 0 ]] && trace=$LOGS/steps-$m.csv
+  MOESERVE_STEP_TRACE=$trace "$BIN" serve --model-path "$path" --port "$PORT" --log-level info ${SERVE_ARGS:-} \
+    >"$LOGS/serve-$m.log" 2>&1 &
   pid=$!
   until curl -sf "http://127.0.0.1:$PORT/health" >/dev/null; do
     if ! kill -0 $pid 2>/dev/null; then echo "server on $m exited:"; tail -20 "$LOGS/serve-$m.log"; break; fi
@@ -89,10 +94,15 @@ for m in $MODELS; do
   fi
   grep -E 'backend |KV cache|CUDA graphs|weights:|GPU ready' "$LOGS/serve-$m.log" | cut -c1-220
   kill $pid; wait $pid 2>/dev/null
+  if [[ -n $trace && -s $trace ]]; then  # run 0 is the server's own warm-up request; then the scenarios in order
+    echo "$m step trace ($trace):" >>"$LOGS/step-traces.txt"
+    python3 "$ROOT/tools/step_trace_summary.py" --brief "$trace" >>"$LOGS/step-traces.txt" 2>&1
+  fi
   [[ $m == q30b && ${KEEP_Q30B:-0} != 1 ]] && rm -rf "$path"  # the disk back for whatever follows in this call
 done
 mkdir -p "$(dirname "$ARCHIVE")" && tar czf "$ARCHIVE" -C "$LOGS" . 2>/dev/null && echo "logs: $ARCHIVE"
 echo
 cat "$LOGS/engine-times.txt" 2>/dev/null
+cat "$LOGS/step-traces.txt" 2>/dev/null
 printf '%-8s %-9s %-62s %s\n' model scenario measured target
 printf '%s\n' "${rows[@]}"

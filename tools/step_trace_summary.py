@@ -9,7 +9,10 @@ from the later of its launch and the previous step's collection to its own colle
 to two steps in flight). Runs separated by an idle gap (default 0.25 s) are reported apart, e.g. the scenarios of one
 gpu-bench server.
 
-  tools/step_trace_summary.py steps.csv [--gap 0.25] [--steps]
+  tools/step_trace_summary.py steps.csv [--gap 0.25] [--steps | --brief]
+
+--brief prints one line a run (steps, length, the longest host launch, host-bound launches): what scripts/gpu-bench.sh
+shows after each model, so that a launch that blocks (e.g. a library kernel's first launch, session 19) is visible.
 """
 import argparse
 import csv
@@ -76,16 +79,30 @@ def summarise(run, index, out):
         out.write(f"  decode steps by batch size (most frequent first): {top}\n")
 
 
+def brief(run, index, out):
+    span = run[-1]["collected_s"] - run[0]["launched_s"]
+    line = f"run {index}: {len(run)} steps in {span * 1e3:.1f} ms"
+    if "launch_ms" in run[0]:
+        slow = [b for a, b in zip(run, run[1:]) if b["launch_ms"] * 1e-3 > a["device_s"]]
+        line += (f", longest host launch {max(r['launch_ms'] for r in run):.2f} ms, host-bound launches {len(slow)} "
+                 f"({sum(r['launch_ms'] for r in slow):.1f} ms)")
+    out.write(line + "\n")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("trace")
     ap.add_argument("--gap", type=float, default=0.25, help="idle seconds that separate two runs")
     ap.add_argument("--steps", action="store_true", help="also list every non-decode step and partial decode batch")
+    ap.add_argument("--brief", action="store_true", help="one line a run")
     a = ap.parse_args()
     rows = load(a.trace)
     if not rows:
         sys.exit(f"{a.trace}: no steps")
     for i, run in enumerate(split_runs(rows, a.gap)):
+        if a.brief:
+            brief(run, i, sys.stdout)
+            continue
         summarise(run, i, sys.stdout)
         if a.steps:
             full = max(int(r["decodes"]) for r in run)
