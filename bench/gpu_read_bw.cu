@@ -1,0 +1,242 @@
+// The GPU's read bandwidth from HBM, the floor of a decode step (which reads weights and writes almost nothing):
+// docs/PERF.md's floors use the device-to-device copy (bytes read + written over the time, ~4.3 TB/s on the H200);
+// a read-only stream may run faster or slower than that. Three ways of streaming a buffer much larger than L2, each
+// at several grid sizes, best of N runs, beside the copy:
+//   ld      every thread keeps U independent 16-byte loads in flight (ld.global.nc.L1::no_allocate), grid-stride;
+//   cpasync each warp streams 16-byte cp.async.cg copies through a ring of S stages in shared memory (the GEMVs'
+//           and the MoE tiles' way);
+//   bulk    one thread a block issues 1-D bulk copies (cp.async.bulk, completion on an mbarrier) of C bytes into a
+//           ring of S stages (the persistent MoE prototype's way, session 15).
+//   gpu_read_bw [--mib 2048] [--reps 10]
+// Prints one line a configuration: method, blocks, bytes in flight a block, TB/s. A benchmark, not a test: the
+// figures go to docs/PERF.md.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+namespace {
+
+#define BW_CHECK(x)                                                                         \
+  do {                                                                                      \
+    cudaError_t e_ = (x);                                                                   \
+    if (e_ != cudaSuccess) {                                                                \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                         \
+    }                                                                                       \
+  } while (0)
+
+constexpr int kThreads = 256;
+
+__device__ __forceinline__ uint4 load_stream(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+// Each thread: U loads of 16 bytes in flight, then the next U; the xor of everything is stored only if it equals a
+// value no buffer of ours produces, so the loads cannot be dropped and nothing is written.
+template <int U>
+__global__ void __launch_bounds__(kThreads) read_ld_kernel(const uint4* src, size_t n16, unsigned* sink) {
+  const size_t stride = size_t(gridDim.x) * kThreads * U;
+  unsigned acc = 0;
+  for (size_t base = size_t(blockIdx.x) * kThreads * U + threadIdx.x; base < n16; base += stride) {
+    uint4 v[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const size_t i = base + size_t(u) * kThreads;
+      v[u] = i < n16 ? load_stream(src + i) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+  }
+  if (acc == 0x9e3779b9u) sink[blockIdx.x] = acc;
+}
+
+__device__ __forceinline__ unsigned smem_u32(const void* p) { return unsigned(__cvta_generic_to_shared(p)); }
+
+// Each warp: a ring of S stages of 32 x 16 bytes x 4 (2 KB, the GEMV ring's slice) in shared memory; each stage is
+// refilled as soon as the wait says it landed (nothing reads it: the copies are the measurement).
+template <int S>
+__global__ void __launch_bounds__(kThreads) read_cpasync_kernel(const char* src, size_t bytes, unsigned* sink) {
+  extern __shared__ __align__(16) char ring[];
+  constexpr int kSlice = 32 * 16 * 4;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = kThreads / 32;
+  char* my = ring + size_t(warp) * S * kSlice;
+  const size_t slices = bytes / kSlice, step = size_t(gridDim.x) * warps;
+  size_t s = size_t(blockIdx.x) * warps + warp;
+  auto issue = [&](int stage, size_t slice) {
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {
+      const int off = (lane + 32 * m) * 16;
+      const bool ok = slice < slices;
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(my + stage * kSlice + off)),
+                   "l"(ok ? src + slice * kSlice + off : src), "r"(ok ? 16 : 0)
+                   : "memory");
+    }
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+  };
+#pragma unroll
+  for (int i = 0; i < S; ++i) issue(i, s + size_t(i) * step);
+  for (int i = 0; s < slices; ++i, s += step) {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(S - 1) : "memory");
+    issue(i % S, s + size_t(S) * step);
+  }
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+  if (reinterpret_cast<const unsigned*>(my)[lane] == 0x9e3779b9u) sink[blockIdx.x] = 1;
+}
+
+// One thread a block: S stages of C bytes, each a 1-D bulk copy completing on the stage's mbarrier.
+__global__ void __launch_bounds__(32) read_bulk_kernel(const char* src, size_t bytes, int S, unsigned C,
+                                                       unsigned* sink) {
+  extern __shared__ __align__(128) char ring[];
+  __shared__ __align__(8) unsigned long long bar[16];
+  if (threadIdx.x != 0) return;
+  for (int i = 0; i < S; ++i) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_u32(&bar[i])) : "memory");
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  const size_t chunks = bytes / C, step = gridDim.x;
+  auto issue = [&](int stage, size_t chunk) {
+    if (chunk >= chunks) return;
+    const unsigned b = smem_u32(&bar[stage]);
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(b), "r"(C) : "memory");
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+            smem_u32(ring + size_t(stage) * C)),
+        "l"(src + chunk * C), "r"(C), "r"(b)
+        : "memory");
+  };
+  size_t c = blockIdx.x;
+  for (int i = 0; i < S; ++i) issue(i, c + size_t(i) * step);
+  unsigned phase = 0;
+  for (int i = 0; c < chunks; ++i, c += step) {
+    const int stage = i % S;
+    const unsigned b = smem_u32(&bar[stage]);
+    unsigned done = 0;
+    while (!done)
+      asm volatile(
+          "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+          : "=r"(done)
+          : "r"(b), "r"((phase >> stage) & 1u)
+          : "memory");
+    phase ^= 1u << stage;
+    issue(stage, c + size_t(S) * step);
+  }
+  if (reinterpret_cast<const unsigned*>(ring)[0] == 0x9e3779b9u) sink[blockIdx.x] = 1;
+}
+
+struct Timer {
+  cudaEvent_t a, b;
+  Timer() {
+    BW_CHECK(cudaEventCreate(&a));
+    BW_CHECK(cudaEventCreate(&b));
+  }
+  ~Timer() {
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+  }
+  // Best time in seconds of `reps` runs of f (after one untimed run).
+  template <typename F>
+  double best(int reps, F f) {
+    f();
+    BW_CHECK(cudaGetLastError());
+    float ms_best = 1e30f;
+    for (int r = 0; r < reps; ++r) {
+      BW_CHECK(cudaEventRecord(a));
+      f();
+      BW_CHECK(cudaEventRecord(b));
+      BW_CHECK(cudaEventSynchronize(b));
+      float ms = 0;
+      BW_CHECK(cudaEventElapsedTime(&ms, a, b));
+      ms_best = std::min(ms_best, ms);
+    }
+    BW_CHECK(cudaGetLastError());
+    return double(ms_best) * 1e-3;
+  }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  size_t mib = 2048;
+  int reps = 10;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--mib" && i + 1 < argc) mib = std::strtoull(argv[++i], nullptr, 10);
+    else if (a == "--reps" && i + 1 < argc) reps = std::atoi(argv[++i]);
+    else {
+      std::fprintf(stderr, "usage: gpu_read_bw [--mib 2048] [--reps 10]\n");
+      return 2;
+    }
+  }
+  if (mib < 64 || reps < 1) {
+    std::fprintf(stderr, "--mib must be at least 64 (several times L2) and --reps at least 1\n");
+    return 2;
+  }
+  int dev = 0, sms = 0;
+  BW_CHECK(cudaGetDevice(&dev));
+  BW_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  cudaDeviceProp prop{};
+  BW_CHECK(cudaGetDeviceProperties(&prop, dev));
+  const size_t bytes = mib << 20;
+  char *src = nullptr, *dst = nullptr;
+  unsigned* sink = nullptr;
+  BW_CHECK(cudaMalloc(&src, bytes));
+  BW_CHECK(cudaMalloc(&dst, bytes));
+  BW_CHECK(cudaMalloc(&sink, size_t(sms) * 64 * sizeof(unsigned)));
+  BW_CHECK(cudaMemset(src, 0x3c, bytes));
+  std::printf("%s, %d SMs, %zu MiB buffer, best of %d\n", prop.name, sms, mib, reps);
+  std::printf("%-8s %8s %14s %8s\n", "method", "blocks", "bytes/block", "TB/s");
+  Timer t;
+  auto row = [&](const char* m, int blocks, size_t inflight, double s, double moved) {
+    std::printf("%-8s %8d %14zu %8.3f\n", m, blocks, inflight, moved / s * 1e-12);
+  };
+  // The copy, as docs/PERF.md's floor measures it (read + write).
+  row("copy", 0, 0, t.best(reps, [&] { BW_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice)); }),
+      2.0 * double(bytes));
+  const size_t n16 = bytes / 16;
+  for (int per_sm : {1, 2, 4, 8}) {
+    const int blocks = per_sm * sms;
+    row("ld x4", blocks, size_t(kThreads) * 4 * 16,
+        t.best(reps, [&] { read_ld_kernel<4><<<blocks, kThreads>>>(reinterpret_cast<const uint4*>(src), n16, sink); }),
+        double(bytes));
+    row("ld x8", blocks, size_t(kThreads) * 8 * 16,
+        t.best(reps, [&] { read_ld_kernel<8><<<blocks, kThreads>>>(reinterpret_cast<const uint4*>(src), n16, sink); }),
+        double(bytes));
+  }
+  constexpr int kSlice = 32 * 16 * 4;
+  for (int per_sm : {1, 2, 3}) {
+    const int blocks = per_sm * sms;
+    const size_t smem4 = size_t(kThreads / 32) * 4 * kSlice, smem8 = size_t(kThreads / 32) * 8 * kSlice;
+    BW_CHECK(cudaFuncSetAttribute(read_cpasync_kernel<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem4)));
+    BW_CHECK(cudaFuncSetAttribute(read_cpasync_kernel<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem8)));
+    row("cpasync4", blocks, smem4,
+        t.best(reps, [&] { read_cpasync_kernel<4><<<blocks, kThreads, smem4>>>(src, bytes, sink); }), double(bytes));
+    if (per_sm * smem8 <= size_t(prop.sharedMemPerMultiprocessor) - 2048)
+      row("cpasync8", blocks, smem8,
+          t.best(reps, [&] { read_cpasync_kernel<8><<<blocks, kThreads, smem8>>>(src, bytes, sink); }), double(bytes));
+  }
+  for (int per_sm : {1, 2, 4}) {
+    for (unsigned chunk : {16u << 10, 32u << 10}) {
+      for (int stages : {2, 4, 6}) {
+        const size_t smem = size_t(stages) * chunk;
+        if (per_sm * (smem + 1024) > size_t(prop.sharedMemPerMultiprocessor) - 1024 || smem > (227u << 10)) continue;
+        const int blocks = per_sm * sms;
+        BW_CHECK(cudaFuncSetAttribute(read_bulk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+        char name[16];
+        std::snprintf(name, sizeof(name), "bulk%uk", chunk >> 10);
+        row(name, blocks, smem,
+            t.best(reps, [&] { read_bulk_kernel<<<blocks, 32, smem>>>(src, bytes, stages, chunk, sink); }),
+            double(bytes));
+      }
+    }
+  }
+  cudaFree(src);
+  cudaFree(dst);
+  cudaFree(sink);
+  return 0;
+}
