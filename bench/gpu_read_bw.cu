@@ -97,7 +97,8 @@ __global__ void __launch_bounds__(32) read_bulk_kernel(const char* src, size_t b
   extern __shared__ __align__(128) char ring[];
   __shared__ __align__(8) unsigned long long bar[16];
   if (threadIdx.x != 0) return;
-  for (int i = 0; i < S; ++i) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_u32(&bar[i])) : "memory");
+  for (int i = 0; i < S; ++i)
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_u32(&bar[i])) : "memory");
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
   const size_t chunks = bytes / C, step = gridDim.x;
   auto issue = [&](int stage, size_t chunk) {

@@ -251,7 +251,8 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
     if (slow_ms > 0) {
       const auto t = std::chrono::steady_clock::now();
       const double ms = std::chrono::duration<double, std::milli>(t - t_op).count();
-      if (ms > slow_ms) log_warn("step of {} tokens ({} logit rows): launching '{}' held the host {:.2f} ms", T, in.R, op, ms);
+      if (ms > slow_ms)
+        log_warn("step of {} tokens ({} logit rows): launching '{}' held the host {:.2f} ms", T, in.R, op, ms);
       t_op = t;
     }
   };
