@@ -364,6 +364,13 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
         f.u1 = router_u1_.get(), f.ld_u1 = E, f.u2 = router_u2_.get(), f.ld_u2 = E;
         f.part_h = part_moe_.get(), f.part_x = part_attn_.get(), f.nparts = res_parts;
         f.residual = residual_.get(), f.post_norm = L.post_norm.get(), f.eps = eps, f.H = H, f.xn_out = xn_.get();
+        // MOESERVE_ROUTE_PREFETCH_EXPERTS=1 (opt-in until measured): at one token the route starts the chosen
+        // experts' gate/up weights towards L2 (FoldedRouterInputs::expert_prefetch).
+        static const bool prefetch_experts = env_flag("MOESERVE_ROUTE_PREFETCH_EXPERTS", false);
+        if (prefetch_experts && T == 1) {
+          f.expert_prefetch = L.gate_up.get();
+          f.expert_stride_bytes = f.expert_prefetch_bytes = size_t(2) * size_t(I) * size_t(H) * sizeof(bf16);
+        }
         moe_route_folded(f, T, E, K, c.norm_topk_prob, topk_ids_.get(), topk_w_.get(), s);
         mark("moe route_folded", act * 8, 0);
       } else if (resfuse) {  // the post-attention norm inside the router GEMV, which also writes xn_ for the experts

@@ -69,6 +69,12 @@ struct FoldedRouterInputs {
   int H = 0;
   bf16* xn_out = nullptr;       // [T, H]
   float* logits_out = nullptr;  // [T, E] or null: the logits (tests)
+  // One token only, when non-null (MOESERVE_ROUTE_PREFETCH_EXPERTS=1, an experiment): once routed, each chosen
+  // expert e's expert_prefetch_bytes from expert_prefetch + e * expert_stride_bytes (its gate/up weights, which the
+  // next launch streams) are started towards L2, so that the stream begins before that launch's blocks know the
+  // experts. 16-byte aligned, multiples of 16 bytes.
+  const void* expert_prefetch = nullptr;
+  size_t expert_stride_bytes = 0, expert_prefetch_bytes = 0;
 };
 void moe_route_folded(const FoldedRouterInputs& f, int T, int E, int k, bool renormalize, int32_t* ids,
                       float* weights, cudaStream_t stream);
