@@ -100,10 +100,11 @@ run test_gpu_model_unfolded ok env MOESERVE_ROUTER_FOLD=0 MOESERVE_EMBED_PARTIAL
 # session 18, opt-in: the router GEMV + top-k in one launch for steps of 2-128 tokens outside the residual fusion
 # (MOESERVE_ROUTER_TOPK_WIDE=1;
 # the parity fixtures' short prompts take it in their prefill steps too). New in session 19, opt-in: the 1-token
-# folded route starts the chosen experts' gate/up weights towards L2 (MOESERVE_ROUTE_PREFETCH_EXPERTS=1).
+# folded route starts the chosen experts' gate/up weights towards L2 (MOESERVE_ROUTE_PREFETCH_EXPERTS=1), the 1-token
+# down GEMV the next layer's q/k/v weights once its own have landed (MOESERVE_MOE_PREFETCH_NEXT=1).
 EARLIER=(MOESERVE_GREEDY_GRID=0 MOESERVE_GEMV_RING_STAGES=4 MOESERVE_MOE_DOWN_GEMV_STAGES=4)
 OPT_IN=(MOESERVE_PREFETCH_FIRST_LAYER=1 MOESERVE_ATTN_GQA_DSPLIT=1 MOESERVE_ROUTER_TOPK_WIDE=1
-        MOESERVE_ROUTE_PREFETCH_EXPERTS=1)
+        MOESERVE_ROUTE_PREFETCH_EXPERTS=1 MOESERVE_MOE_PREFETCH_NEXT=1)
 run test_gpu_model_earlier ok env "${EARLIER[@]}" "$BUILD/tests/test_gpu_model" --gtest_brief=1
 run test_gpu_model_opt_in ok env "${OPT_IN[@]}" "$BUILD/tests/test_gpu_model" --gtest_brief=1
 run test_gpu_parity_opt_in ok env "${OPT_IN[@]}" "$BUILD/tests/test_gpu_parity" --gtest_brief=1 --gtest_filter='*Bf16*'

@@ -399,7 +399,15 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
       }
       if (!run_op(kSkipExperts)) {
       } else if (resfuse) {  // residual += the MoE output, and the partial sums for the next norm
-        be_.moe->run_residual(xn_.get(), T, topk_ids_.get(), topk_w_.get(), L.moe, o_.get(), residual_.get(),
+        // MOESERVE_MOE_PREFETCH_NEXT=1 (opt-in until measured): at one token the down GEMV starts the next layer's
+        // q/k/v weights towards L2 once its own have landed (MoeWeights::then_prefetch).
+        static const bool prefetch_next = env_flag("MOESERVE_MOE_PREFETCH_NEXT", false);
+        MoeWeights mw = L.moe;
+        if (prefetch_next && T == 1 && l + 1 < layers_.size()) {
+          mw.then_prefetch = layers_[l + 1].qkv.get();
+          mw.then_prefetch_bytes = layers_[l + 1].qkv.size() * sizeof(bf16);
+        }
+        be_.moe->run_residual(xn_.get(), T, topk_ids_.get(), topk_w_.get(), mw, o_.get(), residual_.get(),
                               part_moe_.get(), moe_ws_.get(), s);
       } else if (cnorm) {  // residual += the MoE output, and the next norm into xn_ (its last reader, the gate/up
                            // GEMM, has completed when the combine runs)

@@ -31,6 +31,11 @@ struct MoeWeights {
   const void* gate_up_scale = nullptr;
   const void* down_scale = nullptr;
   float gate_up_global_scale = 1.0f, down_global_scale = 1.0f;
+  // Bytes the kernel after this MoE streams (the next layer's q/k/v weights), started towards L2 by the 1-token down
+  // GEMV once its own weights have landed (MOESERVE_MOE_PREFETCH_NEXT=1, an experiment; null: nothing). 16-byte
+  // aligned, a multiple of 16 bytes.
+  const void* then_prefetch = nullptr;
+  size_t then_prefetch_bytes = 0;
 };
 
 // Router: logits [T, E] f32 -> softmax over experts -> top-k (descending probability, ties: lower expert

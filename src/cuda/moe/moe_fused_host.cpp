@@ -358,6 +358,11 @@ void fused_run(const KernelTable& k, const MoeShape& s, const bf16* x, int T, co
     dn.combine_out = reinterpret_cast<unsigned short*>(out);
     dn.residual = residual;
     dn.res_partials = res_partials;
+    MS_CHECK(w.then_prefetch == nullptr ||
+                 ((reinterpret_cast<uintptr_t>(w.then_prefetch) & 15) == 0 && w.then_prefetch_bytes % 16 == 0),
+             "moe: the prefetch after the MoE must be 16-byte aligned");
+    dn.l2_prefetch = static_cast<const char*>(w.then_prefetch);
+    dn.l2_prefetch_bytes = w.then_prefetch_bytes;
     const int v = down_gemv_variant(s, k.num_sms);
     launch(k.down_gemv[v], dim3(unsigned(s.hidden / kDownGemvRows)), dim3(kDownGemvThreads),
            size_t(down_gemv_smem_bytes(s.inter, kDownGemvStageVariants[v])), &dn, stream, "moe down GEMV launch", pdl);

@@ -678,6 +678,15 @@ __device__ __forceinline__ void down_gemv_body(const GemmParams& p, char* smem) 
     __syncwarp();  // the stage is refilled by the next slice's copies
   }
   cp_async_wait<0>();
+  if (p.l2_prefetch_bytes != 0 && threadIdx.x == 0) {
+    // This CTA's share of what the next kernel streams, now that its own weights are in (MoeWeights::then_prefetch).
+    const unsigned long long chunk = 64ull << 10;
+    const unsigned long long share = ((p.l2_prefetch_bytes + gridDim.x - 1) / gridDim.x + 15) & ~15ull;
+    const unsigned long long b0 = blockIdx.x * share, b1 = b0 + share, all = p.l2_prefetch_bytes;
+    const unsigned long long end = b1 < all ? b1 : all;
+    for (unsigned long long at = b0; at < end; at += chunk)
+      prefetch_l2(p.l2_prefetch + at, unsigned(end - at < chunk ? end - at : chunk));
+  }
   // acc[0]: row g, token 0 on lanes q == 0; acc[2]: row g + 8. The pair's y values, rounded as the down GEMM's.
   if (q == 0) {
     const float wt = active ? p.topk_weights[j] : 0.0f;

@@ -125,6 +125,10 @@ struct GemmParams {
   // Decode-sized tiles (configurations 0 and 7) and the down GEMV: stream the weights with the L2 evict_first
   // priority (moe_ptx::l2_evict_first_policy; cuda/device.h l2_evict_first_weights).
   int weight_evict_first;
+  // The down GEMV only (MoeWeights::then_prefetch): each CTA starts its share of these bytes towards L2 once its
+  // own weight slices have landed (null / 0: nothing).
+  const char* l2_prefetch;
+  unsigned long long l2_prefetch_bytes;
 };
 
 // out[t, :] = bf16(sum over j < top_k of y[pair_pos[t * top_k + j], :]), slots in order (deterministic).

@@ -327,9 +327,8 @@ void moe_route_folded(const FoldedRouterInputs& f, int T, int E, int k, bool ren
                (reinterpret_cast<uintptr_t>(f.xn_out) & 7) == 0 && (reinterpret_cast<uintptr_t>(f.post_norm) & 7) == 0,
            "moe_route_folded: H {} (a multiple of 4), every input, 16-byte aligned residual, 8-byte aligned xn_out and "
            "norm weight", f.H);
-  MS_CHECK(f.expert_prefetch == nullptr ||
-               (T == 1 && (reinterpret_cast<uintptr_t>(f.expert_prefetch) & 15) == 0 && f.expert_stride_bytes % 16 == 0 &&
-                f.expert_prefetch_bytes % 16 == 0),
+  MS_CHECK(f.expert_prefetch == nullptr || (T == 1 && (reinterpret_cast<uintptr_t>(f.expert_prefetch) & 15) == 0 &&
+                                             f.expert_stride_bytes % 16 == 0 && f.expert_prefetch_bytes % 16 == 0),
            "moe_route_folded: the experts' prefetch needs one token and 16-byte aligned ranges");
   auto kernel = E <= 128 ? route_folded_kernel<4> : E <= 256 ? route_folded_kernel<8> : route_folded_kernel<kRouteMaxPerLane>;
   launch_pdl(kernel, dim3(1), dim3(kFoldedThreads), 0, stream, f, T, E, k, renormalize, ids, weights);
