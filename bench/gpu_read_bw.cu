@@ -16,18 +16,15 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <string>
+
+#include "cuda/common.h"
+#include "cuda/moe/moe_ptx.cuh"
 
 namespace {
 
-#define BW_CHECK(x)                                                                         \
-  do {                                                                                      \
-    cudaError_t e_ = (x);                                                                   \
-    if (e_ != cudaSuccess) {                                                                \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                         \
-    }                                                                                       \
-  } while (0)
+using namespace moe_ptx;
 
 constexpr int kThreads = 256;
 
@@ -58,8 +55,6 @@ __global__ void __launch_bounds__(kThreads) read_ld_kernel(const uint4* src, siz
   if (acc == 0x9e3779b9u) sink[blockIdx.x] = acc;
 }
 
-__device__ __forceinline__ unsigned smem_u32(const void* p) { return unsigned(__cvta_generic_to_shared(p)); }
-
 // Each warp: a ring of S stages of 32 x 16 bytes x 4 (2 KB, the GEMV ring's slice) in shared memory; each stage is
 // refilled as soon as the wait says it landed (nothing reads it: the copies are the measurement).
 template <int S>
@@ -75,19 +70,17 @@ __global__ void __launch_bounds__(kThreads) read_cpasync_kernel(const char* src,
     for (int m = 0; m < 4; ++m) {
       const int off = (lane + 32 * m) * 16;
       const bool ok = slice < slices;
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(my + stage * kSlice + off)),
-                   "l"(ok ? src + slice * kSlice + off : src), "r"(ok ? 16 : 0)
-                   : "memory");
+      cp_async16(my + stage * kSlice + off, ok ? src + slice * kSlice + off : src, ok);
     }
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
+    cp_async_commit();
   };
 #pragma unroll
   for (int i = 0; i < S; ++i) issue(i, s + size_t(i) * step);
   for (int i = 0; s < slices; ++i, s += step) {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(S - 1) : "memory");
+    cp_async_wait<S - 1>();
     issue(i % S, s + size_t(S) * step);
   }
-  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+  cp_async_wait<0>();
   if (reinterpret_cast<const unsigned*>(my)[lane] == 0x9e3779b9u) sink[blockIdx.x] = 1;
 }
 
@@ -98,16 +91,16 @@ __global__ void __launch_bounds__(32) read_bulk_kernel(const char* src, size_t b
   __shared__ __align__(8) unsigned long long bar[16];
   if (threadIdx.x != 0) return;
   for (int i = 0; i < S; ++i)
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_u32(&bar[i])) : "memory");
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_addr(&bar[i])) : "memory");
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
   const size_t chunks = bytes / C, step = gridDim.x;
   auto issue = [&](int stage, size_t chunk) {
     if (chunk >= chunks) return;
-    const unsigned b = smem_u32(&bar[stage]);
+    const unsigned b = smem_addr(&bar[stage]);
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(b), "r"(C) : "memory");
     asm volatile(
         "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-            smem_u32(ring + size_t(stage) * C)),
+            smem_addr(ring + size_t(stage) * C)),
         "l"(src + chunk * C), "r"(C), "r"(b)
         : "memory");
   };
@@ -116,7 +109,7 @@ __global__ void __launch_bounds__(32) read_bulk_kernel(const char* src, size_t b
   unsigned phase = 0;
   for (int i = 0; c < chunks; ++i, c += step) {
     const int stage = i % S;
-    const unsigned b = smem_u32(&bar[stage]);
+    const unsigned b = smem_addr(&bar[stage]);
     unsigned done = 0;
     while (!done)
       asm volatile(
@@ -133,8 +126,8 @@ __global__ void __launch_bounds__(32) read_bulk_kernel(const char* src, size_t b
 struct Timer {
   cudaEvent_t a, b;
   Timer() {
-    BW_CHECK(cudaEventCreate(&a));
-    BW_CHECK(cudaEventCreate(&b));
+    MS_CUDA_CHECK(cudaEventCreate(&a));
+    MS_CUDA_CHECK(cudaEventCreate(&b));
   }
   ~Timer() {
     cudaEventDestroy(a);
@@ -144,25 +137,25 @@ struct Timer {
   template <typename F>
   double best(int reps, F f) {
     f();
-    BW_CHECK(cudaGetLastError());
+    MS_CUDA_CHECK(cudaGetLastError());
     float ms_best = 1e30f;
     for (int r = 0; r < reps; ++r) {
-      BW_CHECK(cudaEventRecord(a));
+      MS_CUDA_CHECK(cudaEventRecord(a));
       f();
-      BW_CHECK(cudaEventRecord(b));
-      BW_CHECK(cudaEventSynchronize(b));
+      MS_CUDA_CHECK(cudaEventRecord(b));
+      MS_CUDA_CHECK(cudaEventSynchronize(b));
       float ms = 0;
-      BW_CHECK(cudaEventElapsedTime(&ms, a, b));
+      MS_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
       ms_best = std::min(ms_best, ms);
     }
-    BW_CHECK(cudaGetLastError());
+    MS_CUDA_CHECK(cudaGetLastError());
     return double(ms_best) * 1e-3;
   }
 };
 
 }  // namespace
 
-int main(int argc, char** argv) {
+static int run(int argc, char** argv) {
   size_t mib = 2048;
   int reps = 10;
   for (int i = 1; i < argc; ++i) {
@@ -179,17 +172,17 @@ int main(int argc, char** argv) {
     return 2;
   }
   int dev = 0, sms = 0;
-  BW_CHECK(cudaGetDevice(&dev));
-  BW_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  MS_CUDA_CHECK(cudaGetDevice(&dev));
+  MS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   cudaDeviceProp prop{};
-  BW_CHECK(cudaGetDeviceProperties(&prop, dev));
+  MS_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
   const size_t bytes = mib << 20;
   char *src = nullptr, *dst = nullptr;
   unsigned* sink = nullptr;
-  BW_CHECK(cudaMalloc(&src, bytes));
-  BW_CHECK(cudaMalloc(&dst, bytes));
-  BW_CHECK(cudaMalloc(&sink, size_t(sms) * 64 * sizeof(unsigned)));
-  BW_CHECK(cudaMemset(src, 0x3c, bytes));
+  MS_CUDA_CHECK(cudaMalloc(&src, bytes));
+  MS_CUDA_CHECK(cudaMalloc(&dst, bytes));
+  MS_CUDA_CHECK(cudaMalloc(&sink, size_t(sms) * 64 * sizeof(unsigned)));
+  MS_CUDA_CHECK(cudaMemset(src, 0x3c, bytes));
   std::printf("%s, %d SMs, %zu MiB buffer, best of %d\n", prop.name, sms, mib, reps);
   std::printf("%-8s %8s %14s %8s\n", "method", "blocks", "bytes/block", "TB/s");
   Timer t;
@@ -197,7 +190,7 @@ int main(int argc, char** argv) {
     std::printf("%-8s %8d %14zu %8.3f\n", m, blocks, inflight, moved / s * 1e-12);
   };
   // The copy, as docs/PERF.md's floor measures it (read + write).
-  row("copy", 0, 0, t.best(reps, [&] { BW_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice)); }),
+  row("copy", 0, 0, t.best(reps, [&] { MS_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice)); }),
       2.0 * double(bytes));
   const size_t n16 = bytes / 16;
   for (int per_sm : {1, 2, 4, 8}) {
@@ -213,8 +206,8 @@ int main(int argc, char** argv) {
   for (int per_sm : {1, 2, 3}) {
     const int blocks = per_sm * sms;
     const size_t smem4 = size_t(kThreads / 32) * 4 * kSlice, smem8 = size_t(kThreads / 32) * 8 * kSlice;
-    BW_CHECK(cudaFuncSetAttribute(read_cpasync_kernel<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem4)));
-    BW_CHECK(cudaFuncSetAttribute(read_cpasync_kernel<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem8)));
+    MS_CUDA_CHECK(cudaFuncSetAttribute(read_cpasync_kernel<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem4)));
+    MS_CUDA_CHECK(cudaFuncSetAttribute(read_cpasync_kernel<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem8)));
     row("cpasync4", blocks, smem4,
         t.best(reps, [&] { read_cpasync_kernel<4><<<blocks, kThreads, smem4>>>(src, bytes, sink); }), double(bytes));
     if (per_sm * smem8 <= size_t(prop.sharedMemPerMultiprocessor) - 2048)
@@ -227,7 +220,7 @@ int main(int argc, char** argv) {
         const size_t smem = size_t(stages) * chunk;
         if (per_sm * (smem + 1024) > size_t(prop.sharedMemPerMultiprocessor) - 1024 || smem > (227u << 10)) continue;
         const int blocks = per_sm * sms;
-        BW_CHECK(cudaFuncSetAttribute(read_bulk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+        MS_CUDA_CHECK(cudaFuncSetAttribute(read_bulk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
         char name[16];
         std::snprintf(name, sizeof(name), "bulk%uk", chunk >> 10);
         row(name, blocks, smem,
@@ -240,4 +233,13 @@ int main(int argc, char** argv) {
   cudaFree(dst);
   cudaFree(sink);
   return 0;
+}
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {  // MS_CUDA_CHECK's errors (no GPU, a launch that failed)
+    std::fprintf(stderr, "gpu_read_bw: %s\n", e.what());
+    return 1;
+  }
 }

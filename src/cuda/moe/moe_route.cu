@@ -9,6 +9,7 @@
 #include "cuda/fused_norm.cuh"
 #include "cuda/launch.h"
 #include "cuda/moe/moe.h"
+#include "cuda/moe/moe_ptx.cuh"
 #include "cuda/pdl.cuh"
 
 namespace moeserve::cuda {
@@ -160,16 +161,13 @@ __global__ void __launch_bounds__(kFoldedThreads)
     }
     route_token_values(v, t, E, k, renormalize, ids, weights, lane);
     if (f.expert_prefetch != nullptr && T == 1) {
-      // Lane j wrote slot j's expert itself; the warp's lanes then split every chosen expert's 64 KB chunks.
+      // Lane j wrote slot j's expert itself; the warp's lanes then split every chosen expert's range.
       const int mine = lane < k ? ids[lane] : -1;
-      constexpr size_t kChunk = size_t(64) << 10;
-      const size_t bytes = f.expert_prefetch_bytes;
       for (int j = 0; j < k; ++j) {
         const int e = __shfl_sync(0xffffffffu, mine, j);
         if (e < 0 || e >= E) continue;
-        const char* base = static_cast<const char*>(f.expert_prefetch) + size_t(e) * f.expert_stride_bytes;
-        for (size_t at = size_t(lane) * kChunk; at < bytes; at += 32 * kChunk)
-          prefetch_l2(base + at, unsigned(bytes - at < kChunk ? bytes - at : kChunk));
+        moe_ptx::prefetch_l2_share(static_cast<const char*>(f.expert_prefetch) + size_t(e) * f.expert_stride_bytes,
+                                   f.expert_prefetch_bytes, unsigned(lane), 32);
       }
     }
     if (T < kFoldedWarps) return;  // the other warps write the experts' input
