@@ -19,7 +19,9 @@
 #include <exception>
 #include <string>
 
+#include "core/error.h"
 #include "cuda/common.h"
+#include "cuda/device.h"
 #include "cuda/moe/moe_ptx.cuh"
 
 namespace {
@@ -155,6 +157,11 @@ struct Timer {
 
 }  // namespace
 
+// A kernel's dynamic shared-memory ceiling raised to `bytes` (cuda/device.h), or a clear error.
+static void smem_ceiling(const void* kernel, size_t bytes) {
+  MS_CHECK(moeserve::cuda::raise_dynamic_smem(kernel, bytes), "the device refuses {} bytes of shared memory", bytes);
+}
+
 static int run(int argc, char** argv) {
   size_t mib = 2048;
   int reps = 10;
@@ -206,8 +213,8 @@ static int run(int argc, char** argv) {
   for (int per_sm : {1, 2, 3}) {
     const int blocks = per_sm * sms;
     const size_t smem4 = size_t(kThreads / 32) * 4 * kSlice, smem8 = size_t(kThreads / 32) * 8 * kSlice;
-    MS_CUDA_CHECK(cudaFuncSetAttribute(read_cpasync_kernel<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem4)));
-    MS_CUDA_CHECK(cudaFuncSetAttribute(read_cpasync_kernel<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem8)));
+    smem_ceiling(reinterpret_cast<const void*>(read_cpasync_kernel<4>), smem4);
+    smem_ceiling(reinterpret_cast<const void*>(read_cpasync_kernel<8>), smem8);
     row("cpasync4", blocks, smem4,
         t.best(reps, [&] { read_cpasync_kernel<4><<<blocks, kThreads, smem4>>>(src, bytes, sink); }), double(bytes));
     if (per_sm * smem8 <= size_t(prop.sharedMemPerMultiprocessor) - 2048)
@@ -220,7 +227,7 @@ static int run(int argc, char** argv) {
         const size_t smem = size_t(stages) * chunk;
         if (per_sm * (smem + 1024) > size_t(prop.sharedMemPerMultiprocessor) - 1024 || smem > (227u << 10)) continue;
         const int blocks = per_sm * sms;
-        MS_CUDA_CHECK(cudaFuncSetAttribute(read_bulk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+        smem_ceiling(reinterpret_cast<const void*>(read_bulk_kernel), smem);
         char name[16];
         std::snprintf(name, sizeof(name), "bulk%uk", chunk >> 10);
         row(name, blocks, smem,
