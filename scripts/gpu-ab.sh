@@ -19,7 +19,9 @@ LOGS=$(mktemp -d /tmp/gpu-ab.XXXXXX)
 # Column headers: the batch sizes of AB_FLAGS' --batch-sizes (gpu_profile's default: 1,64,128).
 sizes=$(sed -nE 's/.*--batch-sizes[= ]([0-9,]+).*/\1/p' <<<"${AB_FLAGS:-}")
 IFS=, read -r -a bs <<<"${sizes:-1,64,128}"
-printf '%-14s %18s %18s %18s\n' variant "bs${bs[0]:-?} us" "bs${bs[1]:--} us" "bs${bs[2]:--} us"
+printf '%-14s' variant
+for b in "${bs[@]}"; do printf ' %18s' "bs$b us"; done
+printf '\n'
 for v in "$@"; do
   name=${v%%=*}
   words=${v#*=}
@@ -32,6 +34,8 @@ for v in "$@"; do
   mapfile -t served < <(grep 'served decode step' "$LOGS/$name.log" | grep -oE '[0-9]+\.[0-9]+ us' | cut -d' ' -f1)
   mapfile -t over < <(grep 'overlapped decode step' "$LOGS/$name.log" | grep -oE '[0-9]+\.[0-9]+ us' | cut -d' ' -f1)
   cell() { echo "${served[$1]:-fail} / ${over[$1]:-fail}"; }
-  printf '%-14s %18s %18s %18s\n' "$name" "$(cell 0)" "$(cell 1)" "$(cell 2)"
+  printf '%-14s' "$name"
+  for i in "${!bs[@]}"; do printf ' %18s' "$(cell "$i")"; done
+  printf '\n'
 done
 mkdir -p "${OUT:-/tmp}" && tar czf "${OUT:-/tmp}/logs.tgz" -C "$LOGS" . && echo "logs: ${OUT:-/tmp}/logs.tgz"

@@ -99,13 +99,11 @@ run test_gpu_model_unfolded ok env MOESERVE_ROUTER_FOLD=0 MOESERVE_EMBED_PARTIAL
 # decode attention with its warps splitting the head dimension (MOESERVE_ATTN_GQA_DSPLIT=1; both ring depths). New in
 # session 18, opt-in: the router GEMV + top-k in one launch for steps of 2-128 tokens outside the residual fusion
 # (MOESERVE_ROUTER_TOPK_WIDE=1;
-# the parity fixtures' short prompts take it in their prefill steps too). New in session 19, opt-in: the 1-token
-# folded route starts the chosen experts' gate/up weights towards L2 (MOESERVE_ROUTE_PREFETCH_EXPERTS=1), the 1-token
-# down GEMV the next layer's q/k/v weights once its own have landed (MOESERVE_MOE_PREFETCH_NEXT=1), each 1-token
-# gate/up CTA its expert's down weights once its own have landed (MOESERVE_MOE_PREFETCH_DOWN=1; also test_cuda_moe).
+# the parity fixtures' short prompts take it in their prefill steps too). New in session 20, opt-in: the lm_head at
+# one token group through the streaming GEMV instead of cuBLASLt (MOESERVE_GEMV_STREAM=1; also test_cuda_gemm's
+# StreamingGemvMatchesCublas, which runs it directly).
 EARLIER=(MOESERVE_GREEDY_GRID=0 MOESERVE_GEMV_RING_STAGES=4 MOESERVE_MOE_DOWN_GEMV_STAGES=4)
-OPT_IN=(MOESERVE_PREFETCH_FIRST_LAYER=1 MOESERVE_ATTN_GQA_DSPLIT=1 MOESERVE_ROUTER_TOPK_WIDE=1
-        MOESERVE_ROUTE_PREFETCH_EXPERTS=1 MOESERVE_MOE_PREFETCH_NEXT=1 MOESERVE_MOE_PREFETCH_DOWN=1)
+OPT_IN=(MOESERVE_PREFETCH_FIRST_LAYER=1 MOESERVE_ATTN_GQA_DSPLIT=1 MOESERVE_ROUTER_TOPK_WIDE=1 MOESERVE_GEMV_STREAM=1)
 run test_gpu_model_earlier ok env "${EARLIER[@]}" "$BUILD/tests/test_gpu_model" --gtest_brief=1
 run test_gpu_model_opt_in ok env "${OPT_IN[@]}" "$BUILD/tests/test_gpu_model" --gtest_brief=1
 run test_gpu_parity_opt_in ok env "${OPT_IN[@]}" "$BUILD/tests/test_gpu_parity" --gtest_brief=1 --gtest_filter='*Bf16*'
@@ -119,8 +117,6 @@ for st in 2 3 4; do
   run "test_cuda_moe_down_stages$st" ok env MOESERVE_MOE_DOWN_GEMV_STAGES=$st "$BUILD/tests/test_cuda_moe" \
     --gtest_brief=1 --gtest_filter='*SmallTokenCounts*:*Residual*:*Captured*:*SelfTest*'
 done
-run test_cuda_moe_prefetch ok env MOESERVE_MOE_PREFETCH_DOWN=1 "$BUILD/tests/test_cuda_moe" --gtest_brief=1 \
-  --gtest_filter='*SmallTokenCounts*:*Residual*:*Captured*:*SelfTest*'
 run test_cuda_kernels_dsplit ok env MOESERVE_ATTN_GQA_DSPLIT=1 "$BUILD/tests/test_cuda_kernels" --gtest_brief=1 \
   --gtest_filter='*Decode*'
 run test_cuda_kernels_dsplit_stages3 ok env MOESERVE_ATTN_GQA_DSPLIT=1 MOESERVE_ATTN_GQA_CLUSTER_STAGES=3 \

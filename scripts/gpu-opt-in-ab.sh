@@ -1,12 +1,11 @@
 #!/usr/bin/env bash
 # Same-call A/B of the decode-step switches (docs/ARCHITECTURE.md, "opt-in GPU experiments") on the served decode
-# step of q30b8l at bs 1, 2 and 64 (scripts/gpu-ab.sh over build/bench/gpu_profile; ~6 s a variant), each new one
-# twice: the defaults; session 19's three 1-token prefetches, one at a time and together (the route starting its
-# chosen experts' gate/up weights towards L2, each gate/up CTA its expert's down weights, the down GEMV the next
-# layer's q/k/v weights, each once its own weights have landed); session 18's defaults in their earlier forms
-# (greedy cluster form, 4-stage GEMV and down GEMV rings); the older opt-in ones (layer-0 prefetch, head-dimension
-# split attention, the router + top-k launch for 2-128 tokens); the defaults again. Then bs 1 kernel traces with
-# the three prefetches on and off (OUT/trace_prefetches.log, OUT/trace_base.log).
+# step of q30b8l at bs 1, 2, 8 and 64 (scripts/gpu-ab.sh over build/bench/gpu_profile; ~6 s a variant), each new one
+# twice: the defaults; session 20's streaming lm_head GEMV (MOESERVE_GEMV_STREAM=1, one token group: bs <= 8);
+# session 18's defaults in their earlier forms (greedy cluster form, 4-stage GEMV and down GEMV rings); the older
+# opt-in ones (layer-0 prefetch, head-dimension split attention, the router + top-k launch for 2-128 tokens); the
+# defaults again. Then bs 1 kernel traces with the streaming lm_head on and off (OUT/trace_stream.log,
+# OUT/trace_base.log).
 # Makes the model with gen-model when missing. Env: OUT (logs), MOESERVE_BUILD, MODEL (default
 # /tmp/moeserve-bench/q30b8l).
 set -uo pipefail
@@ -18,16 +17,13 @@ mkdir -p "$OUT"
 t0=$SECONDS
 [[ -f $M/config.json ]] || "$BUILD/bin/moeserve" gen-model --preset q30b8l --output "$M" >/dev/null
 echo "model ready at $((SECONDS - t0)) s"
-PREFETCHES="MOESERVE_ROUTE_PREFETCH_EXPERTS=1 MOESERVE_MOE_PREFETCH_DOWN=1 MOESERVE_MOE_PREFETCH_NEXT=1"
 EARLIER="MOESERVE_GREEDY_GRID=0 MOESERVE_GEMV_RING_STAGES=4 MOESERVE_MOE_DOWN_GEMV_STAGES=4"
-export AB_FLAGS="--batch-sizes 1,2,64 --prefill=false"
-OUT=$OUT/ab "$ROOT/scripts/gpu-ab.sh" "$M" base= pexp=MOESERVE_ROUTE_PREFETCH_EXPERTS=1 \
-  pdown=MOESERVE_MOE_PREFETCH_DOWN=1 pnext=MOESERVE_MOE_PREFETCH_NEXT=1 "pall=$PREFETCHES" "earlier=$EARLIER" \
+export AB_FLAGS="--batch-sizes 1,2,8,64 --prefill=false"
+OUT=$OUT/ab "$ROOT/scripts/gpu-ab.sh" "$M" base= stream=MOESERVE_GEMV_STREAM=1 "earlier=$EARLIER" \
   pref=MOESERVE_PREFETCH_FIRST_LAYER=1 dsplit=MOESERVE_ATTN_GQA_DSPLIT=1 wide=MOESERVE_ROUTER_TOPK_WIDE=1 base2= \
-  pexp2=MOESERVE_ROUTE_PREFETCH_EXPERTS=1 pdown2=MOESERVE_MOE_PREFETCH_DOWN=1 pnext2=MOESERVE_MOE_PREFETCH_NEXT=1 \
-  "pall2=$PREFETCHES" base3=
-env $PREFETCHES timeout 60 "$BUILD/bench/gpu_profile" --model-path "$M" --batch-sizes 1 --prefill=false --trace \
-  >"$OUT/trace_prefetches.log" 2>&1
+  stream2=MOESERVE_GEMV_STREAM=1 base3= stream3=MOESERVE_GEMV_STREAM=1
+MOESERVE_GEMV_STREAM=1 timeout 60 "$BUILD/bench/gpu_profile" --model-path "$M" --batch-sizes 1 --prefill=false \
+  --trace >"$OUT/trace_stream.log" 2>&1
 timeout 60 "$BUILD/bench/gpu_profile" --model-path "$M" --batch-sizes 1 --prefill=false --trace \
   >"$OUT/trace_base.log" 2>&1
 echo "done at $((SECONDS - t0)) s"

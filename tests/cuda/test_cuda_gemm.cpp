@@ -143,6 +143,42 @@ TEST(CudaGemm, GemvMatchesCublasOnDecodeShapes) {
   }
 }
 
+// The streaming kernel for vocabulary-sized W (gemv_stream: persistent warps, rings across row blocks) against
+// cuBLAS: the lm_head shapes of the served models, shapes whose row blocks do not split evenly over the warps, with
+// fewer row blocks than warps, a last row block cut short and K not a multiple of the 64-k slice; x with a row
+// stride above K; every token count of one group, both output types; outputs poisoned first.
+TEST(CudaGemm, StreamingGemvMatchesCublas) {
+  SKIP_WITHOUT_GPU();
+  auto ref = prepared(std::move(cuda::make_gemm_backends().at(0)));  // cublas
+  ASSERT_TRUE(ref);
+  EXPECT_FALSE(cuda::gemv_stream_fits(9, 2048));
+  EXPECT_FALSE(cuda::gemv_stream_fits(1, 2044));
+  EXPECT_TRUE(cuda::gemv_stream_fits(8, 4096));
+  Stream st;
+  struct Shape {
+    int N, K;
+  };
+  for (Shape s : {Shape{151936, 2048}, Shape{151936, 4096}, Shape{100003, 2056}, Shape{37, 72}, Shape{2000, 264}}) {
+    const int ldx = s.K + 8;
+    Dev<uint16_t> w(size_t(s.N) * s.K), x(size_t(8) * ldx);
+    w.upload(random_bf16(w.n, 5 + s.N));
+    x.upload(random_bf16(x.n, 3 + s.K));
+    for (int M = 1; M <= 8; ++M) {
+      for (OutType out : {OutType::F32, OutType::BF16}) {
+        const size_t elt = out == OutType::F32 ? 4 : 2;
+        Dev<uint8_t> y(size_t(M) * s.N * elt), y_ref(size_t(M) * s.N * elt);
+        y.poison();
+        y_ref.poison();
+        cuda::gemv_stream(as_bf16(x), ldx, M, s.K, as_bf16(w), s.N, y.p, s.N, out, st.s);
+        ref->run(as_bf16(x), ldx, M, s.K, as_bf16(w), s.N, y_ref.p, s.N, out, st.s);
+        MS_CUDA_CHECK(cudaStreamSynchronize(st.s));
+        ASSERT_TRUE(same_products(y.download(), y_ref.download(), M, s.N, out,
+                                  fmt::format("N={} K={} M={} streaming gemv against cuBLAS", s.N, s.K, M)));
+      }
+    }
+  }
+}
+
 // cuBLASLt with token buckets (above 256 tokens one algorithm per bucket of 256, chosen for the bucket's largest M
 // and checked with cublasLtMatmulAlgoCheck for each exact M): token counts that share a bucket, first seen in either
 // order, and the bucket's own M, against cuBLAS (cublasGemmEx, its own algorithm choice) on a mixed step's q/k/v and

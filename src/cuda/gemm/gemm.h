@@ -40,6 +40,13 @@ std::vector<std::unique_ptr<GemmBackend>> make_gemm_backends();
 // (q/k/v 5120 x 2048 at M = 64: 19.6 us against 6.8; test_cuda_gemm's Bandwidth table).
 std::unique_ptr<GemmBackend> make_gemv_backend(int kernel_max_m = 8);
 
+// y = x W^T for one token group (1 <= M <= 8, K % 8 == 0, ldx % 8 == 0, 16-byte aligned x and W) by a persistent
+// kernel whose warps stream W through cp.async rings that run on across row blocks: for vocabulary-sized W (the
+// lm_head at decode), which the gemv backend sends here when MOESERVE_GEMV_STREAM=1, instead of cuBLASLt.
+bool gemv_stream_fits(int M, int K);
+void gemv_stream(const bf16* x, int64_t ldx, int M, int K, const bf16* W, int N, void* y, int64_t ldy, OutType out,
+                 cudaStream_t stream);
+
 // A decode step's residual add + RMSNorm fused into the GEMV that consumes it (M <= kNormGemvMaxM tokens,
 // K <= 4096, K % 8 == 0):
 // x = bf16(rmsnorm(residual + delta) * norm_w) (f32 norm, as add_rmsnorm), y = x W^T (BF16 out); residual +=

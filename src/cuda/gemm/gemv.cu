@@ -352,6 +352,123 @@ void launch_gemv(dim3 grid, cudaStream_t stream, const bf16* x, int64_t ldx, int
   launch_pdl(kernel, grid, dim3(kWarps * 32), smem, stream, x, ldx, M, K, W, N, y, ldy, na, ra_hint);
 }
 
+// ---- gemv_stream_kernel: a vocabulary-sized W at M <= 8 (lm_head) ----
+// One block an SM, persistent: block b takes the contiguous run of 16-row blocks [b R / G, (b + 1) R / G) and its 8
+// warps stream each row block together (warp w its 64-k slices w, w + 8, ...) through per-warp cp.async rings of
+// kStreamStages slices that run on across row blocks, so a block keeps its next two row blocks (128 KB of contiguous
+// W at K = 2048) in flight for the whole matrix, with no drain between row blocks (unlike a grid of one block a row
+// block). The warps' partial products meet in double-buffered shared memory, one barrier a row block.
+// bench/gpu_read_bw measured cp.async rings of 64-128 KB a block at 4.56-4.58 TB/s on the H200, where cuBLASLt reads
+// the 622 MB lm_head at ~4.16 TB/s. A first form with each warp on its own run of whole row blocks (1,056 streams of
+// 1 KB runs a row) read at 4.18 (session 20). Needs M <= 8, K % 8 == 0, ldx % 8 == 0, 16-byte aligned x and W.
+constexpr int kStreamStages = 8;  // a warp's ring: 8 x 2 KB, 128 KB a block
+constexpr size_t stream_smem_bytes(int M, int K) {
+  return ring_bytes(kStreamStages) + size_t(M) * size_t(K + kNormPad) * sizeof(bf16);
+}
+
+template <typename OutT>
+__global__ void __launch_bounds__(kWarps * 32) gemv_stream_kernel(const bf16* x, int64_t ldx, int M, int K,
+                                                                   const bf16* __restrict__ W, int N,
+                                                                   OutT* __restrict__ y, int64_t ldy, int evict_first) {
+  __shared__ float partial[2][kWarps][kRows][kTokens];
+  extern __shared__ __align__(16) bf16 gemv_dyn_smem[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, q = lane % 4;
+  bf16* ring = gemv_dyn_smem + warp * kStreamStages * kRingStageElems;
+  bf16* xs = gemv_dyn_smem + ring_bytes(kStreamStages) / sizeof(bf16);
+  const int ldxs = K + kNormPad;
+  const int64_t row_blocks = (N + kRows - 1) / kRows;
+  const int64_t rb0 = int64_t(blockIdx.x) * row_blocks / gridDim.x;
+  const int64_t rb1 = int64_t(blockIdx.x + 1) * row_blocks / gridDim.x;
+  const int slices = (K + kKPerIteration - 1) / kKPerIteration;  // a row block's
+  const int per_warp = (slices + kWarps - 1) / kWarps;            // this warp's slices of a row block, padded
+  const int64_t total = (rb1 - rb0) * per_warp;
+  const unsigned long long wpol = evict_first ? moe_ptx::l2_evict_first_policy() : 0ull;
+  // Slice i of the warp's sequence: row block rb0 + i / per_warp, k slice warp + kWarps (i % per_warp); row r's chunk
+  // c at c ^ 4 (r & 1). Padding slices (past K) and slices past the run are zero fills that read nothing.
+  int64_t next_rb = rb0;
+  int next_u = 0;
+  auto load_next = [&](int64_t i) {
+    bf16* dst = ring + int(i % kStreamStages) * kRingStageElems;
+    const bool live = i < total;
+    const int kb = (warp + kWarps * next_u) * kKPerIteration;
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {
+      const int id = lane + 32 * m, r = id >> 3, c = id & 7;
+      const int k = kb + 8 * c;
+      const bool ok = live && k < K;
+      const int64_t row = min(next_rb * kRows + r, int64_t(N) - 1);
+      moe_ptx::cp_async16_hint(dst + r * kKPerIteration + ((c ^ ((r & 1) << 2)) << 3), ok ? W + row * K + k : W, ok,
+                               evict_first != 0, wpol);
+    }
+    moe_ptx::cp_async_commit();
+    if (++next_u == per_warp) next_u = 0, ++next_rb;
+  };
+  // W is never written: its first slices go out before the programmatic wait.
+  for (int i = 0; i < kStreamStages; ++i) load_next(i);
+  pdl_enter();
+  for (int i = threadIdx.x; i < M * (K / 8); i += blockDim.x) {
+    const int t = i / (K / 8), c = i % (K / 8);
+    *reinterpret_cast<uint4*>(xs + t * ldxs + 8 * c) = load_token(x + int64_t(t) * ldx + 8 * c);
+  }
+  __syncthreads();
+  const bool has_token = g < M;
+  const bf16* xr = xs + (has_token ? g : 0) * ldxs + 8 * q;
+  float c[4] = {0.f, 0.f, 0.f, 0.f};
+  int64_t rb = rb0;
+  int u = 0;
+  for (int64_t i = 0; i < total; ++i) {
+    moe_ptx::cp_async_wait<kStreamStages - 1>();  // this lane's copies of slice i have landed...
+    __syncwarp();                                 // ...and the warp's
+    const bf16* sl = ring + int(i % kStreamStages) * kRingStageElems;
+    const int kb = (warp + kWarps * u) * kKPerIteration;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int ch = (q + 4 * h) ^ ((g & 1) << 2);
+      const uint4 lo = *reinterpret_cast<const uint4*>(sl + g * kKPerIteration + 8 * ch);
+      const uint4 hi = *reinterpret_cast<const uint4*>(sl + (g + 8) * kKPerIteration + 8 * ch);
+      const int k = kb + 32 * h;
+      const uint4 b = has_token && k + 8 * q < K ? *reinterpret_cast<const uint4*>(xr + k) : make_uint4(0, 0, 0, 0);
+      mma_bf16(c, lo.x, hi.x, lo.y, hi.y, b.x, b.y);
+      mma_bf16(c, lo.z, hi.z, lo.w, hi.w, b.z, b.w);
+    }
+    __syncwarp();  // the stage is refilled by slice i + kStreamStages
+    load_next(i + kStreamStages);
+    if (++u < per_warp) continue;
+    // The row block's last slice of this warp: c[0], c[1] are row g, tokens 2q, 2q + 1; c[2], c[3] row g + 8.
+    const int buf = int((rb - rb0) & 1);
+    partial[buf][warp][g][2 * q] = c[0];
+    partial[buf][warp][g][2 * q + 1] = c[1];
+    partial[buf][warp][g + 8][2 * q] = c[2];
+    partial[buf][warp][g + 8][2 * q + 1] = c[3];
+    c[0] = c[1] = c[2] = c[3] = 0.f;
+    // One barrier a row block: buffer buf is complete, and the other one (row block rb - 1) was summed before
+    // any warp passed this barrier, so the warps may write it for row block rb + 1 from here on.
+    __syncthreads();
+    if (threadIdx.x < kRows * kTokens) {
+      const int r = threadIdx.x % kRows, t = threadIdx.x / kRows;
+      float sum = 0.f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) sum += partial[buf][w][r][t];
+      const int64_t n = rb * kRows + r;
+      if (t < M && n < N) store(y + int64_t(t) * ldy + n, sum);
+    }
+    u = 0, ++rb;
+  }
+  moe_ptx::cp_async_wait<0>();
+}
+
+template <typename OutT>
+void launch_gemv_stream(const bf16* x, int64_t ldx, int M, int K, const bf16* W, int N, OutT* y, int64_t ldy,
+                        cudaStream_t stream) {
+  static const int sms = current_device_multiprocessors();
+  const size_t smem = stream_smem_bytes(M, K);
+  const int per_sm = prepared_blocks_per_sm(reinterpret_cast<const void*>(gemv_stream_kernel<OutT>), smem);
+  MS_CHECK(per_sm >= 1, "gemv_stream: {} bytes of shared memory (M {} K {}) do not fit an SM", smem, M, K);
+  launch_pdl(gemv_stream_kernel<OutT>, dim3(unsigned(sms)), dim3(kWarps * 32), smem, stream, x, ldx, M, K, W, N, y,
+             ldy, l2_evict_first_weights() ? 1 : 0);
+}
+
 // ---- gemv_wide_kernel: 8 < M <= kWideMaxM ----
 constexpr int kWideWarps = 4;                   // per block; warp w owns W rows [16 w, 16 w + 16) of the block
 constexpr int kWideRows = kWideWarps * kRows;   // W rows per block
@@ -526,6 +643,8 @@ class GemvBackend final : public GemmBackend {
                           reinterpret_cast<const void*>(gemv_bf16_kernel<bf16, kNormIn>),
                           reinterpret_cast<const void*>(gemv_bf16_kernel<float, kNormIn>),
                           reinterpret_cast<const void*>(gemv_bf16_kernel<bf16, kPlainX, true>),
+                          reinterpret_cast<const void*>(gemv_stream_kernel<bf16>),
+                          reinterpret_cast<const void*>(gemv_stream_kernel<float>),
                           reinterpret_cast<const void*>(splitk_reduce_kernel<bf16>),
                           reinterpret_cast<const void*>(splitk_reduce_kernel<float>)})
       if (std::string why = check_kernel_present(k, dev); !why.empty()) return why;
@@ -558,6 +677,10 @@ class GemvBackend final : public GemmBackend {
     const bool small_w = max_weight_bytes_ <= 0 || double(N) * double(K) * sizeof(bf16) <= max_weight_bytes_;
     const bool kernel_fits = M <= kernel_max_m_ && K > 0 && K % 8 == 0 && ldx % 8 == 0 && aligned16(x) &&
                              aligned16(W) && token_groups <= 65535 && small_w;
+    // A vocabulary-sized W at one token group: the streaming kernel (MOESERVE_GEMV_STREAM=0: cuBLASLt as before).
+    static const bool stream_on = env_flag("MOESERVE_GEMV_STREAM", true);
+    if (!small_w && stream_on && gemv_stream_fits(M, K) && ldx % 8 == 0 && aligned16(x) && aligned16(W))
+      return gemv_stream(x, ldx, M, K, W, N, y, ldy, out, stream);
     if (!kernel_fits) return fallback_->run(x, ldx, M, K, W, N, y, ldy, out, stream);
     if (M > kTokens && M <= kWideMaxM) return run_wide(x, ldx, M, K, W, N, y, ldy, out, stream);
     const dim3 grid(unsigned(ceil_div(N, kRows)), unsigned(token_groups));
@@ -607,6 +730,21 @@ class GemvBackend final : public GemmBackend {
 };
 
 }  // namespace
+
+bool gemv_stream_fits(int M, int K) {
+  return M >= 1 && M <= kTokens && K > 0 && K % 8 == 0 && stream_smem_bytes(M, K) <= (227u << 10);
+}
+
+void gemv_stream(const bf16* x, int64_t ldx, int M, int K, const bf16* W, int N, void* y, int64_t ldy, OutType out,
+                 cudaStream_t stream) {
+  MS_CHECK(gemv_stream_fits(M, K) && N > 0 && ldx >= K && ldx % 8 == 0 && ldy >= N,
+           "gemv_stream: M {} K {} N {} ldx {} ldy {} do not fit", M, K, N, ldx, ldy);
+  MS_CHECK(aligned16(x) && aligned16(W), "gemv_stream: x and W must be 16-byte aligned");
+  if (out == OutType::BF16)
+    launch_gemv_stream(x, ldx, M, K, W, N, static_cast<bf16*>(y), ldy, stream);
+  else
+    launch_gemv_stream(x, ldx, M, K, W, N, static_cast<float*>(y), ldy, stream);
+}
 
 bool norm_gemv_fits(int M, int K) { return M >= 1 && M <= kNormGemvMaxM && K > 0 && K % 8 == 0 && K <= 4096; }
 

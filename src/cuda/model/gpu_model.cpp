@@ -364,13 +364,6 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
         f.u1 = router_u1_.get(), f.ld_u1 = E, f.u2 = router_u2_.get(), f.ld_u2 = E;
         f.part_h = part_moe_.get(), f.part_x = part_attn_.get(), f.nparts = res_parts;
         f.residual = residual_.get(), f.post_norm = L.post_norm.get(), f.eps = eps, f.H = H, f.xn_out = xn_.get();
-        // MOESERVE_ROUTE_PREFETCH_EXPERTS=1 (opt-in until measured): at one token the route starts the chosen
-        // experts' gate/up weights towards L2 (FoldedRouterInputs::expert_prefetch).
-        static const bool prefetch_experts = env_flag("MOESERVE_ROUTE_PREFETCH_EXPERTS", false);
-        if (prefetch_experts && T == 1) {
-          f.expert_prefetch = L.gate_up.get();
-          f.expert_stride_bytes = f.expert_prefetch_bytes = size_t(2) * size_t(I) * size_t(H) * sizeof(bf16);
-        }
         moe_route_folded(f, T, E, K, c.norm_topk_prob, topk_ids_.get(), topk_w_.get(), s);
         mark("moe route_folded", act * 8, 0);
       } else if (resfuse) {  // the post-attention norm inside the router GEMV, which also writes xn_ for the experts
@@ -399,15 +392,7 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
       }
       if (!run_op(kSkipExperts)) {
       } else if (resfuse) {  // residual += the MoE output, and the partial sums for the next norm
-        // MOESERVE_MOE_PREFETCH_NEXT=1 (opt-in until measured): at one token the down GEMV starts the next layer's
-        // q/k/v weights towards L2 once its own have landed (MoeWeights::then_prefetch).
-        static const bool prefetch_next = env_flag("MOESERVE_MOE_PREFETCH_NEXT", false);
-        MoeWeights mw = L.moe;
-        if (prefetch_next && T == 1 && l + 1 < layers_.size()) {
-          mw.then_prefetch = layers_[l + 1].qkv.get();
-          mw.then_prefetch_bytes = layers_[l + 1].qkv.size() * sizeof(bf16);
-        }
-        be_.moe->run_residual(xn_.get(), T, topk_ids_.get(), topk_w_.get(), mw, o_.get(), residual_.get(),
+        be_.moe->run_residual(xn_.get(), T, topk_ids_.get(), topk_w_.get(), L.moe, o_.get(), residual_.get(),
                               part_moe_.get(), moe_ws_.get(), s);
       } else if (cnorm) {  // residual += the MoE output, and the next norm into xn_ (its last reader, the gate/up
                            // GEMM, has completed when the combine runs)

@@ -31,11 +31,6 @@ struct MoeWeights {
   const void* gate_up_scale = nullptr;
   const void* down_scale = nullptr;
   float gate_up_global_scale = 1.0f, down_global_scale = 1.0f;
-  // Bytes the kernel after this MoE streams (the next layer's q/k/v weights), started towards L2 by the 1-token down
-  // GEMV once its own weights have landed (MOESERVE_MOE_PREFETCH_NEXT=1, an experiment; null: nothing). 16-byte
-  // aligned, a multiple of 16 bytes.
-  const void* then_prefetch = nullptr;
-  size_t then_prefetch_bytes = 0;
 };
 
 // Router: logits [T, E] f32 -> softmax over experts -> top-k (descending probability, ties: lower expert
@@ -74,12 +69,6 @@ struct FoldedRouterInputs {
   int H = 0;
   bf16* xn_out = nullptr;       // [T, H]
   float* logits_out = nullptr;  // [T, E] or null: the logits (tests)
-  // One token only, when non-null (MOESERVE_ROUTE_PREFETCH_EXPERTS=1, an experiment): once routed, each chosen
-  // expert e's expert_prefetch_bytes from expert_prefetch + e * expert_stride_bytes (its gate/up weights, which the
-  // next launch streams) are started towards L2, so that the stream begins before that launch's blocks know the
-  // experts. 16-byte aligned, multiples of 16 bytes.
-  const void* expert_prefetch = nullptr;
-  size_t expert_stride_bytes = 0, expert_prefetch_bytes = 0;
 };
 void moe_route_folded(const FoldedRouterInputs& f, int T, int E, int k, bool renormalize, int32_t* ids,
                       float* weights, cudaStream_t stream);

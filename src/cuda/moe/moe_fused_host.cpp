@@ -340,13 +340,6 @@ void fused_run(const KernelTable& k, const MoeShape& s, const bf16* x, int T, co
                             ? direct_gu_config
                             : l.config;
   const GemmConfigInfo gu_cfg = gemm_config_info(gu_config);
-  // MOESERVE_MOE_PREFETCH_DOWN=1 (opt-in until measured): at one token (the down GEMV's case) each gate/up CTA
-  // starts its share of its expert's down weights towards L2 once its own slices have landed.
-  static const bool prefetch_down = env_flag("MOESERVE_MOE_PREFETCH_DOWN", false);
-  if (prefetch_down && T == 1 && down_gemv_applies(s, direct, l.num_slots) && !gu_cfg.persistent) {
-    gu.l2_prefetch = static_cast<const char*>(w.down);
-    gu.l2_prefetch_stride = gu.l2_prefetch_bytes = (unsigned long long)s.hidden * s.inter * 2;
-  }
   // A persistent (warp-specialized) configuration walks the grid with one CTA an SM.
   auto grid_of = [&](const GemmConfigInfo& c, int gx) {
     return c.persistent ? dim3(unsigned(std::min<int64_t>(std::max(k.num_sms, 1), int64_t(gx) * slots)))
@@ -365,11 +358,6 @@ void fused_run(const KernelTable& k, const MoeShape& s, const bf16* x, int T, co
     dn.combine_out = reinterpret_cast<unsigned short*>(out);
     dn.residual = residual;
     dn.res_partials = res_partials;
-    MS_CHECK(w.then_prefetch == nullptr ||
-                 ((reinterpret_cast<uintptr_t>(w.then_prefetch) & 15) == 0 && w.then_prefetch_bytes % 16 == 0),
-             "moe: the prefetch after the MoE must be 16-byte aligned");
-    dn.l2_prefetch = static_cast<const char*>(w.then_prefetch);
-    dn.l2_prefetch_bytes = w.then_prefetch_bytes;
     const int v = down_gemv_variant(s, k.num_sms);
     launch(k.down_gemv[v], dim3(unsigned(s.hidden / kDownGemvRows)), dim3(kDownGemvThreads),
            size_t(down_gemv_smem_bytes(s.inter, kDownGemvStageVariants[v])), &dn, stream, "moe down GEMV launch", pdl);

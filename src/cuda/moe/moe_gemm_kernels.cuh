@@ -511,11 +511,6 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p, char* smem) {
         }
     }
   }
-  // The direct gate/up GEMM's share of its expert's down weights, which the down GEMV streams next
-  // (GemmParams::l2_prefetch): its own slices have all landed.
-  if (MODE == kGateUp && direct && p.l2_prefetch_bytes != 0 && tid == 0)
-    prefetch_l2_share(p.l2_prefetch + (unsigned long long)tile.expert * p.l2_prefetch_stride, p.l2_prefetch_bytes,
-                      blockIdx.x, gridDim.x);
   __syncthreads();
 
   store_tile<BM, BN, MODE>(p, cs, tile, blockIdx.x, H, I, direct, tid, THREADS);
@@ -683,9 +678,6 @@ __device__ __forceinline__ void down_gemv_body(const GemmParams& p, char* smem) 
     __syncwarp();  // the stage is refilled by the next slice's copies
   }
   cp_async_wait<0>();
-  // This CTA's share of what the next kernel streams, now that its own weights are in (MoeWeights::then_prefetch).
-  if (p.l2_prefetch_bytes != 0 && threadIdx.x == 0)
-    prefetch_l2_share(p.l2_prefetch, p.l2_prefetch_bytes, blockIdx.x, gridDim.x);
   // acc[0]: row g, token 0 on lanes q == 0; acc[2]: row g + 8. The pair's y values, rounded as the down GEMM's.
   if (q == 0) {
     const float wt = active ? p.topk_weights[j] : 0.0f;

@@ -125,13 +125,6 @@ struct GemmParams {
   // Decode-sized tiles (configurations 0 and 7) and the down GEMV: stream the weights with the L2 evict_first
   // priority (moe_ptx::l2_evict_first_policy; cuda/device.h l2_evict_first_weights).
   int weight_evict_first;
-  // Bytes the next launch streams, started towards L2 once the CTA's own weight slices have landed (null / 0:
-  // nothing). The down GEMV (MoeWeights::then_prefetch): its share of [l2_prefetch, + l2_prefetch_bytes). The direct
-  // gate/up GEMM (MOESERVE_MOE_PREFETCH_DOWN): its share (blockIdx.x of gridDim.x) of its expert's block
-  // [l2_prefetch + expert * l2_prefetch_stride, + l2_prefetch_bytes), i.e. the down weights the down GEMV streams.
-  const char* l2_prefetch;
-  unsigned long long l2_prefetch_bytes;
-  unsigned long long l2_prefetch_stride;
 };
 
 // out[t, :] = bf16(sum over j < top_k of y[pair_pos[t * top_k + j], :]), slots in order (deterministic).

@@ -36,18 +36,6 @@ __device__ __forceinline__ void cp_async16_hint(void* smem, const void* gmem, bo
                "r"(src_bytes), "l"(policy)
                : "memory");
 }
-// Starts [p, p + bytes) towards L2 without waiting (sm_90 bulk prefetch; bytes a multiple of 16, p 16-byte aligned).
-__device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
-}
-// The CTA's share (part `part` of `parts`) of [base, base + bytes), in bulk prefetches of at most 64 KB.
-__device__ __forceinline__ void prefetch_l2_share(const char* base, unsigned long long bytes, unsigned part,
-                                                  unsigned parts) {
-  const unsigned long long chunk = 64ull << 10, share = ((bytes + parts - 1) / parts + 15) & ~15ull;
-  const unsigned long long b0 = part * share, b1 = b0 + share, end = b1 < bytes ? b1 : bytes;
-  for (unsigned long long at = b0; at < end; at += chunk)
-    prefetch_l2(base + at, unsigned(end - at < chunk ? end - at : chunk));
-}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 // Waits until at most N of this thread's committed groups are still in flight.
 template <int N>

@@ -160,16 +160,6 @@ __global__ void __launch_bounds__(kFoldedThreads)
       if (f.logits_out != nullptr && e < E) f.logits_out[int64_t(t) * E + e] = v[i];
     }
     route_token_values(v, t, E, k, renormalize, ids, weights, lane);
-    if (f.expert_prefetch != nullptr && T == 1) {
-      // Lane j wrote slot j's expert itself; the warp's lanes then split every chosen expert's range.
-      const int mine = lane < k ? ids[lane] : -1;
-      for (int j = 0; j < k; ++j) {
-        const int e = __shfl_sync(0xffffffffu, mine, j);
-        if (e < 0 || e >= E) continue;
-        moe_ptx::prefetch_l2_share(static_cast<const char*>(f.expert_prefetch) + size_t(e) * f.expert_stride_bytes,
-                                   f.expert_prefetch_bytes, unsigned(lane), 32);
-      }
-    }
     if (T < kFoldedWarps) return;  // the other warps write the experts' input
   }
   // The experts' input: each token's float4 columns split evenly over the writing warps.
@@ -325,9 +315,6 @@ void moe_route_folded(const FoldedRouterInputs& f, int T, int E, int k, bool ren
                (reinterpret_cast<uintptr_t>(f.xn_out) & 7) == 0 && (reinterpret_cast<uintptr_t>(f.post_norm) & 7) == 0,
            "moe_route_folded: H {} (a multiple of 4), every input, 16-byte aligned residual, 8-byte aligned xn_out and "
            "norm weight", f.H);
-  MS_CHECK(f.expert_prefetch == nullptr || (T == 1 && (reinterpret_cast<uintptr_t>(f.expert_prefetch) & 15) == 0 &&
-                                             f.expert_stride_bytes % 16 == 0 && f.expert_prefetch_bytes % 16 == 0),
-           "moe_route_folded: the experts' prefetch needs one token and 16-byte aligned ranges");
   auto kernel = E <= 128 ? route_folded_kernel<4> : E <= 256 ? route_folded_kernel<8> : route_folded_kernel<kRouteMaxPerLane>;
   launch_pdl(kernel, dim3(1), dim3(kFoldedThreads), 0, stream, f, T, E, k, renormalize, ids, weights);
 }
