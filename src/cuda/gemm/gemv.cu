@@ -362,11 +362,15 @@ void launch_gemv(dim3 grid, cudaStream_t stream, const bf16* x, int64_t ldx, int
 // the 622 MB lm_head at ~4.16 TB/s. A first form with each warp on its own run of whole row blocks (1,056 streams of
 // 1 KB runs a row) read at 4.18 (session 20). Needs M <= 8, K % 8 == 0, ldx % 8 == 0, 16-byte aligned x and W.
 constexpr int kStreamStages = 8;  // a warp's ring: 8 x 2 KB, 128 KB a block
-constexpr size_t stream_smem_bytes(int M, int K) {
-  return ring_bytes(kStreamStages) + size_t(M) * size_t(K + kNormPad) * sizeof(bf16);
+constexpr size_t stream_smem_bytes(int M, int K, int stages = kStreamStages) {
+  return ring_bytes(stages) + size_t(M) * size_t(K + kNormPad) * sizeof(bf16);
+}
+// Whether a block fits an SM: the dynamic bytes above plus the kernel's static partial sums.
+constexpr bool stream_smem_fits(size_t dynamic_bytes) {
+  return dynamic_bytes + size_t(2) * kWarps * kRows * kTokens * sizeof(float) <= (227u << 10);
 }
 
-template <typename OutT>
+template <typename OutT, int kStreamStages = kStreamStages>
 __global__ void __launch_bounds__(kWarps * 32) gemv_stream_kernel(const bf16* x, int64_t ldx, int M, int K,
                                                                    const bf16* __restrict__ W, int N,
                                                                    OutT* __restrict__ y, int64_t ldy, int evict_first) {
@@ -458,15 +462,27 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_stream_kernel(const bf16* x,
   moe_ptx::cp_async_wait<0>();
 }
 
+// MOESERVE_GEMV_STREAM_STAGES (A/B): 8 (default, one block an SM), 4 (two blocks an SM, 64 KB each) or 12 (one
+// block, 192 KB, where the token rows leave room; else 8).
 template <typename OutT>
 void launch_gemv_stream(const bf16* x, int64_t ldx, int M, int K, const bf16* W, int N, OutT* y, int64_t ldy,
                         cudaStream_t stream) {
   static const int sms = current_device_multiprocessors();
-  const size_t smem = stream_smem_bytes(M, K);
-  const int per_sm = prepared_blocks_per_sm(reinterpret_cast<const void*>(gemv_stream_kernel<OutT>), smem);
-  MS_CHECK(per_sm >= 1, "gemv_stream: {} bytes of shared memory (M {} K {}) do not fit an SM", smem, M, K);
-  launch_pdl(gemv_stream_kernel<OutT>, dim3(unsigned(sms)), dim3(kWarps * 32), smem, stream, x, ldx, M, K, W, N, y,
-             ldy, l2_evict_first_weights() ? 1 : 0);
+  static const int wanted = int(env_int("MOESERVE_GEMV_STREAM_STAGES", kStreamStages, 4, 12));
+  const int evict_first = l2_evict_first_weights() ? 1 : 0;
+  auto try_launch = [&](auto kernel, int stages, int blocks_per_sm) {
+    const size_t smem = stream_smem_bytes(M, K, stages);
+    if (!stream_smem_fits(smem)) return false;
+    const int per_sm = prepared_blocks_per_sm(reinterpret_cast<const void*>(kernel), smem);
+    if (per_sm < blocks_per_sm) return false;
+    launch_pdl(kernel, dim3(unsigned(sms * blocks_per_sm)), dim3(kWarps * 32), smem, stream, x, ldx, M, K, W, N, y,
+               ldy, evict_first);
+    return true;
+  };
+  if (wanted == 4 && try_launch(gemv_stream_kernel<OutT, 4>, 4, 2)) return;
+  if (wanted == 12 && try_launch(gemv_stream_kernel<OutT, 12>, 12, 1)) return;
+  MS_CHECK(try_launch(gemv_stream_kernel<OutT>, kStreamStages, 1),
+           "gemv_stream: {} bytes of shared memory (M {} K {}) do not fit an SM", stream_smem_bytes(M, K), M, K);
 }
 
 // ---- gemv_wide_kernel: 8 < M <= kWideMaxM ----
@@ -732,7 +748,7 @@ class GemvBackend final : public GemmBackend {
 }  // namespace
 
 bool gemv_stream_fits(int M, int K) {
-  return M >= 1 && M <= kTokens && K > 0 && K % 8 == 0 && stream_smem_bytes(M, K) <= (227u << 10);
+  return M >= 1 && M <= kTokens && K > 0 && K % 8 == 0 && stream_smem_fits(stream_smem_bytes(M, K));
 }
 
 void gemv_stream(const bf16* x, int64_t ldx, int M, int K, const bf16* W, int N, void* y, int64_t ldy, OutType out,
