@@ -88,6 +88,10 @@ run test_cuda_gemm_noring ok env MOESERVE_GEMV_RING=0 "$BUILD/tests/test_cuda_ge
 run test_gpu_model_norm_paths ok env MOESERVE_RESIDUAL_FUSION=0 MOESERVE_GEMV_RING=0 MOESERVE_MOE_COMBINE_NORM=1 \
   "$BUILD/tests/test_gpu_model" --gtest_brief=1
 run test_gpu_parity_combine_norm ok env MOESERVE_MOE_COMBINE_NORM=1 "$BUILD/tests/test_gpu_parity" --gtest_brief=1
+# The lm_head of session 20 off: cuBLASLt at every token count and the final norm as a launch of its own
+# (MOESERVE_GEMV_STREAM=0), and the streaming GEMV with the norm launch (MOESERVE_LMHEAD_NORM_IN=0).
+run test_gpu_model_cublaslt_head ok env MOESERVE_GEMV_STREAM=0 "$BUILD/tests/test_gpu_model" --gtest_brief=1
+run test_gpu_model_head_norm_launch ok env MOESERVE_LMHEAD_NORM_IN=0 "$BUILD/tests/test_gpu_model" --gtest_brief=1
 # The decode-step switches of session 16 off: the unfolded router (router GEMV + route launch), layer 0's norm
 # launch instead of the embedding's partial sums, and every step copy on the compute stream.
 run test_gpu_model_unfolded ok env MOESERVE_ROUTER_FOLD=0 MOESERVE_EMBED_PARTIALS=0 MOESERVE_STEP_STREAMS=0 \

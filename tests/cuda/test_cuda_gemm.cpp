@@ -4,6 +4,7 @@
 //   tests/test_cuda_gemm --gtest_also_run_disabled_tests --gtest_filter='*Bandwidth*'
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -176,6 +177,55 @@ TEST(CudaGemm, StreamingGemvMatchesCublas) {
                                   fmt::format("N={} K={} M={} streaming gemv against cuBLAS", s.N, s.K, M)));
       }
     }
+  }
+}
+
+// gemv_stream_norm_in (a decode step's final norm inside the lm_head launch) computes bitwise what gemv_stream
+// computes on the rows gemv_norm_in normalizes from the same residual and partial sums (those rows are checked
+// against the CPU in ResidualGemvsMatchCpu, gemv_stream against cuBLAS above): every M of one group, H with a last
+// part of fewer than 16 rows, both output types, y poisoned first.
+TEST(CudaGemm, StreamingGemvNormInMatchesNormInRows) {
+  SKIP_WITHOUT_GPU();
+  Stream st;
+  uint32_t seed = 4242;
+  for (auto [H, N] : {std::pair{2048, 151936}, std::pair{520, 1001}}) {
+    const int parts = cuda::residual_gemv_parts(H);
+    std::mt19937 g(seed++);
+    std::normal_distribution<float> nd(0, 1);
+    std::vector<float> res(size_t(8) * H), part(size_t(8) * parts, 0.f);
+    for (auto& v : res) v = nd(g) * 3.0f;
+    for (int t = 0; t < 8; ++t)
+      for (int n = 0; n < H; ++n) part[size_t(t) * parts + n / 16] += res[size_t(t) * H + n] * res[size_t(t) * H + n];
+    const auto nw = random_bf16(size_t(H), seed++, 1.5f);
+    const auto w = random_bf16(size_t(N) * H, seed++, 0.05f);
+    const auto w2 = random_bf16(size_t(16) * H, seed++, 0.05f);
+    Dev<float> d_res(res), d_part(part), d_y2(size_t(8) * 16);
+    Dev<uint16_t> d_nw(nw), d_w(w), d_w2(w2), d_xn(size_t(8) * H);
+    for (int M = 1; M <= 8; ++M) {
+      for (OutType out : {OutType::F32, OutType::BF16}) {
+        const size_t elt = out == OutType::F32 ? 4 : 2;
+        Dev<uint8_t> y(size_t(M) * N * elt), y_rows(size_t(M) * N * elt);
+        y.poison();
+        y_rows.poison();
+        d_xn.poison();
+        cuda::gemv_norm_in(d_res.p, d_part.p, parts, as_bf16(d_nw), 1e-6f, M, H, as_bf16(d_w2), 16, d_y2.p, 16,
+                           OutType::F32, reinterpret_cast<cuda::bf16*>(d_xn.p), st.s);
+        cuda::gemv_stream(as_bf16(d_xn), H, M, H, as_bf16(d_w), N, y_rows.p, N, out, st.s);
+        cuda::gemv_stream_norm_in(d_res.p, d_part.p, parts, as_bf16(d_nw), 1e-6f, M, H, as_bf16(d_w), N, y.p, N, out,
+                                  st.s);
+        MS_CUDA_CHECK(cudaStreamSynchronize(st.s));
+        const auto got = y.download(), want = y_rows.download();
+        size_t first_bad = got.size();
+        for (size_t i = 0; i < got.size() && first_bad == got.size(); ++i)
+          if (got[i] != want[i]) first_bad = i;
+        ASSERT_EQ(first_bad, got.size()) << "H " << H << " N " << N << " M " << M << " out "
+                                         << (out == OutType::F32 ? "f32" : "bf16") << ": byte " << first_bad
+                                         << " differs from gemv_stream on gemv_norm_in's rows";
+      }
+    }
+    // The rows are not all zero (the comparison above would then prove little).
+    const auto xn = d_xn.download();
+    EXPECT_TRUE(std::any_of(xn.begin(), xn.end(), [](uint16_t v) { return (v & 0x7fff) != 0; }));
   }
 }
 

@@ -44,8 +44,13 @@ std::unique_ptr<GemmBackend> make_gemv_backend(int kernel_max_m = 8);
 // kernel whose warps stream W through cp.async rings that run on across row blocks: for vocabulary-sized W (the
 // lm_head at decode), which the gemv backend sends here when MOESERVE_GEMV_STREAM=1, instead of cuBLASLt.
 bool gemv_stream_fits(int M, int K);
+bool gemv_stream_enabled();  // MOESERVE_GEMV_STREAM (default on)
 void gemv_stream(const bf16* x, int64_t ldx, int M, int K, const bf16* W, int N, void* y, int64_t ldy, OutType out,
                  cudaStream_t stream);
+// The same with x = bf16(rmsnorm(residual) * norm_w) from the residual fusion's partial sums (as gemv_norm_in below,
+// K % 4 == 0, 16-byte aligned residual, 8-byte aligned norm_w): a decode step's final norm inside the lm_head launch.
+void gemv_stream_norm_in(const float* residual, const float* partials, int nparts, const bf16* norm_w, float eps,
+                         int M, int K, const bf16* W, int N, void* y, int64_t ldy, OutType out, cudaStream_t stream);
 
 // A decode step's residual add + RMSNorm fused into the GEMV that consumes it (M <= kNormGemvMaxM tokens,
 // K <= 4096, K % 8 == 0):

@@ -373,7 +373,8 @@ constexpr bool stream_smem_fits(size_t dynamic_bytes) {
 template <typename OutT, int kStreamStages = kStreamStages>
 __global__ void __launch_bounds__(kWarps * 32) gemv_stream_kernel(const bf16* x, int64_t ldx, int M, int K,
                                                                    const bf16* __restrict__ W, int N,
-                                                                   OutT* __restrict__ y, int64_t ldy, int evict_first) {
+                                                                   OutT* __restrict__ y, int64_t ldy, int evict_first,
+                                                                   ResidualArgs ra) {
   __shared__ float partial[2][kWarps][kRows][kTokens];
   extern __shared__ __align__(16) bf16 gemv_dyn_smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -411,9 +412,23 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_stream_kernel(const bf16* x,
   // W is never written: its first slices go out before the programmatic wait.
   for (int i = 0; i < kStreamStages; ++i) load_next(i);
   pdl_enter();
-  for (int i = threadIdx.x; i < M * (K / 8); i += blockDim.x) {
-    const int t = i / (K / 8), c = i % (K / 8);
-    *reinterpret_cast<uint4*>(xs + t * ldxs + 8 * c) = load_token(x + int64_t(t) * ldx + 8 * c);
+  if (ra.residual != nullptr) {
+    // x = bf16(rmsnorm(residual) * weight) from the residual fusion's partial sums, as gemv_norm_in computes it
+    // (every warp sums a token's partials itself: no barrier but the one after the rows).
+    for (int t = 0; t < M; ++t) {
+      const float* part = ra.partials_in + int64_t(t) * ra.nparts_in;
+      float ss = 0.f;
+      for (int i = lane; i < ra.nparts_in; i += 32) ss += __ldcg(part + i);
+      const float inv = rms_inverse_from_lane_sums(ss, K, ra.eps);
+      const float4* r = reinterpret_cast<const float4*>(ra.residual + int64_t(t) * K);
+      for (int c = threadIdx.x; c < K / 4; c += blockDim.x)
+        store_norm4(xs + t * ldxs + 4 * c, __ldcg(r + c), ra.weight + 4 * c, inv);
+    }
+  } else {
+    for (int i = threadIdx.x; i < M * (K / 8); i += blockDim.x) {
+      const int t = i / (K / 8), c = i % (K / 8);
+      *reinterpret_cast<uint4*>(xs + t * ldxs + 8 * c) = load_token(x + int64_t(t) * ldx + 8 * c);
+    }
   }
   __syncthreads();
   const bool has_token = g < M;
@@ -466,7 +481,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_stream_kernel(const bf16* x,
 // block, 192 KB, where the token rows leave room; else 8).
 template <typename OutT>
 void launch_gemv_stream(const bf16* x, int64_t ldx, int M, int K, const bf16* W, int N, OutT* y, int64_t ldy,
-                        cudaStream_t stream) {
+                        const ResidualArgs& ra, cudaStream_t stream) {
   static const int sms = current_device_multiprocessors();
   static const int wanted = int(env_int("MOESERVE_GEMV_STREAM_STAGES", kStreamStages, 4, 12));
   const int evict_first = l2_evict_first_weights() ? 1 : 0;
@@ -476,7 +491,7 @@ void launch_gemv_stream(const bf16* x, int64_t ldx, int M, int K, const bf16* W,
     const int per_sm = prepared_blocks_per_sm(reinterpret_cast<const void*>(kernel), smem);
     if (per_sm < blocks_per_sm) return false;
     launch_pdl(kernel, dim3(unsigned(sms * blocks_per_sm)), dim3(kWarps * 32), smem, stream, x, ldx, M, K, W, N, y,
-               ldy, evict_first);
+               ldy, evict_first, ra);
     return true;
   };
   if (wanted == 4 && try_launch(gemv_stream_kernel<OutT, 4>, 4, 2)) return;
@@ -694,8 +709,7 @@ class GemvBackend final : public GemmBackend {
     const bool kernel_fits = M <= kernel_max_m_ && K > 0 && K % 8 == 0 && ldx % 8 == 0 && aligned16(x) &&
                              aligned16(W) && token_groups <= 65535 && small_w;
     // A vocabulary-sized W at one token group: the streaming kernel (MOESERVE_GEMV_STREAM=0: cuBLASLt as before).
-    static const bool stream_on = env_flag("MOESERVE_GEMV_STREAM", true);
-    if (!small_w && stream_on && gemv_stream_fits(M, K) && ldx % 8 == 0 && aligned16(x) && aligned16(W))
+    if (!small_w && gemv_stream_enabled() && gemv_stream_fits(M, K) && ldx % 8 == 0 && aligned16(x) && aligned16(W))
       return gemv_stream(x, ldx, M, K, W, N, y, ldy, out, stream);
     if (!kernel_fits) return fallback_->run(x, ldx, M, K, W, N, y, ldy, out, stream);
     if (M > kTokens && M <= kWideMaxM) return run_wide(x, ldx, M, K, W, N, y, ldy, out, stream);
@@ -757,9 +771,27 @@ void gemv_stream(const bf16* x, int64_t ldx, int M, int K, const bf16* W, int N,
            "gemv_stream: M {} K {} N {} ldx {} ldy {} do not fit", M, K, N, ldx, ldy);
   MS_CHECK(aligned16(x) && aligned16(W), "gemv_stream: x and W must be 16-byte aligned");
   if (out == OutType::BF16)
-    launch_gemv_stream(x, ldx, M, K, W, N, static_cast<bf16*>(y), ldy, stream);
+    launch_gemv_stream(x, ldx, M, K, W, N, static_cast<bf16*>(y), ldy, ResidualArgs{}, stream);
   else
-    launch_gemv_stream(x, ldx, M, K, W, N, static_cast<float*>(y), ldy, stream);
+    launch_gemv_stream(x, ldx, M, K, W, N, static_cast<float*>(y), ldy, ResidualArgs{}, stream);
+}
+
+bool gemv_stream_enabled() {
+  static const bool on = env_flag("MOESERVE_GEMV_STREAM", true);
+  return on;
+}
+
+void gemv_stream_norm_in(const float* residual, const float* partials, int nparts, const bf16* norm_w, float eps,
+                         int M, int K, const bf16* W, int N, void* y, int64_t ldy, OutType out, cudaStream_t stream) {
+  MS_CHECK(gemv_stream_fits(M, K) && K % 4 == 0 && N > 0 && ldy >= N && nparts >= 1 && partials != nullptr,
+           "gemv_stream_norm_in: M {} K {} N {} ldy {} nparts {} do not fit", M, K, N, ldy, nparts);
+  MS_CHECK(aligned16(residual) && aligned16(W) && (reinterpret_cast<uintptr_t>(norm_w) & 7) == 0,
+           "gemv_stream_norm_in: residual and W 16-byte, the norm weight 8-byte aligned");
+  const ResidualArgs ra{const_cast<float*>(residual), partials, nparts, norm_w, eps, nullptr, nullptr};
+  if (out == OutType::BF16)
+    launch_gemv_stream(static_cast<const bf16*>(nullptr), 0, M, K, W, N, static_cast<bf16*>(y), ldy, ra, stream);
+  else
+    launch_gemv_stream(static_cast<const bf16*>(nullptr), 0, M, K, W, N, static_cast<float*>(y), ldy, ra, stream);
 }
 
 bool norm_gemv_fits(int M, int K) { return M >= 1 && M <= kNormGemvMaxM && K > 0 && K % 8 == 0 && K <= 4096; }

@@ -413,6 +413,18 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
       mark("dense mlp", 6.0 * H * I + act * 4, 6.0 * T * H * I);
     }
   }
+  const bf16* head = c.tie_word_embeddings ? embed_.get() : lm_head_.get();
+  // With the residual fusion at up to 8 tokens, all of them logit rows, the final norm runs inside the streaming
+  // lm_head GEMV from the last MoE's partial sums: no norm launch (MOESERVE_LMHEAD_NORM_IN=0: the norm launch).
+  static const bool head_norm_in = env_flag("MOESERVE_LMHEAD_NORM_IN", true);
+  if (resfuse && head_norm_in && !in.logit_rows && in.R == T && gemv_stream_enabled() && gemv_stream_fits(T, H)) {
+    if (run_op(kSkipLmHead))
+      gemv_stream_norm_in(residual_.get(), part_moe_.get(), res_parts, final_norm_.get(), eps, T, H, head,
+                          int(c.vocab_size), logits_.get(), c.vocab_size, OutType::F32, s);
+    auto g4 = gemm_cost(in.R, int(c.vocab_size), H, 4);
+    mark("gemm lm_head (final norm inside)", g4.first + act * 4, g4.second);
+    return;
+  }
   // The last layer's output joins the residual under the final norm (with the residual fusion it already has);
   // only the logit rows go to lm_head.
   if (resfuse)
@@ -426,7 +438,6 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
     rows = final_rows_.get();
     mark("gather rows", 4.0 * in.R * H, 0);
   }
-  const bf16* head = c.tie_word_embeddings ? embed_.get() : lm_head_.get();
   if (run_op(kSkipLmHead))
     gemm.run(rows, H, in.R, H, head, int(c.vocab_size), logits_.get(), c.vocab_size, OutType::F32, s);
   auto g4 = gemm_cost(in.R, int(c.vocab_size), H, 4);
