@@ -66,6 +66,22 @@ __device__ __forceinline__ uint4 load_token(const bf16* p) { return __ldcg(reint
 __device__ __forceinline__ void store(float* p, float v) { *p = v; }
 __device__ __forceinline__ void store(bf16* p, float v) { *p = __float2bfloat16_rn(v); }
 
+// The MMAs of one ring slice (16 rows x 64 k from k = kb, row r's chunk c at c ^ 4 (r & 1)) against the token row at
+// xr (lane (g, q): token g's k = 8q .. from shared memory); the lane mapping of the header comment.
+__device__ __forceinline__ void mma_ring_slice(float (&c)[4], const bf16* sl, const bf16* xr, int kb, int K, int g, int q,
+                                               bool has_token) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int ch = (q + 4 * h) ^ ((g & 1) << 2);  // rows g and g + 8 have the same parity
+    const uint4 lo = *reinterpret_cast<const uint4*>(sl + g * kKPerIteration + 8 * ch);
+    const uint4 hi = *reinterpret_cast<const uint4*>(sl + (g + 8) * kKPerIteration + 8 * ch);
+    const int k = kb + 32 * h;
+    const uint4 b = has_token && k + 8 * q < K ? *reinterpret_cast<const uint4*>(xr + k) : make_uint4(0, 0, 0, 0);
+    mma_bf16(c, lo.x, hi.x, lo.y, hi.y, b.x, b.y);
+    mma_bf16(c, lo.z, hi.z, lo.w, hi.w, b.z, b.w);
+  }
+}
+
 // The fused norm prologue of gemv_bf16_kernel<OutT, kNormRows> (norm_gemv): x = rmsnorm(residual + delta) * w is
 // computed by every block into shared memory; the last block adds delta into the residual.
 struct NormArgs {
@@ -204,16 +220,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_bf16_kernel(const bf16* x, i
       __syncwarp();                                // ...and the warp's
       const bf16* sl = my_ring + (i % kS) * kRingStageElems;
       const int kb = warp * kKPerIteration + i * kStride;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int ch = (q + 4 * h) ^ ((g & 1) << 2);  // rows g and g + 8 have the same parity
-        const uint4 lo = *reinterpret_cast<const uint4*>(sl + g * kKPerIteration + 8 * ch);
-        const uint4 hi = *reinterpret_cast<const uint4*>(sl + (g + 8) * kKPerIteration + 8 * ch);
-        const int k = kb + 32 * h;
-        const uint4 b = has_token && k + 8 * q < K ? *reinterpret_cast<const uint4*>(xr + k) : make_uint4(0, 0, 0, 0);
-        mma_bf16(c, lo.x, hi.x, lo.y, hi.y, b.x, b.y);
-        mma_bf16(c, lo.z, hi.z, lo.w, hi.w, b.z, b.w);
-      }
+      mma_ring_slice(c, sl, xr, kb, K, g, q, has_token);
       __syncwarp();  // the stage is refilled by slice i + STAGES
       load_slice(i + kS);
       moe_ptx::cp_async_commit();
@@ -441,16 +448,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_stream_kernel(const bf16* x,
     __syncwarp();                                 // ...and the warp's
     const bf16* sl = ring + int(i % kStreamStages) * kRingStageElems;
     const int kb = (warp + kWarps * u) * kKPerIteration;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int ch = (q + 4 * h) ^ ((g & 1) << 2);
-      const uint4 lo = *reinterpret_cast<const uint4*>(sl + g * kKPerIteration + 8 * ch);
-      const uint4 hi = *reinterpret_cast<const uint4*>(sl + (g + 8) * kKPerIteration + 8 * ch);
-      const int k = kb + 32 * h;
-      const uint4 b = has_token && k + 8 * q < K ? *reinterpret_cast<const uint4*>(xr + k) : make_uint4(0, 0, 0, 0);
-      mma_bf16(c, lo.x, hi.x, lo.y, hi.y, b.x, b.y);
-      mma_bf16(c, lo.z, hi.z, lo.w, hi.w, b.z, b.w);
-    }
+    mma_ring_slice(c, sl, xr, kb, K, g, q, has_token);
     __syncwarp();  // the stage is refilled by slice i + kStreamStages
     load_next(i + kStreamStages);
     if (++u < per_warp) continue;
