@@ -88,10 +88,10 @@ run test_cuda_gemm_noring ok env MOESERVE_GEMV_RING=0 "$BUILD/tests/test_cuda_ge
 run test_gpu_model_norm_paths ok env MOESERVE_RESIDUAL_FUSION=0 MOESERVE_GEMV_RING=0 MOESERVE_MOE_COMBINE_NORM=1 \
   "$BUILD/tests/test_gpu_model" --gtest_brief=1
 run test_gpu_parity_combine_norm ok env MOESERVE_MOE_COMBINE_NORM=1 "$BUILD/tests/test_gpu_parity" --gtest_brief=1
-# The lm_head of session 20 off: cuBLASLt at every token count and the final norm as a launch of its own
-# (MOESERVE_GEMV_STREAM=0), and the streaming GEMV with the norm launch (MOESERVE_LMHEAD_NORM_IN=0).
+# The lm_head of session 20: off (cuBLASLt at every token count, MOESERVE_GEMV_STREAM=0), and with the opt-in final
+# norm inside the streaming GEMV (MOESERVE_LMHEAD_NORM_IN=1).
 run test_gpu_model_cublaslt_head ok env MOESERVE_GEMV_STREAM=0 "$BUILD/tests/test_gpu_model" --gtest_brief=1
-run test_gpu_model_head_norm_launch ok env MOESERVE_LMHEAD_NORM_IN=0 "$BUILD/tests/test_gpu_model" --gtest_brief=1
+run test_gpu_model_head_norm_in ok env MOESERVE_LMHEAD_NORM_IN=1 "$BUILD/tests/test_gpu_model" --gtest_brief=1
 # The decode-step switches of session 16 off: the unfolded router (router GEMV + route launch), layer 0's norm
 # launch instead of the embedding's partial sums, and every step copy on the compute stream.
 run test_gpu_model_unfolded ok env MOESERVE_ROUTER_FOLD=0 MOESERVE_EMBED_PARTIALS=0 MOESERVE_STEP_STREAMS=0 \
@@ -103,11 +103,11 @@ run test_gpu_model_unfolded ok env MOESERVE_ROUTER_FOLD=0 MOESERVE_EMBED_PARTIAL
 # decode attention with its warps splitting the head dimension (MOESERVE_ATTN_GQA_DSPLIT=1; both ring depths). New in
 # session 18, opt-in: the router GEMV + top-k in one launch for steps of 2-128 tokens outside the residual fusion
 # (MOESERVE_ROUTER_TOPK_WIDE=1;
-# the parity fixtures' short prompts take it in their prefill steps too). New in session 20, opt-in: the lm_head at
-# one token group through the streaming GEMV instead of cuBLASLt (MOESERVE_GEMV_STREAM=1; also test_cuda_gemm's
-# StreamingGemvMatchesCublas, which runs it directly).
+# the parity fixtures' short prompts take it in their prefill steps too). New in session 20, opt-in: the final norm
+# inside the streaming lm_head GEMV at decode (MOESERVE_LMHEAD_NORM_IN=1; also test_cuda_gemm's
+# StreamingGemvNormInMatchesNormInRows, which runs it directly).
 EARLIER=(MOESERVE_GREEDY_GRID=0 MOESERVE_GEMV_RING_STAGES=4 MOESERVE_MOE_DOWN_GEMV_STAGES=4)
-OPT_IN=(MOESERVE_PREFETCH_FIRST_LAYER=1 MOESERVE_ATTN_GQA_DSPLIT=1 MOESERVE_ROUTER_TOPK_WIDE=1 MOESERVE_GEMV_STREAM=1)
+OPT_IN=(MOESERVE_PREFETCH_FIRST_LAYER=1 MOESERVE_ATTN_GQA_DSPLIT=1 MOESERVE_ROUTER_TOPK_WIDE=1 MOESERVE_LMHEAD_NORM_IN=1)
 run test_gpu_model_earlier ok env "${EARLIER[@]}" "$BUILD/tests/test_gpu_model" --gtest_brief=1
 run test_gpu_model_opt_in ok env "${OPT_IN[@]}" "$BUILD/tests/test_gpu_model" --gtest_brief=1
 run test_gpu_parity_opt_in ok env "${OPT_IN[@]}" "$BUILD/tests/test_gpu_parity" --gtest_brief=1 --gtest_filter='*Bf16*'

@@ -414,9 +414,9 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
     }
   }
   const bf16* head = c.tie_word_embeddings ? embed_.get() : lm_head_.get();
-  // With the residual fusion at up to 8 tokens, all of them logit rows, the final norm runs inside the streaming
-  // lm_head GEMV from the last MoE's partial sums: no norm launch (MOESERVE_LMHEAD_NORM_IN=0: the norm launch).
-  static const bool head_norm_in = env_flag("MOESERVE_LMHEAD_NORM_IN", true);
+  // With the residual fusion at up to 8 tokens, all of them logit rows, the final norm can run inside the streaming
+  // lm_head GEMV from the last MoE's partial sums: no norm launch (MOESERVE_LMHEAD_NORM_IN=1; opt-in until measured).
+  static const bool head_norm_in = env_flag("MOESERVE_LMHEAD_NORM_IN", false);
   if (resfuse && head_norm_in && !in.logit_rows && in.R == T && gemv_stream_enabled() && gemv_stream_fits(T, H)) {
     if (run_op(kSkipLmHead))
       gemv_stream_norm_in(residual_.get(), part_moe_.get(), res_parts, final_norm_.get(), eps, T, H, head,
