@@ -43,7 +43,7 @@ std::unique_ptr<GemmBackend> make_gemv_backend(int kernel_max_m = 8);
 
 // y = x W^T for one token group (1 <= M <= 8, K % 8 == 0, ldx % 8 == 0, 16-byte aligned x and W) by a persistent
 // kernel whose warps stream W through cp.async rings that run on across row blocks: for vocabulary-sized W (the
-// lm_head at decode), which the gemv backend sends here when MOESERVE_GEMV_STREAM=1, instead of cuBLASLt.
+// lm_head at decode), which the gemv backend sends here instead of to cuBLASLt unless MOESERVE_GEMV_STREAM=0.
 bool gemv_stream_fits(int M, int K);
 bool gemv_stream_enabled();  // MOESERVE_GEMV_STREAM (default on)
 void gemv_stream(const bf16* x, int64_t ldx, int M, int K, const bf16* W, int N, void* y, int64_t ldy, OutType out,

@@ -120,6 +120,36 @@ struct ResidualArgs {
   int64_t ld_ext = 0;
 };
 enum GemvPrologue { kPlainX, kNormRows, kNormIn };
+
+// Tokens t0 .. t0 + tokens - 1 (tokens <= kTokens) as shared-memory rows of stride K + kNormPad: x's rows as they are,
+// or (stage_norm_rows) bf16(rmsnorm(residual) * weight) from the residual fusion's partial sums, also written to
+// ra.xn_out when non-null and `write_xn`. Every warp sums each token's partials itself (lanes strided, then a fixed
+// xor tree: the same order in every warp and block), so no barrier is needed before the caller's one after the rows.
+__device__ __forceinline__ void stage_token_rows(const bf16* x, int64_t ldx, int t0, int tokens, int K, bf16* rows) {
+  for (int i = threadIdx.x; i < tokens * (K / 8); i += blockDim.x) {
+    const int t = i / (K / 8), c = i % (K / 8);
+    *reinterpret_cast<uint4*>(rows + t * (K + kNormPad) + 8 * c) = load_token(x + int64_t(t0 + t) * ldx + 8 * c);
+  }
+}
+__device__ __forceinline__ void stage_norm_rows(const ResidualArgs& ra, int t0, int tokens, int K, bf16* rows,
+                                                bool write_xn) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int t = 0; t < kTokens; ++t) {
+    if (t >= tokens) break;
+    const float* part = ra.partials_in + int64_t(t0 + t) * ra.nparts_in;
+    float ss = 0.f;
+    for (int i = lane; i < ra.nparts_in; i += 32) ss += __ldcg(part + i);
+    const float inv = rms_inverse_from_lane_sums(ss, K, ra.eps);
+    const float4* r = reinterpret_cast<const float4*>(ra.residual + int64_t(t0 + t) * K);
+    for (int c = threadIdx.x; c < K / 4; c += blockDim.x) {
+      bf16* row = rows + t * (K + kNormPad) + 4 * c;
+      store_norm4(row, __ldcg(r + c), ra.weight + 4 * c, inv);
+      if (ra.xn_out != nullptr && write_xn)
+        *reinterpret_cast<uint2*>(ra.xn_out + int64_t(t0 + t) * K + 4 * c) = *reinterpret_cast<const uint2*>(row);
+    }
+  }
+}
 // gemv_residual_out's route tail (GemvRouteTail) as a kernel argument of the TAIL variants only: the other kernels'
 // arguments (and code) stay as they were.
 template <bool TAIL>
@@ -188,32 +218,11 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_bf16_kernel(const bf16* x, i
   if constexpr (PRO == kNormRows) {
     norm_rows_to_smem(na.residual, na.delta, na.weight, na.eps, M, K, norm_rows, K + kNormPad);
   } else if constexpr (PRO == kNormIn) {
-    // Every warp sums each token's partials itself (lanes strided, then a fixed xor tree: the same order in every
-    // warp and block), so the only barrier is the one after the rows are written.
-    const int tokens_here = min(kTokens, M - t0);
-#pragma unroll
-    for (int t = 0; t < kTokens; ++t) {
-      if (t >= tokens_here) break;
-      const float* part = ra.partials_in + int64_t(t0 + t) * ra.nparts_in;
-      float ss = 0.f;
-      for (int i = lane; i < ra.nparts_in; i += 32) ss += __ldcg(part + i);
-      const float inv = rms_inverse_from_lane_sums(ss, K, ra.eps);
-      const float4* r = reinterpret_cast<const float4*>(ra.residual + int64_t(t0 + t) * K);
-      for (int c = threadIdx.x; c < K / 4; c += blockDim.x) {
-        bf16* row = norm_rows + t * (K + kNormPad) + 4 * c;
-        store_norm4(row, __ldcg(r + c), ra.weight + 4 * c, inv);
-        if (ra.xn_out != nullptr && blockIdx.x == 0)
-          *reinterpret_cast<uint2*>(ra.xn_out + int64_t(t0 + t) * K + 4 * c) = *reinterpret_cast<const uint2*>(row);
-      }
-    }
+    stage_norm_rows(ra, t0, min(kTokens, M - t0), K, norm_rows, blockIdx.x == 0);
     __syncthreads();
   } else if constexpr (RING) {
     // The block's token rows into shared memory (the same layout as the normalized rows).
-    const int tokens_here = min(kTokens, M - t0);
-    for (int i = threadIdx.x; i < tokens_here * (K / 8); i += blockDim.x) {
-      const int t = i / (K / 8), c = i % (K / 8);
-      *reinterpret_cast<uint4*>(norm_rows + t * (K + kNormPad) + 8 * c) = load_token(x + int64_t(t0 + t) * ldx + 8 * c);
-    }
+    stage_token_rows(x, ldx, t0, min(kTokens, M - t0), K, norm_rows);
     __syncthreads();
   }
   constexpr bool X_IN_SMEM = NORM || RING;
@@ -421,6 +430,8 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_stream_kernel(const bf16* x,
   // c at c ^ 4 (r & 1). Padding slices (past K) and slices past the run are zero fills that read nothing.
   int64_t next_rb = rb0;
   int next_u = 0;
+  // (The same copies as gemv_bf16_kernel's load_slice, written out in each kernel: as a shared function ptxas
+  // allocated the measured kernels' registers differently.)
   auto load_next = [&](int64_t i) {
     bf16* dst = ring + int(i % kStreamStages) * kRingStageElems;
     const bool live = i < total;
@@ -440,24 +451,10 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_stream_kernel(const bf16* x,
   // W is never written: its first slices go out before the programmatic wait.
   for (int i = 0; i < kStreamStages; ++i) load_next(i);
   pdl_enter();
-  if (ra.residual != nullptr) {
-    // x = bf16(rmsnorm(residual) * weight) from the residual fusion's partial sums, as gemv_norm_in computes it
-    // (every warp sums a token's partials itself: no barrier but the one after the rows).
-    for (int t = 0; t < M; ++t) {
-      const float* part = ra.partials_in + int64_t(t) * ra.nparts_in;
-      float ss = 0.f;
-      for (int i = lane; i < ra.nparts_in; i += 32) ss += __ldcg(part + i);
-      const float inv = rms_inverse_from_lane_sums(ss, K, ra.eps);
-      const float4* r = reinterpret_cast<const float4*>(ra.residual + int64_t(t) * K);
-      for (int c = threadIdx.x; c < K / 4; c += blockDim.x)
-        store_norm4(xs + t * ldxs + 4 * c, __ldcg(r + c), ra.weight + 4 * c, inv);
-    }
-  } else {
-    for (int i = threadIdx.x; i < M * (K / 8); i += blockDim.x) {
-      const int t = i / (K / 8), c = i % (K / 8);
-      *reinterpret_cast<uint4*>(xs + t * ldxs + 8 * c) = load_token(x + int64_t(t) * ldx + 8 * c);
-    }
-  }
+  if (ra.residual != nullptr)  // x = the normalized residual, as gemv_norm_in computes it
+    stage_norm_rows(ra, 0, M, K, xs, false);
+  else
+    stage_token_rows(x, ldx, 0, M, K, xs);
   __syncthreads();
   const bool has_token = g < M;
   const bf16* xr = xs + (has_token ? g : 0) * ldxs + 8 * q;
@@ -802,7 +799,7 @@ bool gemv_stream_enabled() {
 
 void gemv_stream_norm_in(const float* residual, const float* partials, int nparts, const bf16* norm_w, float eps,
                          int M, int K, const bf16* W, int N, void* y, int64_t ldy, OutType out, cudaStream_t stream) {
-  MS_CHECK(gemv_stream_fits(M, K) && K % 4 == 0 && N > 0 && ldy >= N && nparts >= 1 && partials != nullptr,
+  MS_CHECK(gemv_stream_fits(M, K) && N > 0 && ldy >= N && nparts >= 1 && partials != nullptr,
            "gemv_stream_norm_in: M {} K {} N {} ldy {} nparts {} do not fit", M, K, N, ldy, nparts);
   MS_CHECK(aligned16(residual) && aligned16(W) && (reinterpret_cast<uintptr_t>(norm_w) & 7) == 0,
            "gemv_stream_norm_in: residual and W 16-byte, the norm weight 8-byte aligned");

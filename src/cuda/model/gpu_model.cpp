@@ -379,10 +379,11 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
     if (L.is_moe) {
       const int I = int(c.moe_intermediate_size);
       auto g3 = gemm_cost(T, E, H, 4);
-      if (route_tail) {  // routed by o_proj's last block
-      } else if (folded) {  // the router's logits from the two products, the top-k, and xn_ for the experts
-        moe_route_folded(fri, T, E, K, c.norm_topk_prob, topk_ids_.get(), topk_w_.get(), s);
-        mark("moe route_folded", act * 8, 0);
+      if (folded) {  // the router's logits from the two products, the top-k, and xn_ for the experts
+        if (!route_tail) {  // (else o_proj's last block did it)
+          moe_route_folded(fri, T, E, K, c.norm_topk_prob, topk_ids_.get(), topk_w_.get(), s);
+          mark("moe route_folded", act * 8, 0);
+        }
       } else if (resfuse) {  // the post-attention norm inside the router GEMV, which also writes xn_ for the experts
         gemv_norm_in(residual_.get(), part_attn_.get(), res_parts, L.post_norm.get(), eps, T, H, L.router.get(), E,
                      router_logits_.get(), E, OutType::F32, xn_.get(), s);
