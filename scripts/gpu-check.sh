@@ -105,12 +105,9 @@ run test_gpu_model_unfolded ok env MOESERVE_ROUTER_FOLD=0 MOESERVE_EMBED_PARTIAL
 # (MOESERVE_ROUTER_TOPK_WIDE=1;
 # the parity fixtures' short prompts take it in their prefill steps too). New in session 20, opt-in: the final norm
 # inside the streaming lm_head GEMV at decode (MOESERVE_LMHEAD_NORM_IN=1; also test_cuda_gemm's
-# StreamingGemvNormInMatchesNormInRows, which runs it directly), and the folded route as o_proj's last block instead
-# of a launch (MOESERVE_ROUTE_IN_OPROJ=1; test_gpu_router_fold compares it bitwise with the launch's outputs).
-run test_gpu_model_route_in_oproj ok env MOESERVE_ROUTE_IN_OPROJ=1 "$BUILD/tests/test_gpu_model" --gtest_brief=1
+# StreamingGemvNormInMatchesNormInRows, which runs it directly).
 EARLIER=(MOESERVE_GREEDY_GRID=0 MOESERVE_GEMV_RING_STAGES=4 MOESERVE_MOE_DOWN_GEMV_STAGES=4)
-OPT_IN=(MOESERVE_PREFETCH_FIRST_LAYER=1 MOESERVE_ATTN_GQA_DSPLIT=1 MOESERVE_ROUTER_TOPK_WIDE=1 MOESERVE_LMHEAD_NORM_IN=1
-        MOESERVE_ROUTE_IN_OPROJ=1)
+OPT_IN=(MOESERVE_PREFETCH_FIRST_LAYER=1 MOESERVE_ATTN_GQA_DSPLIT=1 MOESERVE_ROUTER_TOPK_WIDE=1 MOESERVE_LMHEAD_NORM_IN=1)
 run test_gpu_model_earlier ok env "${EARLIER[@]}" "$BUILD/tests/test_gpu_model" --gtest_brief=1
 run test_gpu_model_opt_in ok env "${OPT_IN[@]}" "$BUILD/tests/test_gpu_model" --gtest_brief=1
 run test_gpu_parity_opt_in ok env "${OPT_IN[@]}" "$BUILD/tests/test_gpu_parity" --gtest_brief=1 --gtest_filter='*Bf16*'
@@ -119,6 +116,12 @@ for g in 0 1; do
     --gtest_brief=1
 done
 run test_cuda_gemm_ring4 ok env MOESERVE_GEMV_RING_STAGES=4 "$BUILD/tests/test_cuda_gemm" --gtest_brief=1
+# The streaming lm_head's other ring forms (default: 4 stages, two blocks an SM since session 21): session 20's one
+# 8-stage block an SM, and two 6-stage blocks.
+for st in 6 8; do
+  run "test_cuda_gemm_stream$st" ok env MOESERVE_GEMV_STREAM_STAGES=$st "$BUILD/tests/test_cuda_gemm" --gtest_brief=1 \
+    --gtest_filter='*Stream*'
+done
 # The 1-token down GEMV with the other ring depths (MOESERVE_MOE_DOWN_GEMV_STAGES=2, 3, 4), the direct-mode tests.
 for st in 2 3 4; do
   run "test_cuda_moe_down_stages$st" ok env MOESERVE_MOE_DOWN_GEMV_STAGES=$st "$BUILD/tests/test_cuda_moe" \

@@ -149,35 +149,6 @@ TEST(GpuRouterFold, LogitsTopkAndExpertInputMatchTheResidualStreamsRouter) {
             EXPECT_NEAR(got, ref[e], 0.03 * rms) << where << " t " << t << " e " << e;
           }
         }
-        // The same route as o_proj's last block (GemvRouteTail, MOESERVE_ROUTE_IN_OPROJ): o_proj from the same
-        // residual with the tail, twice (the counter must come back to zero); every output bitwise as above.
-        Dev<int> d_counter(std::vector<int>{0});
-        for (int rep = 0; rep < 2; ++rep) {
-          Dev<float> d_res2(h), d_px2(size_t(T) * (sh.H / 16)), d_u2b(size_t(T) * sh.E), d_w2(size_t(T) * sh.k),
-              d_logits2(size_t(T) * sh.E);
-          Dev<uint16_t> d_oo2(size_t(T) * sh.H), d_xn2(size_t(T) * sh.H);
-          Dev<int32_t> d_ids2(size_t(T) * sh.k);
-          d_px2.poison(), d_u2b.poison(), d_w2.poison(), d_logits2.poison(), d_oo2.poison(), d_xn2.poison();
-          d_ids2.poison();
-          GemvRouteTail tail;
-          tail.f = f;
-          tail.f.u2 = d_u2b.p, tail.f.part_x = d_px2.p, tail.f.residual = d_res2.p, tail.f.xn_out = bf(d_xn2);
-          tail.f.logits_out = d_logits2.p;
-          tail.T = T, tail.E = sh.E, tail.k = sh.k, tail.renormalize = 1;
-          tail.ids = d_ids2.p, tail.weights = d_w2.p, tail.counter = d_counter.p;
-          gemv_residual_out(bf(d_a), sh.QD, T, sh.QD, bf(d_o), sh.H, bf(d_oo2), sh.H, d_res2.p, d_px2.p, st,
-                            GemvExtraRows{sh.E, d_u2b.p, sh.E}, &tail);
-          MS_CUDA_CHECK(cudaStreamSynchronize(st));
-          const std::string w2 = where + fmt::format(" (route tail, run {})", rep + 1);
-          ASSERT_EQ(d_counter.download(), std::vector<int>{0}) << w2 << ": the counter was not reset";
-          EXPECT_EQ(d_oo2.download(), o[1]) << w2 << ": o_proj's rows";
-          EXPECT_EQ(d_res2.download(), res[1]) << w2 << ": the residual";
-          EXPECT_EQ(d_px2.download(), px[1]) << w2 << ": the partial sums";
-          EXPECT_EQ(d_ids2.download(), ids) << w2 << ": ids";
-          EXPECT_EQ(d_w2.download(), d_w.download()) << w2 << ": weights";
-          EXPECT_EQ(d_xn2.download(), xn) << w2 << ": xn";
-          EXPECT_EQ(d_logits2.download(), logits) << w2 << ": logits";
-        }
         // The top-k is the route of the logits the kernel computed.
         std::vector<int32_t> want_ids(size_t(T) * sh.k);
         std::vector<float> want_w(size_t(T) * sh.k);

@@ -10,7 +10,6 @@
 #include <vector>
 
 #include "cuda/common.h"
-#include "cuda/moe/moe.h"
 #include "cuda/registry.h"
 
 namespace moeserve::cuda {
@@ -86,22 +85,8 @@ struct GemvExtraRows {
 void gemv_norm_in(const float* residual, const float* partials, int nparts, const bf16* norm_w, float eps, int M,
                   int K, const bf16* W, int N, void* y, int64_t ldy, OutType out, bf16* xn_out, cudaStream_t stream,
                   const GemvExtraRows& ext = {});
-// gemv_residual_out may end in the folded route (moe_route_folded's work, done by the grid's last block once every
-// block's residual rows, partial sums and extra rows are in: one launch less a layer). f.part_x, f.residual and f.u2
-// are this GEMV's partials, residual and extra rows; E <= kGemvRouteTailMaxExperts; counter: one int of device
-// memory, zero before the first launch, left at zero.
-constexpr int kGemvRouteTailMaxExperts = 256;
-struct GemvRouteTail {
-  FoldedRouterInputs f;
-  int T = 0, E = 0, k = 0;
-  int renormalize = 0;
-  int32_t* ids = nullptr;
-  float* weights = nullptr;
-  int* counter = nullptr;
-};
 void gemv_residual_out(const bf16* x, int64_t ldx, int M, int K, const bf16* W, int N, bf16* y, int64_t ldy,
-                       float* residual, float* partials, cudaStream_t stream, const GemvExtraRows& ext = {},
-                       const GemvRouteTail* tail = nullptr);
+                       float* residual, float* partials, cudaStream_t stream, const GemvExtraRows& ext = {});
 
 // Against a CPU reference on random shapes (odd M, N, K included). "" on pass.
 std::string gemm_self_test(GemmBackend& b, double& max_err);

@@ -30,7 +30,6 @@
 #include "cuda/fused_norm.cuh"
 #include "cuda/launch.h"
 #include "cuda/moe/moe_ptx.cuh"
-#include "cuda/moe/route_dev.cuh"
 #include "cuda/pdl.cuh"
 
 namespace moeserve::cuda {
@@ -66,13 +65,6 @@ __device__ __forceinline__ uint4 load_token(const bf16* p) { return __ldcg(reint
 
 __device__ __forceinline__ void store(float* p, float v) { *p = v; }
 __device__ __forceinline__ void store(bf16* p, float v) { *p = __float2bfloat16_rn(v); }
-
-// The folded route at the end of gemv_residual_out's last block (GemvRouteTail). Not inlined: the route's registers
-// stay out of the GEMV loop's allocation (inlined, ptxas spilled in the 6-stage form).
-__device__ __noinline__ void route_tail(const GemvRouteTail& rt) {
-  if (rt.E <= 128) route_dev::route_folded_body<4>(rt.f, rt.T, rt.E, rt.k, rt.renormalize != 0, rt.ids, rt.weights);
-  else route_dev::route_folded_body<8>(rt.f, rt.T, rt.E, rt.k, rt.renormalize != 0, rt.ids, rt.weights);
-}
 
 // The MMAs of one ring slice (16 rows x 64 k from k = kb, row r's chunk c at c ^ 4 (r & 1)) against the token row at
 // xr (lane (g, q): token g's k = 8q .. from shared memory); the lane mapping of the header comment.
@@ -150,15 +142,6 @@ __device__ __forceinline__ void stage_norm_rows(const ResidualArgs& ra, int t0, 
     }
   }
 }
-// gemv_residual_out's route tail (GemvRouteTail) as a kernel argument of the TAIL variants only: the other kernels'
-// arguments (and code) stay as they were.
-template <bool TAIL>
-struct TailArg {};
-template <>
-struct TailArg<true> {
-  GemvRouteTail rt;
-};
-
 // Block (blockIdx.x, blockIdx.y) computes rows [16 bx, 16 bx + 16) for tokens [8 by, 8 by + 8). Needs
 // K % 8 == 0, ldx % 8 == 0 and 16-byte aligned x and W (checked on the host). PRO == kNormRows: x is the normalized
 // residual (NormArgs), one token group (M <= 8), K + kNormPad bf16 of dynamic shared memory per token; kNormIn: x
@@ -171,11 +154,11 @@ struct TailArg<true> {
 // the programmatic wait: a 1-token GEMV of K <= 2048 then has all its weight bytes in flight while the kernel
 // before still runs, and no load waits on a register (ptxas schedules register loads just ahead of their MMAs,
 // which leaves each warp one memory round trip an iteration). The plain x is staged into shared memory as well.
-template <typename OutT, int PRO = kPlainX, bool RES_OUT = false, int STAGES = 0, bool TAIL = false>
+template <typename OutT, int PRO = kPlainX, bool RES_OUT = false, int STAGES = 0>
 __global__ void __launch_bounds__(kWarps * 32) gemv_bf16_kernel(const bf16* x, int64_t ldx, int M,
                                                                  int K, const bf16* __restrict__ W, int N,
                                                                  OutT* __restrict__ y, int64_t ldy, NormArgs na,
-                                                                 ResidualArgs ra, TailArg<TAIL> tail) {
+                                                                 ResidualArgs ra) {
   constexpr bool NORM = PRO != kPlainX;
   constexpr bool RING = STAGES > 0;
   constexpr int kS = RING ? STAGES : 1;  // (the ring's index arithmetic, also compiled without a ring)
@@ -309,10 +292,6 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_bf16_kernel(const bf16* x, i
   if constexpr (PRO == kNormRows) {
     if (na.delta != nullptr && finished_last(na.counter)) add_to_residual(na.residual, na.delta, M, K);
   }
-  if constexpr (RES_OUT && TAIL) {
-    static_assert(kWarps * 32 == route_dev::kFoldedThreads, "the route tail runs on one block's threads");
-    if (tail.rt.counter != nullptr && finished_last(tail.rt.counter)) route_tail(tail.rt);
-  }
 }
 
 // Launches gemv_bf16_kernel for one or more token groups: the cp.async ring (RING; MOESERVE_GEMV_RING=0 off) for up
@@ -353,10 +332,9 @@ int prepared_blocks_per_sm(const void* kernel, size_t smem) {
   return per_sm;
 }
 
-template <typename OutT, int PRO = kPlainX, bool RES_OUT = false, bool TAIL = false>
+template <typename OutT, int PRO = kPlainX, bool RES_OUT = false>
 void launch_gemv(dim3 grid, cudaStream_t stream, const bf16* x, int64_t ldx, int M, int K, const bf16* W, int N,
-                 OutT* y, int64_t ldy, const NormArgs& na, const ResidualArgs& ra,
-                 const TailArg<TAIL>& tail = {}) {
+                 OutT* y, int64_t ldy, const NormArgs& na, const ResidualArgs& ra) {
   static const bool ring_on = env_flag("MOESERVE_GEMV_RING", true);
   ResidualArgs ra_hint = ra;  // (the weight streams' L2 priority, cuda/device.h)
   ra_hint.evict_first = l2_evict_first_weights() ? 1 : 0;
@@ -367,26 +345,26 @@ void launch_gemv(dim3 grid, cudaStream_t stream, const bf16* x, int64_t ldx, int
     const size_t smem = ring_bytes(stages) + rows;
     const int per_sm = prepared_blocks_per_sm(reinterpret_cast<const void*>(kernel), smem);
     if (per_sm <= 0 || int64_t(per_sm) * sms < int64_t(grid.x) * grid.y) return false;
-    launch_pdl(kernel, grid, dim3(kWarps * 32), smem, stream, x, ldx, M, K, W, N, y, ldy, na, ra_hint, tail);
+    launch_pdl(kernel, grid, dim3(kWarps * 32), smem, stream, x, ldx, M, K, W, N, y, ldy, na, ra_hint);
     return true;
   };
   if (ring_on && M <= kRingMaxM) {
     if constexpr (RES_OUT) {  // (only o_proj's form has rows this long in the models served: fewer kernels to build)
       const int wanted = gemv_ring_stages_wanted(), slices = int(ceil_div(K, kStride));  // a warp's k-iterations
       if (wanted >= kDeepRingStages[0] && slices >= kDeepRingStages[0] &&
-          try_ring(gemv_bf16_kernel<OutT, PRO, RES_OUT, kDeepRingStages[0], TAIL>, kDeepRingStages[0]))
+          try_ring(gemv_bf16_kernel<OutT, PRO, RES_OUT, kDeepRingStages[0]>, kDeepRingStages[0]))
         return;
       if (wanted >= kDeepRingStages[1] && slices > kRingStages &&
-          try_ring(gemv_bf16_kernel<OutT, PRO, RES_OUT, kDeepRingStages[1], TAIL>, kDeepRingStages[1]))
+          try_ring(gemv_bf16_kernel<OutT, PRO, RES_OUT, kDeepRingStages[1]>, kDeepRingStages[1]))
         return;
     }
-    if (try_ring(gemv_bf16_kernel<OutT, PRO, RES_OUT, kRingStages, TAIL>, kRingStages)) return;
+    if (try_ring(gemv_bf16_kernel<OutT, PRO, RES_OUT, kRingStages>, kRingStages)) return;
   }
-  auto kernel = gemv_bf16_kernel<OutT, PRO, RES_OUT, 0, TAIL>;
+  auto kernel = gemv_bf16_kernel<OutT, PRO, RES_OUT, 0>;
   const size_t smem = PRO != kPlainX ? rows : 0;
   MS_CHECK(raise_dynamic_smem(reinterpret_cast<const void*>(kernel), smem),
            "gemv: the device refuses {} bytes of shared memory", smem);
-  launch_pdl(kernel, grid, dim3(kWarps * 32), smem, stream, x, ldx, M, K, W, N, y, ldy, na, ra_hint, tail);
+  launch_pdl(kernel, grid, dim3(kWarps * 32), smem, stream, x, ldx, M, K, W, N, y, ldy, na, ra_hint);
 }
 
 // ---- gemv_stream_kernel: a vocabulary-sized W at M <= 8 (lm_head) ----
@@ -398,7 +376,10 @@ void launch_gemv(dim3 grid, cudaStream_t stream, const bf16* x, int64_t ldx, int
 // bench/gpu_read_bw measured cp.async rings of 64-128 KB a block at 4.56-4.58 TB/s on the H200, where cuBLASLt reads
 // the 622 MB lm_head at ~4.16 TB/s. A first form with each warp on its own run of whole row blocks (1,056 streams of
 // 1 KB runs a row) read at 4.18 (session 20). Needs M <= 8, K % 8 == 0, ldx % 8 == 0, 16-byte aligned x and W.
-constexpr int kStreamStages = 8;  // a warp's ring: 8 x 2 KB, 128 KB a block
+// A warp's ring: 4 x 2 KB, 64 KB a block, two blocks an SM (the 622 MB lm_head in 138.3 us at 1 token, 4.50 TB/s,
+// against 143.3 us with one 8-stage block an SM: session 21's test_cuda_gemm bandwidth rows, same call).
+constexpr int kStreamStages = 4;
+constexpr int kStreamBlocksPerSm = 2;
 constexpr size_t stream_smem_bytes(int M, int K, int stages = kStreamStages) {
   return ring_bytes(stages) + size_t(M) * size_t(K + kNormPad) * sizeof(bf16);
 }
@@ -493,8 +474,9 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_stream_kernel(const bf16* x,
   moe_ptx::cp_async_wait<0>();
 }
 
-// MOESERVE_GEMV_STREAM_STAGES (A/B): 8 (default, one block an SM), 4 (two blocks an SM, 64 KB each) or 12 (one
-// block, 192 KB, where the token rows leave room; else 8).
+// MOESERVE_GEMV_STREAM_STAGES (A/B): 4 (default, two blocks an SM, 64 KB each), 6 (two blocks, 96 KB), 8 (one block,
+// 128 KB: session 20's form) or 12 (one block, 192 KB). A form whose shared memory does not fit falls back to the
+// default, then to one 8-stage block an SM, then to one 4-stage block (gemv_stream_fits' bound).
 template <typename OutT>
 void launch_gemv_stream(const bf16* x, int64_t ldx, int M, int K, const bf16* W, int N, OutT* y, int64_t ldy,
                         const ResidualArgs& ra, cudaStream_t stream) {
@@ -510,8 +492,11 @@ void launch_gemv_stream(const bf16* x, int64_t ldx, int M, int K, const bf16* W,
                ldy, evict_first, ra);
     return true;
   };
-  if (wanted == 4 && try_launch(gemv_stream_kernel<OutT, 4>, 4, 2)) return;
+  if (wanted == 6 && try_launch(gemv_stream_kernel<OutT, 6>, 6, kStreamBlocksPerSm)) return;
+  if (wanted == 8 && try_launch(gemv_stream_kernel<OutT, 8>, 8, 1)) return;
   if (wanted == 12 && try_launch(gemv_stream_kernel<OutT, 12>, 12, 1)) return;
+  if (try_launch(gemv_stream_kernel<OutT>, kStreamStages, kStreamBlocksPerSm)) return;
+  if (try_launch(gemv_stream_kernel<OutT, 8>, 8, 1)) return;  // token rows too large for two blocks an SM
   MS_CHECK(try_launch(gemv_stream_kernel<OutT>, kStreamStages, 1),
            "gemv_stream: {} bytes of shared memory (M {} K {}) do not fit an SM", stream_smem_bytes(M, K), M, K);
 }
@@ -859,35 +844,16 @@ void gemv_norm_in(const float* residual, const float* partials, int nparts, cons
 }
 
 void gemv_residual_out(const bf16* x, int64_t ldx, int M, int K, const bf16* W, int N, bf16* y, int64_t ldy,
-                       float* residual, float* partials, cudaStream_t stream, const GemvExtraRows& ext,
-                       const GemvRouteTail* tail) {
+                       float* residual, float* partials, cudaStream_t stream, const GemvExtraRows& ext) {
   MS_CHECK(residual_gemv_fits(M, K) && N > 0 && ldy >= N && ldx >= K && ldx % 8 == 0 && residual != nullptr &&
                partials != nullptr,
            "gemv_residual_out: M {} K {} N {} ldx {} ldy {} do not fit", M, K, N, ldx, ldy);
   MS_CHECK(aligned16(x) && aligned16(W), "gemv_residual_out: x and W must be 16-byte aligned");
   ResidualArgs ra{residual, nullptr, 0, nullptr, 0.f, nullptr, partials};
   set_extra_rows(ra, N, ext, "gemv_residual_out");
-  if (tail != nullptr) {
-    const FoldedRouterInputs& f = tail->f;
-    MS_CHECK(tail->T == M && M <= kFusedRouterMaxTokens && tail->E >= 1 && tail->E <= kGemvRouteTailMaxExperts &&
-                 tail->k >= 1 && tail->k <= tail->E && tail->k <= 16 && tail->counter != nullptr &&
-                 tail->ids != nullptr && tail->weights != nullptr,
-             "gemv_residual_out: a route tail of {} tokens, {} experts, top {} (at most {} tokens and {} experts)",
-             tail->T, tail->E, tail->k, kFusedRouterMaxTokens, kGemvRouteTailMaxExperts);
-    MS_CHECK(f.H == N && f.residual == residual && f.part_x == partials && f.u2 == ext.out && ext.rows == tail->E &&
-                 f.u1 != nullptr && f.part_h != nullptr && f.post_norm != nullptr && f.xn_out != nullptr &&
-                 f.nparts == residual_gemv_parts(N) && N % 4 == 0 && N <= 4096 &&
-                 (reinterpret_cast<uintptr_t>(f.xn_out) & 7) == 0 && (reinterpret_cast<uintptr_t>(f.post_norm) & 7) == 0,
-             "gemv_residual_out: the route tail must read this GEMV's residual, partial sums and extra rows, with "
-             "8-byte aligned xn_out and norm weight");
-  }
   const int rows = N + ext.rows;
-  const dim3 grid(unsigned(ceil_div(rows, kRows)));
-  if (tail != nullptr)  // (a kernel of its own: the route's registers stay out of the plain GEMV's allocation)
-    launch_gemv<bf16, kPlainX, true, true>(grid, stream, x, ldx, M, K, W, rows, y, ldy, NormArgs{}, ra,
-                                           TailArg<true>{*tail});
-  else
-    launch_gemv<bf16, kPlainX, true>(grid, stream, x, ldx, M, K, W, rows, y, ldy, NormArgs{}, ra);
+  launch_gemv<bf16, kPlainX, true>(dim3(unsigned(ceil_div(rows, kRows))), stream, x, ldx, M, K, W, rows, y, ldy,
+                                   NormArgs{}, ra);
 }
 
 std::unique_ptr<GemmBackend> make_gemv_backend(int kernel_max_m) {

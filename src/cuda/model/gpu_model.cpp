@@ -187,8 +187,7 @@ void GpuQwen3::plan_workspace(int max_tokens, int max_rows, int max_seqs, int ma
                 WeightFormat::BF16, max_tokens};
     moe_ws_ = DeviceArray<uint8_t>(alloc_, std::max<size_t>(b.moe->workspace_bytes(ms), 256), part);
   }
-  // moe_router_topk: one a token group; then o_proj's route tail (MOESERVE_ROUTE_IN_OPROJ).
-  grid_counter_ = DeviceArray<int>(alloc_, kRouterTopkMaxGroups + 1, part);
+  grid_counter_ = DeviceArray<int>(alloc_, kRouterTopkMaxGroups, part);  // (moe_router_topk: one a token group)
   MS_CUDA_CHECK(cudaMemset(grid_counter_.get(), 0, grid_counter_.bytes()));
   if (b.residual_fusion) {
     const size_t parts = size_t(kResidualGemvMaxM) * size_t(residual_gemv_parts(int(H)));
@@ -344,27 +343,9 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
     }
     mark(fused_input ? "attention decode+qk_norm_rope_kv" : in.decode ? "attention decode" : "attention prefill",
          double(in.kv_tokens) * Hkv * D * 4 + 4.0 * T * QD, 4.0 * double(in.attn_pairs) * Hq * D);
-    // The folded route's inputs (u1 from the q/k/v GEMV, u2 and x from o_proj): moe_route_folded's launch, or with
-    // MOESERVE_ROUTE_IN_OPROJ=1 (opt-in until measured) the work of o_proj's last block (GemvRouteTail).
-    FoldedRouterInputs fri;
-    if (folded) {
-      fri.u1 = router_u1_.get(), fri.ld_u1 = E, fri.u2 = router_u2_.get(), fri.ld_u2 = E;
-      fri.part_h = part_moe_.get(), fri.part_x = part_attn_.get(), fri.nparts = res_parts;
-      fri.residual = residual_.get(), fri.post_norm = L.post_norm.get(), fri.eps = eps, fri.H = H;
-      fri.xn_out = xn_.get();
-    }
-    static const bool route_in_oproj = env_flag("MOESERVE_ROUTE_IN_OPROJ", false);
-    const bool route_tail = folded && route_in_oproj && E <= kGemvRouteTailMaxExperts;
     if (resfuse) {  // residual += o, and the partial sums for the router's norm
-      GemvRouteTail tail;
-      if (route_tail) {
-        tail.f = fri, tail.T = T, tail.E = E, tail.k = K, tail.renormalize = c.norm_topk_prob ? 1 : 0;
-        tail.ids = topk_ids_.get(), tail.weights = topk_w_.get();
-        tail.counter = grid_counter_.get() + kRouterTopkMaxGroups;
-      }
       gemv_residual_out(attn_.get(), QD, T, QD, L.o.get(), H, o_.get(), H, residual_.get(), part_attn_.get(), s,
-                        folded ? GemvExtraRows{E, router_u2_.get(), E} : GemvExtraRows{},
-                        route_tail ? &tail : nullptr);
+                        folded ? GemvExtraRows{E, router_u2_.get(), E} : GemvExtraRows{});
     } else if (run_op(kSkipOproj)) {
       gemm.run(attn_.get(), QD, T, QD, L.o.get(), H, o_.get(), H, OutType::BF16, s);
     }
@@ -380,10 +361,12 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
       const int I = int(c.moe_intermediate_size);
       auto g3 = gemm_cost(T, E, H, 4);
       if (folded) {  // the router's logits from the two products, the top-k, and xn_ for the experts
-        if (!route_tail) {  // (else o_proj's last block did it)
-          moe_route_folded(fri, T, E, K, c.norm_topk_prob, topk_ids_.get(), topk_w_.get(), s);
-          mark("moe route_folded", act * 8, 0);
-        }
+        FoldedRouterInputs f;
+        f.u1 = router_u1_.get(), f.ld_u1 = E, f.u2 = router_u2_.get(), f.ld_u2 = E;
+        f.part_h = part_moe_.get(), f.part_x = part_attn_.get(), f.nparts = res_parts;
+        f.residual = residual_.get(), f.post_norm = L.post_norm.get(), f.eps = eps, f.H = H, f.xn_out = xn_.get();
+        moe_route_folded(f, T, E, K, c.norm_topk_prob, topk_ids_.get(), topk_w_.get(), s);
+        mark("moe route_folded", act * 8, 0);
       } else if (resfuse) {  // the post-attention norm inside the router GEMV, which also writes xn_ for the experts
         gemv_norm_in(residual_.get(), part_attn_.get(), res_parts, L.post_norm.get(), eps, T, H, L.router.get(), E,
                      router_logits_.get(), E, OutType::F32, xn_.get(), s);

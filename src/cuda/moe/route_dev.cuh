@@ -1,5 +1,6 @@
-// The router's top-k and the folded route (moe_route_folded) as device functions, shared by the routing kernels
-// (moe_route.cu) and the o_proj GEMV that can end in the route (gemv.cu, GemvRouteTail). Internal header.
+// The router's top-k and the folded route (moe_route_folded) as device functions of the routing kernels
+// (moe_route.cu). Internal header. (Session 20 also ran the folded route as o_proj's last block from here: +25 us a
+// step at bs 1 on the H200, session 21; removed.)
 #pragma once
 
 #include <cstdint>
@@ -116,8 +117,7 @@ __device__ __forceinline__ void load_parts(const float* part, int nparts, int la
   for (int j = 0; j < kMaxPartsPerLane; ++j) v[j] = lane + 32 * j < nparts ? __ldcg(part + lane + 32 * j) : 0.f;
 }
 
-// The folded route by the kFoldedThreads threads of a block (route_folded_kernel, or the last block of o_proj's
-// GEMV, gemv_residual_out's RouteTail), its inputs complete and visible.
+// The folded route by the kFoldedThreads threads of a block (route_folded_kernel), its inputs complete and visible.
 template <int SLOTS>
 __device__ __forceinline__ void route_folded_body(const FoldedRouterInputs& f, int T, int E, int k, bool renormalize,
                                                   int32_t* ids, float* weights) {
