@@ -432,8 +432,8 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_stream_kernel(const bf16* x,
   // W is never written: its first slices go out before the programmatic wait.
   for (int i = 0; i < kStreamStages; ++i) load_next(i);
   pdl_enter();
-  if (ra.residual != nullptr)  // x = the normalized residual, as gemv_norm_in computes it (block 0 writes xn_out)
-    stage_norm_rows(ra, 0, M, K, xs, blockIdx.x == 0);
+  if (ra.residual != nullptr)  // x = the normalized residual, as gemv_norm_in computes it
+    stage_norm_rows(ra, 0, M, K, xs, false);
   else
     stage_token_rows(x, ldx, 0, M, K, xs);
   __syncthreads();
@@ -467,12 +467,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_stream_kernel(const bf16* x,
 #pragma unroll
       for (int w = 0; w < kWarps; ++w) sum += partial[buf][w][r][t];
       const int64_t n = rb * kRows + r;
-      if (t < M && n < N) {
-        if (n >= ra.n_main)  // an extra row (gemv_norm_in's GemvExtraRows): f32 to ext_out
-          ra.ext_out[int64_t(t) * ra.ld_ext + (n - ra.n_main)] = sum;
-        else
-          store(y + int64_t(t) * ldy + n, sum);
-      }
+      if (t < M && n < N) store(y + int64_t(t) * ldy + n, sum);
     }
     u = 0, ++rb;
   }
@@ -482,10 +477,9 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_stream_kernel(const bf16* x,
 // MOESERVE_GEMV_STREAM_STAGES (A/B): 4 (default, two blocks an SM, 64 KB each), 6 (two blocks, 96 KB), 8 (one block,
 // 128 KB: session 20's form) or 12 (one block, 192 KB). A form whose shared memory does not fit falls back to the
 // default, then to one 8-stage block an SM, then to one 4-stage block (gemv_stream_fits' bound).
-// fixed_per_sm > 0 (gemv_norm_in's streaming form): that many 4-stage blocks an SM or nothing (false).
 template <typename OutT>
-bool launch_gemv_stream(const bf16* x, int64_t ldx, int M, int K, const bf16* W, int N, OutT* y, int64_t ldy,
-                        const ResidualArgs& ra, cudaStream_t stream, int fixed_per_sm = 0) {
+void launch_gemv_stream(const bf16* x, int64_t ldx, int M, int K, const bf16* W, int N, OutT* y, int64_t ldy,
+                        const ResidualArgs& ra, cudaStream_t stream) {
   static const int sms = current_device_multiprocessors();
   static const int wanted = int(env_int("MOESERVE_GEMV_STREAM_STAGES", kStreamStages, 4, 12));
   const int evict_first = l2_evict_first_weights() ? 1 : 0;
@@ -498,15 +492,13 @@ bool launch_gemv_stream(const bf16* x, int64_t ldx, int M, int K, const bf16* W,
                ldy, evict_first, ra);
     return true;
   };
-  if (fixed_per_sm > 0) return try_launch(gemv_stream_kernel<OutT>, kStreamStages, fixed_per_sm);
-  if (wanted == 6 && try_launch(gemv_stream_kernel<OutT, 6>, 6, kStreamBlocksPerSm)) return true;
-  if (wanted == 8 && try_launch(gemv_stream_kernel<OutT, 8>, 8, 1)) return true;
-  if (wanted == 12 && try_launch(gemv_stream_kernel<OutT, 12>, 12, 1)) return true;
-  if (try_launch(gemv_stream_kernel<OutT>, kStreamStages, kStreamBlocksPerSm)) return true;
-  if (try_launch(gemv_stream_kernel<OutT, 8>, 8, 1)) return true;  // token rows too large for two blocks an SM
+  if (wanted == 6 && try_launch(gemv_stream_kernel<OutT, 6>, 6, kStreamBlocksPerSm)) return;
+  if (wanted == 8 && try_launch(gemv_stream_kernel<OutT, 8>, 8, 1)) return;
+  if (wanted == 12 && try_launch(gemv_stream_kernel<OutT, 12>, 12, 1)) return;
+  if (try_launch(gemv_stream_kernel<OutT>, kStreamStages, kStreamBlocksPerSm)) return;
+  if (try_launch(gemv_stream_kernel<OutT, 8>, 8, 1)) return;  // token rows too large for two blocks an SM
   MS_CHECK(try_launch(gemv_stream_kernel<OutT>, kStreamStages, 1),
            "gemv_stream: {} bytes of shared memory (M {} K {}) do not fit an SM", stream_smem_bytes(M, K), M, K);
-  return true;
 }
 
 // ---- gemv_wide_kernel: 8 < M <= kWideMaxM ----
@@ -844,25 +836,6 @@ void gemv_norm_in(const float* residual, const float* partials, int nparts, cons
   ResidualArgs ra{const_cast<float*>(residual), partials, nparts, norm_w, eps, xn_out, nullptr};
   set_extra_rows(ra, N, ext, "gemv_norm_in");
   const int rows = N + ext.rows;
-  // MOESERVE_GEMV_NORM_STREAM=1|2 (opt-in until measured): at 1-2 tokens, where every row block has more than one
-  // SM's worth of blocks to run (the q/k/v GEMV's 328 row blocks), the streaming kernel with that many persistent
-  // blocks an SM instead of a block a row block. Why: in the served step the q/k/v GEMV follows the MoE's down GEMV,
-  // whose 141 KB CTAs leave room for ~one 70 KB GEMV block an SM, so only ~132 of the 328 blocks can load their
-  // weights before the down GEMV ends and the rest start from nothing after the first ones leave (chain 9.2 us at
-  // bs 1 for 21 MB, 4.6 us at the read bandwidth); a persistent block keeps its ring streaming across its run of row
-  // blocks (the lm_head's form). Same slices a warp in the same order as the ring kernel: bitwise the same y.
-  static const int norm_stream = int(env_int("MOESERVE_GEMV_NORM_STREAM", 0, 0, 2));
-  static const int sms = current_device_multiprocessors();
-  if (norm_stream > 0 && M <= kRingMaxM && ceil_div(rows, kRows) >= int64_t(sms) * norm_stream &&
-      gemv_stream_fits(M, K)) {
-    const bool launched =
-        out == OutType::BF16
-            ? launch_gemv_stream(static_cast<const bf16*>(nullptr), 0, M, K, W, rows, static_cast<bf16*>(y), ldy, ra,
-                                 stream, norm_stream)
-            : launch_gemv_stream(static_cast<const bf16*>(nullptr), 0, M, K, W, rows, static_cast<float*>(y), ldy, ra,
-                                 stream, norm_stream);
-    if (launched) return;
-  }
   const dim3 grid(unsigned(ceil_div(rows, kRows)));
   if (out == OutType::BF16)
     launch_gemv<bf16, kNormIn>(grid, stream, nullptr, 0, M, K, W, rows, static_cast<bf16*>(y), ldy, NormArgs{}, ra);
