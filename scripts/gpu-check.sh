@@ -105,9 +105,11 @@ run test_gpu_model_unfolded ok env MOESERVE_ROUTER_FOLD=0 MOESERVE_EMBED_PARTIAL
 # (MOESERVE_ROUTER_TOPK_WIDE=1;
 # the parity fixtures' short prompts take it in their prefill steps too). New in session 20, opt-in: the final norm
 # inside the streaming lm_head GEMV at decode (MOESERVE_LMHEAD_NORM_IN=1; also test_cuda_gemm's
-# StreamingGemvNormInMatchesNormInRows, which runs it directly).
+# StreamingGemvNormInMatchesNormInRows, which runs it directly). New in session 21, opt-in: MOESERVE_GEMV_KERNEL_MAX_M=64,
+# MOESERVE_GREEDY_GRID_BLOCKS=1024 (below).
 EARLIER=(MOESERVE_GREEDY_GRID=0 MOESERVE_GEMV_RING_STAGES=4 MOESERVE_MOE_DOWN_GEMV_STAGES=4)
-OPT_IN=(MOESERVE_PREFETCH_FIRST_LAYER=1 MOESERVE_ATTN_GQA_DSPLIT=1 MOESERVE_ROUTER_TOPK_WIDE=1 MOESERVE_LMHEAD_NORM_IN=1)
+OPT_IN=(MOESERVE_PREFETCH_FIRST_LAYER=1 MOESERVE_ATTN_GQA_DSPLIT=1 MOESERVE_ROUTER_TOPK_WIDE=1 MOESERVE_LMHEAD_NORM_IN=1
+        MOESERVE_GEMV_KERNEL_MAX_M=64 MOESERVE_GREEDY_GRID_BLOCKS=1024)
 run test_gpu_model_earlier ok env "${EARLIER[@]}" "$BUILD/tests/test_gpu_model" --gtest_brief=1
 run test_gpu_model_opt_in ok env "${OPT_IN[@]}" "$BUILD/tests/test_gpu_model" --gtest_brief=1
 run test_gpu_parity_opt_in ok env "${OPT_IN[@]}" "$BUILD/tests/test_gpu_parity" --gtest_brief=1 --gtest_filter='*Bf16*'
@@ -116,6 +118,11 @@ for g in 0 1; do
     --gtest_brief=1
 done
 run test_cuda_gemm_ring4 ok env MOESERVE_GEMV_RING_STAGES=4 "$BUILD/tests/test_cuda_gemm" --gtest_brief=1
+# Session 21's opt-in batched-decode switches: the gemv backend's kernels up to 64 tokens (the wide split-K kernel
+# instead of cuBLASLt for the q/k/v, o_proj and router GEMMs of 9-64 tokens) and the greedy grid at 1,024 blocks.
+run test_cuda_gemm_kernel_max64 ok env MOESERVE_GEMV_KERNEL_MAX_M=64 "$BUILD/tests/test_cuda_gemm" --gtest_brief=1
+run test_cuda_sampling_greedy_blocks1024 ok env MOESERVE_GREEDY_GRID_BLOCKS=1024 \
+  "$BUILD/tests/test_cuda_sampling_greedy" --gtest_brief=1
 # The streaming lm_head's other ring forms (default: 4 stages, two blocks an SM since session 21): session 20's one
 # 8-stage block an SM, and two 6-stage blocks.
 for st in 6 8; do

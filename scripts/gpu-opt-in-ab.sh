@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Same-call A/B of the decode-step switches (docs/ARCHITECTURE.md, "opt-in GPU experiments") on the served decode
 # step of q30b8l at bs 1, 2, 8 and 64 (scripts/gpu-ab.sh over build/bench/gpu_profile; ~6 s a variant), each new one
-# twice: the defaults; session 20's one 8-stage lm_head block an SM (MOESERVE_GEMV_STREAM_STAGES=8; the default is
-# two 4-stage blocks since session 21) and two 6-stage blocks (=6), the final norm inside the streaming lm_head GEMV
-# (MOESERVE_LMHEAD_NORM_IN=1, bs <= 8) and the cuBLASLt lm_head (MOESERVE_GEMV_STREAM=0); session 18's defaults in
-# their earlier forms (greedy cluster form, 4-stage GEMV and down GEMV rings); the older opt-in ones (layer-0
-# prefetch, head-dimension split attention, the router + top-k launch for 2-128 tokens); the defaults again. Then
-# kernel traces at bs 1 and bs 64 with the defaults and at bs 1 with session 20's lm_head stream
-# (OUT/trace_base.log, OUT/trace_bs64.log, OUT/trace_stream8.log).
+# twice: the defaults; session 21's batched-decode switches, three times (MOESERVE_GEMV_KERNEL_MAX_M=64: the gemv
+# backend's wide kernel instead of cuBLASLt for the q/k/v, o_proj and router GEMMs of 9-64 tokens;
+# MOESERVE_GREEDY_GRID_BLOCKS=1024 (and 512 once): the greedy grid's blocks in all); session 20's one 8-stage
+# lm_head block an SM (MOESERVE_GEMV_STREAM_STAGES=8; the default is two 4-stage blocks since session 21), the final
+# norm inside the streaming lm_head GEMV (MOESERVE_LMHEAD_NORM_IN=1, bs <= 8) and the cuBLASLt lm_head
+# (MOESERVE_GEMV_STREAM=0); session 18's defaults in their earlier forms (greedy cluster form, 4-stage GEMV and down
+# GEMV rings); the older opt-in ones (layer-0 prefetch, head-dimension split attention, the router + top-k launch for
+# 2-128 tokens); the defaults again. Then kernel traces at bs 1 and bs 64 with the defaults and at bs 64 with both
+# new switches (OUT/trace_base.log, OUT/trace_bs64.log, OUT/trace_bs64_optin.log).
 # Makes the model with gen-model when missing. Env: OUT (logs), MOESERVE_BUILD, MODEL (default
 # /tmp/moeserve-bench/q30b8l).
 set -uo pipefail
@@ -21,12 +23,14 @@ t0=$SECONDS
 echo "model ready at $((SECONDS - t0)) s"
 EARLIER="MOESERVE_GREEDY_GRID=0 MOESERVE_GEMV_RING_STAGES=4 MOESERVE_MOE_DOWN_GEMV_STAGES=4"
 export AB_FLAGS="--batch-sizes 1,2,8,64 --prefill=false"
-OUT=$OUT/ab "$ROOT/scripts/gpu-ab.sh" "$M" base= s8=MOESERVE_GEMV_STREAM_STAGES=8 s6=MOESERVE_GEMV_STREAM_STAGES=6 \
+OUT=$OUT/ab "$ROOT/scripts/gpu-ab.sh" "$M" base= kmax64=MOESERVE_GEMV_KERNEL_MAX_M=64 \
+  gblk1024=MOESERVE_GREEDY_GRID_BLOCKS=1024 gblk512=MOESERVE_GREEDY_GRID_BLOCKS=512 s8=MOESERVE_GEMV_STREAM_STAGES=8 \
   normin=MOESERVE_LMHEAD_NORM_IN=1 cublas=MOESERVE_GEMV_STREAM=0 "earlier=$EARLIER" \
   pref=MOESERVE_PREFETCH_FIRST_LAYER=1 dsplit=MOESERVE_ATTN_GQA_DSPLIT=1 wide=MOESERVE_ROUTER_TOPK_WIDE=1 base2= \
-  s8b=MOESERVE_GEMV_STREAM_STAGES=8 s6b=MOESERVE_GEMV_STREAM_STAGES=6 base3= s8c=MOESERVE_GEMV_STREAM_STAGES=8
+  kmax64b=MOESERVE_GEMV_KERNEL_MAX_M=64 gblk1024b=MOESERVE_GREEDY_GRID_BLOCKS=1024 base3= \
+  kmax64c=MOESERVE_GEMV_KERNEL_MAX_M=64 gblk1024c=MOESERVE_GREEDY_GRID_BLOCKS=1024
 prof() { timeout 60 "$BUILD/bench/gpu_profile" --model-path "$M" --prefill=false --trace "$@"; }
 prof --batch-sizes 1 >"$OUT/trace_base.log" 2>&1
 prof --batch-sizes 64 >"$OUT/trace_bs64.log" 2>&1
-MOESERVE_GEMV_STREAM_STAGES=8 prof --batch-sizes 1 >"$OUT/trace_stream8.log" 2>&1
+MOESERVE_GEMV_KERNEL_MAX_M=64 MOESERVE_GREEDY_GRID_BLOCKS=1024 prof --batch-sizes 64 >"$OUT/trace_bs64_optin.log" 2>&1
 echo "done at $((SECONDS - t0)) s"

@@ -157,14 +157,21 @@ __global__ void __launch_bounds__(kThreads) greedy_kernel(const float* logits, i
 // SMs, whose reads of 600 KB of logits and cluster barriers cost ~9.5 us after lm_head at batch 1, and 2 SMs a row
 // at batch 64, where the kernel takes 27-32 us for 39 MB of logits (H200 traces, sessions 13 and 16).
 constexpr int kGridBlocksMax = 64;   // blocks a row
-constexpr int kGridStates = 256;     // blocks in all: rows x blocks a row
+constexpr int kGridStates = 256;     // blocks in all (default): rows x blocks a row
+constexpr int kGridStatesMax = 1024;  // MOESERVE_GREEDY_GRID_BLOCKS' largest
 constexpr int kGridRowsMax = 128;    // with 2 blocks a row
 struct GridWorkspace {
-  State states[kGridStates];
+  State states[kGridStatesMax];
   int count[kGridRowsMax];
 };
 // Blocks a row: 64 up to 4 rows, then as many as keep the grid at kGridStates blocks (~2 an SM), at least 2.
-int grid_blocks_per_row(int rows) { return std::clamp(kGridStates / std::max(rows, 1), 2, kGridBlocksMax); }
+// MOESERVE_GREEDY_GRID_BLOCKS=N (opt-in, session 21, not yet measured; 256-1024): N blocks in all instead, e.g. 16 a
+// row at 64 rows instead of 4 (bs 64 trace, H200: the sampler 19.2 us for 39 MB of logits that the lm_head has just
+// left in L2, each thread ~19 16-byte loads in three dependent rounds; at 1,024 blocks one round).
+int grid_blocks_per_row(int rows) {
+  static const int total = int(env_int("MOESERVE_GREEDY_GRID_BLOCKS", kGridStates, kGridStates, kGridStatesMax));
+  return std::clamp(total / std::max(rows, 1), 2, kGridBlocksMax);
+}
 
 __global__ void __launch_bounds__(kThreads) greedy_grid_kernel(const float* logits, int vocab,
                                                                int32_t* __restrict__ out_ids,
