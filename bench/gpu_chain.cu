@@ -1,0 +1,409 @@
+// A chain of dependent 1-token GEMVs (each one's output is the next one's input) two ways, to measure what the
+// decode step's launch-per-op structure costs against the weights' read floor, before building anything larger:
+//   launches    one kernel an op, captured in a CUDA graph with programmatic dependent launch (as the served step
+//               runs): each block issues its weight slices into its shared-memory ring before griddepcontrol.wait,
+//               so the next op's first bytes load while the op before finishes (the repo's GEMV ring);
+//   persistent  one cooperative launch for the whole chain, SMs x P blocks: each block walks its row blocks of
+//               every op in order with one ring running across them, so the next op's weights stream while the
+//               block waits for the op before (a counter per op: each finished row block adds one; a block starting
+//               an op spins until the op before has all its row blocks, then stages its input).
+// Both use the same row-block code (16 rows, 8 warps on 64-k slices, CUDA-core FMAs), so the outputs are bitwise
+// equal; op 0 is also checked against the CPU. The default chain is q30b8l's layer as four dense GEMVs (q/k/v
+// 5120 x 2048, o_proj 2048 x 4096, the 8 experts' gate/up as 12288 x 2048, their down as 2048 x 6144; 113 MB) times
+// 8 layers: what the step's attention, routing and norms add on top is not modelled.
+//   gpu_chain [--layers 8] [--reps 20]     (run it under `timeout`: a broken counter would spin forever)
+// Prints one line a form: time of the chain, us an op, TB/s, x the floor at 4.6 TB/s (bench/gpu_read_bw). A
+// benchmark, not a test: the figures go to docs/PERF.md.
+#include <cooperative_groups.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "cuda/common.h"
+#include "cuda/device.h"
+#include "cuda/launch.h"
+#include "cuda/moe/moe_ptx.cuh"
+#include "cuda/pdl.cuh"
+
+namespace mc = moeserve::cuda;
+
+namespace {
+
+using moe_ptx::cp_async16;
+using moe_ptx::cp_async_commit;
+using moe_ptx::cp_async_wait;
+using bf16 = __nv_bfloat16;
+
+constexpr int kWarps = 8, kThreads = kWarps * 32;
+constexpr int kRows = 16;                       // rows a row block
+constexpr int kSliceK = 64;                     // k a slice: 16 rows x 128 bytes = 2 KB
+constexpr int kSliceElems = kRows * kSliceK;
+constexpr int kMaxOps = 64;
+constexpr double kReadTBs = 4.6;  // bench/gpu_read_bw, H200 (session 20)
+
+struct ChainArgs {
+  const bf16* W[kMaxOps];
+  int N[kMaxOps], K[kMaxOps];
+  bf16* X[kMaxOps + 1];  // X[0] the input, X[j + 1] = bf16(W_j X[j][0:K_j])
+  unsigned* done;        // [ops] finished row blocks, counted across runs (epochs)
+  int ops;
+};
+
+__device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ float dot8(uint4 w, uint4 x) {
+  const __nv_bfloat162* a = reinterpret_cast<const __nv_bfloat162*>(&w);
+  const __nv_bfloat162* b = reinterpret_cast<const __nv_bfloat162*>(&x);
+  float s = 0.f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 fa = __bfloat1622float2(a[i]), fb = __bfloat1622float2(b[i]);
+    s = fmaf(fa.x, fb.x, s);
+    s = fmaf(fa.y, fb.y, s);
+  }
+  return s;
+}
+
+// A block's work: items (op, row block) in op order; in the launch form one item, in the persistent form every
+// row block rb = blockIdx.x + gridDim.x i of every op. Warp w takes slices w, w + 8, ... of an item's K / 64.
+struct Cursor {
+  int op, rb, u;
+};
+
+template <int S>
+__global__ void __launch_bounds__(kThreads) chain_kernel(const __grid_constant__ ChainArgs a, int op_begin,
+                                                        int op_end, int persistent, unsigned epoch) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  bf16* ring = reinterpret_cast<bf16*>(smem_raw);                    // [warps][S][16 x 64]
+  bf16* xs = ring + kWarps * S * kSliceElems;                        // [K] the op's input
+  __shared__ float partial[kWarps][kRows];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int rb_step = persistent ? int(gridDim.x) : 1 << 30;
+  bf16* my_ring = ring + warp * S * kSliceElems;
+  auto per_warp = [&](int op) { return (a.K[op] / kSliceK + kWarps - 1) / kWarps; };
+  auto row_blocks = [&](int op) { return a.N[op] / kRows; };
+  // The first item at or after op `op` (rb = blockIdx.x there); op == op_end: none.
+  auto first_item = [&](int op) {
+    while (op < op_end && int(blockIdx.x) >= row_blocks(op)) ++op;
+    return Cursor{op, int(blockIdx.x), 0};
+  };
+  auto advance = [&](Cursor& c) {
+    if (++c.u < per_warp(c.op)) return;
+    c.u = 0;
+    c.rb += rb_step;
+    if (c.rb >= row_blocks(c.op)) c = first_item(c.op + 1);
+  };
+  Cursor pc = first_item(op_begin);  // the producer's next slice
+  int issued = 0;
+  auto issue = [&]() {
+    bf16* dst = my_ring + (issued % S) * kSliceElems;
+    const bool live = pc.op < op_end;
+    const int ks = warp + kWarps * pc.u;  // the slice's k block
+    const int K = live ? a.K[pc.op] : 0;
+    const bool ok = live && ks * kSliceK < K;
+    const bf16* src = ok ? a.W[pc.op] + int64_t(pc.rb * kRows) * K + ks * kSliceK : nullptr;
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {
+      const int id = lane + 32 * m, r = id >> 3, c = id & 7;
+      cp_async16(dst + r * kSliceK + ((c ^ (r & 7)) << 3), ok ? src + int64_t(r) * K + 8 * c : a.W[0], ok);
+    }
+    cp_async_commit();
+    ++issued;
+    if (live) advance(pc);
+  };
+  for (int i = 0; i < S; ++i) issue();  // weights are never written: before any wait
+
+  Cursor cc = first_item(op_begin);
+  int staged_op = -1, consumed = 0;
+  float acc = 0.f;
+  const int r = lane >> 1, h = lane & 1;
+  while (cc.op < op_end) {
+    if (cc.op != staged_op) {  // the op's input: after the op before is complete
+      if (persistent) {
+        if (cc.op > 0 && threadIdx.x == 0) {
+          const unsigned target = epoch * unsigned(row_blocks(cc.op - 1));
+          while (ld_acquire(a.done + cc.op - 1) < target) __nanosleep(20);
+        }
+      } else {
+        mc::pdl_wait();  // then the next op's blocks may start and load their weights (launch.h's contract)
+        mc::pdl_launch_dependents();
+      }
+      __syncthreads();
+      const int K = a.K[cc.op];
+      for (int i = threadIdx.x; i < K / 8; i += kThreads)
+        reinterpret_cast<uint4*>(xs)[i] = __ldcg(reinterpret_cast<const uint4*>(a.X[cc.op]) + i);
+      __syncthreads();
+      staged_op = cc.op;
+    }
+    cp_async_wait<S - 1>();
+    __syncwarp();
+    const bf16* sl = my_ring + (consumed % S) * kSliceElems;
+    const int ks = warp + kWarps * cc.u;
+    if (ks * kSliceK < a.K[cc.op]) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int c = 4 * h + i;
+        const uint4 w = *reinterpret_cast<const uint4*>(sl + r * kSliceK + ((c ^ (r & 7)) << 3));
+        const uint4 x = *reinterpret_cast<const uint4*>(xs + ks * kSliceK + 8 * c);
+        acc += dot8(w, x);
+      }
+    }
+    __syncwarp();
+    ++consumed;
+    issue();
+    const Cursor item = cc;
+    advance(cc);
+    if (cc.u != 0 || (cc.op == item.op && cc.rb == item.rb)) continue;
+    // The item's last slice: the warps' sums, the row block's outputs, its count.
+    acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+    if (h == 0) partial[warp][r] = acc;
+    acc = 0.f;
+    __syncthreads();
+    if (threadIdx.x < kRows) {
+      float s = 0.f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) s += partial[w][threadIdx.x];
+      a.X[item.op + 1][item.rb * kRows + threadIdx.x] = __float2bfloat16_rn(s);
+      __threadfence();
+    }
+    __syncthreads();
+    if (persistent && threadIdx.x == 0) atomicAdd(a.done + item.op, 1u);
+  }
+  cp_async_wait<0>();
+}
+
+__global__ void fill_kernel(bf16* p, size_t n, float scale, unsigned seed) {
+  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    unsigned v = unsigned(i) * 2654435761u ^ seed ^ unsigned(i >> 32) * 40503u;
+    v ^= v >> 15, v *= 2246822519u, v ^= v >> 13, v *= 3266489917u, v ^= v >> 16;
+    p[i] = __float2bfloat16_rn((float(v) / 4294967296.0f * 2.0f - 1.0f) * scale);
+  }
+}
+
+size_t smem_bytes(int S, int max_k) { return size_t(kWarps) * S * kSliceElems * 2 + size_t(max_k) * 2; }
+
+struct Timer {
+  cudaEvent_t a, b;
+  Timer() {
+    MS_CUDA_CHECK(cudaEventCreate(&a));
+    MS_CUDA_CHECK(cudaEventCreate(&b));
+  }
+  ~Timer() {
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+  }
+  template <typename F>
+  double best(int reps, cudaStream_t s, F f) {
+    f();
+    MS_CUDA_CHECK(cudaStreamSynchronize(s));
+    float best_ms = 1e30f;
+    for (int i = 0; i < reps; ++i) {
+      MS_CUDA_CHECK(cudaEventRecord(a, s));
+      f();
+      MS_CUDA_CHECK(cudaEventRecord(b, s));
+      MS_CUDA_CHECK(cudaEventSynchronize(b));
+      float ms = 0;
+      MS_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+      best_ms = std::min(best_ms, ms);
+    }
+    return double(best_ms) * 1e-3;
+  }
+};
+
+float bf2f(uint16_t b) {
+  uint32_t u = uint32_t(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+}  // namespace
+
+static int run(int argc, char** argv) {
+  int layers = 8, reps = 20;
+  for (int i = 1; i < argc; ++i) {
+    const std::string s = argv[i];
+    if (s == "--layers" && i + 1 < argc) layers = std::atoi(argv[++i]);
+    else if (s == "--reps" && i + 1 < argc) reps = std::atoi(argv[++i]);
+    else {
+      std::fprintf(stderr, "usage: gpu_chain [--layers 8] [--reps 20]\n");
+      return 2;
+    }
+  }
+  if (layers < 1 || layers * 4 > kMaxOps || reps < 1) {
+    std::fprintf(stderr, "--layers must be 1..%d and --reps at least 1\n", kMaxOps / 4);
+    return 2;
+  }
+  const int shapes[4][2] = {{5120, 2048}, {2048, 4096}, {12288, 2048}, {2048, 6144}};  // N, K
+  ChainArgs a{};
+  a.ops = layers * 4;
+  int max_k = 0;
+  double bytes = 0;
+  std::vector<bf16*> bufs;
+  for (int j = 0; j < a.ops; ++j) {
+    a.N[j] = shapes[j % 4][0], a.K[j] = shapes[j % 4][1];
+    max_k = std::max(max_k, a.K[j]);
+    bytes += 2.0 * a.N[j] * a.K[j];
+  }
+  for (int j = 0; j + 1 < a.ops; ++j)
+    MS_CHECK(a.K[j + 1] <= a.N[j] && a.N[j] % kRows == 0 && a.K[j] % kSliceK == 0, "chain shapes");
+  cudaStream_t st;
+  MS_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  for (int j = 0; j < a.ops; ++j) {
+    bf16* w = nullptr;
+    MS_CUDA_CHECK(cudaMalloc(&w, size_t(a.N[j]) * a.K[j] * 2));
+    fill_kernel<<<1024, 256, 0, st>>>(w, size_t(a.N[j]) * a.K[j], std::sqrt(3.0f / float(a.K[j])), 977u * j + 1);
+    a.W[j] = w;
+    bufs.push_back(w);
+  }
+  for (int j = 0; j <= a.ops; ++j) {
+    const int n = j == 0 ? a.K[0] : a.N[j - 1];
+    MS_CUDA_CHECK(cudaMalloc(&a.X[j], size_t(n) * 2));
+    MS_CUDA_CHECK(cudaMemsetAsync(a.X[j], 0xff, size_t(n) * 2, st));  // NaN until written
+    bufs.push_back(a.X[j]);
+  }
+  fill_kernel<<<8, 256, 0, st>>>(a.X[0], size_t(a.K[0]), 1.0f, 12345u);
+  MS_CUDA_CHECK(cudaMalloc(&a.done, kMaxOps * sizeof(unsigned)));
+  MS_CUDA_CHECK(cudaMemsetAsync(a.done, 0, kMaxOps * sizeof(unsigned), st));
+  MS_CUDA_CHECK(cudaStreamSynchronize(st));
+
+  int dev = 0, sms = 0;
+  MS_CUDA_CHECK(cudaGetDevice(&dev));
+  MS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  cudaDeviceProp prop{};
+  MS_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+  const double floor_s = bytes / (kReadTBs * 1e12);
+  std::printf("%s, %d SMs: %d dependent GEMVs (%d layers of q/k/v, o_proj, gate/up, down), %.1f MB, floor %.1f us at "
+              "%.1f TB/s; best of %d\n",
+              prop.name, sms, a.ops, layers, bytes * 1e-6, floor_s * 1e6, kReadTBs, reps);
+  std::printf("%-26s %10s %10s %8s %8s\n", "form", "chain us", "us an op", "TB/s", "x floor");
+  auto row = [&](const char* name, double s) {
+    std::printf("%-26s %10.1f %10.2f %8.3f %8.2f\n", name, s * 1e6, s * 1e6 / a.ops, bytes / s * 1e-12, s / floor_s);
+  };
+  const int last_n = a.N[a.ops - 1];
+  auto output = [&]() {
+    std::vector<uint16_t> v(static_cast<size_t>(last_n));
+    MS_CUDA_CHECK(cudaMemcpy(v.data(), a.X[a.ops], v.size() * 2, cudaMemcpyDeviceToHost));
+    return v;
+  };
+  Timer t;
+  std::vector<uint16_t> reference;
+  int failures = 0;
+  auto check = [&](const char* name) {
+    const auto v = output();
+    for (uint16_t b : v)
+      if (!std::isfinite(bf2f(b))) {
+        std::printf("  %s: a non-finite output\n", name);
+        ++failures;
+        return;
+      }
+    if (reference.empty()) reference = v;
+    else if (v != reference) {
+      std::printf("  %s: output differs from the launch form's\n", name);
+      ++failures;
+    }
+  };
+
+  // Launches, in a CUDA graph with programmatic edges.
+  auto launches = [&](auto kernel, int S) {
+    const size_t smem = smem_bytes(S, max_k);
+    MS_CHECK(mc::raise_dynamic_smem(reinterpret_cast<const void*>(kernel), smem), "smem {}", smem);
+    cudaGraph_t g;
+    MS_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    for (int j = 0; j < a.ops; ++j)
+      mc::launch_pdl(kernel, dim3(unsigned(a.N[j] / kRows)), dim3(kThreads), smem, st, a, j, j + 1, 0, 0u);
+    MS_CUDA_CHECK(cudaStreamEndCapture(st, &g));
+    cudaGraphExec_t exec;
+    MS_CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
+    const double s = t.best(reps, st, [&] { MS_CUDA_CHECK(cudaGraphLaunch(exec, st)); });
+    MS_CUDA_CHECK(cudaStreamSynchronize(st));
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(g);
+    return s;
+  };
+  // One cooperative launch, P blocks an SM.
+  unsigned epoch = 0;
+  auto persistent = [&](auto kernel, int S, int P) -> double {
+    const size_t smem = smem_bytes(S, max_k);
+    MS_CHECK(mc::raise_dynamic_smem(reinterpret_cast<const void*>(kernel), smem), "smem {}", smem);
+    int per_sm = 0;
+    MS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem));
+    if (per_sm < P) return -1;
+    auto once = [&] {
+      ++epoch;
+      int ob = 0, oe = a.ops, pers = 1;
+      unsigned ep = epoch;
+      void* params[] = {const_cast<ChainArgs*>(&a), &ob, &oe, &pers, &ep};
+      MS_CUDA_CHECK(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(kernel), dim3(unsigned(sms * P)),
+                                                dim3(kThreads), params, smem, st));
+    };
+    return t.best(reps, st, once);
+  };
+  row("launches, 4-stage rings", launches(chain_kernel<4>, 4));
+  check("launches 4");
+  row("launches, 8-stage rings", launches(chain_kernel<8>, 8));
+  check("launches 8");
+  struct P {
+    const char* name;
+    int S, per_sm;
+  };
+  for (const P p : {P{"persistent, 1 x 4 stages", 4, 1}, P{"persistent, 2 x 4 stages", 4, 2},
+                    P{"persistent, 1 x 8 stages", 8, 1}, P{"persistent, 1 x 12 stages", 12, 1}}) {
+    double s = -1;
+    if (p.S == 4) s = persistent(chain_kernel<4>, 4, p.per_sm);
+    else if (p.S == 8) s = persistent(chain_kernel<8>, 8, p.per_sm);
+    else s = persistent(chain_kernel<12>, 12, p.per_sm);
+    if (s < 0) {
+      std::printf("%-26s does not fit\n", p.name);
+      continue;
+    }
+    row(p.name, s);
+    check(p.name);
+  }
+  // Op 0 against the CPU (the chain's later ops depend on the bf16 rounding of each input: compared across forms).
+  {
+    std::vector<uint16_t> w(size_t(a.N[0]) * a.K[0]), x(size_t(a.K[0])), y(size_t(a.N[0]));
+    MS_CUDA_CHECK(cudaMemcpy(w.data(), a.W[0], w.size() * 2, cudaMemcpyDeviceToHost));
+    MS_CUDA_CHECK(cudaMemcpy(x.data(), a.X[0], x.size() * 2, cudaMemcpyDeviceToHost));
+    MS_CUDA_CHECK(cudaMemcpy(y.data(), a.X[1], y.size() * 2, cudaMemcpyDeviceToHost));
+    int bad = 0;
+    for (int n = 0; n < a.N[0]; ++n) {
+      double want = 0, mag = 0;
+      for (int k = 0; k < a.K[0]; ++k) {
+        const double p = double(bf2f(w[size_t(n) * a.K[0] + k])) * bf2f(x[size_t(k)]);
+        want += p;
+        mag += std::fabs(p);
+      }
+      if (!(std::fabs(bf2f(y[size_t(n)]) - want) <= 8e-3 * std::fabs(want) + 1e-4 * mag + 1e-4)) ++bad;
+    }
+    std::printf("op 0 against the CPU: %d of %d rows out of tolerance\n", bad, a.N[0]);
+    failures += bad > 0;
+  }
+  for (bf16* p : bufs) cudaFree(p);
+  cudaFree(a.done);
+  cudaStreamDestroy(st);
+  if (failures) std::printf("FAILED: %d checks\n", failures);
+  return failures ? 1 : 0;
+}
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "gpu_chain: %s\n", e.what());
+    return 1;
+  }
+}
