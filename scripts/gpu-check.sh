@@ -106,10 +106,10 @@ run test_gpu_model_unfolded ok env MOESERVE_ROUTER_FOLD=0 MOESERVE_EMBED_PARTIAL
 # the parity fixtures' short prompts take it in their prefill steps too). New in session 20, opt-in: the final norm
 # inside the streaming lm_head GEMV at decode (MOESERVE_LMHEAD_NORM_IN=1; also test_cuda_gemm's
 # StreamingGemvNormInMatchesNormInRows, which runs it directly). New in session 21, opt-in: MOESERVE_GEMV_KERNEL_MAX_M=64,
-# MOESERVE_GREEDY_GRID_BLOCKS=1024 (below).
+# MOESERVE_GREEDY_GRID_BLOCKS=1024, MOESERVE_ATTN_PREFILL_TABLE_AHEAD=1 (below).
 EARLIER=(MOESERVE_GREEDY_GRID=0 MOESERVE_GEMV_RING_STAGES=4 MOESERVE_MOE_DOWN_GEMV_STAGES=4)
 OPT_IN=(MOESERVE_PREFETCH_FIRST_LAYER=1 MOESERVE_ATTN_GQA_DSPLIT=1 MOESERVE_ROUTER_TOPK_WIDE=1 MOESERVE_LMHEAD_NORM_IN=1
-        MOESERVE_GEMV_KERNEL_MAX_M=64 MOESERVE_GREEDY_GRID_BLOCKS=1024)
+        MOESERVE_GEMV_KERNEL_MAX_M=64 MOESERVE_GREEDY_GRID_BLOCKS=1024 MOESERVE_ATTN_PREFILL_TABLE_AHEAD=1)
 run test_gpu_model_earlier ok env "${EARLIER[@]}" "$BUILD/tests/test_gpu_model" --gtest_brief=1
 run test_gpu_model_opt_in ok env "${OPT_IN[@]}" "$BUILD/tests/test_gpu_model" --gtest_brief=1
 run test_gpu_parity_opt_in ok env "${OPT_IN[@]}" "$BUILD/tests/test_gpu_parity" --gtest_brief=1 --gtest_filter='*Bf16*'
@@ -123,6 +123,9 @@ run test_cuda_gemm_ring4 ok env MOESERVE_GEMV_RING_STAGES=4 "$BUILD/tests/test_c
 run test_cuda_gemm_kernel_max64 ok env MOESERVE_GEMV_KERNEL_MAX_M=64 "$BUILD/tests/test_cuda_gemm" --gtest_brief=1
 run test_cuda_sampling_greedy_blocks1024 ok env MOESERVE_GREEDY_GRID_BLOCKS=1024 \
   "$BUILD/tests/test_cuda_sampling_greedy" --gtest_brief=1
+# and the prefill attention's block-table entries two tiles ahead through shared memory.
+run test_cuda_kernels_table_ahead ok env MOESERVE_ATTN_PREFILL_TABLE_AHEAD=1 "$BUILD/tests/test_cuda_kernels" \
+  --gtest_brief=1
 # The streaming lm_head's other ring forms (default: 4 stages, two blocks an SM since session 21): session 20's one
 # 8-stage block an SM, and two 6-stage blocks.
 for st in 6 8; do

@@ -9,7 +9,9 @@
 # (MOESERVE_GEMV_STREAM=0); session 18's defaults in their earlier forms (greedy cluster form, 4-stage GEMV and down
 # GEMV rings); the older opt-in ones (layer-0 prefetch, head-dimension split attention, the router + top-k launch for
 # 2-128 tokens); the defaults again. Then kernel traces at bs 1 and bs 64 with the defaults and at bs 64 with both
-# new switches (OUT/trace_base.log, OUT/trace_bs64.log, OUT/trace_bs64_optin.log).
+# new switches (OUT/trace_base.log, OUT/trace_bs64.log, OUT/trace_bs64_optin.log). Last, the prefill attention with
+# its block-table entries two tiles ahead (MOESERVE_ATTN_PREFILL_TABLE_AHEAD=1) against the default: kernel timing
+# rows and the prompt steps' per-op tables (OUT/attn_timing_*.log, OUT/prefill_*.log).
 # Makes the model with gen-model when missing. Env: OUT (logs), MOESERVE_BUILD, MODEL (default
 # /tmp/moeserve-bench/q30b8l).
 set -uo pipefail
@@ -33,4 +35,16 @@ prof() { timeout 60 "$BUILD/bench/gpu_profile" --model-path "$M" --prefill=false
 prof --batch-sizes 1 >"$OUT/trace_base.log" 2>&1
 prof --batch-sizes 64 >"$OUT/trace_bs64.log" 2>&1
 MOESERVE_GEMV_KERNEL_MAX_M=64 MOESERVE_GREEDY_GRID_BLOCKS=1024 prof --batch-sizes 64 >"$OUT/trace_bs64_optin.log" 2>&1
+# The prefill attention with its block-table entries two tiles ahead (MOESERVE_ATTN_PREFILL_TABLE_AHEAD=1), off / on
+# twice: the kernel alone (test_cuda_kernels' timing rows: prefill 1 x 512 and 16 x 512) and the prompt steps' per-op
+# tables (gpu_profile's "prefill, 1 x 512" and "16 x 512").
+for r in 1 2; do
+  for ta in 0 1; do
+    MOESERVE_ATTN_PREFILL_TABLE_AHEAD=$ta timeout 120 "$BUILD/tests/test_cuda_kernels" --gtest_also_run_disabled_tests \
+      --gtest_filter='*AttentionTiming*' >"$OUT/attn_timing_ta${ta}_$r.log" 2>&1
+    MOESERVE_ATTN_PREFILL_TABLE_AHEAD=$ta timeout 60 "$BUILD/bench/gpu_profile" --model-path "$M" --batch-sizes 1 \
+      >"$OUT/prefill_ta${ta}_$r.log" 2>&1
+    echo "table ahead $ta, round $r: $(grep -h 'prefill' "$OUT/attn_timing_ta${ta}_$r.log" | tr -s ' ' | tr '\n' ';')"
+  done
+done
 echo "done at $((SECONDS - t0)) s"

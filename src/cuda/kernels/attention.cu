@@ -124,7 +124,11 @@ bool prefill_wgmma_usable(int head_dim) {
 }
 
 void launch_prefill_wgmma(const AttnParams& p, int max_new_lens, int kv_heads, int num_seqs, cudaStream_t stream) {
-  auto kernel = detail::paged_attention_prefill_wgmma_kernel;
+  // MOESERVE_ATTN_PREFILL_TABLE_AHEAD=1 (opt-in, session 21, not yet measured): the block-table entries two tiles
+  // ahead through shared memory (attention_wgmma.cuh).
+  static const bool table_ahead = env_flag("MOESERVE_ATTN_PREFILL_TABLE_AHEAD", false);
+  auto kernel = table_ahead ? detail::paged_attention_prefill_wgmma_kernel<true>
+                            : detail::paged_attention_prefill_wgmma_kernel<false>;
   MS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(detail::kWgSmemBytes)));
   const int64_t rows = int64_t(max_new_lens) * p.group;
   const dim3 grid(unsigned(ceil_div(rows, detail::kWgRows)), unsigned(kv_heads), unsigned(num_seqs));
