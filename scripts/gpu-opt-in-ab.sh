@@ -8,7 +8,8 @@
 # norm inside the streaming lm_head GEMV (MOESERVE_LMHEAD_NORM_IN=1, bs <= 8) and the cuBLASLt lm_head
 # (MOESERVE_GEMV_STREAM=0); session 18's defaults in their earlier forms (greedy cluster form, 4-stage GEMV and down
 # GEMV rings); the older opt-in ones (layer-0 prefetch, head-dimension split attention, the router + top-k launch for
-# 2-128 tokens); the defaults again. Then kernel traces at bs 1 and bs 64 with the defaults and at bs 64 with both
+# 2-128 tokens; the 1-token gate/up GEMM's 5-deep ring, MOESERVE_MOE_DIRECT_GU_CONFIG=7, last measured in session
+# 11); the defaults again. Then kernel traces at bs 1 and bs 64 with the defaults and at bs 64 with both
 # new switches (OUT/trace_base.log, OUT/trace_bs64.log, OUT/trace_bs64_optin.log). Last, the prefill attention with
 # its block-table entries two tiles ahead (MOESERVE_ATTN_PREFILL_TABLE_AHEAD=1) against the default: kernel timing
 # rows and the prompt steps' per-op tables (OUT/attn_timing_*.log, OUT/prefill_*.log).
@@ -30,7 +31,7 @@ OUT=$OUT/ab "$ROOT/scripts/gpu-ab.sh" "$M" base= kmax64=MOESERVE_GEMV_KERNEL_MAX
   normin=MOESERVE_LMHEAD_NORM_IN=1 cublas=MOESERVE_GEMV_STREAM=0 "earlier=$EARLIER" \
   pref=MOESERVE_PREFETCH_FIRST_LAYER=1 dsplit=MOESERVE_ATTN_GQA_DSPLIT=1 wide=MOESERVE_ROUTER_TOPK_WIDE=1 base2= \
   kmax64b=MOESERVE_GEMV_KERNEL_MAX_M=64 gblk1024b=MOESERVE_GREEDY_GRID_BLOCKS=1024 base3= \
-  kmax64c=MOESERVE_GEMV_KERNEL_MAX_M=64 gblk1024c=MOESERVE_GREEDY_GRID_BLOCKS=1024
+  kmax64c=MOESERVE_GEMV_KERNEL_MAX_M=64 gblk1024c=MOESERVE_GREEDY_GRID_BLOCKS=1024 dgu7=MOESERVE_MOE_DIRECT_GU_CONFIG=7
 prof() { timeout 60 "$BUILD/bench/gpu_profile" --model-path "$M" --prefill=false --trace "$@"; }
 prof --batch-sizes 1 >"$OUT/trace_base.log" 2>&1
 prof --batch-sizes 64 >"$OUT/trace_bs64.log" 2>&1
