@@ -33,6 +33,7 @@
 #include "cuda/launch.h"
 #include "cuda/moe/moe_ptx.cuh"
 #include "cuda/pdl.cuh"
+#include "gpu_timer.h"
 
 namespace mc = moeserve::cuda;
 
@@ -195,34 +196,6 @@ __global__ void fill_kernel(bf16* p, size_t n, float scale, unsigned seed) {
 
 size_t smem_bytes(int S, int max_k) { return size_t(kWarps) * S * kSliceElems * 2 + size_t(max_k) * 2; }
 
-struct Timer {
-  cudaEvent_t a, b;
-  Timer() {
-    MS_CUDA_CHECK(cudaEventCreate(&a));
-    MS_CUDA_CHECK(cudaEventCreate(&b));
-  }
-  ~Timer() {
-    cudaEventDestroy(a);
-    cudaEventDestroy(b);
-  }
-  template <typename F>
-  double best(int reps, cudaStream_t s, F f) {
-    f();
-    MS_CUDA_CHECK(cudaStreamSynchronize(s));
-    float best_ms = 1e30f;
-    for (int i = 0; i < reps; ++i) {
-      MS_CUDA_CHECK(cudaEventRecord(a, s));
-      f();
-      MS_CUDA_CHECK(cudaEventRecord(b, s));
-      MS_CUDA_CHECK(cudaEventSynchronize(b));
-      float ms = 0;
-      MS_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-      best_ms = std::min(best_ms, ms);
-    }
-    return double(best_ms) * 1e-3;
-  }
-};
-
 float bf2f(uint16_t b) {
   uint32_t u = uint32_t(b) << 16;
   float f;
@@ -299,7 +272,7 @@ static int run(int argc, char** argv) {
     MS_CUDA_CHECK(cudaMemcpy(v.data(), a.X[a.ops], v.size() * 2, cudaMemcpyDeviceToHost));
     return v;
   };
-  Timer t;
+  moeserve::bench::GpuTimer t;
   std::vector<uint16_t> reference;
   int failures = 0;
   auto check = [&](const char* name) {
@@ -328,7 +301,7 @@ static int run(int argc, char** argv) {
     MS_CUDA_CHECK(cudaStreamEndCapture(st, &g));
     cudaGraphExec_t exec;
     MS_CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
-    const double s = t.best(reps, st, [&] { MS_CUDA_CHECK(cudaGraphLaunch(exec, st)); });
+    const double s = t.best(reps, [&] { MS_CUDA_CHECK(cudaGraphLaunch(exec, st)); }, st);
     MS_CUDA_CHECK(cudaStreamSynchronize(st));
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(g);
@@ -350,7 +323,7 @@ static int run(int argc, char** argv) {
       MS_CUDA_CHECK(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(kernel), dim3(unsigned(sms * P)),
                                                 dim3(kThreads), params, smem, st));
     };
-    return t.best(reps, st, once);
+    return t.best(reps, once, st);
   };
   row("launches, 4-stage rings", launches(chain_kernel<4>, 4));
   check("launches 4");

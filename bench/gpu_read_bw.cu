@@ -23,6 +23,7 @@
 #include "cuda/common.h"
 #include "cuda/device.h"
 #include "cuda/moe/moe_ptx.cuh"
+#include "gpu_timer.h"
 
 namespace {
 
@@ -125,36 +126,6 @@ __global__ void __launch_bounds__(32) read_bulk_kernel(const char* src, size_t b
   if (reinterpret_cast<const unsigned*>(ring)[0] == 0x9e3779b9u) sink[blockIdx.x] = 1;
 }
 
-struct Timer {
-  cudaEvent_t a, b;
-  Timer() {
-    MS_CUDA_CHECK(cudaEventCreate(&a));
-    MS_CUDA_CHECK(cudaEventCreate(&b));
-  }
-  ~Timer() {
-    cudaEventDestroy(a);
-    cudaEventDestroy(b);
-  }
-  // Best time in seconds of `reps` runs of f (after one untimed run).
-  template <typename F>
-  double best(int reps, F f) {
-    f();
-    MS_CUDA_CHECK(cudaGetLastError());
-    float ms_best = 1e30f;
-    for (int r = 0; r < reps; ++r) {
-      MS_CUDA_CHECK(cudaEventRecord(a));
-      f();
-      MS_CUDA_CHECK(cudaEventRecord(b));
-      MS_CUDA_CHECK(cudaEventSynchronize(b));
-      float ms = 0;
-      MS_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-      ms_best = std::min(ms_best, ms);
-    }
-    MS_CUDA_CHECK(cudaGetLastError());
-    return double(ms_best) * 1e-3;
-  }
-};
-
 }  // namespace
 
 // A kernel's dynamic shared-memory ceiling raised to `bytes` (cuda/device.h), or a clear error.
@@ -192,7 +163,7 @@ static int run(int argc, char** argv) {
   MS_CUDA_CHECK(cudaMemset(src, 0x3c, bytes));
   std::printf("%s, %d SMs, %zu MiB buffer, best of %d\n", prop.name, sms, mib, reps);
   std::printf("%-8s %8s %14s %8s\n", "method", "blocks", "bytes/block", "TB/s");
-  Timer t;
+  moeserve::bench::GpuTimer t;
   auto row = [&](const char* m, int blocks, size_t inflight, double s, double moved) {
     std::printf("%-8s %8d %14zu %8.3f\n", m, blocks, inflight, moved / s * 1e-12);
   };
