@@ -106,10 +106,11 @@ run test_gpu_model_unfolded ok env MOESERVE_ROUTER_FOLD=0 MOESERVE_EMBED_PARTIAL
 # the parity fixtures' short prompts take it in their prefill steps too). New in session 20, opt-in: the final norm
 # inside the streaming lm_head GEMV at decode (MOESERVE_LMHEAD_NORM_IN=1; also test_cuda_gemm's
 # StreamingGemvNormInMatchesNormInRows, which runs it directly). New in session 21, opt-in: MOESERVE_GEMV_KERNEL_MAX_M=64,
-# MOESERVE_GREEDY_GRID_BLOCKS=1024, MOESERVE_ATTN_PREFILL_TABLE_AHEAD=1 (below).
+# MOESERVE_GREEDY_GRID_BLOCKS=1024, MOESERVE_ATTN_PREFILL_TABLE_AHEAD=1, MOESERVE_GREEDY_IN_LMHEAD=1 (below).
 EARLIER=(MOESERVE_GREEDY_GRID=0 MOESERVE_GEMV_RING_STAGES=4 MOESERVE_MOE_DOWN_GEMV_STAGES=4)
 OPT_IN=(MOESERVE_PREFETCH_FIRST_LAYER=1 MOESERVE_ATTN_GQA_DSPLIT=1 MOESERVE_ROUTER_TOPK_WIDE=1 MOESERVE_LMHEAD_NORM_IN=1
-        MOESERVE_GEMV_KERNEL_MAX_M=64 MOESERVE_GREEDY_GRID_BLOCKS=1024 MOESERVE_ATTN_PREFILL_TABLE_AHEAD=1)
+        MOESERVE_GEMV_KERNEL_MAX_M=64 MOESERVE_GREEDY_GRID_BLOCKS=1024 MOESERVE_ATTN_PREFILL_TABLE_AHEAD=1
+        MOESERVE_GREEDY_IN_LMHEAD=1)
 run test_gpu_model_earlier ok env "${EARLIER[@]}" "$BUILD/tests/test_gpu_model" --gtest_brief=1
 run test_gpu_model_opt_in ok env "${OPT_IN[@]}" "$BUILD/tests/test_gpu_model" --gtest_brief=1
 run test_gpu_parity_opt_in ok env "${OPT_IN[@]}" "$BUILD/tests/test_gpu_parity" --gtest_brief=1 --gtest_filter='*Bf16*'
@@ -123,6 +124,9 @@ run test_cuda_gemm_ring4 ok env MOESERVE_GEMV_RING_STAGES=4 "$BUILD/tests/test_c
 run test_cuda_gemm_kernel_max64 ok env MOESERVE_GEMV_KERNEL_MAX_M=64 "$BUILD/tests/test_cuda_gemm" --gtest_brief=1
 run test_cuda_sampling_greedy_blocks1024 ok env MOESERVE_GREEDY_GRID_BLOCKS=1024 \
   "$BUILD/tests/test_cuda_sampling_greedy" --gtest_brief=1
+# The greedy sampler inside the streaming lm_head (test_cuda_gemm's StreamingGemvArgmaxMatchesCpu runs the kernel
+# directly; here the model's greedy decode through the executor and its graphs).
+run test_gpu_model_greedy_in_head ok env MOESERVE_GREEDY_IN_LMHEAD=1 "$BUILD/tests/test_gpu_model" --gtest_brief=1
 # and the prefill attention's block-table entries two tiles ahead through shared memory.
 run test_cuda_kernels_table_ahead ok env MOESERVE_ATTN_PREFILL_TABLE_AHEAD=1 "$BUILD/tests/test_cuda_kernels" \
   --gtest_brief=1

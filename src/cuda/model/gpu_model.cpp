@@ -232,7 +232,7 @@ void GpuQwen3::allocate_kv(int64_t num_pages, int page_size) {
   MS_CUDA_CHECK(cudaMemset(kv_.get(), 0, kv_.bytes()));  // finite values even in pages never written
 }
 
-void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) {
+bool GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) {
   const ModelConfig& c = cfg_;
   const int T = in.T, H = int(c.hidden_size), D = int(c.head_dim), Hq = int(c.num_heads), Hkv = int(c.num_kv_heads);
   const int QKV = (Hq + 2 * Hkv) * D, QD = Hq * D;
@@ -424,7 +424,7 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
                           int(c.vocab_size), logits_.get(), c.vocab_size, OutType::F32, s);
     auto g4 = gemm_cost(in.R, int(c.vocab_size), H, 4);
     mark("gemm lm_head (final norm inside)", g4.first + act * 4, g4.second);
-    return;
+    return false;
   }
   // The last layer's output joins the residual under the final norm (with the residual fusion it already has);
   // only the logit rows go to lm_head.
@@ -439,10 +439,18 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
     rows = final_rows_.get();
     mark("gather rows", 4.0 * in.R * H, 0);
   }
-  if (run_op(kSkipLmHead))
+  // The greedy sampler inside the streaming lm_head (the executor asks for it on all-greedy steps with
+  // MOESERVE_GREEDY_IN_LMHEAD=1; opt-in until measured): the rows' ids and logprobs with no sampler launch.
+  const bool greedy_in_head = in.greedy_ids != nullptr && in.R >= 1 && gemv_stream_enabled() &&
+                              gemv_stream_fits(in.R, H) && run_op(kSkipLmHead);
+  if (greedy_in_head)
+    gemv_stream_argmax(rows, H, in.R, H, head, int(c.vocab_size), logits_.get(), c.vocab_size, in.greedy_ids,
+                       in.greedy_logprobs, in.greedy_workspace, s);
+  else if (run_op(kSkipLmHead))
     gemm.run(rows, H, in.R, H, head, int(c.vocab_size), logits_.get(), c.vocab_size, OutType::F32, s);
   auto g4 = gemm_cost(in.R, int(c.vocab_size), H, 4);
-  mark("gemm lm_head", g4.first, g4.second);
+  mark(greedy_in_head ? "gemm lm_head (greedy inside)" : "gemm lm_head", g4.first, g4.second);
+  return greedy_in_head;
 }
 
 int GpuQwen3::warm_up_gemms(cudaStream_t s) {

@@ -43,6 +43,11 @@ struct StepInputs {
   int max_new = 0;                      // largest new_lens (prefill grid)
   int decode_splits = 1;
   double kv_tokens = 0, attn_pairs = 0;  // host-side sums for the profile's floors: keys read, (query, key) pairs
+  // When greedy_ids is set, forward() may end the step in the greedy sampler's work inside the streaming lm_head
+  // (gemv_stream_argmax: ids and raw logprobs of every logit row, the logits still written) and then returns true.
+  int32_t* greedy_ids = nullptr;
+  float* greedy_logprobs = nullptr;
+  void* greedy_workspace = nullptr;  // gemv_stream_argmax_workspace_bytes(), zeroed once
 };
 
 // Per-op GPU time of one step (events between ops), against each op's floor: bytes / bandwidth or flops / rate.
@@ -120,8 +125,9 @@ class GpuQwen3 {
   void allocate_kv(int64_t num_pages, int page_size);
   static size_t kv_bytes_per_token(const ModelConfig& c);
 
-  // Runs the model over the step's tokens; leaves f32 logits [R, vocab] in logits().
-  void forward(const StepInputs& in, cudaStream_t stream, StepProfile* profile = nullptr);
+  // Runs the model over the step's tokens; leaves f32 logits [R, vocab] in logits(). True when it also wrote the
+  // greedy samples (StepInputs::greedy_ids).
+  bool forward(const StepInputs& in, cudaStream_t stream, StepProfile* profile = nullptr);
   float* logits() const { return logits_.get(); }
   // Runs every library GEMM kernel the steps' GEMMs can pick (GemmBackend::warm_up_tokens, the shapes of forward())
   // once, so that no step's launch is the first of a kernel (module loading waits for the device to drain).
