@@ -395,7 +395,7 @@ constexpr bool stream_smem_fits(size_t dynamic_bytes) {
 constexpr int kArgmaxMaxBlocks = 1024;
 struct ArgmaxWorkspace {
   greedy_dev::State states[kArgmaxMaxBlocks * kTokens];
-  int counter;  // zero between launches
+  int counter;  // zero between launches (finished_last)
 };
 struct ArgmaxArgs {
   int32_t* ids = nullptr;  // [M]
@@ -498,13 +498,7 @@ __device__ __forceinline__ void gemv_stream_body(const bf16* x, int64_t ldx, int
       const int t = threadIdx.x / kRows;
       if (threadIdx.x % kRows == 0 && t < M) am.ws->states[blockIdx.x * kTokens + t] = best;
     }
-    __threadfence();
-    __syncthreads();
-    __shared__ bool last;
-    if (threadIdx.x == 0) last = atomicAdd(&am.ws->counter, 1) == int(gridDim.x) - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
+    if (!finished_last(&am.ws->counter)) return;  // (the last block also resets the counter)
     // Warp t merges token t's states: lane l those of blocks l, l + 32, ... in order, then a fixed xor tree.
     if (warp < M) {
       greedy_dev::State m = greedy_dev::empty_state();
@@ -518,7 +512,6 @@ __device__ __forceinline__ void gemv_stream_body(const bf16* x, int64_t ldx, int
         if (am.logprobs != nullptr) am.logprobs[warp] = -logf(m.sum);  // logit(argmax) - max - log(sum)
       }
     }
-    if (threadIdx.x == 0) am.ws->counter = 0;  // for the next launch
   }
 }
 
@@ -541,20 +534,29 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_stream_argmax_kernel(const b
 // MOESERVE_GEMV_STREAM_STAGES (A/B): 4 (default, two blocks an SM, 64 KB each), 6 (two blocks, 96 KB), 8 (one block,
 // 128 KB: session 20's form) or 12 (one block, 192 KB). A form whose shared memory does not fit falls back to the
 // default, then to one 8-stage block an SM, then to one 4-stage block (gemv_stream_fits' bound).
+// Launches a streaming kernel of `stages`-deep rings as blocks_per_sm persistent blocks an SM, if its shared memory
+// (for M tokens of K) lets that many fit; false (nothing launched) otherwise.
+template <typename Kernel, typename... Args>
+bool try_launch_stream(Kernel kernel, int stages, int blocks_per_sm, int M, int K, cudaStream_t stream,
+                       Args&&... args) {
+  static const int sms = current_device_multiprocessors();
+  const size_t smem = stream_smem_bytes(M, K, stages);
+  if (!stream_smem_fits(smem)) return false;
+  const int per_sm = prepared_blocks_per_sm(reinterpret_cast<const void*>(kernel), smem);
+  if (per_sm < blocks_per_sm) return false;
+  launch_pdl(kernel, dim3(unsigned(sms * blocks_per_sm)), dim3(kWarps * 32), smem, stream,
+             std::forward<Args>(args)...);
+  return true;
+}
+
 template <typename OutT>
 void launch_gemv_stream(const bf16* x, int64_t ldx, int M, int K, const bf16* W, int N, OutT* y, int64_t ldy,
                         const ResidualArgs& ra, cudaStream_t stream) {
-  static const int sms = current_device_multiprocessors();
   static const int wanted = int(env_int("MOESERVE_GEMV_STREAM_STAGES", kStreamStages, 4, 12));
   const int evict_first = l2_evict_first_weights() ? 1 : 0;
   auto try_launch = [&](auto kernel, int stages, int blocks_per_sm) {
-    const size_t smem = stream_smem_bytes(M, K, stages);
-    if (!stream_smem_fits(smem)) return false;
-    const int per_sm = prepared_blocks_per_sm(reinterpret_cast<const void*>(kernel), smem);
-    if (per_sm < blocks_per_sm) return false;
-    launch_pdl(kernel, dim3(unsigned(sms * blocks_per_sm)), dim3(kWarps * 32), smem, stream, x, ldx, M, K, W, N, y,
-               ldy, evict_first, ra);
-    return true;
+    return try_launch_stream(kernel, stages, blocks_per_sm, M, K, stream, x, ldx, M, K, W, N, y, ldy, evict_first,
+                             ra);
   };
   if (wanted == 6 && try_launch(gemv_stream_kernel<OutT, 6>, 6, kStreamBlocksPerSm)) return;
   if (wanted == 8 && try_launch(gemv_stream_kernel<OutT, 8>, 8, 1)) return;
@@ -869,15 +871,16 @@ void gemv_stream_argmax(const bf16* x, int64_t ldx, int M, int K, const bf16* W,
            "gemv_stream_argmax: M {} K {} N {} ldx {} ldy {} do not fit (or no ids / workspace)", M, K, N, ldx, ldy);
   MS_CHECK(aligned16(x) && aligned16(W), "gemv_stream_argmax: x and W must be 16-byte aligned");
   static const int sms = current_device_multiprocessors();
-  const size_t smem = stream_smem_bytes(M, K);
-  const int per_sm = prepared_blocks_per_sm(reinterpret_cast<const void*>(gemv_stream_argmax_kernel), smem);
-  const int blocks = sms * (per_sm >= kStreamBlocksPerSm ? kStreamBlocksPerSm : 1);
-  MS_CHECK(per_sm >= 1 && blocks <= kArgmaxMaxBlocks, "gemv_stream_argmax: {} blocks an SM on {} SMs ({} at most)",
-           per_sm, sms, kArgmaxMaxBlocks);
+  MS_CHECK(sms * kStreamBlocksPerSm <= kArgmaxMaxBlocks, "gemv_stream_argmax: {} SMs x {} blocks ({} at most)", sms,
+           kStreamBlocksPerSm, kArgmaxMaxBlocks);
   const int evict_first = l2_evict_first_weights() ? 1 : 0;
-  launch_pdl(gemv_stream_argmax_kernel, dim3(unsigned(blocks)), dim3(kWarps * 32), smem, stream, x, ldx, M, K, W, N,
-             y, ldy, evict_first, ResidualArgs{},
-             ArgmaxArgs{ids, logprobs, static_cast<ArgmaxWorkspace*>(workspace)});
+  const ArgmaxArgs am{ids, logprobs, static_cast<ArgmaxWorkspace*>(workspace)};
+  auto try_launch = [&](int blocks_per_sm) {
+    return try_launch_stream(gemv_stream_argmax_kernel, kStreamStages, blocks_per_sm, M, K, stream, x, ldx, M, K, W,
+                             N, y, ldy, evict_first, ResidualArgs{}, am);
+  };
+  MS_CHECK(try_launch(kStreamBlocksPerSm) || try_launch(1),
+           "gemv_stream_argmax: {} bytes of shared memory (M {} K {}) do not fit an SM", stream_smem_bytes(M, K), M, K);
 }
 
 bool norm_gemv_fits(int M, int K) { return M >= 1 && M <= kNormGemvMaxM && K > 0 && K % 8 == 0 && K <= 4096; }

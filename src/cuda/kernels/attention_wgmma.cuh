@@ -66,13 +66,6 @@ __device__ __forceinline__ void wgmma_m64n128k16_rs_tb(float (&d)[64], const uns
 // 256 threads held to 128 registers: two CTAs an SM (H200, AttentionTiming 16 x 512 at head_dim 128: 201.9 us,
 // against 292.8 with one CTA an SM at 137 registers, 256.4 with three warpgroups a CTA, 280.9 for the mma.sync
 // tiles).
-// 4 bytes global -> shared without a register (zeros when !valid); part of the thread's current cp.async group.
-__device__ __forceinline__ void cp_async4_zfill(void* smem, const void* gmem, bool valid) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(moe_ptx::smem_addr(smem)), "l"(gmem),
-               "r"(valid ? 4 : 0)
-               : "memory");
-}
-
 // TABLE_AHEAD (opt-in, MOESERVE_ATTN_PREFILL_TABLE_AHEAD=1; session 21, not yet run on a GPU): the block-table
 // entries of each tile's keys come into shared memory by cp.async two tiles ahead (4 buffers of 64 ints), so that
 // issuing tile t + 1's K / V copies reads its pages from shared memory. Without it each thread first loads its 4
@@ -125,7 +118,8 @@ __global__ void __launch_bounds__(256, 2) paged_attention_prefill_wgmma_kernel(c
   const int64_t kv_row_stride = int64_t(p.kv_heads) * D;
   const bf16* k_head = p.k_cache + int64_t(kvh) * D;
   const bf16* v_head = p.v_cache + int64_t(kvh) * D;
-  auto load_kv = [&](int tile, int stage) {
+  // page_of(key, r): the page of the tile's key r (key = tile BN + r), asked only for keys before k_end.
+  auto load_kv_from = [&](int tile, int stage, auto page_of) {
     char* dk = sK + stage * kWgTileBytes;
     char* dv = sV + stage * kWgTileBytes;
 #pragma unroll
@@ -134,13 +128,16 @@ __global__ void __launch_bounds__(256, 2) paged_attention_prefill_wgmma_kernel(c
       const bool valid = key < k_end;
       int64_t o = 0;
       if (valid) {
-        const int page = table[key / P];
+        const int page = page_of(key, r);
         o = (int64_t(page) * P + key % P) * kv_row_stride + ld_cc * 8;
       }
       const unsigned off = wg_chunk_offset(BN, r, ld_cc);
       moe_ptx::cp_async16(dk + off, k_head + o, valid);
       moe_ptx::cp_async16(dv + off, v_head + o, valid);
     }
+  };
+  auto load_kv = [&](int tile, int stage) {
+    load_kv_from(tile, stage, [&](int key, int) { return table[key / P]; });
   };
   // TABLE_AHEAD: spg[j % 4][r] = the page of key j BN + r. Pages of tile j >= 2 travel in the group committed two
   // tiles earlier (the prologue's for tile 2), so tile t + 1's pages have landed (the previous tile's wait and barrier)
@@ -152,22 +149,12 @@ __global__ void __launch_bounds__(256, 2) paged_attention_prefill_wgmma_kernel(c
     if (tid < BN) {
       const int key = tile * BN + tid;
       const bool ok = tile < n_tiles && key < k_end;
-      cp_async4_zfill(&spg[tile % 4][tid], ok ? table + key / P : table, ok);
+      moe_ptx::cp_async4(&spg[tile % 4][tid], ok ? table + key / P : table, ok);
     }
   };
   auto load_kv_staged = [&](int tile, int stage) {  // load_kv with the pages from spg
-    char* dk = sK + stage * kWgTileBytes;
-    char* dv = sV + stage * kWgTileBytes;
     const int* pages = spg[tile % 4];
-#pragma unroll
-    for (int c = tid; c < BN * 16; c += kThreads) {
-      const int r = c >> 4, ld_cc = c & 15, key = tile * BN + r;
-      const bool valid = key < k_end;
-      const int64_t o = valid ? (int64_t(pages[r]) * P + key % P) * kv_row_stride + ld_cc * 8 : 0;
-      const unsigned off = wg_chunk_offset(BN, r, ld_cc);
-      moe_ptx::cp_async16(dk + off, k_head + o, valid);
-      moe_ptx::cp_async16(dv + off, v_head + o, valid);
-    }
+    load_kv_from(tile, stage, [&](int, int r) { return pages[r]; });
   };
   if constexpr (TABLE_AHEAD) {
     issue_pages(0);
