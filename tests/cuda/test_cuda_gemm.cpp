@@ -180,61 +180,6 @@ TEST(CudaGemm, StreamingGemvMatchesCublas) {
   }
 }
 
-// gemv_stream_argmax (the greedy sampler inside the streaming lm_head, MOESERVE_GREEDY_IN_LMHEAD): its logits bitwise
-// those of gemv_stream, each row's id the CPU's argmax of those logits (lowest id on ties: two equal rows of W, far
-// apart, hold token 0's maximum) and its logprob -log(sum exp(y - max)) against the CPU in double; every M of one
-// group, twice each (the grid's counter must come back to zero), outputs poisoned first.
-TEST(CudaGemm, StreamingGemvArgmaxMatchesCpu) {
-  SKIP_WITHOUT_GPU();
-  Stream st;
-  struct Shape {
-    int N, K, lo, hi;  // rows lo < hi: copies of each other, token 0's maximum
-  };
-  Dev<uint8_t> ws(cuda::gemv_stream_argmax_workspace_bytes());
-  MS_CUDA_CHECK(cudaMemset(ws.p, 0, ws.n));
-  for (Shape s : {Shape{151936, 2048, 17, 151000}, Shape{100003, 2056, 3, 99990}, Shape{2000, 264, 40, 1999},
-                  Shape{37, 72, 0, 36}}) {
-    const int ldx = s.K + 8;
-    auto w = random_bf16(size_t(s.N) * s.K, 5 + s.N, 0.05f);
-    const auto x = random_bf16(size_t(8) * ldx, 3 + s.K);
-    for (int k = 0; k < s.K; ++k) {  // row lo = row hi = x[0] / 2: logit |x[0]|^2 / 2 for token 0
-      const uint16_t v = f32_to_bf16(0.5f * bf16_to_f32(x[size_t(k)]));
-      w[size_t(s.lo) * s.K + k] = v;
-      w[size_t(s.hi) * s.K + k] = v;
-    }
-    Dev<uint16_t> d_w(w), d_x(x);
-    for (int M = 1; M <= 8; ++M) {
-      for (int rep = 0; rep < 2; ++rep) {
-        const std::string where = fmt::format("N {} K {} M {} run {}", s.N, s.K, M, rep + 1);
-        Dev<float> y(size_t(M) * s.N), y_ref(size_t(M) * s.N), lp(static_cast<size_t>(M));
-        Dev<int32_t> ids(static_cast<size_t>(M));
-        y.poison(), y_ref.poison(), lp.poison(), ids.poison();
-        cuda::gemv_stream(as_bf16(d_x), ldx, M, s.K, as_bf16(d_w), s.N, y_ref.p, s.N, OutType::F32, st.s);
-        cuda::gemv_stream_argmax(as_bf16(d_x), ldx, M, s.K, as_bf16(d_w), s.N, y.p, s.N, ids.p, lp.p, ws.p, st.s);
-        MS_CUDA_CHECK(cudaStreamSynchronize(st.s));
-        const auto got_y = y.download(), want_y = y_ref.download();
-        ASSERT_EQ(std::memcmp(got_y.data(), want_y.data(), got_y.size() * sizeof(float)), 0)
-            << where << ": logits differ from gemv_stream's";
-        const auto got_ids = ids.download();
-        const auto got_lp = lp.download();
-        for (int t = 0; t < M; ++t) {
-          const float* row = want_y.data() + size_t(t) * s.N;
-          int best = 0;
-          for (int n = 1; n < s.N; ++n)
-            if (row[n] > row[best]) best = n;
-          double sum = 0;
-          for (int n = 0; n < s.N; ++n) sum += std::exp(double(row[n]) - double(row[best]));
-          EXPECT_EQ(got_ids[size_t(t)], best) << where << " token " << t;
-          EXPECT_NEAR(got_lp[size_t(t)], -std::log(sum), 1e-4 + 1e-5 * std::log(sum)) << where << " token " << t;
-          if (t == 0) {
-            EXPECT_EQ(best, s.lo) << where << ": the tie was not the maximum (test setup)";
-          }
-        }
-      }
-    }
-  }
-}
-
 // gemv_stream_norm_in (a decode step's final norm inside the lm_head launch) computes bitwise what gemv_stream
 // computes on the rows gemv_norm_in normalizes from the same residual and partial sums (those rows are checked
 // against the CPU in ResidualGemvsMatchCpu, gemv_stream against cuBLAS above): every M of one group, H with a last

@@ -51,13 +51,6 @@ void gemv_stream(const bf16* x, int64_t ldx, int M, int K, const bf16* W, int N,
 // K % 4 == 0, 16-byte aligned residual, 8-byte aligned norm_w): a decode step's final norm inside the lm_head launch.
 void gemv_stream_norm_in(const float* residual, const float* partials, int nparts, const bf16* norm_w, float eps,
                          int M, int K, const bf16* W, int N, void* y, int64_t ldy, OutType out, cudaStream_t stream);
-// The streaming lm_head GEMV (f32 logits) ending in the greedy sampler's work: ids[t] = the argmax of row t (lowest
-// id on ties) and logprobs[t] (when non-null) its raw logprob, as sample_greedy computes them from y, with no launch
-// of its own (MOESERVE_GREEDY_IN_LMHEAD=1, opt-in). workspace: gemv_stream_argmax_workspace_bytes() of device memory,
-// zeroed once and kept (graphs capture it); one stream at a time.
-size_t gemv_stream_argmax_workspace_bytes();
-void gemv_stream_argmax(const bf16* x, int64_t ldx, int M, int K, const bf16* W, int N, float* y, int64_t ldy,
-                        int32_t* ids, float* logprobs, void* workspace, cudaStream_t stream);
 
 // A decode step's residual add + RMSNorm fused into the GEMV that consumes it (M <= kNormGemvMaxM tokens,
 // K <= 4096, K % 8 == 0):

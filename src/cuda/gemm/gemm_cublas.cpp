@@ -361,11 +361,7 @@ std::vector<std::unique_ptr<GemmBackend>> make_gemm_backends() {
   std::vector<std::unique_ptr<GemmBackend>> r;
   r.push_back(make_cublas_backend());
   r.push_back(make_cublaslt_backend());
-  // MOESERVE_GEMV_KERNEL_MAX_M=N (opt-in, session 21, not yet measured): the gemv backend's own kernels (the wide
-  // split-K kernel above 8 tokens) up to N tokens instead of 8, so that the q/k/v and o_proj GEMMs of a 64-sequence
-  // decode step leave cuBLASLt (bs 64 trace, H200: q/k/v 7.7-9.5 us a layer for 21 MB, o_proj 9.7 with its split-K
-  // reduce for 16.8 MB; 4.6 / 3.7 at the read bandwidth).
-  r.push_back(make_gemv_backend(int(env_int("MOESERVE_GEMV_KERNEL_MAX_M", 8, 8, 128))));
+  r.push_back(make_gemv_backend());
   return r;
 }
 

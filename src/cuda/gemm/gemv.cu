@@ -31,7 +31,6 @@
 #include "cuda/launch.h"
 #include "cuda/moe/moe_ptx.cuh"
 #include "cuda/pdl.cuh"
-#include "cuda/sampling/greedy_state.cuh"
 
 namespace moeserve::cuda {
 namespace {
@@ -389,24 +388,11 @@ constexpr bool stream_smem_fits(size_t dynamic_bytes) {
   return dynamic_bytes + size_t(2) * kWarps * kRows * kTokens * sizeof(float) <= (227u << 10);
 }
 
-// gemv_stream_argmax: the greedy sampler's work at the end of the streaming lm_head (f32 logits). Each block keeps a
-// greedy_dev::State per token over the rows it stores, leaves it in the workspace, and the grid's last block merges the
-// blocks' states in block order (a fixed tree: deterministic) into the ids and raw logprobs, as sample_greedy would.
-constexpr int kArgmaxMaxBlocks = 1024;
-struct ArgmaxWorkspace {
-  greedy_dev::State states[kArgmaxMaxBlocks * kTokens];
-  int counter;  // zero between launches (finished_last)
-};
-struct ArgmaxArgs {
-  int32_t* ids = nullptr;  // [M]
-  float* logprobs = nullptr;  // [M] or null
-  ArgmaxWorkspace* ws = nullptr;
-};
-
-template <typename OutT, int kStreamStages, bool ARGMAX>
-__device__ __forceinline__ void gemv_stream_body(const bf16* x, int64_t ldx, int M, int K, const bf16* __restrict__ W,
-                                                 int N, OutT* __restrict__ y, int64_t ldy, int evict_first,
-                                                 const ResidualArgs& ra, const ArgmaxArgs& am) {
+template <typename OutT, int kStreamStages = kStreamStages>
+__global__ void __launch_bounds__(kWarps * 32) gemv_stream_kernel(const bf16* x, int64_t ldx, int M, int K,
+                                                                   const bf16* __restrict__ W, int N,
+                                                                   OutT* __restrict__ y, int64_t ldy, int evict_first,
+                                                                   ResidualArgs ra) {
   __shared__ float partial[2][kWarps][kRows][kTokens];
   extern __shared__ __align__(16) bf16 gemv_dyn_smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -456,7 +442,6 @@ __device__ __forceinline__ void gemv_stream_body(const bf16* x, int64_t ldx, int
   float c[4] = {0.f, 0.f, 0.f, 0.f};
   int64_t rb = rb0;
   int u = 0;
-  greedy_dev::State best = greedy_dev::empty_state();  // ARGMAX: thread (r, t)'s rows of token t
   for (int64_t i = 0; i < total; ++i) {
     moe_ptx::cp_async_wait<kStreamStages - 1>();  // this lane's copies of slice i have landed...
     __syncwarp();                                 // ...and the warp's
@@ -482,81 +467,30 @@ __device__ __forceinline__ void gemv_stream_body(const bf16* x, int64_t ldx, int
 #pragma unroll
       for (int w = 0; w < kWarps; ++w) sum += partial[buf][w][r][t];
       const int64_t n = rb * kRows + r;
-      if (t < M && n < N) {
-        store(y + int64_t(t) * ldy + n, sum);
-        if constexpr (ARGMAX) greedy_dev::add(best, sum, int(n));
-      }
+      if (t < M && n < N) store(y + int64_t(t) * ldy + n, sum);
     }
     u = 0, ++rb;
   }
   moe_ptx::cp_async_wait<0>();
-  if constexpr (ARGMAX) {
-    // Token t's 16 states are threads 16 t .. 16 t + 15 (a half-warp of warps 0-3).
-    static_assert(kRows == 16 && kRows * kTokens <= kWarps * 32, "a token's rows in an aligned half-warp");
-    if (threadIdx.x < kRows * kTokens) {
-      best = greedy_dev::shfl_merge(best, kRows / 2);
-      const int t = threadIdx.x / kRows;
-      if (threadIdx.x % kRows == 0 && t < M) am.ws->states[blockIdx.x * kTokens + t] = best;
-    }
-    if (!finished_last(&am.ws->counter)) return;  // (the last block also resets the counter)
-    // Warp t merges token t's states: lane l those of blocks l, l + 32, ... in order, then a fixed xor tree.
-    if (warp < M) {
-      greedy_dev::State m = greedy_dev::empty_state();
-      for (int b = lane; b < int(gridDim.x); b += 32) {
-        const greedy_dev::State* st = am.ws->states + b * kTokens + warp;
-        m = greedy_dev::merge(m, greedy_dev::State{__ldcg(&st->max), __ldcg(&st->id), __ldcg(&st->sum)});
-      }
-      m = greedy_dev::shfl_merge(m, 16);
-      if (lane == 0) {
-        am.ids[warp] = m.id;
-        if (am.logprobs != nullptr) am.logprobs[warp] = -logf(m.sum);  // logit(argmax) - max - log(sum)
-      }
-    }
-  }
-}
-
-template <typename OutT, int kStreamStages = kStreamStages>
-__global__ void __launch_bounds__(kWarps * 32) gemv_stream_kernel(const bf16* x, int64_t ldx, int M, int K,
-                                                                   const bf16* __restrict__ W, int N,
-                                                                   OutT* __restrict__ y, int64_t ldy, int evict_first,
-                                                                   ResidualArgs ra) {
-  gemv_stream_body<OutT, kStreamStages, false>(x, ldx, M, K, W, N, y, ldy, evict_first, ra, ArgmaxArgs{});
-}
-
-__global__ void __launch_bounds__(kWarps * 32) gemv_stream_argmax_kernel(const bf16* x, int64_t ldx, int M, int K,
-                                                                          const bf16* __restrict__ W, int N,
-                                                                          float* __restrict__ y, int64_t ldy,
-                                                                          int evict_first, ResidualArgs ra,
-                                                                          ArgmaxArgs am) {
-  gemv_stream_body<float, kStreamStages, true>(x, ldx, M, K, W, N, y, ldy, evict_first, ra, am);
 }
 
 // MOESERVE_GEMV_STREAM_STAGES (A/B): 4 (default, two blocks an SM, 64 KB each), 6 (two blocks, 96 KB), 8 (one block,
 // 128 KB: session 20's form) or 12 (one block, 192 KB). A form whose shared memory does not fit falls back to the
 // default, then to one 8-stage block an SM, then to one 4-stage block (gemv_stream_fits' bound).
-// Launches a streaming kernel of `stages`-deep rings as blocks_per_sm persistent blocks an SM, if its shared memory
-// (for M tokens of K) lets that many fit; false (nothing launched) otherwise.
-template <typename Kernel, typename... Args>
-bool try_launch_stream(Kernel kernel, int stages, int blocks_per_sm, int M, int K, cudaStream_t stream,
-                       Args&&... args) {
-  static const int sms = current_device_multiprocessors();
-  const size_t smem = stream_smem_bytes(M, K, stages);
-  if (!stream_smem_fits(smem)) return false;
-  const int per_sm = prepared_blocks_per_sm(reinterpret_cast<const void*>(kernel), smem);
-  if (per_sm < blocks_per_sm) return false;
-  launch_pdl(kernel, dim3(unsigned(sms * blocks_per_sm)), dim3(kWarps * 32), smem, stream,
-             std::forward<Args>(args)...);
-  return true;
-}
-
 template <typename OutT>
 void launch_gemv_stream(const bf16* x, int64_t ldx, int M, int K, const bf16* W, int N, OutT* y, int64_t ldy,
                         const ResidualArgs& ra, cudaStream_t stream) {
+  static const int sms = current_device_multiprocessors();
   static const int wanted = int(env_int("MOESERVE_GEMV_STREAM_STAGES", kStreamStages, 4, 12));
   const int evict_first = l2_evict_first_weights() ? 1 : 0;
   auto try_launch = [&](auto kernel, int stages, int blocks_per_sm) {
-    return try_launch_stream(kernel, stages, blocks_per_sm, M, K, stream, x, ldx, M, K, W, N, y, ldy, evict_first,
-                             ra);
+    const size_t smem = stream_smem_bytes(M, K, stages);
+    if (!stream_smem_fits(smem)) return false;
+    const int per_sm = prepared_blocks_per_sm(reinterpret_cast<const void*>(kernel), smem);
+    if (per_sm < blocks_per_sm) return false;
+    launch_pdl(kernel, dim3(unsigned(sms * blocks_per_sm)), dim3(kWarps * 32), smem, stream, x, ldx, M, K, W, N, y,
+               ldy, evict_first, ra);
+    return true;
   };
   if (wanted == 6 && try_launch(gemv_stream_kernel<OutT, 6>, 6, kStreamBlocksPerSm)) return;
   if (wanted == 8 && try_launch(gemv_stream_kernel<OutT, 8>, 8, 1)) return;
@@ -743,7 +677,6 @@ class GemvBackend final : public GemmBackend {
                           reinterpret_cast<const void*>(gemv_bf16_kernel<bf16, kPlainX, true>),
                           reinterpret_cast<const void*>(gemv_stream_kernel<bf16>),
                           reinterpret_cast<const void*>(gemv_stream_kernel<float>),
-                          reinterpret_cast<const void*>(gemv_stream_argmax_kernel),
                           reinterpret_cast<const void*>(splitk_reduce_kernel<bf16>),
                           reinterpret_cast<const void*>(splitk_reduce_kernel<float>)})
       if (std::string why = check_kernel_present(k, dev); !why.empty()) return why;
@@ -860,27 +793,6 @@ void gemv_stream_norm_in(const float* residual, const float* partials, int npart
     launch_gemv_stream(static_cast<const bf16*>(nullptr), 0, M, K, W, N, static_cast<bf16*>(y), ldy, ra, stream);
   else
     launch_gemv_stream(static_cast<const bf16*>(nullptr), 0, M, K, W, N, static_cast<float*>(y), ldy, ra, stream);
-}
-
-size_t gemv_stream_argmax_workspace_bytes() { return sizeof(ArgmaxWorkspace); }
-
-void gemv_stream_argmax(const bf16* x, int64_t ldx, int M, int K, const bf16* W, int N, float* y, int64_t ldy,
-                        int32_t* ids, float* logprobs, void* workspace, cudaStream_t stream) {
-  MS_CHECK(gemv_stream_fits(M, K) && N > 0 && ldx >= K && ldx % 8 == 0 && ldy >= N && ids != nullptr &&
-               workspace != nullptr,
-           "gemv_stream_argmax: M {} K {} N {} ldx {} ldy {} do not fit (or no ids / workspace)", M, K, N, ldx, ldy);
-  MS_CHECK(aligned16(x) && aligned16(W), "gemv_stream_argmax: x and W must be 16-byte aligned");
-  static const int sms = current_device_multiprocessors();
-  MS_CHECK(sms * kStreamBlocksPerSm <= kArgmaxMaxBlocks, "gemv_stream_argmax: {} SMs x {} blocks ({} at most)", sms,
-           kStreamBlocksPerSm, kArgmaxMaxBlocks);
-  const int evict_first = l2_evict_first_weights() ? 1 : 0;
-  const ArgmaxArgs am{ids, logprobs, static_cast<ArgmaxWorkspace*>(workspace)};
-  auto try_launch = [&](int blocks_per_sm) {
-    return try_launch_stream(gemv_stream_argmax_kernel, kStreamStages, blocks_per_sm, M, K, stream, x, ldx, M, K, W,
-                             N, y, ldy, evict_first, ResidualArgs{}, am);
-  };
-  MS_CHECK(try_launch(kStreamBlocksPerSm) || try_launch(1),
-           "gemv_stream_argmax: {} bytes of shared memory (M {} K {}) do not fit an SM", stream_smem_bytes(M, K), M, K);
 }
 
 bool norm_gemv_fits(int M, int K) { return M >= 1 && M <= kNormGemvMaxM && K > 0 && K % 8 == 0 && K <= 4096; }

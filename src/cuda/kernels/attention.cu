@@ -124,11 +124,7 @@ bool prefill_wgmma_usable(int head_dim) {
 }
 
 void launch_prefill_wgmma(const AttnParams& p, int max_new_lens, int kv_heads, int num_seqs, cudaStream_t stream) {
-  // MOESERVE_ATTN_PREFILL_TABLE_AHEAD=1 (opt-in, session 21, not yet measured): the block-table entries two tiles
-  // ahead through shared memory (attention_wgmma.cuh).
-  static const bool table_ahead = env_flag("MOESERVE_ATTN_PREFILL_TABLE_AHEAD", false);
-  auto kernel = table_ahead ? detail::paged_attention_prefill_wgmma_kernel<true>
-                            : detail::paged_attention_prefill_wgmma_kernel<false>;
+  auto kernel = detail::paged_attention_prefill_wgmma_kernel;
   MS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(detail::kWgSmemBytes)));
   const int64_t rows = int64_t(max_new_lens) * p.group;
   const dim3 grid(unsigned(ceil_div(rows, detail::kWgRows)), unsigned(kv_heads), unsigned(num_seqs));
@@ -224,11 +220,8 @@ bool cluster_fits(int splits) {
   if (fits[splits] == 0) {
     constexpr size_t smem = detail::gqa_smem_bytes<128, STAGES>();
     auto kernel = detail::paged_attention_decode_gqa_kernel<128, true, true, FUSED_IN, STAGES>;
-    // The head-dimension split variant (decode_gqa_dsplit) has the same blocks: it fits wherever this one does.
-    for (auto k : {kernel, detail::paged_attention_decode_gqa_kernel<128, true, true, FUSED_IN, STAGES, true>}) {
-      MS_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-      MS_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-    }
+    MS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    MS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = dim3(unsigned(splits), 1, 1);
     cfg.blockDim = dim3(128);
@@ -277,6 +270,9 @@ int paged_attention_decode_splits(const AttnShape& shape, int num_seqs, int sms,
   // 1,634.4 (4 parts instead of 8).
   static const bool cluster_fit =
       env_flag("MOESERVE_ATTN_CLUSTER_SPLITS", true) && env_flag("MOESERVE_ATTN_CLUSTER_MERGE", true);
+  // At bs 1 and 2 this takes 16 parts (non-portable clusters of 16 blocks, of which 8 hold keys at context 512):
+  // H200, session 22, three same-call pairs: bs 1 558.6-558.8 us with at most 8 (all holding keys) and 563.4-563.7
+  // with 4, against 544.9-547.7 with 16 (the idle blocks share the cluster merge).
   if (cluster_fit && decode_gqa_usable(shape, num_seqs)) {
     const int fit = std::min({sms / per_split, max_splits, 16});
     if (fit >= 2) splits = fit;
@@ -286,13 +282,6 @@ int paged_attention_decode_splits(const AttnShape& shape, int num_seqs, int sms,
 
 namespace {
 
-// The cluster path's warps split the head dimension instead of the keys (DSPLIT of attention_decode_gqa.cuh):
-// MOESERVE_ATTN_GQA_DSPLIT=1, an experiment not yet measured on a GPU.
-bool decode_gqa_dsplit() {
-  static const bool on = env_flag("MOESERVE_ATTN_GQA_DSPLIT", false);
-  return on;
-}
-
 template <bool FUSED_IN>
 void launch_decode_gqa(AttnParams p, dim3 grid, bool split, cudaStream_t stream) {
   constexpr size_t smem = detail::gqa_smem_bytes<128>();
@@ -300,15 +289,12 @@ void launch_decode_gqa(AttnParams p, dim3 grid, bool split, cudaStream_t stream)
   p.kv_prewait = prewait ? 1 : 0;
   // (cudaFuncSetAttribute done by decode_cluster_merge)
   if (const int stages = split ? decode_cluster_merge<FUSED_IN>(grid) : 0; stages > 0) {
-    const bool dsplit = decode_gqa_dsplit();
     if (stages == 2)
-      launch_pdl_cluster(dsplit ? detail::paged_attention_decode_gqa_kernel<128, true, true, FUSED_IN, 2, true>
-                                : detail::paged_attention_decode_gqa_kernel<128, true, true, FUSED_IN, 2>,
-                         grid, dim3(128), detail::gqa_smem_bytes<128, 2>(), stream, grid.x, p);
+      launch_pdl_cluster(detail::paged_attention_decode_gqa_kernel<128, true, true, FUSED_IN, 2>, grid, dim3(128),
+                         detail::gqa_smem_bytes<128, 2>(), stream, grid.x, p);
     else
-      launch_pdl_cluster(dsplit ? detail::paged_attention_decode_gqa_kernel<128, true, true, FUSED_IN, 3, true>
-                                : detail::paged_attention_decode_gqa_kernel<128, true, true, FUSED_IN>,
-                         grid, dim3(128), smem, stream, grid.x, p);
+      launch_pdl_cluster(detail::paged_attention_decode_gqa_kernel<128, true, true, FUSED_IN>, grid, dim3(128), smem,
+                         stream, grid.x, p);
     return;
   }
   auto kernel = split ? detail::paged_attention_decode_gqa_kernel<128, true, false, FUSED_IN>

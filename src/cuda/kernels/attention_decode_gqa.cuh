@@ -58,85 +58,11 @@ __device__ __forceinline__ void rescale_o(float (&oacc)[N][4], const float (&alp
   }
 }
 
-// One K / V tile of the DSPLIT kernel (below): every warp scores all BN keys of the tile (BN / 16 groups of 16 keys
-// as the MMA's M, the group's heads as its N: the same S^T fragments the key-split warps compute for their own 16),
-// updates the online softmax state of its heads (m, l: every warp holds the same), and accumulates O^T for its D / 4
-// dimensions, dt = DTW warp + i. Key groups past k_end are skipped (their V rows may be stale).
-template <int D, int BN, int DTW>
-__device__ __forceinline__ void dsplit_tile(const bf16* k_s, const bf16* v_s, int tile0, int k_end,
-                                            const uint32_t (&qf)[D / 16][2], float scale_log2, int warp, int lane,
-                                            float (&m_r)[2], float (&l_r)[2], float (&oacc)[DTW][4]) {
-  constexpr int MT = BN / 16, KSTEPS = D / 16;
-  const int g = lane >> 2;
-  float sacc[MT][4];
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt) {
-    sacc[mt][0] = sacc[mt][1] = sacc[mt][2] = sacc[mt][3] = 0.0f;
-    if (tile0 + mt * 16 >= k_end) continue;  // uniform over the warp
-#pragma unroll
-    for (int ks = 0; ks < KSTEPS; ++ks) {
-      uint32_t a[4];
-      ldmatrix_x4(a, k_s + swz<D>(mt * 16 + (lane & 7) + (((lane >> 3) & 1) << 3), ks * 2 + (lane >> 4)));
-      mma_bf16_16816(sacc[mt], a, qf[ks][0], qf[ks][1]);
-    }
-  }
-  float alpha[2];
-#pragma unroll
-  for (int j = 0; j < 2; ++j) {
-    float x[MT][2], mx = -INFINITY;
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-      const int k0 = tile0 + mt * 16 + g;
-      x[mt][0] = k0 < k_end ? sacc[mt][j] * scale_log2 : -INFINITY;
-      x[mt][1] = k0 + 8 < k_end ? sacc[mt][j + 2] * scale_log2 : -INFINITY;
-      mx = fmaxf(mx, fmaxf(x[mt][0], x[mt][1]));
-    }
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
-    const float m_new = fmaxf(m_r[j], mx);
-    const float m_use = m_new == -INFINITY ? 0.0f : m_new;
-    alpha[j] = exp2f(m_r[j] - m_use);
-    m_r[j] = m_new;
-    float l = l_r[j] * alpha[j];
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-      const float p0 = exp2f(x[mt][0] - m_use), p1 = exp2f(x[mt][1] - m_use);
-      sacc[mt][j] = p0;
-      sacc[mt][j + 2] = p1;
-      l += p0 + p1;  // this thread's keys only; summed over g at the end
-    }
-    l_r[j] = l;
-  }
-  rescale_o(oacc, alpha);
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt) {
-    if (tile0 + mt * 16 >= k_end) continue;
-    // P^T as B fragments (k = keys, n = heads): the accumulator pairs (key g, heads 2q, 2q + 1) transposed.
-    const uint32_t b0 = movmatrix_trans(pack_bf16x2(sacc[mt][0], sacc[mt][1]));
-    const uint32_t b1 = movmatrix_trans(pack_bf16x2(sacc[mt][2], sacc[mt][3]));
-#pragma unroll
-    for (int i = 0; i < DTW; ++i) {
-      const int dt = DTW * warp + i;
-      uint32_t a[4];
-      ldmatrix_x4_trans(a, v_s + swz<D>(mt * 16 + (lane & 7) + ((lane >> 4) << 3), dt * 2 + ((lane >> 3) & 1)));
-      mma_bf16_16816(oacc[i], a, b0, b1);
-    }
-  }
-}
-
 // FUSED_IN: the input stage of the step's token inside the kernel (decode_input_stage of attention_mma.cuh)
 // instead of qk_norm_rope_store_kv before it: q is the raw q/k/v row.
 // STAGES: the K / V ring depth (kGqaStages; 2 for cluster grids of at most half the SMs, attention.cu's
 // decode_cluster_stages).
-// DSPLIT (opt-in, MOESERVE_ATTN_GQA_DSPLIT=1; an experiment not yet run on a GPU): the warps split the head
-// dimension instead of the keys. Every warp computes the scores of all 64 keys of a tile (four 16-key groups as the
-// MMA's M; the scores are cheap) and so holds the same softmax state, and accumulates P.V for its own D / 4 output
-// dimensions: no merge of the four warps' states through shared memory at the end (0.9 us of a block's ~6 at
-// bs 1, where a block holds one tile: H200, session 14's phase clocks); each thread writes its normalized
-// outputs straight from registers.
-template <int D, bool SPLIT, bool CLUSTER = false, bool FUSED_IN = false, int STAGES = kGqaStages,
-          bool DSPLIT = false>
+template <int D, bool SPLIT, bool CLUSTER = false, bool FUSED_IN = false, int STAGES = kGqaStages>
 __global__ void __launch_bounds__(128) paged_attention_decode_gqa_kernel(const AttnParams p) {
   static_assert(SPLIT || !CLUSTER, "a cluster holds the split parts of a sequence");
   static_assert(STAGES >= 2, "a ring of at least two tiles");
@@ -229,14 +155,9 @@ __global__ void __launch_bounds__(128) paged_attention_decode_gqa_kernel(const A
 
   const int g = lane >> 2;
   float m_r[2] = {kNegInf, kNegInf}, l_r[2] = {0.0f, 0.0f};  // heads 2q and 2q + 1
-  float oacc[DSPLIT ? 1 : DT][4];  // O^T: dims 16 dt + g (+ 8) x heads 2q, 2q + 1
+  float oacc[DT][4];  // O^T: dims 16 dt + g (+ 8) x heads 2q, 2q + 1
 #pragma unroll
-  for (int i = 0; i < (DSPLIT ? 1 : DT); ++i) oacc[i][0] = oacc[i][1] = oacc[i][2] = oacc[i][3] = 0.0f;
-  constexpr int DTW = DT / 4;  // DSPLIT: this warp's dimension tiles dt = DTW warp + i
-  static_assert(!DSPLIT || DT % 4 == 0, "four warps split the head dimension");
-  float oacc_w[DSPLIT ? DTW : 1][4];
-#pragma unroll
-  for (int i = 0; i < (DSPLIT ? DTW : 1); ++i) oacc_w[i][0] = oacc_w[i][1] = oacc_w[i][2] = oacc_w[i][3] = 0.0f;
+  for (int i = 0; i < DT; ++i) oacc[i][0] = oacc[i][1] = oacc[i][2] = oacc[i][3] = 0.0f;
 
   for (int t = 0; t < n_tiles; ++t) {
     const int stage = t % STAGES;
@@ -244,53 +165,48 @@ __global__ void __launch_bounds__(128) paged_attention_decode_gqa_kernel(const A
     cp_async_commit();
     cp_async_wait<STAGES - 1>();
     __syncthreads();
-    if constexpr (DSPLIT) {
-      dsplit_tile<D, BN, DTW>(sK + stage * BN * D, sV + stage * BN * D, k_begin + t * BN, k_end, qf, p.scale_log2, warp,
-                         lane, m_r, l_r, oacc_w);
-    } else {
-      const int wk0 = k_begin + t * BN + warp * 16;  // this warp's first key
-      if (wk0 < k_end) {
-        const bf16* k_s = sK + stage * BN * D;
-        const bf16* v_s = sV + stage * BN * D;
-        float sacc[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // S^T: keys g (+ 8) x heads 2q, 2q + 1
+    const int wk0 = k_begin + t * BN + warp * 16;  // this warp's first key
+    if (wk0 < k_end) {
+      const bf16* k_s = sK + stage * BN * D;
+      const bf16* v_s = sV + stage * BN * D;
+      float sacc[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // S^T: keys g (+ 8) x heads 2q, 2q + 1
 #pragma unroll
-        for (int ks = 0; ks < KSTEPS; ++ks) {
-          uint32_t a[4];
-          ldmatrix_x4(a, k_s + swz<D>(warp * 16 + (lane & 7) + (((lane >> 3) & 1) << 3), ks * 2 + (lane >> 4)));
-          mma_bf16_16816(sacc, a, qf[ks][0], qf[ks][1]);
-        }
-        const bool key_a = wk0 + g < k_end, key_b = wk0 + g + 8 < k_end;
-        float alpha[2];
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          const float x0 = key_a ? sacc[j] * p.scale_log2 : kNegInf;
-          const float x1 = key_b ? sacc[j + 2] * p.scale_log2 : kNegInf;
-          float mx = fmaxf(x0, x1);
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
-          const float m_new = fmaxf(m_r[j], mx);
-          const float m_use = m_new == kNegInf ? 0.0f : m_new;
-          alpha[j] = exp2f(m_r[j] - m_use);
-          m_r[j] = m_new;
-          const float p0 = exp2f(x0 - m_use), p1 = exp2f(x1 - m_use);
-          sacc[j] = p0;
-          sacc[j + 2] = p1;
-          l_r[j] = l_r[j] * alpha[j] + p0 + p1;  // this thread's keys only; summed over g at the end
-        }
-        rescale_o(oacc, alpha);
-        // P^T as B fragments (k = keys, n = heads): the accumulator pairs (key g, heads 2q, 2q + 1) transposed.
-        const uint32_t b0 = movmatrix_trans(pack_bf16x2(sacc[0], sacc[1]));
-        const uint32_t b1 = movmatrix_trans(pack_bf16x2(sacc[2], sacc[3]));
-#pragma unroll
-        for (int dt = 0; dt < DT; ++dt) {
-          uint32_t a[4];
-          ldmatrix_x4_trans(a,
-                            v_s + swz<D>(warp * 16 + (lane & 7) + ((lane >> 4) << 3), dt * 2 + ((lane >> 3) & 1)));
-          mma_bf16_16816(oacc[dt], a, b0, b1);
-        }
+      for (int ks = 0; ks < KSTEPS; ++ks) {
+        uint32_t a[4];
+        ldmatrix_x4(a, k_s + swz<D>(warp * 16 + (lane & 7) + (((lane >> 3) & 1) << 3), ks * 2 + (lane >> 4)));
+        mma_bf16_16816(sacc, a, qf[ks][0], qf[ks][1]);
       }
-    }  // (DSPLIT)
+      const bool key_a = wk0 + g < k_end, key_b = wk0 + g + 8 < k_end;
+      float alpha[2];
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const float x0 = key_a ? sacc[j] * p.scale_log2 : kNegInf;
+        const float x1 = key_b ? sacc[j + 2] * p.scale_log2 : kNegInf;
+        float mx = fmaxf(x0, x1);
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+        const float m_new = fmaxf(m_r[j], mx);
+        const float m_use = m_new == kNegInf ? 0.0f : m_new;
+        alpha[j] = exp2f(m_r[j] - m_use);
+        m_r[j] = m_new;
+        const float p0 = exp2f(x0 - m_use), p1 = exp2f(x1 - m_use);
+        sacc[j] = p0;
+        sacc[j + 2] = p1;
+        l_r[j] = l_r[j] * alpha[j] + p0 + p1;  // this thread's keys only; summed over g at the end
+      }
+      rescale_o(oacc, alpha);
+      // P^T as B fragments (k = keys, n = heads): the accumulator pairs (key g, heads 2q, 2q + 1) transposed.
+      const uint32_t b0 = movmatrix_trans(pack_bf16x2(sacc[0], sacc[1]));
+      const uint32_t b1 = movmatrix_trans(pack_bf16x2(sacc[2], sacc[3]));
+#pragma unroll
+      for (int dt = 0; dt < DT; ++dt) {
+        uint32_t a[4];
+        ldmatrix_x4_trans(a,
+                          v_s + swz<D>(warp * 16 + (lane & 7) + ((lane >> 4) << 3), dt * 2 + ((lane >> 3) & 1)));
+        mma_bf16_16816(oacc[dt], a, b0, b1);
+      }
+    }
     __syncthreads();  // the stage read here is overwritten by the next iteration's loads
   }
 
@@ -311,35 +227,6 @@ __global__ void __launch_bounds__(128) paged_attention_decode_gqa_kernel(const A
   // (after the warps' scratch: 8 x D + 8 floats), or straight to out when the sequence has one part.
   float* part_o = red_o + 4 * kGqaMaxGroup * D;  // [8][D]
   float* part_lse = part_o + kGqaMaxGroup * D;   // [8]
-  if constexpr (DSPLIT) {  // written from registers
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const int h = 2 * (lane & 3) + j;
-      if (h >= G) continue;
-      const float L = l_r[j], inv = L > 0.0f ? 1.0f / L : 0.0f;
-      if (warp == 0 && g == 0) {
-        const float lse = L > 0.0f ? m_r[j] + log2f(L) : kNegInf;
-        if (CLUSTER && parts > 1)
-          part_lse[h] = lse;
-        else if (SPLIT && parts > 1)
-          p.ws_lse[(int64_t(s) * p.num_splits + split) * p.heads + kvh * G + h] = lse;
-      }
-#pragma unroll
-      for (int i = 0; i < DTW; ++i) {
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int d = 16 * (DTW * warp + i) + g + 8 * r;
-          const float o = oacc_w[i][j + 2 * r] * inv;
-          if (CLUSTER && parts > 1)
-            part_o[h * D + d] = o;
-          else if (SPLIT && parts > 1)
-            p.ws_o[((int64_t(s) * p.num_splits + split) * p.heads + kvh * G + h) * D + d] = o;
-          else
-            p.out[int64_t(q_row_base) * p.out_stride + int64_t(kvh * G + h) * D + d] = __float2bfloat16_rn(o);
-        }
-      }
-    }
-  } else {
   static_assert((8 * kGqaMaxGroup + 4 * kGqaMaxGroup * D) * sizeof(float) <= size_t(STAGES) * 2 * BN * D * sizeof(bf16),
                 "merge scratch fits in the ring");
   const int q4 = lane & 3;
@@ -409,7 +296,6 @@ __global__ void __launch_bounds__(128) paged_attention_decode_gqa_kernel(const A
       *reinterpret_cast<__nv_bfloat162*>(dst) = __floats2bfloat162_rn(o0, o1);
     }
   }
-  }  // (the four warps' merge)
   stamp(5);
   if constexpr (CLUSTER) {
     if (parts <= 1) return;  // uniform over the cluster: no block of it reaches a barrier

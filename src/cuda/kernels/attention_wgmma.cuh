@@ -66,13 +66,6 @@ __device__ __forceinline__ void wgmma_m64n128k16_rs_tb(float (&d)[64], const uns
 // 256 threads held to 128 registers: two CTAs an SM (H200, AttentionTiming 16 x 512 at head_dim 128: 201.9 us,
 // against 292.8 with one CTA an SM at 137 registers, 256.4 with three warpgroups a CTA, 280.9 for the mma.sync
 // tiles).
-// TABLE_AHEAD (opt-in, MOESERVE_ATTN_PREFILL_TABLE_AHEAD=1; session 21, not yet run on a GPU): the block-table
-// entries of each tile's keys come into shared memory by cp.async two tiles ahead (4 buffers of 64 ints), so that
-// issuing tile t + 1's K / V copies reads its pages from shared memory. Without it each thread first loads its 4
-// keys' pages from the table (a dependent L2 round trip) before its copies can issue, in front of tile t's MMAs:
-// the causal last tiles of a 512-token prompt take ~3.6 us a 64-key tile (29 us a layer at 1 x 512, gpu_profile,
-// session 21) against ~0.5 us of MMAs. The default path's code is unchanged (128 registers, no spills).
-template <bool TABLE_AHEAD = false>
 __global__ void __launch_bounds__(256, 2) paged_attention_prefill_wgmma_kernel(const AttnParams p) {
 #if MOE_HAVE_WGMMA
   constexpr int D = kWgDim, BN = kWgKeys, kThreads = 256;
@@ -118,8 +111,7 @@ __global__ void __launch_bounds__(256, 2) paged_attention_prefill_wgmma_kernel(c
   const int64_t kv_row_stride = int64_t(p.kv_heads) * D;
   const bf16* k_head = p.k_cache + int64_t(kvh) * D;
   const bf16* v_head = p.v_cache + int64_t(kvh) * D;
-  // page_of(key, r): the page of the tile's key r (key = tile BN + r), asked only for keys before k_end.
-  auto load_kv_from = [&](int tile, int stage, auto page_of) {
+  auto load_kv = [&](int tile, int stage) {
     char* dk = sK + stage * kWgTileBytes;
     char* dv = sV + stage * kWgTileBytes;
 #pragma unroll
@@ -128,7 +120,7 @@ __global__ void __launch_bounds__(256, 2) paged_attention_prefill_wgmma_kernel(c
       const bool valid = key < k_end;
       int64_t o = 0;
       if (valid) {
-        const int page = page_of(key, r);
+        const int page = table[key / P];
         o = (int64_t(page) * P + key % P) * kv_row_stride + ld_cc * 8;
       }
       const unsigned off = wg_chunk_offset(BN, r, ld_cc);
@@ -136,38 +128,8 @@ __global__ void __launch_bounds__(256, 2) paged_attention_prefill_wgmma_kernel(c
       moe_ptx::cp_async16(dv + off, v_head + o, valid);
     }
   };
-  auto load_kv = [&](int tile, int stage) {
-    load_kv_from(tile, stage, [&](int key, int) { return table[key / P]; });
-  };
-  // TABLE_AHEAD: spg[j % 4][r] = the page of key j BN + r. Pages of tile j >= 2 travel in the group committed two
-  // tiles earlier (the prologue's for tile 2), so tile t + 1's pages have landed (the previous tile's wait and barrier)
-  // when tile t + 1's copies are issued. Tile t refills buffer (t + 3) % 4, whose pages (tile t - 1's) were last read
-  // when tile t - 1's copies were issued, two barriers before (with 3 buffers tile 0 would refill the buffer the
-  // prologue's copies read, with no barrier between).
-  __shared__ int spg[TABLE_AHEAD ? 4 : 1][BN];
-  auto issue_pages = [&](int tile) {
-    if (tid < BN) {
-      const int key = tile * BN + tid;
-      const bool ok = tile < n_tiles && key < k_end;
-      moe_ptx::cp_async4(&spg[tile % 4][tid], ok ? table + key / P : table, ok);
-    }
-  };
-  auto load_kv_staged = [&](int tile, int stage) {  // load_kv with the pages from spg
-    const int* pages = spg[tile % 4];
-    load_kv_from(tile, stage, [&](int, int r) { return pages[r]; });
-  };
-  if constexpr (TABLE_AHEAD) {
-    issue_pages(0);
-    issue_pages(1);
-    moe_ptx::cp_async_commit();  // (Q rides along)
-    moe_ptx::cp_async_wait<0>();
-    __syncthreads();  // tiles 0 and 1's pages for every thread: the one table round trip not hidden
-    load_kv_staged(0, 0);
-    issue_pages(2);
-  } else {
-    load_kv(0, 0);
-  }
-  moe_ptx::cp_async_commit();  // group: Q and tile 0 (TABLE_AHEAD: and tile 2's pages)
+  load_kv(0, 0);
+  moe_ptx::cp_async_commit();  // group: Q and tile 0
 
   // This thread's rows (lane / 4 and + 8 of its warp's 16) and their causal limits; rows past the end borrow
   // the last row's limit (their Q is zero and nothing of them is stored).
@@ -186,12 +148,7 @@ __global__ void __launch_bounds__(256, 2) paged_attention_prefill_wgmma_kernel(c
 
   for (int t = 0; t < n_tiles; ++t) {
     const int stage = t & 1;
-    if constexpr (TABLE_AHEAD) {
-      if (t + 1 < n_tiles) load_kv_staged(t + 1, stage ^ 1);
-      issue_pages(t + 3);
-    } else if (t + 1 < n_tiles) {
-      load_kv(t + 1, stage ^ 1);
-    }
+    if (t + 1 < n_tiles) load_kv(t + 1, stage ^ 1);
     moe_ptx::cp_async_commit();
     moe_ptx::cp_async_wait<1>();       // tile t (and Q) landed for this thread ...
     moe_ptx::fence_proxy_async_smem();  // ... visible to the async proxy (wgmma) ...

@@ -13,7 +13,6 @@
 #include "core/env.h"
 #include "core/log.h"
 #include "core/threadpool.h"
-#include "cuda/gemm/gemm.h"
 #include "cuda/model/gpu_model.h"
 #include "cuda/runtime/allocator.h"
 #include "cuda/sampling/greedy.h"
@@ -104,9 +103,6 @@ class GpuExecutor : public Executor {
   // The step's sampler over `rows` logit rows into the current set's outputs: the all-greedy fast path or the
   // general one.
   void sample_rows(int rows, bool greedy, bool with_penalties);
-  // forward() and then sample_rows(), unless forward() sampled an all-greedy step inside the streaming lm_head
-  // (MOESERVE_GREEDY_IN_LMHEAD=1, opt-in until measured).
-  void forward_and_sample(StepInputs& in, int rows, bool greedy, bool with_penalties);
   void capture_graphs();
   void record_decode(int bs, StepInputs& in, bool greedy);
   // Waits for everything queued on the compute and both copy streams (launched steps still use the buffers);
@@ -146,7 +142,7 @@ class GpuExecutor : public Executor {
   // Penalty inputs (one set: a step with penalties orders its upload after both sets' steps) and the sampler's
   // workspace (used on the compute stream only).
   DeviceArray<int32_t> pen_ids_, pen_counts_, ban_ids_;
-  DeviceArray<uint8_t> sample_ws_, greedy_ws_, argmax_ws_;
+  DeviceArray<uint8_t> sample_ws_, greedy_ws_;
   struct Launched {
     std::vector<int> top_n;  // top logprobs wanted per sampled row (its size: the rows)
     bool want_lp;
@@ -203,7 +199,6 @@ GpuExecutor::GpuExecutor(const std::string& model_dir, const GpuOptions& opts) :
   mb.fused_attention_input = env_flag("MOESERVE_ATTN_FUSED_IN", true);
   mb.residual_fusion = env_flag("MOESERVE_RESIDUAL_FUSION", true);
   mb.moe_combine_norm = env_flag("MOESERVE_MOE_COMBINE_NORM", false);
-  mb.router_topk_wide = env_flag("MOESERVE_ROUTER_TOPK_WIDE", false);
   if (const char* v = std::getenv("MOESERVE_PROFILE_SKIP_OPS"); v != nullptr && *v != 0) {
     mb.skip_ops = parse_skip_ops(v);
     if (mb.skip_ops != 0)
@@ -232,8 +227,6 @@ GpuExecutor::GpuExecutor(const std::string& model_dir, const GpuOptions& opts) :
                                     "activations");
   greedy_ws_ = DeviceArray<uint8_t>(alloc_, greedy_workspace_bytes(), "activations");
   MS_CUDA_CHECK(cudaMemset(greedy_ws_.get(), 0, greedy_ws_.bytes()));
-  argmax_ws_ = DeviceArray<uint8_t>(alloc_, gemv_stream_argmax_workspace_bytes(), "activations");
-  MS_CUDA_CHECK(cudaMemset(argmax_ws_.get(), 0, argmax_ws_.bytes()));
   log_info("activations: {} for steps of up to {} tokens, {} sequences", format_bytes(alloc_.in_use() - before),
            max_tokens, max_seqs);
 
@@ -531,7 +524,8 @@ void GpuExecutor::launch(const ForwardBatch& batch, const std::vector<SampleSpec
   if (graph_bs > 0) {
     MS_CUDA_CHECK(cudaGraphLaunch(graphs.at(graph_bs), stream_));
   } else {
-    forward_and_sample(in, R, greedy, !h_pen_ids_.empty() || !h_ban_ids_.empty());
+    model_->forward(in, stream_);
+    if (R > 0) sample_rows(R, greedy, !h_pen_ids_.empty() || !h_ban_ids_.empty());
   }
   MS_CUDA_CHECK(cudaEventRecord(b.done, stream_));
   Launched l{{}, false, cur_};
@@ -644,20 +638,9 @@ void GpuExecutor::sample_rows(int rows, bool greedy, bool with_penalties) {
   else run_sampling(rows, with_penalties);
 }
 
-void GpuExecutor::forward_and_sample(StepInputs& in, int rows, bool greedy, bool with_penalties) {
-  static const bool in_head = env_flag("MOESERVE_GREEDY_IN_LMHEAD", false);
-  StepInputs step = in;
-  if (greedy && in_head && rows > 0) {
-    StepBuffers& b = buf_[cur_];
-    step.greedy_ids = b.out_ids.get(), step.greedy_logprobs = b.out_lp.get();
-    step.greedy_workspace = argmax_ws_.get();
-  }
-  if (!model_->forward(step, stream_) && rows > 0) sample_rows(rows, greedy, with_penalties);
-}
-
 void GpuExecutor::record_decode(int bs, StepInputs& in, bool greedy) {
-  forward_and_sample(in, bs, greedy, false);
-  model_->prefetch_first_layer(stream_);
+  model_->forward(in, stream_);
+  sample_rows(bs, greedy, false);
 }
 
 void GpuExecutor::capture_graphs() {

@@ -152,14 +152,6 @@ void GpuQwen3::upload(const Qwen3Model& cpu, cudaStream_t stream, ThreadPool& po
   rope_.attention_scaling = rt.attention_scaling;
 }
 
-void GpuQwen3::prefetch_first_layer(cudaStream_t stream) const {
-  static const bool on = env_flag("MOESERVE_PREFETCH_FIRST_LAYER", false);
-  if (!on || layers_.empty()) return;
-  const ModelConfig& c = cfg_;
-  const size_t qkv_rows = size_t(c.num_heads + 2 * c.num_kv_heads) * size_t(c.head_dim);
-  prefetch_to_l2(layers_[0].qkv.get(), qkv_rows * size_t(c.hidden_size) * sizeof(bf16), stream);
-}
-
 void GpuQwen3::plan_workspace(int max_tokens, int max_rows, int max_seqs, int max_decode_splits,
                               const ModelBackends& b) {
   const ModelConfig& c = cfg_;
@@ -232,7 +224,7 @@ void GpuQwen3::allocate_kv(int64_t num_pages, int page_size) {
   MS_CUDA_CHECK(cudaMemset(kv_.get(), 0, kv_.bytes()));  // finite values even in pages never written
 }
 
-bool GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) {
+void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) {
   const ModelConfig& c = cfg_;
   const int T = in.T, H = int(c.hidden_size), D = int(c.head_dim), Hq = int(c.num_heads), Hkv = int(c.num_kv_heads);
   const int QKV = (Hq + 2 * Hkv) * D, QD = Hq * D;
@@ -378,8 +370,7 @@ bool GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
                              c.norm_topk_prob, router_logits_.get(), grid_counter_.get(), topk_ids_.get(),
                              topk_w_.get(), s);
         mark("norm+router+topk", g3.first + act * 12, g3.second);
-      } else if (((be_.fused_small_steps && T <= kFusedRouterMaxTokens) || be_.router_topk_wide) &&
-                 moe_router_topk_fits(T, H, E, K)) {  // router GEMV and top-k in one launch
+      } else if (be_.fused_small_steps && T <= kFusedRouterMaxTokens && moe_router_topk_fits(T, H, E, K)) {  // router GEMV and top-k in one launch
         moe_router_topk(xn_.get(), L.router.get(), T, H, E, K, c.norm_topk_prob, router_logits_.get(),
                         grid_counter_.get(), topk_ids_.get(), topk_w_.get(), s);
         mark("router+topk", g3.first, g3.second);
@@ -424,7 +415,7 @@ bool GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
                           int(c.vocab_size), logits_.get(), c.vocab_size, OutType::F32, s);
     auto g4 = gemm_cost(in.R, int(c.vocab_size), H, 4);
     mark("gemm lm_head (final norm inside)", g4.first + act * 4, g4.second);
-    return false;
+    return;
   }
   // The last layer's output joins the residual under the final norm (with the residual fusion it already has);
   // only the logit rows go to lm_head.
@@ -439,18 +430,10 @@ bool GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
     rows = final_rows_.get();
     mark("gather rows", 4.0 * in.R * H, 0);
   }
-  // The greedy sampler inside the streaming lm_head (the executor asks for it on all-greedy steps with
-  // MOESERVE_GREEDY_IN_LMHEAD=1; opt-in until measured): the rows' ids and logprobs with no sampler launch.
-  const bool greedy_in_head = in.greedy_ids != nullptr && in.R >= 1 && gemv_stream_enabled() &&
-                              gemv_stream_fits(in.R, H) && run_op(kSkipLmHead);
-  if (greedy_in_head)
-    gemv_stream_argmax(rows, H, in.R, H, head, int(c.vocab_size), logits_.get(), c.vocab_size, in.greedy_ids,
-                       in.greedy_logprobs, in.greedy_workspace, s);
-  else if (run_op(kSkipLmHead))
+  if (run_op(kSkipLmHead))
     gemm.run(rows, H, in.R, H, head, int(c.vocab_size), logits_.get(), c.vocab_size, OutType::F32, s);
   auto g4 = gemm_cost(in.R, int(c.vocab_size), H, 4);
-  mark(greedy_in_head ? "gemm lm_head (greedy inside)" : "gemm lm_head", g4.first, g4.second);
-  return greedy_in_head;
+  mark("gemm lm_head", g4.first, g4.second);
 }
 
 int GpuQwen3::warm_up_gemms(cudaStream_t s) {

@@ -43,11 +43,6 @@ struct StepInputs {
   int max_new = 0;                      // largest new_lens (prefill grid)
   int decode_splits = 1;
   double kv_tokens = 0, attn_pairs = 0;  // host-side sums for the profile's floors: keys read, (query, key) pairs
-  // When greedy_ids is set, forward() may end the step in the greedy sampler's work inside the streaming lm_head
-  // (gemv_stream_argmax: ids and raw logprobs of every logit row, the logits still written) and then returns true.
-  int32_t* greedy_ids = nullptr;
-  float* greedy_logprobs = nullptr;
-  void* greedy_workspace = nullptr;  // gemv_stream_argmax_workspace_bytes(), zeroed once
 };
 
 // Per-op GPU time of one step (events between ops), against each op's floor: bytes / bandwidth or flops / rate.
@@ -85,11 +80,6 @@ struct ModelBackends {
   // Steps whose MoE ends in a combine launch (not the direct path) fold the next residual add + RMSNorm into it
   // (MoeBackend::run_combine_norm), where every layer is MoE: MOESERVE_MOE_COMBINE_NORM=1 (A/B, off).
   bool moe_combine_norm = false;
-  // Steps of up to kRouterTopkMaxTokens tokens outside the residual fusion (for top-8 models 2-128 tokens: the
-  // fusion takes 1-token steps) compute the router's logits and the top-k in one launch (moe_router_topk, a block a
-  // group of 8 tokens and 8 experts) instead of the router GEMM and the route launch: MOESERVE_ROUTER_TOPK_WIDE=1
-  // (an experiment, off until a GPU A/B decides).
-  bool router_topk_wide = false;
   // Timing only (MOESERVE_PROFILE_SKIP_OPS, see skip_ops_from_env): ops left out of every step, so that a step's
   // time with and without an op gives that op's marginal cost in the chain of programmatic launches. The
   // outputs are then wrong; never set in serving.
@@ -125,17 +115,13 @@ class GpuQwen3 {
   void allocate_kv(int64_t num_pages, int page_size);
   static size_t kv_bytes_per_token(const ModelConfig& c);
 
-  // Runs the model over the step's tokens; leaves f32 logits [R, vocab] in logits(). True when it also wrote the
-  // greedy samples (StepInputs::greedy_ids).
-  bool forward(const StepInputs& in, cudaStream_t stream, StepProfile* profile = nullptr);
+  // Runs the model over the step's tokens; leaves f32 logits [R, vocab] in logits().
+  void forward(const StepInputs& in, cudaStream_t stream, StepProfile* profile = nullptr);
   float* logits() const { return logits_.get(); }
   // Runs every library GEMM kernel the steps' GEMMs can pick (GemmBackend::warm_up_tokens, the shapes of forward())
   // once, so that no step's launch is the first of a kernel (module loading waits for the device to drain).
   // Outputs land in the activations: call before any step. Returns the GEMMs run.
   int warm_up_gemms(cudaStream_t stream);
-  // Layer 0's q/k/v weights towards L2 (the end of a decode step: the next step reads them first). On with
-  // MOESERVE_PREFETCH_FIRST_LAYER=1 (off by default until measured on a GPU: the A/B decides the default).
-  void prefetch_first_layer(cudaStream_t stream) const;
 
  private:
   void upload(const Qwen3Model& cpu, cudaStream_t stream, ThreadPool& pool);

@@ -21,16 +21,6 @@ __global__ void gather_rows_kernel(const bf16* src, int64_t src_stride, const in
     for (int i = threadIdx.x; i < H; i += blockDim.x) d[i] = s[i];
   }
 }
-constexpr unsigned kPrefetchChunk = 64u << 10;
-
-// The bytes are weights (never written): the prefetches go out before the programmatic wait, i.e. while the
-// kernel before (the sampler) still runs.
-__global__ void prefetch_kernel(const char* p, size_t bytes) {
-  const size_t chunk = size_t(blockIdx.x) * blockDim.x + threadIdx.x, at = chunk * kPrefetchChunk;
-  if (at < bytes) prefetch_l2(p + at, unsigned(std::min<size_t>(kPrefetchChunk, bytes - at)) & ~15u);
-  pdl_enter();
-}
-
 constexpr int kFoldRowsPerBlock = 8;  // experts a block of fold_o_kernel
 constexpr int kFoldThreads = 256;     // o_proj columns a block
 constexpr int kFoldKChunk = 256;
@@ -70,14 +60,6 @@ __global__ void __launch_bounds__(kFoldThreads)
     for (int r = 0; r < kFoldRowsPerBlock && e0 + r < E; ++r) out[int64_t(e0 + r) * QD + j] = __float2bfloat16_rn(acc[r]);
 }
 }  // namespace
-
-void prefetch_to_l2(const void* p, size_t bytes, cudaStream_t stream) {
-  MS_CHECK((reinterpret_cast<uintptr_t>(p) & 15) == 0, "prefetch_to_l2: the start must be 16-byte aligned");
-  const size_t chunks = (bytes + kPrefetchChunk - 1) / kPrefetchChunk;
-  if (chunks == 0) return;
-  launch_pdl(prefetch_kernel, dim3(unsigned((chunks + 127) / 128)), dim3(128), 0, stream,
-             static_cast<const char*>(p), bytes);
-}
 
 void fold_router_weights(const bf16* router, const bf16* g_in, const bf16* g_post, const bf16* w_o, int E, int H,
                          int QD, bf16* in_rows, bf16* o_rows, cudaStream_t stream) {

@@ -9,10 +9,6 @@ namespace moeserve::cuda {
 void gather_rows(const bf16* src, int64_t src_stride, const int32_t* rows, int R, int H, bf16* dst,
                  cudaStream_t stream);
 
-// Starts pulling [p, p + bytes) into L2 (bulk prefetches of 64 KB, fire and forget; p 16-byte aligned). The decode
-// step ends with it over layer 0's q/k/v weights, which the next step reads first while HBM is otherwise idle.
-void prefetch_to_l2(const void* p, size_t bytes, cudaStream_t stream);
-
 // The folded router's weights (moe_route_folded), computed once at load from the router W_r [E, H], the RMSNorm
 // weights g_in (input) and g_post (post-attention) [H] and o_proj's W_o [H, QD], all bf16, products in f32:
 // in_rows[e, k] = W_r[e, k] g_post[k] / g_in[k] (every g_in[k] != 0), o_rows[e, j] = sum_k W_r[e, k] g_post[k] W_o[k, j].

@@ -17,13 +17,6 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool va
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem), "r"(src_bytes)
                : "memory");
 }
-// 4 bytes global -> shared with cp.async.ca (zeros when !valid, the source not read); part of the thread's current
-// cp.async group. For small tables read ahead without a register (the prefill attention's page numbers).
-__device__ __forceinline__ void cp_async4(void* smem, const void* gmem, bool valid) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem), "r"(valid ? 4 : 0)
-               : "memory");
-}
-
 // The L2 evict_first priority for the weight streams of decode steps (sm_80+). A weight byte is read once a step
 // and a step reads far more than L2 holds, so its lines are worth nothing after use; marked evict_first they do
 // not push out what else L2 holds (H200, served q30b8l decode step against no hint, session 14: bs 1 -5 us,

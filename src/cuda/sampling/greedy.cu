@@ -9,7 +9,6 @@
 #include "cuda/device.h"
 #include "cuda/launch.h"
 #include "cuda/pdl.cuh"
-#include "cuda/sampling/greedy_state.cuh"
 
 namespace moeserve::cuda {
 
@@ -25,21 +24,58 @@ constexpr int kThreads = 512;
 constexpr int kBlocksPerSm = 2;
 constexpr int kNarrowRows = 16;
 
-using greedy_dev::add;
-using greedy_dev::merge;
-using greedy_dev::State;
+// Running state of one thread: the best (value, id) seen and the sum of exp(x - max) over its elements.
+struct State {
+  float max;
+  int id;
+  float sum;
+};
+
+__device__ __forceinline__ void add(State& s, float x, int id) {
+  if (x == -INFINITY) return;  // adds nothing to the sum (and would make it NaN against an empty state)
+  if (x > s.max) {
+    s.sum = s.sum * __expf(s.max - x) + 1.0f;
+    s.max = x;
+    s.id = id;
+  } else {
+    s.sum += __expf(x - s.max);
+    if (x == s.max && id < s.id) s.id = id;
+  }
+}
+
+__device__ __forceinline__ State merge(State a, State b) {
+  if (b.max > a.max || (b.max == a.max && b.id < a.id)) {
+    State t = a;
+    a = b;
+    b = t;
+  }
+  // a has the larger max (or the same max and the lower id).
+  if (b.max == -INFINITY) return a;
+  a.sum += b.sum * __expf(b.max - a.max);
+  return a;
+}
 
 // Block reduction of every thread's state (deterministic order: lanes, then warps); the block's state in the
 // returned value of thread 0.
 __device__ __forceinline__ State block_reduce(State s) {
-  s = greedy_dev::shfl_merge(s, 16);
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) {
+    State t{__shfl_xor_sync(0xffffffffu, s.max, o), __shfl_xor_sync(0xffffffffu, s.id, o),
+            __shfl_xor_sync(0xffffffffu, s.sum, o)};
+    s = merge(s, t);
+  }
   __shared__ State warps[kThreads / 32];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (lane == 0) warps[warp] = s;
   __syncthreads();
   if (warp == 0) {
-    s = lane < kThreads / 32 ? warps[lane] : greedy_dev::empty_state();
-    s = greedy_dev::shfl_merge(s, 16);
+    s = lane < kThreads / 32 ? warps[lane] : State{-INFINITY, INT_MAX, 0.0f};
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) {
+      State t{__shfl_xor_sync(0xffffffffu, s.max, o), __shfl_xor_sync(0xffffffffu, s.id, o),
+              __shfl_xor_sync(0xffffffffu, s.sum, o)};
+      s = merge(s, t);
+    }
   }
   return s;
 }
@@ -121,21 +157,14 @@ __global__ void __launch_bounds__(kThreads) greedy_kernel(const float* logits, i
 // SMs, whose reads of 600 KB of logits and cluster barriers cost ~9.5 us after lm_head at batch 1, and 2 SMs a row
 // at batch 64, where the kernel takes 27-32 us for 39 MB of logits (H200 traces, sessions 13 and 16).
 constexpr int kGridBlocksMax = 64;   // blocks a row
-constexpr int kGridStates = 256;     // blocks in all (default): rows x blocks a row
-constexpr int kGridStatesMax = 1024;  // MOESERVE_GREEDY_GRID_BLOCKS' largest
+constexpr int kGridStates = 256;     // blocks in all: rows x blocks a row
 constexpr int kGridRowsMax = 128;    // with 2 blocks a row
 struct GridWorkspace {
-  State states[kGridStatesMax];
+  State states[kGridStates];
   int count[kGridRowsMax];
 };
 // Blocks a row: 64 up to 4 rows, then as many as keep the grid at kGridStates blocks (~2 an SM), at least 2.
-// MOESERVE_GREEDY_GRID_BLOCKS=N (opt-in, session 21, not yet measured; 256-1024): N blocks in all instead, e.g. 16 a
-// row at 64 rows instead of 4 (bs 64 trace, H200: the sampler 19.2 us for 39 MB of logits that the lm_head has just
-// left in L2, each thread ~19 16-byte loads in three dependent rounds; at 1,024 blocks one round).
-int grid_blocks_per_row(int rows) {
-  static const int total = int(env_int("MOESERVE_GREEDY_GRID_BLOCKS", kGridStates, kGridStates, kGridStatesMax));
-  return std::clamp(total / std::max(rows, 1), 2, kGridBlocksMax);
-}
+int grid_blocks_per_row(int rows) { return std::clamp(kGridStates / std::max(rows, 1), 2, kGridBlocksMax); }
 
 __global__ void __launch_bounds__(kThreads) greedy_grid_kernel(const float* logits, int vocab,
                                                                int32_t* __restrict__ out_ids,
