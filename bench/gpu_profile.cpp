@@ -16,6 +16,7 @@
 #include "cli/flags.h"
 #include "kernel_trace.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "launch/launch.h"
 
 using namespace moeserve;
@@ -119,8 +120,11 @@ int main(int argc, char** argv) {
   f.add_bool("trace", &trace, "decode steps as a CUPTI kernel timeline instead of per-op events (no prefill)");
   std::string gemm_backend = "auto";
   f.add_string("gemm-backend", &gemm_backend, "as for serve (auto, cublas, cublaslt, gemv)");
+  std::string log_level = "info";
+  f.add_string("log-level", &log_level, "debug, info, warning or error");
   try {
     if (!f.parse(std::vector<std::string>(argv + 1, argv + argc))) return 0;
+    set_log_level(parse_log_level(log_level));
     if (batch_sizes.empty()) batch_sizes = {1, 64, 128};
     LaunchOptions lo;
     lo.model_path = model_path;
