@@ -380,18 +380,13 @@ void fused_run(const KernelTable& k, const MoeShape& s, const bf16* x, int T, co
 }
 
 size_t FusedBackendBase::workspace_bytes(const MoeShape& shape) const {
-  const size_t fused = fused_layout(shape, shape.max_tokens, false).total;  // not dependent on the configuration
-  const bool batched = batched_prefill_enabled() && shape.max_tokens >= batched_prefill_min_tokens();
-  return std::max(fused, batched ? batched_workspace_bytes(shape, shape.max_tokens) : size_t(0));
+  return fused_layout(shape, shape.max_tokens, false).total;  // the sizes do not depend on the configuration
 }
 
 void FusedBackendBase::run(const bf16* x, int T, const int32_t* topk_ids, const float* topk_weights,
                            const MoeWeights& w, bf16* out, void* workspace, cudaStream_t stream) {
   // Never launch kernels whose code was not checked against this device (fused_sm100_build on Hopper).
   MS_CHECK(ready_, "moe backend {} used without a successful prepare()", spec_.name);
-  if (BatchedPrefill::wanted(shape_, T, stream) &&
-      batched_.run(shape_, x, T, topk_ids, topk_weights, w, out, workspace, stream))
-    return;
   fused_run(table_, shape_, x, T, topk_ids, topk_weights, w, out, workspace, counters_.get(), stream);
 }
 

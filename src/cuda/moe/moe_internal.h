@@ -90,39 +90,6 @@ void fused_run(const moe_kernels::KernelTable& k, const MoeShape& s, const bf16*
 int fused_residual_parts(const MoeShape& s, int T);
 bool fused_combine_norm_supported(const MoeShape& s, int T);
 
-// The prefill path on cuBLAS (moe_batched.cu): the experts' pairs padded to one row count (the largest, read back to
-// the host once a call: a stream sync, so never while capturing), gathered, and two cublasGemmStridedBatchedEx
-// with a SwiGLU between them and a combine after. The fused backends take it for steps of at least
-// batched_prefill_min_tokens() tokens when batched_prefill_enabled() (MOESERVE_MOE_PREFILL_CUBLAS=1, opt-in;
-// MOESERVE_MOE_PREFILL_CUBLAS_MIN, default 4,096) and the stream is not capturing.
-bool batched_prefill_enabled();
-int batched_prefill_min_tokens();
-bool batched_prefill_shape_ok(const MoeShape& s);  // BF16, hidden % 8 == 0, inter % 2 == 0
-// Workspace of a call of up to T tokens (0 when the shape is not served); its buffers hold experts of up to
-// 1.5 x the mean count + 64 rows.
-size_t batched_workspace_bytes(const MoeShape& s, int T);
-class BatchedPrefill {
- public:
-  BatchedPrefill() = default;
-  BatchedPrefill(const BatchedPrefill&) = delete;
-  BatchedPrefill& operator=(const BatchedPrefill&) = delete;
-  ~BatchedPrefill();
-  // Whether a call of T tokens on `stream` takes this path (the switch, the threshold, no capture).
-  static bool wanted(const MoeShape& s, int T, cudaStream_t stream);
-  // MoeBackend::run's contract, with a host sync. False, with out untouched, when the largest expert's count
-  // exceeds what the workspace holds (a skewed routing): the caller then runs the fused path.
-  bool run(const MoeShape& s, const bf16* x, int T, const int32_t* topk_ids, const float* topk_weights,
-           const MoeWeights& w, bf16* out, void* workspace, cudaStream_t stream);
-
- private:
-  void ensure(int num_experts);  // the cuBLAS handle, its workspace, the pinned counts, the event
-  void* handle_ = nullptr;       // cublasHandle_t
-  void* cublas_ws_ = nullptr;
-  int* host_counts_ = nullptr;
-  int host_counts_n_ = 0;
-  cudaEvent_t event_ = nullptr;
-};
-
 // What the ahead-of-time and JIT fused backends share: the checked kernel table and the shapes it was prepared
 // for, the combine counters, and run() over fused_run. Each backend fills spec_ and, in prepare(), calls
 // set_ready once its table's code has been checked against the device.
@@ -146,7 +113,6 @@ class FusedBackendBase : public MoeBackend {
   moe_kernels::KernelTable table_{};
   MoeShape shape_;
   DeviceCounters counters_;
-  BatchedPrefill batched_;
   bool ready_ = false;
 };
 
