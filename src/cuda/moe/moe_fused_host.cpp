@@ -363,7 +363,16 @@ void fused_run(const KernelTable& k, const MoeShape& s, const bf16* x, int T, co
            size_t(down_gemv_smem_bytes(s.inter, kDownGemvStageVariants[v])), &dn, stream, "moe down GEMV launch", pdl);
     return;
   }
-  if (cfg.persistent) encode_weight_map(dn.wmap, w.down, int64_t(s.num_experts) * s.hidden, s.inter, cfg.bm);
+  if (cfg.persistent) {
+    encode_weight_map(dn.wmap, w.down, int64_t(s.num_experts) * s.hidden, s.inter, cfg.bm);
+    // MOESERVE_MOE_DOWN_TMA_ACT=1 (opt-in, session 22; ncu: the down GEMM at 46% SM throughput, 26% of issue slots
+    // busy, its producers' cp.async the difference from cuBLAS's kernel): act's tiles by TMA too.
+    static const bool act_tma = env_flag("MOESERVE_MOE_DOWN_TMA_ACT", false);
+    if (act_tma) {
+      encode_weight_map(dn.smap, act, int64_t(T) * s.top_k, s.inter, cfg.bn);
+      dn.src_tma = 1;
+    }
+  }
   launch(k.gemm[l.config][kDown], grid_of(cfg, ceil_div(s.hidden, cfg.bm)), dim3(cfg.threads),
          size_t(cfg.smem_bytes), &dn, stream, "moe down GEMM launch", pdl);
   if (fused_combine) return;

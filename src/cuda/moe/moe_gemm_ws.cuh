@@ -97,9 +97,12 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
   const unsigned full0 = smem_addr(bars), empty0 = full0 + STAGES * 8;
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  // Down with the act tiles by TMA (GemmParams::src_tma): thread 0 loads both operands, the `full` barrier counts its
+  // one expect_tx arrival.
+  const bool act_tma = MODE == kDown && p.src_tma != 0;
   if (tid == 0) {
     for (int s = 0; s < STAGES; ++s) {
-      ws::mbar_init(full0 + s * 8, 128 * NP + 1);  // + the TMA issuer's expect_tx arrival
+      ws::mbar_init(full0 + s * 8, act_tma ? 1 : 128 * NP + 1);  // + the TMA issuer's expect_tx arrival
       ws::mbar_init(empty0 + s * 8, 2);
     }
   }
@@ -120,6 +123,25 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
   constexpr int kConsumerRegs = NP == 2 && BN == 128 ? 200 : 0;
   if (warp < 4 * NP) {
     if constexpr (kConsumerRegs > 0) ws::setmaxnreg_dec<56>();
+    if (act_tma) {  // ---- producer, both operands by TMA: thread 0 alone
+      if (tid != 0) return;
+      int slice = 0;
+      for (int u = blockIdx.x; u < units; u += gridDim.x) {
+        const int bx = u % gx;
+        const Tile tile = p.tiles[u / gx];
+        if (tile.rows <= 0) continue;
+        const int wrow = tile.expert * H + bx * BM;
+        for (int kt = 0; kt < KT; ++kt, ++slice) {
+          const int stage = slice % STAGES;
+          ws::mbar_wait(empty0 + stage * 8, ((slice / STAGES) & 1) ^ 1);
+          const unsigned full = full0 + stage * 8;
+          ws::mbar_arrive_expect_tx(full, (BM + BN) * BK * 2);
+          ws::tma_load_2d(smem_addr(As + stage * BM * BK), &p.wmap, kt * BK, wrow, full);
+          ws::tma_load_2d(smem_addr(Bs + stage * BN * BK), &p.smap, kt * BK, tile.row0, full);
+        }
+      }
+      return;
+    }
     // ---- producer: thread tid copies chunk (tid % CPR) of rows tid / CPR + k RPP of every slice.
     const int ch = tid % CPR;
     int slice = 0;  // slices issued so far (over all units)

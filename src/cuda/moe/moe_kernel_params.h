@@ -125,6 +125,12 @@ struct GemmParams {
   // Decode-sized tiles (configurations 0 and 7) and the down GEMV: stream the weights with the L2 evict_first
   // priority (moe_ptx::l2_evict_first_policy; cuda/device.h l2_evict_first_weights).
   int weight_evict_first;
+  // The warp-specialized down GEMM with src_tma set (MOESERVE_MOE_DOWN_TMA_ACT=1, opt-in, session 22): the act tiles
+  // come by TMA through smap (act as [P, inter] bf16, 128-byte swizzle, boxes of 64 x BN) with the weight tile, one
+  // producer thread issuing both, instead of cp.async by every producer thread. A box's rows past its tile (the next
+  // tile's rows, or zeros past P) only feed output columns the epilogue drops.
+  TmaDesc smap;
+  int src_tma;
 };
 
 // out[t, :] = bf16(sum over j < top_k of y[pair_pos[t * top_k + j], :]), slots in order (deterministic).
