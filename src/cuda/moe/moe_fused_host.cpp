@@ -345,8 +345,18 @@ void fused_run(const KernelTable& k, const MoeShape& s, const bf16* x, int T, co
     return c.persistent ? dim3(unsigned(std::min<int64_t>(std::max(k.num_sms, 1), int64_t(gx) * slots)))
                         : dim3(unsigned(gx), slots);
   };
-  if (gu_cfg.persistent)
+  if (gu_cfg.persistent) {
     encode_weight_map(gu.wmap, w.gate_up, int64_t(s.num_experts) * 2 * s.inter, s.hidden, gu_cfg.bm / 2);
+    // MOESERVE_MOE_GU_TMA_X=1 (opt-in, session 22): x's rows permuted into y's region (the down GEMM writes y only
+    // after its programmatic wait, i.e. after gate/up has read them), then gate/up's token tiles by TMA from there.
+    static const bool x_tma = env_flag("MOESERVE_MOE_GU_TMA_X", false);
+    if (x_tma && !direct) {
+      const int P = T * s.top_k;
+      moe_permute_rows(x, perm_pair, P, s.top_k, s.hidden, y, stream);
+      encode_weight_map(gu.smap, y, P, s.hidden, gu_cfg.bn);
+      gu.src_tma = 1;
+    }
+  }
   launch(k.gemm[gu_config][kGateUp], grid_of(gu_cfg, ceil_div(s.inter, gu_cfg.bm / 2)), dim3(gu_cfg.threads),
          size_t(gu_cfg.smem_bytes), &gu, stream, "moe gate/up GEMM launch", pdl);
 

@@ -97,12 +97,12 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
   const unsigned full0 = smem_addr(bars), empty0 = full0 + STAGES * 8;
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  // Down with the act tiles by TMA (GemmParams::src_tma): thread 0 loads both operands, the `full` barrier counts its
+  // The token operand by TMA too (GemmParams::src_tma): thread 0 loads both operands, the `full` barrier counts its
   // one expect_tx arrival.
-  const bool act_tma = MODE == kDown && p.src_tma != 0;
+  const bool src_tma = p.src_tma != 0;
   if (tid == 0) {
     for (int s = 0; s < STAGES; ++s) {
-      ws::mbar_init(full0 + s * 8, act_tma ? 1 : 128 * NP + 1);  // + the TMA issuer's expect_tx arrival
+      ws::mbar_init(full0 + s * 8, src_tma ? 1 : 128 * NP + 1);  // + the TMA issuer's expect_tx arrival
       ws::mbar_init(empty0 + s * 8, 2);
     }
   }
@@ -123,20 +123,25 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
   constexpr int kConsumerRegs = NP == 2 && BN == 128 ? 200 : 0;
   if (warp < 4 * NP) {
     if constexpr (kConsumerRegs > 0) ws::setmaxnreg_dec<56>();
-    if (act_tma) {  // ---- producer, both operands by TMA: thread 0 alone
+    if (src_tma) {  // ---- producer, both operands by TMA: thread 0 alone
       if (tid != 0) return;
       int slice = 0;
       for (int u = blockIdx.x; u < units; u += gridDim.x) {
         const int bx = u % gx;
         const Tile tile = p.tiles[u / gx];
         if (tile.rows <= 0) continue;
-        const int wrow = tile.expert * H + bx * BM;
+        const int wrow = MODE == kGateUp ? tile.expert * 2 * I + bx * (BM / 2) : tile.expert * H + bx * BM;
         for (int kt = 0; kt < KT; ++kt, ++slice) {
           const int stage = slice % STAGES;
           ws::mbar_wait(empty0 + stage * 8, ((slice / STAGES) & 1) ^ 1);
-          const unsigned full = full0 + stage * 8;
+          const unsigned full = full0 + stage * 8, as = smem_addr(As + stage * BM * BK);
           ws::mbar_arrive_expect_tx(full, (BM + BN) * BK * 2);
-          ws::tma_load_2d(smem_addr(As + stage * BM * BK), &p.wmap, kt * BK, wrow, full);
+          if (MODE == kGateUp) {  // the gate and the up half of the tile, as below
+            ws::tma_load_2d(as, &p.wmap, kt * BK, wrow, full);
+            ws::tma_load_2d(as + BM / 2 * BK * 2, &p.wmap, kt * BK, wrow + I, full);
+          } else {
+            ws::tma_load_2d(as, &p.wmap, kt * BK, wrow, full);
+          }
           ws::tma_load_2d(smem_addr(Bs + stage * BN * BK), &p.smap, kt * BK, tile.row0, full);
         }
       }

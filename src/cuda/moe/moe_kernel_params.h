@@ -125,10 +125,12 @@ struct GemmParams {
   // Decode-sized tiles (configurations 0 and 7) and the down GEMV: stream the weights with the L2 evict_first
   // priority (moe_ptx::l2_evict_first_policy; cuda/device.h l2_evict_first_weights).
   int weight_evict_first;
-  // The warp-specialized down GEMM with src_tma set (MOESERVE_MOE_DOWN_TMA_ACT=1, opt-in, session 22): the act tiles
-  // come by TMA through smap (act as [P, inter] bf16, 128-byte swizzle, boxes of 64 x BN) with the weight tile, one
-  // producer thread issuing both, instead of cp.async by every producer thread. A box's rows past its tile (the next
-  // tile's rows, or zeros past P) only feed output columns the epilogue drops.
+  // The warp-specialized GEMMs with src_tma set (opt-in, session 22: MOESERVE_MOE_DOWN_TMA_ACT=1 for the down GEMM,
+  // MOESERVE_MOE_GU_TMA_X=1 for gate/up): the token tiles come by TMA through smap (the source in sorted-position
+  // order as [P, K] bf16, 128-byte swizzle, boxes of 64 x BN: act for down; for gate/up x's rows permuted into the
+  // y region first, moe_permute_rows) with the weight tile, one producer thread issuing both, instead of cp.async by
+  // every producer thread. A box's rows past its tile (the next tile's rows, or zeros past P) only feed output
+  // columns the epilogue drops.
   TmaDesc smap;
   int src_tma;
 };
