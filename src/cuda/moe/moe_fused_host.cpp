@@ -309,8 +309,8 @@ void fused_run(const KernelTable& k, const MoeShape& s, const bf16* x, int T, co
   const int* direct_ids = direct ? topk_ids : nullptr;
   const bool fused_combine = direct && counters != nullptr;
   const bool pdl = k.pdl;
+  const int P = T * s.top_k;  // routed pairs
   if (!direct) {
-    const int P = T * s.top_k;
     PrepParams pp{topk_ids, P, s.num_experts, cfg.bn, l.num_slots, tiles, perm_pair, pair_pos, kPrepWhole,
                   nullptr, nullptr, nullptr};
     if (P > kPrepChunk && counters != nullptr) {
@@ -351,7 +351,6 @@ void fused_run(const KernelTable& k, const MoeShape& s, const bf16* x, int T, co
     // after its programmatic wait, i.e. after gate/up has read them), then gate/up's token tiles by TMA from there.
     static const bool x_tma = env_flag("MOESERVE_MOE_GU_TMA_X", false);
     if (x_tma && !direct) {
-      const int P = T * s.top_k;
       moe_permute_rows(x, perm_pair, P, s.top_k, s.hidden, y, stream);
       encode_weight_map(gu.smap, y, P, s.hidden, gu_cfg.bn);
       gu.src_tma = 1;
@@ -379,7 +378,7 @@ void fused_run(const KernelTable& k, const MoeShape& s, const bf16* x, int T, co
     // busy, its producers' cp.async the difference from cuBLAS's kernel): act's tiles by TMA too.
     static const bool act_tma = env_flag("MOESERVE_MOE_DOWN_TMA_ACT", false);
     if (act_tma) {
-      encode_weight_map(dn.smap, act, int64_t(T) * s.top_k, s.inter, cfg.bn);
+      encode_weight_map(dn.smap, act, P, s.inter, cfg.bn);
       dn.src_tma = 1;
     }
   }

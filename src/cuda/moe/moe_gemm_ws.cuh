@@ -123,31 +123,10 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
   constexpr int kConsumerRegs = NP == 2 && BN == 128 ? 200 : 0;
   if (warp < 4 * NP) {
     if constexpr (kConsumerRegs > 0) ws::setmaxnreg_dec<56>();
-    if (src_tma) {  // ---- producer, both operands by TMA: thread 0 alone
-      if (tid != 0) return;
-      int slice = 0;
-      for (int u = blockIdx.x; u < units; u += gridDim.x) {
-        const int bx = u % gx;
-        const Tile tile = p.tiles[u / gx];
-        if (tile.rows <= 0) continue;
-        const int wrow = MODE == kGateUp ? tile.expert * 2 * I + bx * (BM / 2) : tile.expert * H + bx * BM;
-        for (int kt = 0; kt < KT; ++kt, ++slice) {
-          const int stage = slice % STAGES;
-          ws::mbar_wait(empty0 + stage * 8, ((slice / STAGES) & 1) ^ 1);
-          const unsigned full = full0 + stage * 8, as = smem_addr(As + stage * BM * BK);
-          ws::mbar_arrive_expect_tx(full, (BM + BN) * BK * 2);
-          if (MODE == kGateUp) {  // the gate and the up half of the tile, as below
-            ws::tma_load_2d(as, &p.wmap, kt * BK, wrow, full);
-            ws::tma_load_2d(as + BM / 2 * BK * 2, &p.wmap, kt * BK, wrow + I, full);
-          } else {
-            ws::tma_load_2d(as, &p.wmap, kt * BK, wrow, full);
-          }
-          ws::tma_load_2d(smem_addr(Bs + stage * BN * BK), &p.smap, kt * BK, tile.row0, full);
-        }
-      }
-      return;
-    }
-    // ---- producer: thread tid copies chunk (tid % CPR) of rows tid / CPR + k RPP of every slice.
+    // ---- producer. Thread 0 loads each slice's weight tile by TMA: one arrival that expects the slice's bytes, then
+    // the loads. With src_tma the token tile is its TMA load too; else every producer thread copies chunk (tid % CPR)
+    // of rows tid / CPR + k RPP of it by cp.async.
+    if (src_tma && tid != 0) return;
     const int ch = tid % CPR;
     int slice = 0;  // slices issued so far (over all units)
     for (int u = blockIdx.x; u < units; u += gridDim.x) {
@@ -163,7 +142,7 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
 #pragma unroll
       for (int it = 0; it < B_ITERS; ++it) {
         const int n = tid / CPR + it * RPP;
-        const int pos = n < tile.rows ? tile.row0 + n : -1;
+        const int pos = !src_tma && n < tile.rows ? tile.row0 + n : -1;
         const long long row = pos < 0 ? 0 : MODE == kGateUp ? p.perm_pair[pos] / p.top_k : pos;
         b_ok[it] = pos >= 0;
         b_src[it] = p.src + row * K + ch * 8;
@@ -174,18 +153,21 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
         // which counts as complete).
         ws::mbar_wait(empty0 + stage * 8, ((slice / STAGES) & 1) ^ 1);
         const int k0 = kt * BK;
-        const bool k_ok = k0 + ch * 8 < K;
+        const unsigned full = full0 + stage * 8;
         unsigned short* bs = Bs + stage * BN * BK;
-        if (tid == 0) {  // the weight tile: one arrival that expects its bytes, then the TMA loads
+        if (tid == 0) {
           const unsigned as = smem_addr(As + stage * BM * BK);
-          ws::mbar_arrive_expect_tx(full0 + stage * 8, BM * BK * 2);
+          ws::mbar_arrive_expect_tx(full, (BM + (src_tma ? BN : 0)) * BK * 2);
           if (MODE == kGateUp) {
-            ws::tma_load_2d(as, &p.wmap, k0, wrow, full0 + stage * 8);
-            ws::tma_load_2d(as + BM / 2 * BK * 2, &p.wmap, k0, wrow + I, full0 + stage * 8);
+            ws::tma_load_2d(as, &p.wmap, k0, wrow, full);
+            ws::tma_load_2d(as + BM / 2 * BK * 2, &p.wmap, k0, wrow + I, full);
           } else {
-            ws::tma_load_2d(as, &p.wmap, k0, wrow, full0 + stage * 8);
+            ws::tma_load_2d(as, &p.wmap, k0, wrow, full);
           }
+          if (src_tma) ws::tma_load_2d(smem_addr(bs), &p.smap, k0, tile.row0, full);
         }
+        if (src_tma) continue;
+        const bool k_ok = k0 + ch * 8 < K;
 #pragma unroll
         for (int it = 0; it < B_ITERS; ++it) {
           const int n = tid / CPR + it * RPP;
