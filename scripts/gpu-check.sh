@@ -103,7 +103,7 @@ run test_gpu_model_unfolded ok env MOESERVE_ROUTER_FOLD=0 MOESERVE_EMBED_PARTIAL
 # The other opt-in experiments were removed after their A/Bs (docs/ARCHITECTURE.md lists them, docs/PERF.md has
 # the figures).
 EARLIER=(MOESERVE_GREEDY_GRID=0 MOESERVE_GEMV_RING_STAGES=4 MOESERVE_MOE_DOWN_GEMV_STAGES=4)
-OPT_IN=(MOESERVE_LMHEAD_NORM_IN=1 MOESERVE_MOE_DOWN_TMA_ACT=1 MOESERVE_MOE_GU_TMA_X=1)
+OPT_IN=(MOESERVE_LMHEAD_NORM_IN=1)
 run test_gpu_model_earlier ok env "${EARLIER[@]}" "$BUILD/tests/test_gpu_model" --gtest_brief=1
 run test_gpu_model_opt_in ok env "${OPT_IN[@]}" "$BUILD/tests/test_gpu_model" --gtest_brief=1
 run test_gpu_parity_opt_in ok env "${OPT_IN[@]}" "$BUILD/tests/test_gpu_parity" --gtest_brief=1 --gtest_filter='*Bf16*'
@@ -112,14 +112,6 @@ for g in 0 1; do
     --gtest_brief=1
 done
 run test_cuda_gemm_ring4 ok env MOESERVE_GEMV_RING_STAGES=4 "$BUILD/tests/test_cuda_gemm" --gtest_brief=1
-# Session 22's opt-ins: the warp-specialized down GEMM loading its act tiles by TMA (MOESERVE_MOE_DOWN_TMA_ACT=1) and
-# gate/up its token tiles from x's rows permuted by position (MOESERVE_MOE_GU_TMA_X=1): the MoE tests (self-test up
-# to 8,192 tokens, captured replays) and the model, each alone; both together in OPT_IN below (model, parity).
-for v in MOESERVE_MOE_DOWN_TMA_ACT MOESERVE_MOE_GU_TMA_X; do
-  n=$(tr 'A-Z' 'a-z' <<<"${v#MOESERVE_MOE_}")
-  run "test_cuda_moe_$n" ok env "$v=1" "$BUILD/tests/test_cuda_moe" --gtest_brief=1
-  run "test_gpu_model_$n" ok env "$v=1" "$BUILD/tests/test_gpu_model" --gtest_brief=1
-done
 # The streaming lm_head's other ring forms (default: 4 stages, two blocks an SM since session 21): session 20's one
 # 8-stage block an SM, and two 6-stage blocks.
 for st in 6 8; do

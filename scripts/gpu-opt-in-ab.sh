@@ -4,8 +4,7 @@
 # rounds: the defaults; the one opt-in switch left (the final norm inside the streaming lm_head,
 # MOESERVE_LMHEAD_NORM_IN=1); the defaults' earlier forms (the cuBLASLt lm_head MOESERVE_GEMV_STREAM=0; session
 # 18's greedy cluster form, 4-stage GEMV and down GEMV rings). Extra variants: AB_EXTRA="name=SETTINGS ...", added to
-# every round. Then kernel traces at bs 1 and 64 with the defaults (OUT/trace_bs1.log, OUT/trace_bs64.log), and the
-# prefill A/B of the warp-specialized MoE GEMMs' token tiles by TMA (MOESERVE_MOE_DOWN_TMA_ACT=1, MOESERVE_MOE_GU_TMA_X=1).
+# every round. Then kernel traces at bs 1 and 64 with the defaults (OUT/trace_bs1.log, OUT/trace_bs64.log).
 # Makes the model with gen-model when missing. Env: OUT (logs), MOESERVE_BUILD, MODEL (default
 # /tmp/moeserve-bench/q30b8l), AB_EXTRA.
 set -uo pipefail
@@ -30,20 +29,4 @@ OUT=$OUT/ab "$ROOT/scripts/gpu-ab.sh" "$M" "${variants[@]}"
 prof() { timeout 60 "$BUILD/bench/gpu_profile" --model-path "$M" --prefill=false --trace "$@"; }
 prof --batch-sizes 1 >"$OUT/trace_bs1.log" 2>&1
 prof --batch-sizes 64 >"$OUT/trace_bs64.log" 2>&1
-# Session 22's warp-specialized GEMMs with their token tiles by TMA, off / down (MOESERVE_MOE_DOWN_TMA_ACT=1) / gate/up
-# (MOESERVE_MOE_GU_TMA_X=1) / both, twice: the MoE layer alone at 8,192 and 2,048 tokens (test_cuda_moe's
-# TimingReport) and the 16 x 512 prefill step's experts (gpu_profile, OUT/prefill_<variant>_<round>.log).
-for r in 1 2; do
-  for v in "off=" "down=MOESERVE_MOE_DOWN_TMA_ACT=1" "gu=MOESERVE_MOE_GU_TMA_X=1" \
-           "both=MOESERVE_MOE_DOWN_TMA_ACT=1 MOESERVE_MOE_GU_TMA_X=1"; do
-    name=${v%%=*}
-    read -r -a envs <<<"${v#*=}"
-    for T in 8192 2048; do
-      env "${envs[@]}" MOESERVE_TIMING_T=$T timeout 100 "$BUILD/tests/test_cuda_moe" --gtest_also_run_disabled_tests \
-        --gtest_filter='*TimingReport*' 2>&1 | grep -E "T= *$T (fused|jit)" | sed "s/^/$name: /"
-    done
-    env "${envs[@]}" timeout 60 "$BUILD/bench/gpu_profile" --model-path "$M" --batch-sizes 1 >"$OUT/prefill_${name}_$r.log" 2>&1
-    echo "$name prefill 16 x 512: $(grep -A14 '16 x 512' "$OUT/prefill_${name}_$r.log" | grep -E 'moe experts|^total' | tr -s ' ' | tr '\n' ';')"
-  done
-done
 echo "done at $((SECONDS - t0)) s"

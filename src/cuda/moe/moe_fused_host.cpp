@@ -309,8 +309,8 @@ void fused_run(const KernelTable& k, const MoeShape& s, const bf16* x, int T, co
   const int* direct_ids = direct ? topk_ids : nullptr;
   const bool fused_combine = direct && counters != nullptr;
   const bool pdl = k.pdl;
-  const int P = T * s.top_k;  // routed pairs
   if (!direct) {
+    const int P = T * s.top_k;
     PrepParams pp{topk_ids, P, s.num_experts, cfg.bn, l.num_slots, tiles, perm_pair, pair_pos, kPrepWhole,
                   nullptr, nullptr, nullptr};
     if (P > kPrepChunk && counters != nullptr) {
@@ -345,17 +345,8 @@ void fused_run(const KernelTable& k, const MoeShape& s, const bf16* x, int T, co
     return c.persistent ? dim3(unsigned(std::min<int64_t>(std::max(k.num_sms, 1), int64_t(gx) * slots)))
                         : dim3(unsigned(gx), slots);
   };
-  if (gu_cfg.persistent) {
+  if (gu_cfg.persistent)
     encode_weight_map(gu.wmap, w.gate_up, int64_t(s.num_experts) * 2 * s.inter, s.hidden, gu_cfg.bm / 2);
-    // MOESERVE_MOE_GU_TMA_X=1 (opt-in, session 22): x's rows permuted into y's region (the down GEMM writes y only
-    // after its programmatic wait, i.e. after gate/up has read them), then gate/up's token tiles by TMA from there.
-    static const bool x_tma = env_flag("MOESERVE_MOE_GU_TMA_X", false);
-    if (x_tma && !direct) {
-      moe_permute_rows(x, perm_pair, P, s.top_k, s.hidden, y, stream);
-      encode_weight_map(gu.smap, y, P, s.hidden, gu_cfg.bn);
-      gu.src_tma = 1;
-    }
-  }
   launch(k.gemm[gu_config][kGateUp], grid_of(gu_cfg, ceil_div(s.inter, gu_cfg.bm / 2)), dim3(gu_cfg.threads),
          size_t(gu_cfg.smem_bytes), &gu, stream, "moe gate/up GEMM launch", pdl);
 
@@ -372,16 +363,7 @@ void fused_run(const KernelTable& k, const MoeShape& s, const bf16* x, int T, co
            size_t(down_gemv_smem_bytes(s.inter, kDownGemvStageVariants[v])), &dn, stream, "moe down GEMV launch", pdl);
     return;
   }
-  if (cfg.persistent) {
-    encode_weight_map(dn.wmap, w.down, int64_t(s.num_experts) * s.hidden, s.inter, cfg.bm);
-    // MOESERVE_MOE_DOWN_TMA_ACT=1 (opt-in, session 22; ncu: the down GEMM at 46% SM throughput, 26% of issue slots
-    // busy, its producers' cp.async the difference from cuBLAS's kernel): act's tiles by TMA too.
-    static const bool act_tma = env_flag("MOESERVE_MOE_DOWN_TMA_ACT", false);
-    if (act_tma) {
-      encode_weight_map(dn.smap, act, P, s.inter, cfg.bn);
-      dn.src_tma = 1;
-    }
-  }
+  if (cfg.persistent) encode_weight_map(dn.wmap, w.down, int64_t(s.num_experts) * s.hidden, s.inter, cfg.bm);
   launch(k.gemm[l.config][kDown], grid_of(cfg, ceil_div(s.hidden, cfg.bm)), dim3(cfg.threads),
          size_t(cfg.smem_bytes), &dn, stream, "moe down GEMM launch", pdl);
   if (fused_combine) return;

@@ -227,7 +227,7 @@ __device__ __forceinline__ void prep_body(const PrepParams& p, char* smem) {
 // Threads t0, t0 + nt, ... take the 16-byte output chunks.
 template <int BM, int BN, int MODE>
 __device__ __forceinline__ void store_tile(const GemmParams& p, const float* cs, const Tile& tile, int bx, int H,
-                                           int I, bool direct, int t0, int nt) {
+                                           int I, bool direct, int t0, int nt, const float* row_weights = nullptr) {
   using namespace moe_ptx;
   constexpr int LDC = BM + 4;
   if (MODE == kGateUp) {
@@ -252,7 +252,10 @@ __device__ __forceinline__ void store_tile(const GemmParams& p, const float* cs,
       const int n = idx / OC, c = idx % OC;
       const int h = bx * BM + c * 8;
       if (n >= tile.rows || h >= H) continue;
-      const float wt = p.topk_weights[direct ? tile.row0 + n : p.perm_pair[tile.row0 + n]];
+      // row_weights: the tile's routing weights already in shared memory (the warp-specialized body loads them
+      // during its main loop); else two dependent global loads here.
+      const float wt = row_weights != nullptr ? row_weights[n]
+                                              : p.topk_weights[direct ? tile.row0 + n : p.perm_pair[tile.row0 + n]];
       const float* yr = cs + n * LDC + c * 8;
       const F4 a = *reinterpret_cast<const F4*>(yr), b = *reinterpret_cast<const F4*>(yr + 4);
       U4 o;

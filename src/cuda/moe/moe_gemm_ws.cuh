@@ -94,15 +94,13 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
   unsigned short* Bs = As + STAGES * BM * BK;                    // [STAGES][BN][BK]
   float* cs = reinterpret_cast<float*>(Bs + STAGES * BN * BK);   // [TP][LDC] the epilogue tile
   unsigned long long* bars = reinterpret_cast<unsigned long long*>(cs + TP * LDC);  // full[STAGES], empty[STAGES]
+  float* row_wt = reinterpret_cast<float*>(bars + 2 * STAGES);  // [BN] the down tile's routing weights
   const unsigned full0 = smem_addr(bars), empty0 = full0 + STAGES * 8;
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  // The token operand by TMA too (GemmParams::src_tma): thread 0 loads both operands, the `full` barrier counts its
-  // one expect_tx arrival.
-  const bool src_tma = p.src_tma != 0;
   if (tid == 0) {
     for (int s = 0; s < STAGES; ++s) {
-      ws::mbar_init(full0 + s * 8, src_tma ? 1 : 128 * NP + 1);  // + the TMA issuer's expect_tx arrival
+      ws::mbar_init(full0 + s * 8, 128 * NP + 1);  // + the TMA issuer's expect_tx arrival
       ws::mbar_init(empty0 + s * 8, 2);
     }
   }
@@ -123,10 +121,7 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
   constexpr int kConsumerRegs = NP == 2 && BN == 128 ? 200 : 0;
   if (warp < 4 * NP) {
     if constexpr (kConsumerRegs > 0) ws::setmaxnreg_dec<56>();
-    // ---- producer. Thread 0 loads each slice's weight tile by TMA: one arrival that expects the slice's bytes, then
-    // the loads. With src_tma the token tile is its TMA load too; else every producer thread copies chunk (tid % CPR)
-    // of rows tid / CPR + k RPP of it by cp.async.
-    if (src_tma && tid != 0) return;
+    // ---- producer: thread tid copies chunk (tid % CPR) of rows tid / CPR + k RPP of every slice.
     const int ch = tid % CPR;
     int slice = 0;  // slices issued so far (over all units)
     for (int u = blockIdx.x; u < units; u += gridDim.x) {
@@ -142,7 +137,7 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
 #pragma unroll
       for (int it = 0; it < B_ITERS; ++it) {
         const int n = tid / CPR + it * RPP;
-        const int pos = !src_tma && n < tile.rows ? tile.row0 + n : -1;
+        const int pos = n < tile.rows ? tile.row0 + n : -1;
         const long long row = pos < 0 ? 0 : MODE == kGateUp ? p.perm_pair[pos] / p.top_k : pos;
         b_ok[it] = pos >= 0;
         b_src[it] = p.src + row * K + ch * 8;
@@ -153,21 +148,18 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
         // which counts as complete).
         ws::mbar_wait(empty0 + stage * 8, ((slice / STAGES) & 1) ^ 1);
         const int k0 = kt * BK;
-        const unsigned full = full0 + stage * 8;
-        unsigned short* bs = Bs + stage * BN * BK;
-        if (tid == 0) {
-          const unsigned as = smem_addr(As + stage * BM * BK);
-          ws::mbar_arrive_expect_tx(full, (BM + (src_tma ? BN : 0)) * BK * 2);
-          if (MODE == kGateUp) {
-            ws::tma_load_2d(as, &p.wmap, k0, wrow, full);
-            ws::tma_load_2d(as + BM / 2 * BK * 2, &p.wmap, k0, wrow + I, full);
-          } else {
-            ws::tma_load_2d(as, &p.wmap, k0, wrow, full);
-          }
-          if (src_tma) ws::tma_load_2d(smem_addr(bs), &p.smap, k0, tile.row0, full);
-        }
-        if (src_tma) continue;
         const bool k_ok = k0 + ch * 8 < K;
+        unsigned short* bs = Bs + stage * BN * BK;
+        if (tid == 0) {  // the weight tile: one arrival that expects its bytes, then the TMA loads
+          const unsigned as = smem_addr(As + stage * BM * BK);
+          ws::mbar_arrive_expect_tx(full0 + stage * 8, BM * BK * 2);
+          if (MODE == kGateUp) {
+            ws::tma_load_2d(as, &p.wmap, k0, wrow, full0 + stage * 8);
+            ws::tma_load_2d(as + BM / 2 * BK * 2, &p.wmap, k0, wrow + I, full0 + stage * 8);
+          } else {
+            ws::tma_load_2d(as, &p.wmap, k0, wrow, full0 + stage * 8);
+          }
+        }
 #pragma unroll
         for (int it = 0; it < B_ITERS; ++it) {
           const int n = tid / CPR + it * RPP;
@@ -197,7 +189,15 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
     for (int j = 0; j < MW; ++j)
 #pragma unroll
       for (int i = 0; i < BN / 2; ++i) d[j][i] = 0.0f;
+    // The down epilogue scales token row n by topk_weights[perm_pair[row0 + n]]: two dependent global loads that,
+    // issued inside the epilogue, stalled every part of every tile on their round trips (ncu, session 22: 46% of
+    // the down GEMM's warp cycles on scoreboard waits). Consumer thread n < BN issues the first here and the second
+    // after the first slice, and parks the weight in shared memory (row_wt) at the epilogue.
+    int my_pair = -1;
+    float my_wt = 0.0f;
+    if (MODE == kDown && ctid < BN && ctid < tile.rows) my_pair = p.perm_pair[tile.row0 + ctid];
     for (int kt = 0; kt < KT; ++kt, ++slice) {
+      if (MODE == kDown && kt == 1 && my_pair >= 0) my_wt = p.topk_weights[my_pair];
       const int stage = slice % STAGES;
       ws::mbar_wait(full0 + stage * 8, (slice / STAGES) & 1);
       fence_proxy_async_smem();  // the producers' cp.async writes (generic proxy) before this thread's wgmma reads
@@ -216,6 +216,7 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
     }
     wgmma_wait<0>();
     if ((ctid & 127) == 0) ws::mbar_arrive(empty0 + ((slice - 1) % STAGES) * 8);
+    if (MODE == kDown && KT == 1 && my_pair >= 0) my_wt = p.topk_weights[my_pair];
 
     // The epilogue in PARTS parts of TP tokens through the part-size tile cs.
 #pragma unroll
@@ -223,7 +224,8 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
       // Every part stays compile-time (fully unrolled) so that d keeps to registers: a runtime jn range would
       // index d dynamically and move the wgmma accumulators to local memory.
       if (h > 0 && tile.rows <= h * TP) continue;  // uniform over the consumers
-      ws::consumers_sync();  // the previous part (or unit) has finished reading cs
+      ws::consumers_sync();  // the previous part (or unit) has finished reading cs (and row_wt)
+      if (MODE == kDown && h == 0 && ctid < BN) row_wt[ctid] = my_wt;
       const int g = lane >> 2, tig = lane & 3;
 #pragma unroll
       for (int j = 0; j < MW; ++j) {
@@ -242,7 +244,7 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
       Tile part = tile;
       part.row0 += h * TP;
       part.rows -= h * TP;
-      store_tile<BM, TP, MODE>(p, cs, part, bx, H, I, false, ctid, 256);
+      store_tile<BM, TP, MODE>(p, cs, part, bx, H, I, false, ctid, 256, MODE == kDown ? row_wt + h * TP : nullptr);
     }
   }
 #else

@@ -88,9 +88,6 @@ void fused_run(const moe_kernels::KernelTable& k, const MoeShape& s, const bf16*
                cudaStream_t stream, float* residual = nullptr, float* res_partials = nullptr,
                const CombineNorm* norm = nullptr);
 int fused_residual_parts(const MoeShape& s, int T);
-// xp[pos] = x[perm_pair[pos] / top_k] for the P sorted positions (rows of H bf16): the gate/up token operand in the
-// order its tiles read it, for the TMA form of the warp-specialized gate/up (MOESERVE_MOE_GU_TMA_X=1; moe_permute.cu).
-void moe_permute_rows(const void* x, const int* perm_pair, int P, int top_k, int H, void* xp, cudaStream_t stream);
 bool fused_combine_norm_supported(const MoeShape& s, int T);
 
 // What the ahead-of-time and JIT fused backends share: the checked kernel table and the shapes it was prepared

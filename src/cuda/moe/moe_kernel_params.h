@@ -125,14 +125,6 @@ struct GemmParams {
   // Decode-sized tiles (configurations 0 and 7) and the down GEMV: stream the weights with the L2 evict_first
   // priority (moe_ptx::l2_evict_first_policy; cuda/device.h l2_evict_first_weights).
   int weight_evict_first;
-  // The warp-specialized GEMMs with src_tma set (opt-in, session 22: MOESERVE_MOE_DOWN_TMA_ACT=1 for the down GEMM,
-  // MOESERVE_MOE_GU_TMA_X=1 for gate/up): the token tiles come by TMA through smap (the source in sorted-position
-  // order as [P, K] bf16, 128-byte swizzle, boxes of 64 x BN: act for down; for gate/up x's rows permuted into the
-  // y region first, moe_permute_rows) with the weight tile, one producer thread issuing both, instead of cp.async by
-  // every producer thread. A box's rows past its tile (the next tile's rows, or zeros past P) only feed output
-  // columns the epilogue drops.
-  TmaDesc smap;
-  int src_tma;
 };
 
 // out[t, :] = bf16(sum over j < top_k of y[pair_pos[t * top_k + j], :]), slots in order (deterministic).
@@ -169,10 +161,11 @@ struct GemmConfig {
   static constexpr int THREADS = WM * WN * 32;
   static constexpr int PIPE_BYTES = STAGES * (BM + BN) * BK * 2;
   // f32 accumulator tile, padded against bank conflicts; WGMMA 3 keeps it apart from the ring (the producer
-  // refills the ring during the epilogue) and stores the tile in BM / 64 parts, plus 2 x STAGES mbarriers.
+  // refills the ring during the epilogue) and stores the tile in BM / 64 parts, plus 2 x STAGES mbarriers and the
+  // down tile's BN routing weights.
   static constexpr int EPI_BYTES = (WGMMA == 3 ? BN / (BM / 64) : BN) * (BM + 4) * 4;
   static constexpr int SMEM_BYTES =
-      WGMMA == 3 ? PIPE_BYTES + EPI_BYTES + 16 * STAGES + 1024
+      WGMMA == 3 ? PIPE_BYTES + EPI_BYTES + 16 * STAGES + 4 * BN + 1024
                  : (PIPE_BYTES > EPI_BYTES ? PIPE_BYTES : EPI_BYTES) + (WGMMA > 0 ? 1024 : 0);
 };
 
