@@ -5,7 +5,8 @@
 # `cp build/tests/test_cuda_moe build/bench/gpu_profile /tmp/ab/old/`, rebuild, carry both). ROUNDS interleaved rounds
 # of: the MoE layer alone (test_cuda_moe's TimingReport, fused_sm90) at each of TOKENS; the experts and total of
 # gpu_profile's 16 x 512 prefill step; the overlapped decode step at bs 64 and 128. Then one table of medians.
-#   scripts/gpu-moe-binary-ab.sh MODEL_DIR old=/tmp/ab/old new=build
+# A variant may add environment settings after commas (NAME=DIR,VAR=VALUE,...): the same build with a switch.
+#   scripts/gpu-moe-binary-ab.sh MODEL_DIR old=/tmp/ab/old new=build ws11=build,MOESERVE_MOE_WS_PREFILL=11
 # Env: ROUNDS (default 3), TOKENS (default "8192 2048"), OUT (per-run logs; default a temp dir).
 set -uo pipefail
 MODEL=${1:?usage: gpu-moe-binary-ab.sh MODEL_DIR NAME=DIR...}
@@ -20,26 +21,30 @@ bin() {  # DIR NAME -> the binary's path
   [[ $n == gpu_profile ]] && sub=bench
   if [[ -x $d/$sub/$n ]]; then echo "$d/$sub/$n"; else echo "$d/$n"; fi
 }
+spec_dir() { local s=${1#*=}; echo "${s%%,*}"; }  # NAME=DIR[,VAR=VALUE...] -> DIR
+spec_env() { local s=${1#*=}; [[ $s == *,* ]] && tr ',' ' ' <<<"${s#*,}"; }  # -> "VAR=VALUE ..."
 for v in "$@"; do
   for n in test_cuda_moe gpu_profile; do
-    [[ -x $(bin "${v#*=}" $n) ]] || { echo "variant ${v%%=*}: no $n in ${v#*=}" >&2; exit 2; }
+    [[ -x $(bin "$(spec_dir "$v")" $n) ]] || { echo "variant ${v%%=*}: no $n in $(spec_dir "$v")" >&2; exit 2; }
   done
 done
 record() { echo "$3" >>"$LOGS/$1.$2.vals"; }  # variant measure value
 for ((r = 1; r <= ROUNDS; ++r)); do
   for v in "$@"; do
-    name=${v%%=*} dir=${v#*=}
+    name=${v%%=*} dir=$(spec_dir "$v")
+    read -r -a envs <<<"$(spec_env "$v")"
     for T in "${tokens[@]}"; do
-      us=$(MOESERVE_TIMING_T=$T timeout 60 "$(bin "$dir" test_cuda_moe)" --gtest_also_run_disabled_tests \
+      us=$(env "${envs[@]}" MOESERVE_TIMING_T=$T timeout 60 "$(bin "$dir" test_cuda_moe)" --gtest_also_run_disabled_tests \
         --gtest_filter='*TimingReport*' 2>&1 | awk -v t="$T" '$0 ~ "T= *"t" fused_sm90" {for (i = 1; i <= NF; ++i) if ($(i + 1) == "us") {print $i; exit}}')
       record "$name" "layer_T$T" "${us:-nan}"
     done
     log=$LOGS/prefill_${name}_$r.log
-    timeout 90 "$(bin "$dir" gpu_profile)" --model-path "$MODEL" --batch-sizes 1 >"$log" 2>&1
+    env "${envs[@]}" timeout 90 "$(bin "$dir" gpu_profile)" --model-path "$MODEL" --batch-sizes 1 >"$log" 2>&1
     record "$name" prefill_experts "$(grep -A14 '16 x 512' "$log" | awk '$1 == "moe" && $2 == "experts" {print $4; exit}')"
     record "$name" prefill_total "$(grep -A14 '16 x 512' "$log" | awk '$1 == "total" {print $2; exit}')"
     log=$LOGS/decode_${name}_$r.log
-    timeout 90 "$(bin "$dir" gpu_profile)" --model-path "$MODEL" --batch-sizes 64,128 --prefill=false >"$log" 2>&1
+    env "${envs[@]}" timeout 90 "$(bin "$dir" gpu_profile)" --model-path "$MODEL" --batch-sizes 64,128 --prefill=false \
+      >"$log" 2>&1
     mapfile -t over < <(grep 'overlapped decode step' "$log" | grep -oE '[0-9]+\.[0-9]+ us' | cut -d' ' -f1)
     record "$name" step_bs64 "${over[0]:-nan}"
     record "$name" step_bs128 "${over[1]:-nan}"
