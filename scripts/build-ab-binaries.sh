@@ -23,8 +23,9 @@ for v in "$@"; do
   echo "== $name: $(git log --oneline -1)"
   for t in "${targets[@]}"; do cmake --build build -j "$(nproc)" --target "$t" >/dev/null; done
   mkdir -p "$OUT/$name"
-  cp build/tests/test_cuda_moe build/tests/test_gpu_model build/tests/test_gpu_parity build/bench/gpu_profile "$OUT/$name/"
-  strip "$OUT/$name"/*
+  bins=(build/tests/test_cuda_moe build/tests/test_gpu_model build/tests/test_gpu_parity build/bench/gpu_profile)
+  cp "${bins[@]}" "$OUT/$name/"
+  for b in "${bins[@]}"; do strip "$OUT/$name/$(basename "$b")"; done
   git rev-parse HEAD >"$OUT/$name/COMMIT"
 done
 restore
