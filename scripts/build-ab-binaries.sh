@@ -21,7 +21,7 @@ for v in "$@"; do
   name=${v%%=*} ref=${v#*=}
   git checkout -q "$ref"
   echo "== $name: $(git log --oneline -1)"
-  for t in "${targets[@]}"; do cmake --build build -j "$(nproc)" --target "$t" >/dev/null; done
+  cmake --build build -j "$(nproc)" --target "${targets[@]}" >/dev/null
   mkdir -p "$OUT/$name"
   bins=(build/tests/test_cuda_moe build/tests/test_gpu_model build/tests/test_gpu_parity build/bench/gpu_profile)
   cp "${bins[@]}" "$OUT/$name/"

@@ -38,13 +38,10 @@ for ((r = 1; r <= ROUNDS; ++r)); do
         --gtest_filter='*TimingReport*' 2>&1 | awk -v t="$T" '$0 ~ "T= *"t" fused_sm90" {for (i = 1; i <= NF; ++i) if ($(i + 1) == "us") {print $i; exit}}')
       record "$name" "layer_T$T" "${us:-nan}"
     done
-    log=$LOGS/prefill_${name}_$r.log
-    env "${envs[@]}" timeout 90 "$(bin "$dir" gpu_profile)" --model-path "$MODEL" --batch-sizes 1 >"$log" 2>&1
+    log=$LOGS/profile_${name}_$r.log  # one model load: the decode steps at bs 64 and 128, then the prefill steps
+    env "${envs[@]}" timeout 120 "$(bin "$dir" gpu_profile)" --model-path "$MODEL" --batch-sizes 64,128 >"$log" 2>&1
     record "$name" prefill_experts "$(grep -A14 '16 x 512' "$log" | awk '$1 == "moe" && $2 == "experts" {print $4; exit}')"
     record "$name" prefill_total "$(grep -A14 '16 x 512' "$log" | awk '$1 == "total" {print $2; exit}')"
-    log=$LOGS/decode_${name}_$r.log
-    env "${envs[@]}" timeout 90 "$(bin "$dir" gpu_profile)" --model-path "$MODEL" --batch-sizes 64,128 --prefill=false \
-      >"$log" 2>&1
     mapfile -t over < <(grep 'overlapped decode step' "$log" | grep -oE '[0-9]+\.[0-9]+ us' | cut -d' ' -f1)
     record "$name" step_bs64 "${over[0]:-nan}"
     record "$name" step_bs128 "${over[1]:-nan}"

@@ -370,7 +370,8 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
                              c.norm_topk_prob, router_logits_.get(), grid_counter_.get(), topk_ids_.get(),
                              topk_w_.get(), s);
         mark("norm+router+topk", g3.first + act * 12, g3.second);
-      } else if (be_.fused_small_steps && T <= kFusedRouterMaxTokens && moe_router_topk_fits(T, H, E, K)) {  // router GEMV and top-k in one launch
+      } else if (be_.fused_small_steps && T <= kFusedRouterMaxTokens && moe_router_topk_fits(T, H, E, K)) {
+        // router GEMV and top-k in one launch
         moe_router_topk(xn_.get(), L.router.get(), T, H, E, K, c.norm_topk_prob, router_logits_.get(),
                         grid_counter_.get(), topk_ids_.get(), topk_w_.get(), s);
         mark("router+topk", g3.first, g3.second);
