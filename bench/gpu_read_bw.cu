@@ -7,6 +7,11 @@
 //           and the MoE tiles' way);
 //   bulk    one thread a block issues 1-D bulk copies (cp.async.bulk, completion on an mbarrier) of C bytes into a
 //           ring of S stages (the persistent MoE prototype's way, session 15).
+//   tma     the warp-specialized MoE GEMMs' weight pattern: the buffer as a [rows, K] bf16 matrix, units of 128 rows x
+//           all K walked persistently (unit blockIdx.x, + gridDim.x, ...), each unit's 64-column slices by 2-D TMA
+//           boxes (64 columns x 64 or 128 rows, 128-byte swizzle) into a ring of S slices; G slices of a unit share
+//           one barrier and are issued back to back (G = 1 is the GEMMs' pattern; G > 1 asks whether longer runs of
+//           one row, 128 G bytes, read faster).
 //   gpu_read_bw [--mib 2048] [--reps 10]
 // Prints one line a configuration: method, blocks, bytes in flight a block, TB/s. A benchmark, not a test: the
 // figures go to docs/PERF.md.
@@ -23,6 +28,7 @@
 #include "cuda/common.h"
 #include "cuda/device.h"
 #include "cuda/moe/moe_ptx.cuh"
+#include "cuda/tma.h"
 #include "gpu_timer.h"
 
 namespace {
@@ -126,6 +132,59 @@ __global__ void __launch_bounds__(32) read_bulk_kernel(const char* src, size_t b
   if (reinterpret_cast<const unsigned*>(ring)[0] == 0x9e3779b9u) sink[blockIdx.x] = 1;
 }
 
+struct alignas(64) TensorMap {
+  unsigned long long bits[16];
+};
+
+// One thread a block: the ring holds S / G stages of G slices (128 rows x 64 columns each, 16 KB); a stage's G
+// slices are loaded as G x (128 / BOX_ROWS) boxes completing on its mbarrier.
+__global__ void __launch_bounds__(32) read_tma_kernel(const __grid_constant__ TensorMap map, int units, int K,
+                                                      int box_rows, int S, int G, unsigned* sink) {
+  extern __shared__ __align__(1024) char tring[];
+  __shared__ __align__(8) unsigned long long bar[32];
+  if (threadIdx.x != 0) return;
+  constexpr int kUnitRows = 128;
+  constexpr unsigned kSliceBytes = kUnitRows * 64 * 2;
+  const int stages = S / G, kt_count = K / 64;
+  const int groups = kt_count / G;  // stages a unit
+  for (int i = 0; i < stages; ++i)
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_addr(&bar[i])) : "memory");
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  // Stage sequence number q: unit blockIdx.x + (q / groups) gridDim.x, slices (q % groups) G .. + G - 1.
+  const long long my_units = units > int(blockIdx.x) ? (units - 1 - int(blockIdx.x)) / int(gridDim.x) + 1 : 0;
+  const long long total = my_units * groups;
+  auto issue = [&](long long q) {
+    if (q >= total) return;
+    const int stage = int(q % stages);
+    const int unit = int(blockIdx.x) + int(q / groups) * int(gridDim.x);
+    const int kt0 = int(q % groups) * G;
+    const unsigned b = smem_addr(&bar[stage]);
+    const unsigned dst = smem_addr(tring + size_t(stage) * G * kSliceBytes);
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(b), "r"(G * kSliceBytes) : "memory");
+    for (int g = 0; g < G; ++g)
+      for (int r = 0; r < kUnitRows; r += box_rows)
+        asm volatile(
+            "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
+            ::"r"(dst + unsigned(g * kSliceBytes + r * 128)), "l"(&map), "r"((kt0 + g) * 64), "r"(unit * kUnitRows + r),
+            "r"(b)
+            : "memory");
+  };
+  for (int i = 0; i < stages; ++i) issue(i);
+  for (long long q = 0; q < total; ++q) {
+    const int stage = int(q % stages);
+    const unsigned phase = unsigned(q / stages) & 1u;
+    unsigned done = 0;
+    while (!done)
+      asm volatile(
+          "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+          : "=r"(done)
+          : "r"(smem_addr(&bar[stage])), "r"(phase)
+          : "memory");
+    issue(q + stages);
+  }
+  if (reinterpret_cast<const unsigned*>(tring)[0] == 0x9e3779b9u) sink[blockIdx.x] = 1;
+}
+
 }  // namespace
 
 // A kernel's dynamic shared-memory ceiling raised to `bytes` (cuda/device.h), or a clear error.
@@ -162,10 +221,10 @@ static int run(int argc, char** argv) {
   MS_CUDA_CHECK(cudaMalloc(&sink, size_t(sms) * 64 * sizeof(unsigned)));
   MS_CUDA_CHECK(cudaMemset(src, 0x3c, bytes));
   std::printf("%s, %d SMs, %zu MiB buffer, best of %d\n", prop.name, sms, mib, reps);
-  std::printf("%-8s %8s %14s %8s\n", "method", "blocks", "bytes/block", "TB/s");
+  std::printf("%-20s %8s %14s %8s\n", "method", "blocks", "bytes/block", "TB/s");
   moeserve::bench::GpuTimer t;
   auto row = [&](const char* m, int blocks, size_t inflight, double s, double moved) {
-    std::printf("%-8s %8d %14zu %8.3f\n", m, blocks, inflight, moved / s * 1e-12);
+    std::printf("%-20s %8d %14zu %8.3f\n", m, blocks, inflight, moved / s * 1e-12);
   };
   // The copy, as docs/PERF.md's floor measures it (read + write).
   row("copy", 0, 0, t.best(reps, [&] { MS_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice)); }),
@@ -204,6 +263,28 @@ static int run(int argc, char** argv) {
         row(name, blocks, smem,
             t.best(reps, [&] { read_bulk_kernel<<<blocks, 32, smem>>>(src, bytes, stages, chunk, sink); }),
             double(bytes));
+      }
+    }
+  }
+  // The MoE GEMMs' weight pattern (tma): the gate/up weights' K (2,048) and the down weights' (768).
+  for (int K : {2048, 768}) {
+    const int64_t rows = int64_t(bytes / (size_t(K) * 2)) / 128 * 128;
+    const int units = int(rows / 128);
+    const double moved = double(rows) * K * 2;
+    for (int box_rows : {64, 128}) {
+      TensorMap map;
+      moeserve::cuda::encode_bf16_tma_2d(&map, src, rows, K, box_rows);
+      for (int S : {8, 12}) {
+        for (int G : {1, 2, 4}) {
+          if (S % G != 0 || (K / 64) % G != 0 || S / G < 2) continue;
+          const size_t smem = size_t(S) * 128 * 64 * 2 + 1024;
+          smem_ceiling(reinterpret_cast<const void*>(read_tma_kernel), smem);
+          char name[32];
+          std::snprintf(name, sizeof(name), "tma K%d b%d S%d G%d", K, box_rows, S, G);
+          row(name, sms, smem - 1024, t.best(reps, [&] {
+                read_tma_kernel<<<sms, 32, smem>>>(map, units, K, box_rows, S, G, sink);
+              }), moved);
+        }
       }
     }
   }

@@ -1,8 +1,6 @@
 // Host side of the fused MoE path: workspace layout, tile-configuration choice, the launcher shared by the AOT
 // and JIT kernel tables, and the two ahead-of-time backends (fused_sm90 and the deliberately foreign
 // fused_sm100_build).
-#include <cuda.h>
-#include <cudaTypedefs.h>
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -18,6 +16,7 @@
 #include "cuda/device.h"
 #include "cuda/launch.h"
 #include "cuda/moe/moe_internal.h"
+#include "cuda/tma.h"
 
 namespace moeserve::cuda {
 
@@ -33,30 +32,11 @@ constexpr int kSmallestTile = GemmCfg0::BN;
 // sum_e ceil(n_e / bn) <= sum_e floor(n_e / bn) + #active <= P / bn + min(E, P).
 int max_tiles(int E, int64_t P, int bn) { return int(std::min<int64_t>(E, P) + P / bn); }
 
-// The TMA descriptor of a weight tensor seen as [rows, K] bf16 (K contiguous), 128-byte swizzle, boxes of 64 (K)
-// x box_rows, for the warp-specialized GEMMs' weight loads. cuTensorMapEncodeTiled is a host-only driver call,
-// reached through the runtime's entry-point query (the binary does not link libcuda).
+// The TMA descriptor of a weight tensor seen as [rows, K] bf16, boxes of 64 (K) x box_rows, for the warp-specialized
+// GEMMs' weight loads.
 void encode_weight_map(TmaDesc& out, const void* w, int64_t rows, int K, int box_rows) {
-  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess)
-      f = nullptr;
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
-  }();
-  MS_CHECK(encode != nullptr, "moe: the CUDA driver does not provide cuTensorMapEncodeTiled (TMA)");
-  static_assert(sizeof(CUtensorMap) == sizeof(TmaDesc), "TmaDesc holds a CUtensorMap");
-  CUtensorMap m;
-  const cuuint64_t dims[2] = {cuuint64_t(K), cuuint64_t(rows)};
-  const cuuint64_t strides[1] = {cuuint64_t(K) * 2};
-  const cuuint32_t box[2] = {64, cuuint32_t(box_rows)};
-  const cuuint32_t elem_strides[2] = {1, 1};
-  const CUresult r = encode(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(w), dims, strides, box,
-                            elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  MS_CHECK(r == CUDA_SUCCESS, "moe: cuTensorMapEncodeTiled failed (CUresult {})", int(r));
-  std::memcpy(&out, &m, sizeof m);
+  static_assert(sizeof(TmaDesc) == 128 && alignof(TmaDesc) >= 64, "TmaDesc holds a CUtensorMap");
+  encode_bf16_tma_2d(&out, w, rows, K, box_rows);
 }
 
 void launch(const void* kernel, dim3 grid, dim3 block, size_t smem, void* params, cudaStream_t stream,
