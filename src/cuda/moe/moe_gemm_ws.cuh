@@ -105,9 +105,6 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
     }
   }
   __syncthreads();
-  // Every thread waits for the kernel before (x / act, the prep's tiles), then lets the next one be scheduled.
-  grid_dep_wait();
-  grid_dep_launch_dependents();
 
   const int H = FIXED_H > 0 ? FIXED_H : p.hidden;
   const int I = FIXED_I > 0 ? FIXED_I : p.inter;
@@ -115,6 +112,33 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
   const int KT = (K + BK - 1) / BK;
   const int gx = MODE == kGateUp ? (I + BM / 2 - 1) / (BM / 2) : (H + BM - 1) / BM;
   const int units = gx * p.num_slots;
+  // The weight tile of global slice `slice` (stage slice % STAGES) of unit (tile, bx): one arrival that expects its
+  // bytes, then the TMA loads. Weight rows of a unit in the [experts x rows, K] view of the TMA descriptor: gate/up
+  // loads the gate rows i and the up rows I + i of i in [bx BM/2, bx BM/2 + BM/2) as two boxes, down BM rows as one
+  // (rows past the expert's end belong to the next expert or the zero fill, and the epilogue drops them).
+  auto issue_weights = [&](int slice, const Tile& tile, int bx, int kt) {
+    const int stage = slice % STAGES;
+    const unsigned as = smem_addr(As + stage * BM * BK);
+    const int wrow = MODE == kGateUp ? tile.expert * 2 * I + bx * (BM / 2) : tile.expert * H + bx * BM;
+    ws::mbar_arrive_expect_tx(full0 + stage * 8, BM * BK * 2);
+    ws::tma_load_2d(as, &p.wmap, kt * BK, wrow, full0 + stage * 8);
+    if (MODE == kGateUp) ws::tma_load_2d(as + BM / 2 * BK * 2, &p.wmap, kt * BK, wrow + I, full0 + stage * 8);
+  };
+  // The down GEMM's CTAs become resident while the gate/up GEMM's last units still run (the persistent grid's
+  // tail): the first pass over the ring (STAGES weight slices, the stages are free) is issued before the wait. The
+  // weights are constants and the tiles come from the prep, which completed before the gate/up GEMM passed its
+  // wait, before this grid could start (moe_gemm_kernels.cuh, the same argument); act is read only after the wait.
+  int prefetched = 0;  // global slices whose weight tile thread 0 issued before the wait
+  if (MODE == kDown && tid == 0) {
+    for (int u = blockIdx.x; u < units && prefetched < STAGES; u += gridDim.x) {
+      const Tile tile = p.tiles[u / gx];
+      if (tile.rows <= 0) continue;
+      for (int kt = 0; kt < KT && prefetched < STAGES; ++kt, ++prefetched) issue_weights(prefetched, tile, u % gx, kt);
+    }
+  }
+  // Every thread waits for the kernel before (x / act, the prep's tiles), then lets the next one be scheduled.
+  grid_dep_wait();
+  grid_dep_launch_dependents();
 
   // With two producer warpgroups (512 threads, 128 registers each at launch) the register file is rebalanced:
   // producers drop to 56, the MMA warpgroups rise to what is left (the 128-token tiles need ~146).
@@ -128,10 +152,6 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
       const int bx = u % gx;
       const Tile tile = p.tiles[u / gx];
       if (tile.rows <= 0) continue;
-      // Weight rows of this unit in the [experts x rows, K] view of the TMA descriptor: gate/up loads the gate
-      // rows i and the up rows I + i of i in [bx BM/2, bx BM/2 + BM/2) as two boxes, down BM rows as one (rows
-      // past the expert's end belong to the next expert or the zero fill, and the epilogue drops them).
-      const int wrow = MODE == kGateUp ? tile.expert * 2 * I + bx * (BM / 2) : tile.expert * H + bx * BM;
       const unsigned short* b_src[B_ITERS];
       bool b_ok[B_ITERS];
 #pragma unroll
@@ -150,16 +170,7 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
         const int k0 = kt * BK;
         const bool k_ok = k0 + ch * 8 < K;
         unsigned short* bs = Bs + stage * BN * BK;
-        if (tid == 0) {  // the weight tile: one arrival that expects its bytes, then the TMA loads
-          const unsigned as = smem_addr(As + stage * BM * BK);
-          ws::mbar_arrive_expect_tx(full0 + stage * 8, BM * BK * 2);
-          if (MODE == kGateUp) {
-            ws::tma_load_2d(as, &p.wmap, k0, wrow, full0 + stage * 8);
-            ws::tma_load_2d(as + BM / 2 * BK * 2, &p.wmap, k0, wrow + I, full0 + stage * 8);
-          } else {
-            ws::tma_load_2d(as, &p.wmap, k0, wrow, full0 + stage * 8);
-          }
-        }
+        if (tid == 0 && slice >= prefetched) issue_weights(slice, tile, bx, kt);
 #pragma unroll
         for (int it = 0; it < B_ITERS; ++it) {
           const int n = tid / CPR + it * RPP;
