@@ -11,7 +11,9 @@
 //           all K walked persistently (unit blockIdx.x, + gridDim.x, ...), each unit's 64-column slices by 2-D TMA
 //           boxes (64 columns x 64 or 128 rows, 128-byte swizzle) into a ring of S slices; G slices of a unit share
 //           one barrier and are issued back to back (G = 1 is the GEMMs' pattern; G > 1 asks whether longer runs of
-//           one row, 128 G bytes, read faster).
+//           one row, 128 G bytes, read faster); R = 1 starts each unit's slice walk at slice (unit mod slices) and
+//           wraps (the CTAs of a wave then read different columns at a time instead of the same 128-byte column of
+//           rows K * 2 bytes apart); one or two blocks an SM.
 //   gpu_read_bw [--mib 2048] [--reps 10]
 // Prints one line a configuration: method, blocks, bytes in flight a block, TB/s. A benchmark, not a test: the
 // figures go to docs/PERF.md.
@@ -139,7 +141,7 @@ struct alignas(64) TensorMap {
 // One thread a block: the ring holds S / G stages of G slices (128 rows x 64 columns each, 16 KB); a stage's G
 // slices are loaded as G x (128 / BOX_ROWS) boxes completing on its mbarrier.
 __global__ void __launch_bounds__(32) read_tma_kernel(const __grid_constant__ TensorMap map, int units, int K,
-                                                      int box_rows, int S, int G, unsigned* sink) {
+                                                      int box_rows, int S, int G, int R, unsigned* sink) {
   extern __shared__ __align__(1024) char tring[];
   __shared__ __align__(8) unsigned long long bar[32];
   if (threadIdx.x != 0) return;
@@ -157,7 +159,8 @@ __global__ void __launch_bounds__(32) read_tma_kernel(const __grid_constant__ Te
     if (q >= total) return;
     const int stage = int(q % stages);
     const int unit = int(blockIdx.x) + int(q / groups) * int(gridDim.x);
-    const int kt0 = int(q % groups) * G;
+    int kt0 = int(q % groups) * G;
+    if (R) kt0 = (kt0 + (unit % groups) * G) % kt_count;
     const unsigned b = smem_addr(&bar[stage]);
     const unsigned dst = smem_addr(tring + size_t(stage) * G * kSliceBytes);
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(b), "r"(G * kSliceBytes) : "memory");
@@ -221,10 +224,10 @@ static int run(int argc, char** argv) {
   MS_CUDA_CHECK(cudaMalloc(&sink, size_t(sms) * 64 * sizeof(unsigned)));
   MS_CUDA_CHECK(cudaMemset(src, 0x3c, bytes));
   std::printf("%s, %d SMs, %zu MiB buffer, best of %d\n", prop.name, sms, mib, reps);
-  std::printf("%-20s %8s %14s %8s\n", "method", "blocks", "bytes/block", "TB/s");
+  std::printf("%-24s %8s %14s %8s\n", "method", "blocks", "bytes/block", "TB/s");
   moeserve::bench::GpuTimer t;
   auto row = [&](const char* m, int blocks, size_t inflight, double s, double moved) {
-    std::printf("%-20s %8d %14zu %8.3f\n", m, blocks, inflight, moved / s * 1e-12);
+    std::printf("%-24s %8d %14zu %8.3f\n", m, blocks, inflight, moved / s * 1e-12);
   };
   // The copy, as docs/PERF.md's floor measures it (read + write).
   row("copy", 0, 0, t.best(reps, [&] { MS_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice)); }),
@@ -274,16 +277,21 @@ static int run(int argc, char** argv) {
     for (int box_rows : {64, 128}) {
       TensorMap map;
       moeserve::cuda::encode_bf16_tma_2d(&map, src, rows, K, box_rows);
-      for (int S : {8, 12}) {
-        for (int G : {1, 2, 4}) {
-          if (S % G != 0 || (K / 64) % G != 0 || S / G < 2) continue;
-          const size_t smem = size_t(S) * 128 * 64 * 2 + 1024;
-          smem_ceiling(reinterpret_cast<const void*>(read_tma_kernel), smem);
-          char name[32];
-          std::snprintf(name, sizeof(name), "tma K%d b%d S%d G%d", K, box_rows, S, G);
-          row(name, sms, smem - 1024, t.best(reps, [&] {
-                read_tma_kernel<<<sms, 32, smem>>>(map, units, K, box_rows, S, G, sink);
-              }), moved);
+      for (int per_sm : {1, 2}) {
+        for (int S : {4, 8, 12}) {
+          for (int G : {1, 2}) {
+            for (int R : {0, 1}) {
+              if (S % G != 0 || (K / 64) % G != 0 || S / G < 2) continue;
+              const size_t smem = size_t(S) * 128 * 64 * 2 + 1024;
+              if (per_sm * (smem + 1024) > size_t(prop.sharedMemPerMultiprocessor) || (per_sm == 1 && S == 4)) continue;
+              smem_ceiling(reinterpret_cast<const void*>(read_tma_kernel), smem);
+              char name[40];
+              std::snprintf(name, sizeof(name), "tma K%d b%d S%d G%d R%d", K, box_rows, S, G, R);
+              row(name, per_sm * sms, smem - 1024, t.best(reps, [&] {
+                    read_tma_kernel<<<per_sm * sms, 32, smem>>>(map, units, K, box_rows, S, G, R, sink);
+                  }), moved);
+            }
+          }
         }
       }
     }
