@@ -311,8 +311,6 @@ void fused_run(const KernelTable& k, const MoeShape& s, const bf16* x, int T, co
                 tiles, perm_pair, topk_weights, s.hidden, s.inter, s.top_k, direct_ids, s.num_experts,
                 nullptr, nullptr, l.num_slots};
   gu.weight_evict_first = l2_evict_first_weights() ? 1 : 0;
-  static const int k_rotate = int(env_int("MOESERVE_MOE_K_ROTATE", 0, 0, 1));
-  gu.k_rotate = k_rotate;
 
   // Direct mode's gate/up may run a configuration of its own (the same tile shape, another ring depth; A/B switch:
   // see GemmCfg7). The down GEMM keeps configuration 0 (5 stages there: 29.2 against 26.9 us at 1 token).
@@ -336,7 +334,6 @@ void fused_run(const KernelTable& k, const MoeShape& s, const bf16* x, int T, co
                 s.top_k, direct_ids, s.num_experts, fused_combine ? counters : nullptr,
                 fused_combine ? reinterpret_cast<unsigned short*>(out) : nullptr, l.num_slots};
   dn.weight_evict_first = gu.weight_evict_first;
-  dn.k_rotate = gu.k_rotate;
   if (down_gemv_applies(s, direct, l.num_slots)) {
     dn.combine_out = reinterpret_cast<unsigned short*>(out);
     dn.residual = residual;

@@ -128,21 +128,12 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
   // tail): the first pass over the ring (STAGES weight slices, the stages are free) is issued before the wait. The
   // weights are constants and the tiles come from the prep, which completed before the gate/up GEMM passed its
   // wait, before this grid could start (moe_gemm_kernels.cuh, the same argument); act is read only after the wait.
-  // Unit u walks its K slices from slice (u mod KT) when p.k_rotate (MOESERVE_MOE_K_ROTATE, A/B): the persistent
-  // CTAs of a wave hold consecutive units, and in step they would all read the same 128-byte column of rows K * 2
-  // bytes apart (gpu_read_bw's tma rows measure that pattern against rotated starts). Off, the walk is the same
-  // arithmetic with a start of 0. The consumers need no change: the sum over slices is order-free up to rounding.
-  auto rotated_slice = [&](int j, int u) {
-    const int kt = j + (p.k_rotate ? u % KT : 0);
-    return kt >= KT ? kt - KT : kt;
-  };
   int prefetched = 0;  // global slices whose weight tile thread 0 issued before the wait
   if (MODE == kDown && tid == 0) {
     for (int u = blockIdx.x; u < units && prefetched < STAGES; u += gridDim.x) {
       const Tile tile = p.tiles[u / gx];
       if (tile.rows <= 0) continue;
-      for (int j = 0; j < KT && prefetched < STAGES; ++j, ++prefetched)
-        issue_weights(prefetched, tile, u % gx, rotated_slice(j, u));
+      for (int kt = 0; kt < KT && prefetched < STAGES; ++kt, ++prefetched) issue_weights(prefetched, tile, u % gx, kt);
     }
   }
   // Every thread waits for the kernel before (x / act, the prep's tiles), then lets the next one be scheduled.
@@ -171,8 +162,7 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
         b_ok[it] = pos >= 0;
         b_src[it] = p.src + row * K + ch * 8;
       }
-      for (int j = 0; j < KT; ++j, ++slice) {
-        const int kt = rotated_slice(j, u);
+      for (int kt = 0; kt < KT; ++kt, ++slice) {
         const int stage = slice % STAGES;
         // The consumers released this stage (the first pass over the ring waits on the phase before the first,
         // which counts as complete).

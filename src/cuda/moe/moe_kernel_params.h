@@ -125,8 +125,6 @@ struct GemmParams {
   // Decode-sized tiles (configurations 0 and 7) and the down GEMV: stream the weights with the L2 evict_first
   // priority (moe_ptx::l2_evict_first_policy; cuda/device.h l2_evict_first_weights).
   int weight_evict_first;
-  // Warp-specialized configurations: unit u walks its K slices from slice u mod KT (moe_gemm_ws.cuh).
-  int k_rotate;
 };
 
 // out[t, :] = bf16(sum over j < top_k of y[pair_pos[t * top_k + j], :]), slots in order (deterministic).
