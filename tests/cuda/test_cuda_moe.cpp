@@ -891,7 +891,7 @@ TEST(CudaMoe, DISABLED_TimingReport) {
       std::cout << fmt::format("[   info   ] T={:5d} {:18s} {:9.1f} us  {:7.0f} GB/s  {:6.1f} TFLOP/s  "
                                "floor {:7.1f} us (x{:.2f}; x{:.2f} at 4.3 TB/s), tile config {}\n",
                                T, b->spec().name, us, bytes / us * 1e-3, flops / us * 1e-6, floor_us, us / floor_us,
-                               us / nominal_floor_us, fused_config_for(shape, T));
+                               us / nominal_floor_us, fused_config_for(shape, T, is_hopper()));
     }
   }
 }

@@ -92,12 +92,19 @@ double moe_small_tile_max() {
   return v;
 }
 
+// The warp-specialized configuration of batched decode (3-12 tokens an expert): 9 (one CTA an SM, 64-token tiles),
+// or 11 (two CTAs an SM, 32-token tiles) with MOESERVE_MOE_WS_DECODE=11 (A/B).
+int moe_ws_decode_config() {
+  static const int c = int(env_int("MOESERVE_MOE_WS_DECODE", 9, 9, 11)) == 11 ? 11 : 9;
+  return c;
+}
+
 int fused_config_for(const MoeShape& s, int T, bool wgmma) {
   const double per_expert = double(T) * s.top_k / std::max(1, s.num_experts);
   const int level = moe_wgmma_level();
   const bool ws = wgmma && level >= 3 && moe_ws_enabled();
   if (per_expert <= moe_small_tile_max()) return 0;
-  if (per_expert <= 12) return ws ? 9 : 1;
+  if (per_expert <= 12) return ws ? moe_ws_decode_config() : 1;
   if (per_expert <= 40) return level >= 2 ? 5 : 2;
   if (ws) return per_expert <= moe_ws_prefill_min() ? 8 : moe_ws_prefill_config();
   return level >= 3 ? 6 : level >= 1 ? 4 : 3;
@@ -320,9 +327,10 @@ void fused_run(const KernelTable& k, const MoeShape& s, const bf16* x, int T, co
                             ? direct_gu_config
                             : l.config;
   const GemmConfigInfo gu_cfg = gemm_config_info(gu_config);
-  // A persistent (warp-specialized) configuration walks the grid with one CTA an SM.
+  // A persistent (warp-specialized) configuration walks the grid with ctas_per_sm CTAs an SM.
   auto grid_of = [&](const GemmConfigInfo& c, int gx) {
-    return c.persistent ? dim3(unsigned(std::min<int64_t>(std::max(k.num_sms, 1), int64_t(gx) * slots)))
+    return c.persistent ? dim3(unsigned(std::min<int64_t>(int64_t(std::max(k.num_sms, 1)) * c.ctas_per_sm,
+                                                          int64_t(gx) * slots)))
                         : dim3(unsigned(gx), slots);
   };
   if (gu_cfg.persistent)

@@ -79,8 +79,9 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
   using namespace moe_ptx;
   constexpr int BM = Cfg::BM, BN = Cfg::BN, BK = Cfg::BK, STAGES = Cfg::STAGES;
   constexpr int NP = Cfg::THREADS / 128 - 2;  // producer warpgroups
-  static_assert(((BM == 128 && (BN == 128 || BN == 64)) || (BM == 256 && BN == 128)) && BK == 64 && NP >= 1,
-                "ws tiles: 128 weight rows x 64 or 128 tokens, or 256 x 128");
+  static_assert(((BM == 128 && (BN == 128 || BN == 64 || BN == 32)) || (BM == 256 && BN == 128)) && BK == 64 &&
+                    NP >= 1,
+                "ws tiles: 128 weight rows x 32, 64 or 128 tokens, or 256 x 128");
   constexpr int MW = BM / 128;      // m64 blocks of each consumer warpgroup (BM / 2 weight rows)
   constexpr int PARTS = BM / 64;    // the epilogue stores the tile in PARTS parts of TP tokens
   constexpr int TP = BN / PARTS;

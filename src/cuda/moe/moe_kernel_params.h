@@ -193,16 +193,22 @@ using GemmCfg7 = GemmConfig<32, 16, 2, 1, 128, 5, 3>;
 // warpgroup (TMA weights, cp.async tokens), each MMA warpgroup 128 rows (154 registers), a 4-deep ring (192 KB):
 // a third fewer bytes through L2 per flop than 128 x 128 (8,192 tokens 1,411 us against 1,587 for configuration 6)
 using GemmCfg10 = GemmConfig<256, 128, 3, 4, 64, 4, 1, 3>;
-constexpr int kNumGemmConfigs = 11;
+// Batched decode on the warp-specialized body with two CTAs an SM (MINB 2): 32-token tiles and a 4-deep ring each
+// (~92 KB, 64 registers), so that two independent weight streams share an SM. gpu_read_bw's tma rows (session 24):
+// the 128-row TMA pattern at gate/up's K read 4.36 TB/s as 2 x 4 stages an SM against 4.24 as 1 x 8. A/B switch
+// MOESERVE_MOE_WS_DECODE=11 (the default, 9, at 3-12 tokens an expert).
+using GemmCfg11 = GemmConfig<128, 32, 4, 4, 64, 4, 2, 3>;
+constexpr int kNumGemmConfigs = 12;
 
 #ifndef __CUDACC_RTC__  // host-side helper; NVRTC treats unannotated functions as host code and rejects them
 struct GemmConfigInfo {
   int bm, bn, threads, smem_bytes;
-  bool persistent;  // warp-specialized (WGMMA 3): one CTA an SM walks the grid, launched with the SM count
+  bool persistent;  // warp-specialized (WGMMA 3): MINB CTAs an SM walk the grid, launched with MINB x the SM count
+  int ctas_per_sm;
 };
 template <class C>
 constexpr GemmConfigInfo gemm_config_info_of() {
-  return GemmConfigInfo{C::BM, C::BN, C::THREADS, C::SMEM_BYTES, C::WGMMA == 3};
+  return GemmConfigInfo{C::BM, C::BN, C::THREADS, C::SMEM_BYTES, C::WGMMA == 3, C::MINB};
 }
 constexpr GemmConfigInfo gemm_config_info(int i) {
   return i == 0   ? gemm_config_info_of<GemmCfg0>()
@@ -215,7 +221,8 @@ constexpr GemmConfigInfo gemm_config_info(int i) {
          : i == 7 ? gemm_config_info_of<GemmCfg7>()
          : i == 8 ? gemm_config_info_of<GemmCfg8>()
          : i == 9 ? gemm_config_info_of<GemmCfg9>()
-                  : gemm_config_info_of<GemmCfg10>();
+         : i == 10 ? gemm_config_info_of<GemmCfg10>()
+                   : gemm_config_info_of<GemmCfg11>();
 }
 #endif
 
