@@ -182,9 +182,10 @@ using GemmCfg6 = GemmConfig<128, 128, 2, 4, 64, 3, 2, 2>;  // prefill on wgmma, 
 // weights, cp.async for the gathered tokens) + 2 MMA warpgroups, a 6-deep ring (192 KB) and half the f32 epilogue
 // tile (33 KB) apart: one CTA an SM; 512 threads, so registers are rebalanced (setmaxnreg) towards the MMAs.
 using GemmCfg8 = GemmConfig<128, 128, 4, 4, 64, 6, 1, 3>;
-// batched decode (6-12 tokens an expert) on the same body: 64-token tiles, an 8-deep ring (192 KB) so that ~150 KB
-// of weights stay in flight an SM and no CTA pays a ramp of its own (ncu, configuration 1 at 128 tokens: the down
-// GEMM streamed 3.35 TB/s against 3.98 for gate/up, K = 768 being a short stream a CTA)
+// batched decode (3-12 tokens an expert) on the same body with MOESERVE_MOE_WS_DECODE=9 (11 is the default):
+// 64-token tiles, an 8-deep ring (192 KB) so that ~150 KB of weights stay in flight an SM and no CTA pays a ramp of
+// its own (ncu, configuration 1 at 128 tokens: the down GEMM streamed 3.35 TB/s against 3.98 for gate/up, K = 768
+// being a short stream a CTA)
 using GemmCfg9 = GemmConfig<128, 64, 4, 4, 64, 8, 1, 3>;
 // Direct mode's gate/up GEMM with a 5-deep ring (MOESERVE_MOE_DIRECT_GU_CONFIG=7, experiment): the MoE layer
 // alone at 1 token 24.4-24.5 us (jit) against 26.9-27.2, but the served decode step 4-7 us slower (H200, session 8).
@@ -195,8 +196,8 @@ using GemmCfg7 = GemmConfig<32, 16, 2, 1, 128, 5, 3>;
 using GemmCfg10 = GemmConfig<256, 128, 3, 4, 64, 4, 1, 3>;
 // Batched decode on the warp-specialized body with two CTAs an SM (MINB 2): 32-token tiles and a 4-deep ring each
 // (~92 KB, 64 registers), so that two independent weight streams share an SM. gpu_read_bw's tma rows (session 24):
-// the 128-row TMA pattern at gate/up's K read 4.36 TB/s as 2 x 4 stages an SM against 4.24 as 1 x 8. A/B switch
-// MOESERVE_MOE_WS_DECODE=11 (the default, 9, at 3-12 tokens an expert).
+// the 128-row TMA pattern at gate/up's K read 4.36 TB/s as 2 x 4 stages an SM against 4.24 as 1 x 8. The default at
+// 3-12 tokens an expert since session 24 (bs 64 step -15 us, bs 128 -20 to -26; MOESERVE_MOE_WS_DECODE=9 for 9).
 using GemmCfg11 = GemmConfig<128, 32, 4, 4, 64, 4, 2, 3>;
 constexpr int kNumGemmConfigs = 12;
 
