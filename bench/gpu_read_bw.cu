@@ -13,8 +13,8 @@
 //           one barrier and are issued back to back (G = 1 is the GEMMs' pattern; G > 1 asks whether longer runs of
 //           one row, 128 G bytes, read faster); R = 1 starts each unit's slice walk at slice (unit mod slices) and
 //           wraps (the CTAs of a wave then read different columns at a time instead of the same 128-byte column of
-//           rows K * 2 bytes apart: on the H200 that is the slower one, 3.46 against 4.24 TB/s, session 24); one or
-//           two blocks an SM.
+//           rows K * 2 bytes apart: on the H200 that is the slower one, 3.46 against 4.24 TB/s, session 24); one to
+//           four blocks an SM.
 //   gpu_read_bw [--mib 2048] [--reps 10]
 // Prints one line a configuration: method, blocks, bytes in flight a block, TB/s. A benchmark, not a test: the
 // figures go to docs/PERF.md.
@@ -278,13 +278,14 @@ static int run(int argc, char** argv) {
     for (int box_rows : {64, 128}) {
       TensorMap map;
       moeserve::cuda::encode_bf16_tma_2d(&map, src, rows, K, box_rows);
-      for (int per_sm : {1, 2}) {
-        for (int S : {4, 8, 12}) {
+      for (int per_sm : {1, 2, 3, 4}) {
+        for (int S : {2, 3, 4, 8, 12}) {
           for (int G : {1, 2}) {
             for (int R : {0, 1}) {
               if (S % G != 0 || (K / 64) % G != 0 || S / G < 2) continue;
+              if ((per_sm > 2 || S < 4) && (G > 1 || R > 0)) continue;  // the many-CTA rows: the GEMMs' pattern only
               const size_t smem = size_t(S) * 128 * 64 * 2 + 1024;
-              if (per_sm * (smem + 1024) > size_t(prop.sharedMemPerMultiprocessor) || (per_sm == 1 && S == 4)) continue;
+              if (per_sm * (smem + 1024) > size_t(prop.sharedMemPerMultiprocessor) || (per_sm == 1 && S < 8)) continue;
               smem_ceiling(reinterpret_cast<const void*>(read_tma_kernel), smem);
               char name[40];
               std::snprintf(name, sizeof(name), "tma K%d b%d S%d G%d R%d", K, box_rows, S, G, R);

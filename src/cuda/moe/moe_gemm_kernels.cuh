@@ -811,6 +811,8 @@ MOE_JIT_GEMM(10, kGateUp, gu)
 MOE_JIT_GEMM(10, kDown, dn)
 MOE_JIT_GEMM(11, kGateUp, gu)
 MOE_JIT_GEMM(11, kDown, dn)
+MOE_JIT_GEMM(12, kGateUp, gu)
+MOE_JIT_GEMM(12, kDown, dn)
 #undef MOE_JIT_GEMM
 
 #else
@@ -869,6 +871,8 @@ inline KernelTable kernel_table() {
   t.gemm[10][kDown] = reinterpret_cast<const void*>(&moe_gemm_kernel<GemmCfg10, kDown>);
   t.gemm[11][kGateUp] = reinterpret_cast<const void*>(&moe_gemm_kernel<GemmCfg11, kGateUp>);
   t.gemm[11][kDown] = reinterpret_cast<const void*>(&moe_gemm_kernel<GemmCfg11, kDown>);
+  t.gemm[12][kGateUp] = reinterpret_cast<const void*>(&moe_gemm_kernel<GemmCfg12, kGateUp>);
+  t.gemm[12][kDown] = reinterpret_cast<const void*>(&moe_gemm_kernel<GemmCfg12, kDown>);
 #ifdef MOE_TABLE_WGMMA
   t.wgmma = MOE_TABLE_WGMMA;
 #endif

@@ -199,7 +199,10 @@ using GemmCfg10 = GemmConfig<256, 128, 3, 4, 64, 4, 1, 3>;
 // the 128-row TMA pattern at gate/up's K read 4.36 TB/s as 2 x 4 stages an SM against 4.24 as 1 x 8. The default at
 // 3-12 tokens an expert since session 24 (bs 64 step -15 us, bs 128 -20 to -26; MOESERVE_MOE_WS_DECODE=9 for 9).
 using GemmCfg11 = GemmConfig<128, 32, 4, 4, 64, 4, 2, 3>;
-constexpr int kNumGemmConfigs = 12;
+// Three CTAs an SM (experiment, MOESERVE_MOE_WS_DECODE=12, not yet run on a GPU): one producer warpgroup (384
+// threads) and a 3-deep ring each (~71 KB), 144 KB of weights in flight an SM in three independent streams.
+using GemmCfg12 = GemmConfig<128, 32, 3, 4, 64, 3, 3, 3>;
+constexpr int kNumGemmConfigs = 13;
 
 #ifndef __CUDACC_RTC__  // host-side helper; NVRTC treats unannotated functions as host code and rejects them
 struct GemmConfigInfo {
@@ -223,7 +226,8 @@ constexpr GemmConfigInfo gemm_config_info(int i) {
          : i == 8 ? gemm_config_info_of<GemmCfg8>()
          : i == 9 ? gemm_config_info_of<GemmCfg9>()
          : i == 10 ? gemm_config_info_of<GemmCfg10>()
-                   : gemm_config_info_of<GemmCfg11>();
+         : i == 11 ? gemm_config_info_of<GemmCfg11>()
+                   : gemm_config_info_of<GemmCfg12>();
 }
 #endif
 
