@@ -55,28 +55,25 @@ __device__ __forceinline__ State merge(State a, State b) {
   return a;
 }
 
-// Block reduction of every thread's state (deterministic order: lanes, then warps); the block's state in the
-// returned value of thread 0.
-__device__ __forceinline__ State block_reduce(State s) {
+// The warp's states merged by a butterfly of shuffles (every lane ends with the warp's state).
+__device__ __forceinline__ State warp_reduce(State s) {
 #pragma unroll
   for (int o = 16; o > 0; o /= 2) {
     State t{__shfl_xor_sync(0xffffffffu, s.max, o), __shfl_xor_sync(0xffffffffu, s.id, o),
             __shfl_xor_sync(0xffffffffu, s.sum, o)};
     s = merge(s, t);
   }
+  return s;
+}
+// Block reduction of every thread's state (deterministic order: lanes, then warps); the block's state in the
+// returned value of thread 0.
+__device__ __forceinline__ State block_reduce(State s) {
+  s = warp_reduce(s);
   __shared__ State warps[kThreads / 32];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (lane == 0) warps[warp] = s;
   __syncthreads();
-  if (warp == 0) {
-    s = lane < kThreads / 32 ? warps[lane] : State{-INFINITY, INT_MAX, 0.0f};
-#pragma unroll
-    for (int o = 16; o > 0; o /= 2) {
-      State t{__shfl_xor_sync(0xffffffffu, s.max, o), __shfl_xor_sync(0xffffffffu, s.id, o),
-              __shfl_xor_sync(0xffffffffu, s.sum, o)};
-      s = merge(s, t);
-    }
-  }
+  if (warp == 0) s = warp_reduce(lane < kThreads / 32 ? warps[lane] : State{-INFINITY, INT_MAX, 0.0f});
   return s;
 }
 
