@@ -30,6 +30,7 @@
 #include "core/error.h"
 #include "cuda/common.h"
 #include "cuda/device.h"
+#include "cuda/moe/moe_kernel_params.h"
 #include "cuda/moe/moe_ptx.cuh"
 #include "cuda/tma.h"
 #include "gpu_timer.h"
@@ -96,15 +97,30 @@ __global__ void __launch_bounds__(kThreads) read_cpasync_kernel(const char* src,
   if (reinterpret_cast<const unsigned*>(my)[lane] == 0x9e3779b9u) sink[blockIdx.x] = 1;
 }
 
+// The bulk and tma kernels' ring barriers: n mbarriers of one arrival each, made visible to the async proxy; and a
+// spin until the phase of `parity` of one of them has completed.
+__device__ __forceinline__ void init_ring_barriers(unsigned long long* bar, int n) {
+  for (int i = 0; i < n; ++i)
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_addr(&bar[i])) : "memory");
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+__device__ __forceinline__ void wait_ring_barrier(unsigned long long* bar, unsigned parity) {
+  unsigned done = 0;
+  while (!done)
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(smem_addr(bar)), "r"(parity)
+        : "memory");
+}
+
 // One thread a block: S stages of C bytes, each a 1-D bulk copy completing on the stage's mbarrier.
 __global__ void __launch_bounds__(32) read_bulk_kernel(const char* src, size_t bytes, int S, unsigned C,
                                                        unsigned* sink) {
   extern __shared__ __align__(128) char ring[];
   __shared__ __align__(8) unsigned long long bar[16];
   if (threadIdx.x != 0) return;
-  for (int i = 0; i < S; ++i)
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_addr(&bar[i])) : "memory");
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  init_ring_barriers(bar, S);
   const size_t chunks = bytes / C, step = gridDim.x;
   auto issue = [&](int stage, size_t chunk) {
     if (chunk >= chunks) return;
@@ -121,27 +137,16 @@ __global__ void __launch_bounds__(32) read_bulk_kernel(const char* src, size_t b
   unsigned phase = 0;
   for (int i = 0; c < chunks; ++i, c += step) {
     const int stage = i % S;
-    const unsigned b = smem_addr(&bar[stage]);
-    unsigned done = 0;
-    while (!done)
-      asm volatile(
-          "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-          : "=r"(done)
-          : "r"(b), "r"((phase >> stage) & 1u)
-          : "memory");
+    wait_ring_barrier(&bar[stage], (phase >> stage) & 1u);
     phase ^= 1u << stage;
     issue(stage, c + size_t(S) * step);
   }
   if (reinterpret_cast<const unsigned*>(ring)[0] == 0x9e3779b9u) sink[blockIdx.x] = 1;
 }
 
-struct alignas(64) TensorMap {
-  unsigned long long bits[16];
-};
-
 // One thread a block: the ring holds S / G stages of G slices (128 rows x 64 columns each, 16 KB); a stage's G
 // slices are loaded as G x (128 / BOX_ROWS) boxes completing on its mbarrier.
-__global__ void __launch_bounds__(32) read_tma_kernel(const __grid_constant__ TensorMap map, int units, int K,
+__global__ void __launch_bounds__(32) read_tma_kernel(const __grid_constant__ moe_kernels::TmaDesc map, int units, int K,
                                                       int box_rows, int S, int G, int R, unsigned* sink) {
   extern __shared__ __align__(1024) char tring[];
   __shared__ __align__(8) unsigned long long bar[32];
@@ -150,9 +155,7 @@ __global__ void __launch_bounds__(32) read_tma_kernel(const __grid_constant__ Te
   constexpr unsigned kSliceBytes = kUnitRows * 64 * 2;
   const int stages = S / G, kt_count = K / 64;
   const int groups = kt_count / G;  // stages a unit
-  for (int i = 0; i < stages; ++i)
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_addr(&bar[i])) : "memory");
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  init_ring_barriers(bar, stages);
   // Stage sequence number q: unit blockIdx.x + (q / groups) gridDim.x, slices (q % groups) G .. + G - 1.
   const long long my_units = units > int(blockIdx.x) ? (units - 1 - int(blockIdx.x)) / int(gridDim.x) + 1 : 0;
   const long long total = my_units * groups;
@@ -175,15 +178,7 @@ __global__ void __launch_bounds__(32) read_tma_kernel(const __grid_constant__ Te
   };
   for (int i = 0; i < stages; ++i) issue(i);
   for (long long q = 0; q < total; ++q) {
-    const int stage = int(q % stages);
-    const unsigned phase = unsigned(q / stages) & 1u;
-    unsigned done = 0;
-    while (!done)
-      asm volatile(
-          "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-          : "=r"(done)
-          : "r"(smem_addr(&bar[stage])), "r"(phase)
-          : "memory");
+    wait_ring_barrier(&bar[q % stages], unsigned(q / stages) & 1u);
     issue(q + stages);
   }
   if (reinterpret_cast<const unsigned*>(tring)[0] == 0x9e3779b9u) sink[blockIdx.x] = 1;
@@ -276,7 +271,7 @@ static int run(int argc, char** argv) {
     const int units = int(rows / 128);
     const double moved = double(rows) * K * 2;
     for (int box_rows : {64, 128}) {
-      TensorMap map;
+      moe_kernels::TmaDesc map;
       moeserve::cuda::encode_bf16_tma_2d(&map, src, rows, K, box_rows);
       for (int per_sm : {1, 2, 3, 4}) {
         for (int S : {2, 3, 4, 8, 12}) {
