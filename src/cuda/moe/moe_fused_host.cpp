@@ -93,14 +93,14 @@ double moe_small_tile_max() {
 }
 
 // The warp-specialized configuration of batched decode (3-12 tokens an expert): 11 (two CTAs an SM, 32-token tiles),
-// or 9 (one CTA an SM, 64-token tiles) with MOESERVE_MOE_WS_DECODE=9 (A/B), or 12 (three CTAs an SM, experiment,
-// MOESERVE_MOE_WS_DECODE=12). H200, session 24, 11 against 9, same call, three rounds: the MoE layer at 64 tokens
+// or 9 (one CTA an SM, 64-token tiles) with MOESERVE_MOE_WS_DECODE=9 (A/B), or 12 / 13 (11 / 9 with cp.async weight
+// tiles, experiments, MOESERVE_MOE_WS_DECODE=12 / 13). H200, session 24, 11 against 9, same call, three rounds: the MoE layer at 64 tokens
 // 288.9-289.1 us against 292.7-293.3, 128 tokens 297.7-297.9 against 300.1-300.7; served steps bs 64
 // 2,982.8-2,986.5 against 2,996.7-3,001.9, bs 128 3,242.1-3,245.5 against 3,262.8-3,269.7.
 int moe_ws_decode_config() {
   static const int c = [] {
-    const int v = int(env_int("MOESERVE_MOE_WS_DECODE", 11, 9, 12));
-    return v == 9 || v == 12 ? v : 11;
+    const int v = int(env_int("MOESERVE_MOE_WS_DECODE", 11, 9, 13));
+    return v == 9 || v == 12 || v == 13 ? v : 11;
   }();
   return c;
 }

@@ -813,6 +813,8 @@ MOE_JIT_GEMM(11, kGateUp, gu)
 MOE_JIT_GEMM(11, kDown, dn)
 MOE_JIT_GEMM(12, kGateUp, gu)
 MOE_JIT_GEMM(12, kDown, dn)
+MOE_JIT_GEMM(13, kGateUp, gu)
+MOE_JIT_GEMM(13, kDown, dn)
 #undef MOE_JIT_GEMM
 
 #else
@@ -873,6 +875,8 @@ inline KernelTable kernel_table() {
   t.gemm[11][kDown] = reinterpret_cast<const void*>(&moe_gemm_kernel<GemmCfg11, kDown>);
   t.gemm[12][kGateUp] = reinterpret_cast<const void*>(&moe_gemm_kernel<GemmCfg12, kGateUp>);
   t.gemm[12][kDown] = reinterpret_cast<const void*>(&moe_gemm_kernel<GemmCfg12, kDown>);
+  t.gemm[13][kGateUp] = reinterpret_cast<const void*>(&moe_gemm_kernel<GemmCfg13, kGateUp>);
+  t.gemm[13][kDown] = reinterpret_cast<const void*>(&moe_gemm_kernel<GemmCfg13, kDown>);
 #ifdef MOE_TABLE_WGMMA
   t.wgmma = MOE_TABLE_WGMMA;
 #endif

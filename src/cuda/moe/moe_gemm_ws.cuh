@@ -1,5 +1,5 @@
 // Warp-specialized, persistent GEMM of the fused MoE path (sm_90a wgmma builds only; included by
-// moe_gemm_kernels.cuh): configurations 8, 9 and 10 (moe_kernel_params.h).
+// moe_gemm_kernels.cuh): configurations 8-12 (moe_kernel_params.h); 12 copies its weight tiles with cp.async.
 //
 // Why: ncu at 8,192 tokens had the wgmma tiles of configuration 6 at ~60% of L2 and ~60% of SM throughput with 7
 // cycles per issued instruction: every k slice waits on cp.async groups and two block-wide barriers. Here the
@@ -97,11 +97,16 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
   unsigned long long* bars = reinterpret_cast<unsigned long long*>(cs + TP * LDC);  // full[STAGES], empty[STAGES]
   float* row_wt = reinterpret_cast<float*>(bars + 2 * STAGES);  // [BN] the down tile's routing weights
   const unsigned full0 = smem_addr(bars), empty0 = full0 + STAGES * 8;
+  // Weight tiles by the producers' cp.async (Cfg::WEIGHTS_CP_ASYNC): A_ITERS 16-byte chunks a producer thread a
+  // slice, rows tid / CPR + k RPP as for the token rows.
+  constexpr bool kCpW = Cfg::WEIGHTS_CP_ASYNC;
+  static_assert(!kCpW || BM % RPP == 0, "cp.async weight tiles: whole passes of the producer threads");
+  constexpr int A_ITERS = kCpW ? BM / RPP : 1;
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   if (tid == 0) {
     for (int s = 0; s < STAGES; ++s) {
-      ws::mbar_init(full0 + s * 8, 128 * NP + 1);  // + the TMA issuer's expect_tx arrival
+      ws::mbar_init(full0 + s * 8, 128 * NP + (kCpW ? 0 : 1));  // + the TMA issuer's expect_tx arrival
       ws::mbar_init(empty0 + s * 8, 2);
     }
   }
@@ -125,16 +130,52 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
     ws::tma_load_2d(as, &p.wmap, kt * BK, wrow, full0 + stage * 8);
     if (MODE == kGateUp) ws::tma_load_2d(as + BM / 2 * BK * 2, &p.wmap, kt * BK, wrow + I, full0 + stage * 8);
   };
+  // kCpW: producer thread tid's chunks of the weight tile of global slice `slice` (its part of the stage's
+  // `full` arrival is the thread's cp_async_arrive_noinc after its token rows). Rows past the expert's rows are
+  // zero-filled.
+  const int wch = tid % CPR;
+  // With the L2 evict_first priority where the host asks for it (GemmParams::weight_evict_first), as the decode
+  // tiles' cp.async weights.
+  const bool hint = kCpW && p.weight_evict_first != 0;
+  const unsigned long long wpol = hint ? l2_evict_first_policy() : 0ull;
+  auto copy_weights = [&](int slice, const Tile& tile, int bx, int kt) {
+    unsigned short* as = As + (slice % STAGES) * BM * BK;
+    const int k0 = kt * BK;
+    const bool k_ok = k0 + wch * 8 < K;
+#pragma unroll
+    for (int it = 0; it < A_ITERS; ++it) {
+      const int r = tid / CPR + it * RPP;
+      int rr;  // the row within the expert's [2 I] (gate/up) or [H] (down) rows
+      bool ok;
+      if (MODE == kGateUp) {
+        const int i = bx * (BM / 2) + (r % (BM / 2));
+        ok = i < I;
+        rr = r < BM / 2 ? i : I + i;
+      } else {
+        rr = bx * BM + r;
+        ok = rr < H;
+      }
+      ok = ok && k_ok;
+      const long long grow = (long long)tile.expert * (MODE == kGateUp ? 2 * I : H) + rr;
+      cp_async16_hint(as + swz<BK>(r, wch), ok ? p.weights + grow * K + k0 + wch * 8 : p.weights, ok, hint, wpol);
+    }
+  };
   // The down GEMM's CTAs become resident while the gate/up GEMM's last units still run (the persistent grid's
   // tail): the first pass over the ring (STAGES weight slices, the stages are free) is issued before the wait. The
   // weights are constants and the tiles come from the prep, which completed before the gate/up GEMM passed its
   // wait, before this grid could start (moe_gemm_kernels.cuh, the same argument); act is read only after the wait.
-  int prefetched = 0;  // global slices whose weight tile thread 0 issued before the wait
-  if (MODE == kDown && tid == 0) {
+  int prefetched = 0;  // global slices whose weight tile was issued before the wait (thread 0's TMA, or kCpW every
+                       // producer thread's copies)
+  if (MODE == kDown && (kCpW ? warp < 4 * NP : tid == 0)) {
     for (int u = blockIdx.x; u < units && prefetched < STAGES; u += gridDim.x) {
       const Tile tile = p.tiles[u / gx];
       if (tile.rows <= 0) continue;
-      for (int kt = 0; kt < KT && prefetched < STAGES; ++kt, ++prefetched) issue_weights(prefetched, tile, u % gx, kt);
+      for (int kt = 0; kt < KT && prefetched < STAGES; ++kt, ++prefetched) {
+        if constexpr (kCpW)
+          copy_weights(prefetched, tile, u % gx, kt);
+        else
+          issue_weights(prefetched, tile, u % gx, kt);
+      }
     }
   }
   // Every thread waits for the kernel before (x / act, the prep's tiles), then lets the next one be scheduled.
@@ -171,7 +212,11 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
         const int k0 = kt * BK;
         const bool k_ok = k0 + ch * 8 < K;
         unsigned short* bs = Bs + stage * BN * BK;
-        if (tid == 0 && slice >= prefetched) issue_weights(slice, tile, bx, kt);
+        if constexpr (kCpW) {
+          if (slice >= prefetched) copy_weights(slice, tile, bx, kt);
+        } else if (tid == 0 && slice >= prefetched) {
+          issue_weights(slice, tile, bx, kt);
+        }
 #pragma unroll
         for (int it = 0; it < B_ITERS; ++it) {
           const int n = tid / CPR + it * RPP;

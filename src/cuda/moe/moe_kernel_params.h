@@ -154,10 +154,13 @@ constexpr int kCombineNormChunks = 4;  // 8-element chunks a thread keeps for th
 // 1: each slice's MMAs complete before the ring is refilled; 2: one slice's MMAs stay in flight while the ring
 // is refilled; 3: warp-specialized and persistent (moe_gemm_ws.cuh: a producer warpgroup and two MMA warpgroups
 // behind mbarriers, one CTA an SM walking the ordinary grid; sm_90a tables only).
-template <int BM_, int BN_, int WM_, int WN_, int BK_, int STAGES_, int MINB_, int WGMMA_ = 0>
+// CPW (WGMMA 3 only): the producer warpgroups copy the weight tiles with cp.async (16-byte chunks, the same
+// 128-byte swizzle) instead of one thread's TMA boxes.
+template <int BM_, int BN_, int WM_, int WN_, int BK_, int STAGES_, int MINB_, int WGMMA_ = 0, int CPW_ = 0>
 struct GemmConfig {
   static constexpr int BM = BM_, BN = BN_, WM = WM_, WN = WN_, BK = BK_, STAGES = STAGES_, MINB = MINB_;
   static constexpr int WGMMA = WGMMA_;
+  static constexpr bool WEIGHTS_CP_ASYNC = CPW_ != 0;
   static constexpr int THREADS = WM * WN * 32;
   static constexpr int PIPE_BYTES = STAGES * (BM + BN) * BK * 2;
   // f32 accumulator tile, padded against bank conflicts; WGMMA 3 keeps it apart from the ring (the producer
@@ -199,10 +202,15 @@ using GemmCfg10 = GemmConfig<256, 128, 3, 4, 64, 4, 1, 3>;
 // the 128-row TMA pattern at gate/up's K read 4.36 TB/s as 2 x 4 stages an SM against 4.24 as 1 x 8. The default at
 // 3-12 tokens an expert since session 24 (bs 64 step -15 us, bs 128 -20 to -26; MOESERVE_MOE_WS_DECODE=9 for 9).
 using GemmCfg11 = GemmConfig<128, 32, 4, 4, 64, 4, 2, 3>;
-// Three CTAs an SM (experiment, MOESERVE_MOE_WS_DECODE=12, not yet run on a GPU): one producer warpgroup (384
-// threads) and a 3-deep ring each (~71 KB), 144 KB of weights in flight an SM in three independent streams.
-using GemmCfg12 = GemmConfig<128, 32, 3, 4, 64, 3, 3, 3>;
-constexpr int kNumGemmConfigs = 13;
+// Configuration 11 with the weight tiles copied by the producer warpgroup's cp.async instead of TMA (experiment,
+// MOESERVE_MOE_WS_DECODE=12): gpu_read_bw read 4.52 TB/s with plain loads at 4+ blocks an SM against 4.37-4.42 for
+// the TMA pattern at 2-3 CTAs an SM, and the lm_head's cp.async stream reads 4.50. (Three CTAs an SM with TMA, 3-deep
+// rings, was 12 in session 24: the layer at 64 tokens 294.5 us against 288.9, the bs 64 step 3,002.7 against 2,985.7;
+// removed.)
+using GemmCfg12 = GemmConfig<128, 32, 4, 4, 64, 4, 2, 3, 1>;
+// Configuration 9 with cp.async weight tiles (experiment, MOESERVE_MOE_WS_DECODE=13).
+using GemmCfg13 = GemmConfig<128, 64, 4, 4, 64, 8, 1, 3, 1>;
+constexpr int kNumGemmConfigs = 14;
 
 #ifndef __CUDACC_RTC__  // host-side helper; NVRTC treats unannotated functions as host code and rejects them
 struct GemmConfigInfo {
@@ -227,7 +235,8 @@ constexpr GemmConfigInfo gemm_config_info(int i) {
          : i == 9 ? gemm_config_info_of<GemmCfg9>()
          : i == 10 ? gemm_config_info_of<GemmCfg10>()
          : i == 11 ? gemm_config_info_of<GemmCfg11>()
-                   : gemm_config_info_of<GemmCfg12>();
+         : i == 12 ? gemm_config_info_of<GemmCfg12>()
+                   : gemm_config_info_of<GemmCfg13>();
 }
 #endif
 
