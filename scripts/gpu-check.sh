@@ -65,9 +65,11 @@ done
 # The fused MoE kernels once more without the warp-specialized configurations (configurations 1 and 6 are what
 # the default picks where the kernel table has no sm_90a code).
 run test_cuda_moe_ws0 ok env MOESERVE_MOE_WS=0 "$BUILD/tests/test_cuda_moe" --gtest_brief=1
-# Batched decode's warp-specialized tiles as configuration 9 (one CTA an SM, 64-token tiles; the default is 11).
+# Batched decode's warp-specialized tiles as configuration 9 (one CTA an SM, 64-token tiles, TMA weights) and 11
+# (12's shape with TMA weights; the default is 12, cp.async weights).
 run test_cuda_moe_ws_decode9 ok env MOESERVE_MOE_WS_DECODE=9 "$BUILD/tests/test_cuda_moe" --gtest_brief=1
 run test_gpu_model_ws_decode9 ok env MOESERVE_MOE_WS_DECODE=9 "$BUILD/tests/test_gpu_model" --gtest_brief=1
+run test_cuda_moe_ws_decode11 ok env MOESERVE_MOE_WS_DECODE=11 "$BUILD/tests/test_cuda_moe" --gtest_brief=1
 # The 1-token down GEMM with its last-CTA combine (MOESERVE_MOE_DOWN_GEMV=0; the default is the down GEMV + combine
 # launch) against the CPU reference: the direct-mode tests.
 run test_cuda_moe_down_gemm ok env MOESERVE_MOE_DOWN_GEMV=0 "$BUILD/tests/test_cuda_moe" --gtest_brief=1 \

@@ -92,15 +92,18 @@ double moe_small_tile_max() {
   return v;
 }
 
-// The warp-specialized configuration of batched decode (3-12 tokens an expert): 11 (two CTAs an SM, 32-token tiles),
-// or 9 (one CTA an SM, 64-token tiles) with MOESERVE_MOE_WS_DECODE=9 (A/B), or 12 / 13 (11 / 9 with cp.async weight
-// tiles, experiments, MOESERVE_MOE_WS_DECODE=12 / 13). H200, session 24, 11 against 9, same call, three rounds: the MoE layer at 64 tokens
-// 288.9-289.1 us against 292.7-293.3, 128 tokens 297.7-297.9 against 300.1-300.7; served steps bs 64
-// 2,982.8-2,986.5 against 2,996.7-3,001.9, bs 128 3,242.1-3,245.5 against 3,262.8-3,269.7.
+// The warp-specialized configuration of batched decode (3-12 tokens an expert): 12 (two CTAs an SM, 32-token tiles,
+// the weight tiles by the producers' cp.async with the L2 evict_first priority), or with MOESERVE_MOE_WS_DECODE
+// (A/B): 11 (12's shape with TMA weight tiles), 9 (one CTA an SM, 64-token tiles, TMA), 13 (9 with cp.async).
+// H200, session 24, 11 against 9, same call, three rounds: the MoE layer at 64 tokens 288.9-289.1 us against
+// 292.7-293.3, served steps bs 64 2,982.8-2,986.5 against 2,996.7-3,001.9. Session 25, 12 against 11, same call,
+// three rounds: the layer at 64 tokens 281.0-281.5 against 287.6-287.7, at 128 286.5-286.9 against 296.3; served
+// steps bs 64 2,874.0-2,876.0 against 2,964.3-2,968.3, bs 128 3,123.3-3,124.6 against 3,221.5-3,226.1 (12 without
+// the L2 hint: bs 64 2,944.3-2,946.6; 13: 2,940.6-2,941.1).
 int moe_ws_decode_config() {
   static const int c = [] {
-    const int v = int(env_int("MOESERVE_MOE_WS_DECODE", 11, 9, 13));
-    return v == 9 || v == 12 || v == 13 ? v : 11;
+    const int v = int(env_int("MOESERVE_MOE_WS_DECODE", 12, 9, 13));
+    return v == 9 || v == 11 || v == 13 ? v : 12;
   }();
   return c;
 }
@@ -323,7 +326,8 @@ void fused_run(const KernelTable& k, const MoeShape& s, const bf16* x, int T, co
   GemmParams gu{static_cast<const unsigned short*>(w.gate_up), reinterpret_cast<const unsigned short*>(x), act,
                 tiles, perm_pair, topk_weights, s.hidden, s.inter, s.top_k, direct_ids, s.num_experts,
                 nullptr, nullptr, l.num_slots};
-  gu.weight_evict_first = l2_evict_first_weights() ? 1 : 0;
+  static const bool tma_evict_first = env_flag("MOESERVE_MOE_TMA_EVICT_FIRST", false);
+  gu.weight_evict_first = l2_evict_first_weights() ? (tma_evict_first ? 3 : 1) : 0;
 
   // Direct mode's gate/up may run a configuration of its own (the same tile shape, another ring depth; A/B switch:
   // see GemmCfg7). The down GEMM keeps configuration 0 (5 stages there: 29.2 against 26.9 us at 1 token).

@@ -122,8 +122,9 @@ struct GemmParams {
   // the sum of squares of the CTA's updated residual rows (MoeBackend::run_residual).
   float* residual;                // [T, H] f32
   float* res_partials;            // [T, gridDim.x]
-  // Decode-sized tiles (configurations 0 and 7) and the down GEMV: stream the weights with the L2 evict_first
-  // priority (moe_ptx::l2_evict_first_policy; cuda/device.h l2_evict_first_weights).
+  // Bit 0: decode-sized tiles (configurations 0, 7, 12 and 13) and the down GEMV stream their weights with the L2
+  // evict_first priority (moe_ptx::l2_evict_first_policy; cuda/device.h l2_evict_first_weights). Bit 1: the
+  // warp-specialized decode configurations' TMA weight tiles too (experiment, MOESERVE_MOE_TMA_EVICT_FIRST=1).
   int weight_evict_first;
 };
 
@@ -200,13 +201,13 @@ using GemmCfg10 = GemmConfig<256, 128, 3, 4, 64, 4, 1, 3>;
 // Batched decode on the warp-specialized body with two CTAs an SM (MINB 2): 32-token tiles and a 4-deep ring each
 // (~92 KB, 64 registers), so that two independent weight streams share an SM. gpu_read_bw's tma rows (session 24):
 // the 128-row TMA pattern at gate/up's K read 4.36 TB/s as 2 x 4 stages an SM against 4.24 as 1 x 8. The default at
-// 3-12 tokens an expert since session 24 (bs 64 step -15 us, bs 128 -20 to -26; MOESERVE_MOE_WS_DECODE=9 for 9).
+// 3-12 tokens an expert in session 24 (bs 64 step -15 us against 9, bs 128 -20 to -26), then 12 (its shape with
+// cp.async weights); MOESERVE_MOE_WS_DECODE=11 for it.
 using GemmCfg11 = GemmConfig<128, 32, 4, 4, 64, 4, 2, 3>;
-// Configuration 11 with the weight tiles copied by the producer warpgroup's cp.async instead of TMA (experiment,
-// MOESERVE_MOE_WS_DECODE=12): gpu_read_bw read 4.52 TB/s with plain loads at 4+ blocks an SM against 4.37-4.42 for
-// the TMA pattern at 2-3 CTAs an SM, and the lm_head's cp.async stream reads 4.50. (Three CTAs an SM with TMA, 3-deep
-// rings, was 12 in session 24: the layer at 64 tokens 294.5 us against 288.9, the bs 64 step 3,002.7 against 2,985.7;
-// removed.)
+// Configuration 11 with the weight tiles copied by the producer warpgroup's cp.async (with the L2 evict_first
+// priority, GemmParams::weight_evict_first) instead of TMA: the default for batched decode since session 25 (H200,
+// same call: bs 64 step -92 us, bs 128 -100; without the L2 hint only -23 us at bs 64). (Three CTAs an SM with TMA,
+// 3-deep rings, was 12 in session 24: the layer at 64 tokens 294.5 us against 288.9; removed.)
 using GemmCfg12 = GemmConfig<128, 32, 4, 4, 64, 4, 2, 3, 1>;
 // Configuration 9 with cp.async weight tiles (experiment, MOESERVE_MOE_WS_DECODE=13).
 using GemmCfg13 = GemmConfig<128, 64, 4, 4, 64, 8, 1, 3, 1>;
