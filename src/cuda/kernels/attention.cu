@@ -287,10 +287,6 @@ void launch_decode_gqa(AttnParams p, dim3 grid, bool split, cudaStream_t stream)
   constexpr size_t smem = detail::gqa_smem_bytes<128>();
   static const bool prewait = env_flag("MOESERVE_ATTN_KV_PREWAIT", true);  // A/B switch
   p.kv_prewait = prewait ? 1 : 0;
-  // The keys and values with the L2 evict_first priority (experiment; read once a step, so that the step's
-  // activations stay in L2).
-  static const bool kv_evict_first = env_flag("MOESERVE_ATTN_KV_EVICT_FIRST", false);
-  p.kv_evict_first = kv_evict_first ? 1 : 0;
   // (cudaFuncSetAttribute done by decode_cluster_merge)
   if (const int stages = split ? decode_cluster_merge<FUSED_IN>(grid) : 0; stages > 0) {
     if (stages == 2)

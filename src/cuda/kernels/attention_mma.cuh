@@ -58,7 +58,6 @@ struct AttnParams {
   float* ws_lse;   // SPLIT only: [num_seqs, num_splits, heads] log2-sum-exp of the part (-inf: empty)
   int min_split_keys;  // SPLIT only: no part shorter than this (effective_splits)
   int kv_prewait;      // keys-as-M decode: issue the old keys of the prologue tiles before the programmatic wait
-  int kv_evict_first;  // decode: the cached keys and values with the L2 evict_first priority (read once a step)
   long long* phase_clocks;  // AttnMeta::phase_clocks
   // FUSED_IN only (decode with the input stage inside): q is the raw q/k/v row of the token (q heads, then k
   // heads, then v heads); q and k are RMS-normed (weights q_norm / k_norm, skipped when null) and rotated over
@@ -214,8 +213,6 @@ struct PagedKvLoader {
   const bf16* v_head;
   int64_t row_stride;
   int page_size, k_end, start, ld_ch, ld_rg;
-  bool hint;
-  uint64_t policy;
 
   __device__ __forceinline__ PagedKvLoader(const AttnParams& p, int s, int kvh, int k_end_, int start_, int tid)
       : table(p.block_tables + int64_t(s) * p.max_pages),
@@ -226,9 +223,7 @@ struct PagedKvLoader {
         k_end(k_end_),
         start(start_),
         ld_ch(tid % CPR),
-        ld_rg(tid / CPR),
-        hint(p.kv_evict_first != 0),
-        policy(p.kv_evict_first != 0 ? l2_evict_first_policy() : 0) {}
+        ld_rg(tid / CPR) {}
 
   template <int BLOCK_N>
   __device__ __forceinline__ void load(int tile_start, bf16* dk, bf16* dv, KvRows rows) const {
@@ -246,13 +241,8 @@ struct PagedKvLoader {
       const bool fresh = valid && key >= start;  // written this step
       if (rows == kAll || (rows == kCached && !fresh) || (rows == kNew && fresh)) {
         const int64_t o = valid ? (int64_t(page) * P + off) * row_stride + ld_ch * 8 : 0;
-        if (hint) {
-          cp_async_16_hint(dk + swz<D>(r, ld_ch), k_head + o, valid, policy);
-          cp_async_16_hint(dv + swz<D>(r, ld_ch), v_head + o, valid, policy);
-        } else {
-          cp_async_16(dk + swz<D>(r, ld_ch), k_head + o, valid);
-          cp_async_16(dv + swz<D>(r, ld_ch), v_head + o, valid);
-        }
+        cp_async_16(dk + swz<D>(r, ld_ch), k_head + o, valid);
+        cp_async_16(dv + swz<D>(r, ld_ch), v_head + o, valid);
       }
       ++key;
       if (++off == P) {

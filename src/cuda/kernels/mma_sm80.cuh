@@ -25,20 +25,6 @@ __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool v
                : "memory");
 }
 
-// cp_async_16 with an L2 cache policy (l2_evict_first_policy below).
-__device__ __forceinline__ void cp_async_16_hint(void* smem, const void* gmem, bool valid, uint64_t policy) {
-  const int src_bytes = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(smem_u32(smem)), "l"(gmem),
-               "r"(src_bytes), "l"(policy)
-               : "memory");
-}
-// The L2 evict_first priority for lines read once (createpolicy; sm_80+).
-__device__ __forceinline__ uint64_t l2_evict_first_policy() {
-  uint64_t p;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(p));
-  return p;
-}
-
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 
 // Waits until at most N of this thread's committed groups are still in flight.
