@@ -32,9 +32,13 @@ constexpr int kGqaKeys = 64;    // keys a tile: 16 a warp
 constexpr int kGqaStages = 3;   // K / V ring depth (two tiles in flight)
 constexpr int kGqaMaxGroup = 8;  // q heads of a kv head: the MMA's N
 
+// A block's block-table entries staged in shared memory when its keys span at most this many pages (one load of
+// them all before the prologue instead of a dependent L2 load at the head of every tile's copies).
+constexpr int kGqaStagedPages = 256;
+
 template <int D, int STAGES = kGqaStages>
 constexpr size_t gqa_smem_bytes() {
-  return size_t(kGqaMaxGroup * D + STAGES * 2 * kGqaKeys * D) * sizeof(bf16);
+  return size_t(kGqaMaxGroup * D + STAGES * 2 * kGqaKeys * D) * sizeof(bf16) + kGqaStagedPages * sizeof(int32_t);
 }
 
 // An 8 x 8 b16 matrix held one bf16x2 a lane (row lane / 4, columns 2 (lane % 4), +1), transposed.
@@ -73,6 +77,7 @@ __global__ void __launch_bounds__(128) paged_attention_decode_gqa_kernel(const A
   bf16* sQ = reinterpret_cast<bf16*>(gqa_smem_raw);  // [8][D]
   bf16* sK = sQ + kGqaMaxGroup * D;                  // [STAGES][BN][D]
   bf16* sV = sK + STAGES * BN * D;                   // [STAGES][BN][D]
+  int32_t* sTable = reinterpret_cast<int32_t*>(sV + STAGES * BN * D);  // [kGqaStagedPages]
 
   // Profiling (AttnMeta::phase_clocks, tests and benchmarks only): clock64 at 0 entry, 1 the cached keys issued,
   // 2 the input stage done (programmatic wait, q / k / v, norm, RoPE, KV store), 3 the prologue tiles landed, 4 the
@@ -112,8 +117,17 @@ __global__ void __launch_bounds__(128) paged_attention_decode_gqa_kernel(const A
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int q_row_base = p.q_rows[s];
 
-  // K / V tiles (PagedKvLoader of attention_mma.cuh).
-  const PagedKvLoader<D> kv(p, s, kvh, k_end, start, tid);
+  // K / V tiles (PagedKvLoader of attention_mma.cuh), with the block's table entries from shared memory when they
+  // fit (the table is the step's metadata upload: readable before the programmatic wait).
+  const int page0 = k_begin / p.page_size;
+  const int n_pages_blk = k_end > k_begin ? (k_end - 1) / p.page_size + 1 - page0 : 0;
+  const bool staged = n_pages_blk <= kGqaStagedPages;
+  if (staged) {
+    const int32_t* tab = p.block_tables + int64_t(s) * p.max_pages + page0;
+    for (int i = tid; i < n_pages_blk; i += 128) sTable[i] = tab[i];
+    __syncthreads();
+  }
+  const PagedKvLoader<D> kv(p, s, kvh, k_end, start, tid, staged ? sTable : nullptr, page0);
   auto load_kv = [&](int tile_start, int stage, KvRows rows) {
     kv.template load<BN>(tile_start, sK + stage * BN * D, sV + stage * BN * D, rows);
   };

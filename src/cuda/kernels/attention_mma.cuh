@@ -213,9 +213,13 @@ struct PagedKvLoader {
   const bf16* v_head;
   int64_t row_stride;
   int page_size, k_end, start, ld_ch, ld_rg;
+  int page0;  // table[i] is the entry of page page0 + i
 
-  __device__ __forceinline__ PagedKvLoader(const AttnParams& p, int s, int kvh, int k_end_, int start_, int tid)
-      : table(p.block_tables + int64_t(s) * p.max_pages),
+  // staged (optional): the sequence's block-table entries from page page0_ on, copied to shared memory by the
+  // block (a generic pointer: the dependent table load before each tile's copies is then a shared-memory one).
+  __device__ __forceinline__ PagedKvLoader(const AttnParams& p, int s, int kvh, int k_end_, int start_, int tid,
+                                           const int32_t* staged = nullptr, int page0_ = 0)
+      : table(staged != nullptr ? staged : p.block_tables + int64_t(s) * p.max_pages),
         k_head(p.k_cache + int64_t(kvh) * D),
         v_head(p.v_cache + int64_t(kvh) * D),
         row_stride(int64_t(p.kv_heads) * D),
@@ -223,7 +227,8 @@ struct PagedKvLoader {
         k_end(k_end_),
         start(start_),
         ld_ch(tid % CPR),
-        ld_rg(tid / CPR) {}
+        ld_rg(tid / CPR),
+        page0(staged != nullptr ? page0_ : 0) {}
 
   template <int BLOCK_N>
   __device__ __forceinline__ void load(int tile_start, bf16* dk, bf16* dv, KvRows rows) const {
@@ -233,7 +238,7 @@ struct PagedKvLoader {
     int key = tile_start + ld_rg * RPT;
     int page_idx = key / P;
     int off = key - page_idx * P;
-    int page = key < k_end ? table[page_idx] : 0;
+    int page = key < k_end ? table[page_idx - page0] : 0;
 #pragma unroll
     for (int j = 0; j < RPT; ++j) {
       const int r = ld_rg * RPT + j;
@@ -248,7 +253,7 @@ struct PagedKvLoader {
       if (++off == P) {
         off = 0;
         ++page_idx;
-        if (key < k_end) page = table[page_idx];
+        if (key < k_end) page = table[page_idx - page0];
       }
     }
   }
