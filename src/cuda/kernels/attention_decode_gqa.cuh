@@ -183,13 +183,17 @@ __global__ void __launch_bounds__(128) paged_attention_decode_gqa_kernel(const A
     if (wk0 < k_end) {
       const bf16* k_s = sK + stage * BN * D;
       const bf16* v_s = sV + stage * BN * D;
-      float sacc[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // S^T: keys g (+ 8) x heads 2q, 2q + 1
+      // S^T: keys g (+ 8) x heads 2q, 2q + 1, as two accumulators over the even and the odd k-steps (two chains of
+      // KSTEPS / 2 dependent MMAs instead of one of KSTEPS: a block has 4 warps, an SM 8, too few to hide the chain).
+      float sacc[4] = {0.0f, 0.0f, 0.0f, 0.0f}, sacc1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
       for (int ks = 0; ks < KSTEPS; ++ks) {
         uint32_t a[4];
         ldmatrix_x4(a, k_s + swz<D>(warp * 16 + (lane & 7) + (((lane >> 3) & 1) << 3), ks * 2 + (lane >> 4)));
-        mma_bf16_16816(sacc, a, qf[ks][0], qf[ks][1]);
+        mma_bf16_16816(ks % 2 == 0 ? sacc : sacc1, a, qf[ks][0], qf[ks][1]);
       }
+#pragma unroll
+      for (int i = 0; i < 4; ++i) sacc[i] += sacc1[i];
       const bool key_a = wk0 + g < k_end, key_b = wk0 + g + 8 < k_end;
       float alpha[2];
 #pragma unroll
