@@ -326,8 +326,7 @@ void fused_run(const KernelTable& k, const MoeShape& s, const bf16* x, int T, co
   GemmParams gu{static_cast<const unsigned short*>(w.gate_up), reinterpret_cast<const unsigned short*>(x), act,
                 tiles, perm_pair, topk_weights, s.hidden, s.inter, s.top_k, direct_ids, s.num_experts,
                 nullptr, nullptr, l.num_slots};
-  static const bool tma_evict_first = env_flag("MOESERVE_MOE_TMA_EVICT_FIRST", false);
-  gu.weight_evict_first = l2_evict_first_weights() ? (tma_evict_first ? 3 : 1) : 0;
+  gu.weight_evict_first = l2_evict_first_weights() ? 1 : 0;
 
   // Direct mode's gate/up may run a configuration of its own (the same tile shape, another ring depth; A/B switch:
   // see GemmCfg7). The down GEMM keeps configuration 0 (5 stages there: 29.2 against 26.9 us at 1 token).

@@ -371,7 +371,7 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p, char* smem) {
   // The decode tiles (BN 16, mma.sync) stream their weights with an L2 priority (GemmParams::weight_evict_first);
   // the larger tiles re-read a weight tile from several CTAs and keep the default.
   constexpr bool kHint = BN == 16 && Cfg::WGMMA == 0;
-  const bool hint = kHint && (p.weight_evict_first & 1) != 0;
+  const bool hint = kHint && p.weight_evict_first != 0;
   const unsigned long long wpol = hint ? moe_ptx::l2_evict_first_policy() : 0ull;
   auto load_a = [&](int stage, int kt) {
     const int k0 = kt * BK;
@@ -655,7 +655,7 @@ __device__ __forceinline__ void down_gemv_body(const GemmParams& p, char* smem) 
   const bool active = e >= 0 && e < p.num_experts;
   const int NS = I / SLICE;
   const unsigned short* w = p.weights + ((long long)(active ? e : 0) * H + h0) * I;
-  const bool hint = (p.weight_evict_first & 1) != 0;
+  const bool hint = p.weight_evict_first != 0;
   const unsigned long long wpol = hint ? l2_evict_first_policy() : 0ull;
   // Slice s of this warp's 16 rows: 128 16-byte chunks, 4 a lane; chunk c of row r lands at chunk c ^ (r & 7).
   auto load_slice = [&](int s) {

@@ -69,15 +69,6 @@ __device__ __forceinline__ void tma_load_2d(unsigned dst, const void* map, int c
       "l"(map), "r"(c0), "r"(c1), "r"(bar)
       : "memory");
 }
-// tma_load_2d with an L2 cache policy (createpolicy, moe_ptx::l2_evict_first_policy).
-__device__ __forceinline__ void tma_load_2d_hint(unsigned dst, const void* map, int c0, int c1, unsigned bar,
-                                                 unsigned long long policy) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, {%2, "
-      "%3}], [%4], %5;\n" ::"r"(dst),
-      "l"(map), "r"(c0), "r"(c1), "r"(bar), "l"(policy)
-      : "memory");
-}
 // Barrier among the two consumer warpgroups only (the 256 threads after the producers).
 __device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
 }  // namespace ws
@@ -113,11 +104,8 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
   constexpr int A_ITERS = kCpW ? BM / RPP : 1;
   // kCpW: the weights with the L2 evict_first priority where the host asks for it (GemmParams::weight_evict_first),
   // as the decode tiles' cp.async weights.
-  const bool hint = kCpW && (p.weight_evict_first & 1) != 0;
-  // The TMA weight tiles of the decode configurations (BN <= 64: an expert's tokens in one tile, each weight tile
-  // read once) take the same priority where the host asks for it (bit 1, experiment MOESERVE_MOE_TMA_EVICT_FIRST=1).
-  const bool tma_hint = !kCpW && BN <= 64 && (p.weight_evict_first & 2) != 0;
-  const unsigned long long wpol = hint || tma_hint ? l2_evict_first_policy() : 0ull;
+  const bool hint = kCpW && p.weight_evict_first != 0;
+  const unsigned long long wpol = hint ? l2_evict_first_policy() : 0ull;
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   if (tid == 0) {
@@ -143,14 +131,8 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
     const unsigned as = smem_addr(As + stage * BM * BK);
     const int wrow = MODE == kGateUp ? tile.expert * 2 * I + bx * (BM / 2) : tile.expert * H + bx * BM;
     ws::mbar_arrive_expect_tx(full0 + stage * 8, BM * BK * 2);
-    if (tma_hint) {
-      ws::tma_load_2d_hint(as, &p.wmap, kt * BK, wrow, full0 + stage * 8, wpol);
-      if (MODE == kGateUp)
-        ws::tma_load_2d_hint(as + BM / 2 * BK * 2, &p.wmap, kt * BK, wrow + I, full0 + stage * 8, wpol);
-    } else {
-      ws::tma_load_2d(as, &p.wmap, kt * BK, wrow, full0 + stage * 8);
-      if (MODE == kGateUp) ws::tma_load_2d(as + BM / 2 * BK * 2, &p.wmap, kt * BK, wrow + I, full0 + stage * 8);
-    }
+    ws::tma_load_2d(as, &p.wmap, kt * BK, wrow, full0 + stage * 8);
+    if (MODE == kGateUp) ws::tma_load_2d(as + BM / 2 * BK * 2, &p.wmap, kt * BK, wrow + I, full0 + stage * 8);
   };
   // kCpW: producer thread tid's chunks of the weight tile of global slice `slice` (its part of the stage's
   // `full` arrival is the thread's cp_async_arrive_noinc after its token rows). Rows past the expert's rows are
