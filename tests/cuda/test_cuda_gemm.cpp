@@ -144,6 +144,47 @@ TEST(CudaGemm, GemvMatchesCublasOnDecodeShapes) {
   }
 }
 
+// The skinny wgmma GEMM (9-128 tokens) called directly against cuBLAS with row strides above K and N (an odd ldy:
+// the scalar stores), N not a multiple of its 64-row tiles, K not a multiple of its 64-k slices, token counts on
+// both sides of each token tile (16, 32, 64, 128), and the split counts these shapes pick (1 to 8 CTAs a cluster).
+TEST(CudaGemm, SkinnyGemmMatchesCublasWithStrides) {
+  SKIP_WITHOUT_GPU();
+  if (!cuda::skinny_gemm_supported(cuda::list_devices().at(0))) GTEST_SKIP() << "no sm_90a wgmma here";
+  auto ref = prepared(std::move(cuda::make_gemm_backends().at(0)));  // cublas
+  ASSERT_TRUE(ref);
+  EXPECT_FALSE(cuda::skinny_gemm_fits(129, 2048, 2048, nullptr, nullptr));
+  EXPECT_FALSE(cuda::skinny_gemm_fits(64, 2044, 2048, nullptr, nullptr));
+  Stream st;
+  struct Shape {
+    int N, K;
+  };
+  for (Shape s : {Shape{5120, 2048}, Shape{2048, 4096}, Shape{77, 136}, Shape{130, 8}, Shape{1000, 520}}) {
+    const int ldx = s.K + 8, ldy = s.N + 3;
+    Dev<uint16_t> w(size_t(s.N) * s.K), x(size_t(128) * ldx);
+    w.upload(random_bf16(w.n, 17 + s.N));
+    x.upload(random_bf16(x.n, 19 + s.K));
+    for (int M : {9, 16, 17, 32, 33, 64, 100, 128}) {
+      for (OutType out : {OutType::F32, OutType::BF16}) {
+        const size_t elt = out == OutType::F32 ? 4 : 2;
+        Dev<uint8_t> y(size_t(M) * ldy * elt), y_ref(size_t(M) * ldy * elt);
+        y.poison();
+        y_ref.poison();
+        cuda::skinny_gemm(as_bf16(x), ldx, M, s.K, as_bf16(w), s.N, y.p, ldy, out, st.s);
+        ref->run(as_bf16(x), ldx, M, s.K, as_bf16(w), s.N, y_ref.p, ldy, out, st.s);
+        MS_CUDA_CHECK(cudaStreamSynchronize(st.s));
+        // Compare the N columns of every row (the padding past N is neither's).
+        auto pack = [&](const std::vector<uint8_t>& v) {
+          std::vector<uint8_t> r(size_t(M) * s.N * elt);
+          for (int m = 0; m < M; ++m) std::memcpy(&r[size_t(m) * s.N * elt], &v[size_t(m) * ldy * elt], s.N * elt);
+          return r;
+        };
+        ASSERT_TRUE(same_products(pack(y.download()), pack(y_ref.download()), M, s.N, out,
+                                  fmt::format("N={} K={} M={} skinny against cuBLAS", s.N, s.K, M)));
+      }
+    }
+  }
+}
+
 // The streaming kernel for vocabulary-sized W (gemv_stream: persistent warps, rings across row blocks) against
 // cuBLAS: the lm_head shapes of the served models, shapes whose row blocks do not split evenly over the warps, with
 // fewer row blocks than warps, a last row block cut short and K not a multiple of the 64-k slice; x with a row

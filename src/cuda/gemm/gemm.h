@@ -1,7 +1,7 @@
 // Dense GEMM on the GPU: y[M, N] = x[M, K] . W[N, K]^T, x and W BF16 row-major (W as stored in the
 // checkpoint: [out_features, in_features]), y BF16 or F32, f32 accumulation. Backends: cuBLAS (cublasGemmEx),
-// cuBLASLt (heuristic algorithm per shape, cached) and gemv (bandwidth-bound tensor-core kernels for decode,
-// M <= 8, cuBLASLt above). Graph-capturable: workspaces are fixed in prepare(). FP8 / NVFP4 weights will join
+// cuBLASLt (heuristic algorithm per shape, cached) and gemv (bandwidth-bound tensor-core kernels for decode:
+// M <= 8 on mma.sync, 9-128 on sm_90a wgmma (the skinny GEMM), cuBLASLt above). Graph-capturable: workspaces are fixed in prepare(). FP8 / NVFP4 weights will join
 // as further formats whose run() also takes scale pointers (cuBLASLt's A/B scale attributes).
 #pragma once
 
@@ -51,6 +51,18 @@ void gemv_stream(const bf16* x, int64_t ldx, int M, int K, const bf16* W, int N,
 // K % 4 == 0, 16-byte aligned residual, 8-byte aligned norm_w): a decode step's final norm inside the lm_head launch.
 void gemv_stream_norm_in(const float* residual, const float* partials, int nparts, const bf16* norm_w, float eps,
                          int M, int K, const bf16* W, int N, void* y, int64_t ldy, OutType out, cudaStream_t stream);
+
+// y = x W^T for 9-128 tokens on sm_90a warpgroup MMA (gemm_skinny.cu): weight rows as the MMA's M, the tokens as
+// its N, the weight slices issued before the programmatic wait, split-K over a thread-block cluster reduced through
+// distributed shared memory. The gemv backend sends 8 < M <= kSkinnyMaxM here (MOESERVE_GEMM_SKINNY=0: cuBLASLt as
+// before). Needs K % 8 == 0, ldx % 8 == 0 and 16-byte aligned x and W; supported: the device is sm_90 and the binary
+// holds the kernels' code.
+constexpr int kSkinnyMaxM = 128;
+bool skinny_gemm_enabled();
+bool skinny_gemm_supported(const DeviceInfo& dev);
+bool skinny_gemm_fits(int M, int K, int64_t ldx, const void* x, const void* W);
+void skinny_gemm(const bf16* x, int64_t ldx, int M, int K, const bf16* W, int N, void* y, int64_t ldy, OutType out,
+                 cudaStream_t stream);
 
 // A decode step's residual add + RMSNorm fused into the GEMV that consumes it (M <= kNormGemvMaxM tokens,
 // K <= 4096, K % 8 == 0):

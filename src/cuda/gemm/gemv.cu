@@ -645,9 +645,9 @@ class GemvBackend final : public GemmBackend {
     spec_.formats = {"bf16"};
     spec_.capturable = true;
     spec_.summary = fmt::format(
-        "bandwidth-bound tensor-core kernels for M <= {} (W read once with 16-byte loads), cuBLASLt above and for "
-        "vocabulary-sized W",
-        kernel_max_m);
+        "bandwidth-bound tensor-core kernels for M <= {} (W read once with 16-byte loads) and, on sm_90a, wgmma "
+        "kernels for 9-{} tokens; cuBLASLt above",
+        kernel_max_m, kSkinnyMaxM);
   }
   ~GemvBackend() override {
     if (scratch_) cudaFree(scratch_);
@@ -692,6 +692,8 @@ class GemvBackend final : public GemmBackend {
       scratch_ = static_cast<float*>(p);
     }
     multiprocessors_ = std::max(1, dev.multiprocessors);
+    skinny_ = skinny_gemm_enabled() && skinny_gemm_supported(dev);
+    if (skinny_) code += ", wgmma kernels for 9-" + std::to_string(kSkinnyMaxM) + " tokens";
     prepared_ = true;
     return "";
   }
@@ -702,6 +704,9 @@ class GemvBackend final : public GemmBackend {
     MS_CHECK(M >= 0 && N >= 0 && K >= 0 && ldx >= K && ldy >= N, "bad GEMM arguments M={} N={} K={} ldx={} ldy={}",
              M, N, K, ldx, ldy);
     if (M == 0 || N == 0) return;
+    // 9-128 tokens: the skinny wgmma GEMM (weights streamed once at full bandwidth, before the programmatic wait).
+    if (skinny_ && M > kTokens && M <= kSkinnyMaxM && skinny_gemm_fits(M, K, ldx, x, W))
+      return skinny_gemm(x, ldx, M, K, W, N, y, ldy, out, stream);
     const int64_t token_groups = ceil_div(M, kTokens);
     // W over MOESERVE_GEMV_MAX_WEIGHT_MB (default 128 MiB; 0: no limit), i.e. an lm_head, goes to cuBLASLt, which
     // streams it faster (H200, 151,936 x 2,048: 143.5 us against 151.0 at 1 token, 146.6 against 176.2 at 8); the
@@ -756,6 +761,7 @@ class GemvBackend final : public GemmBackend {
   double max_weight_bytes_;
   std::unique_ptr<GemmBackend> fallback_;
   bool prepared_ = false;
+  bool skinny_ = false;  // 8 < M <= kSkinnyMaxM on the skinny wgmma GEMM (sm_90 with its code, switch on)
   float* scratch_ = nullptr;  // kSplitScratchFloats floats, from prepare() (thresholds above kTokens only)
   int multiprocessors_ = 1;
 };

@@ -119,7 +119,7 @@ __device__ __forceinline__ void wgmma_wait() {
 // (async proxy); a barrier after it covers the other threads' writes.
 __device__ __forceinline__ void fence_proxy_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 // d (64 x N f32, the warpgroup's accumulator: warp w holds rows 16w + lane/4 (+8), columns 8j + 2(lane%4) (+1) in
-// d[4j .. 4j+3]) += A (64 x 16, K-major, descriptor) * B (N x 16, K-major, descriptor)^T, for N = 128 and 64.
+// d[4j .. 4j+3]) += A (64 x 16, K-major, descriptor) * B (N x 16, K-major, descriptor)^T, for N = 128, 64, 32, 16.
 __device__ __forceinline__ void wgmma_m64nk16_bf16(float (&d)[64], unsigned long long a_desc,
                                                    unsigned long long b_desc) {
   asm volatile(
@@ -142,6 +142,14 @@ __device__ __forceinline__ void wgmma_m64nk16_bf16(float (&d)[16], unsigned long
       "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "l"(a_desc), "l"(b_desc), "r"(1));
+}
+__device__ __forceinline__ void wgmma_m64nk16_bf16(float (&d)[8], unsigned long long a_desc,
+                                                   unsigned long long b_desc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
       : "l"(a_desc), "l"(b_desc), "r"(1));
 }
 #endif

@@ -1,0 +1,290 @@
+// Dense GEMMs of 9-128 tokens on sm_90a warpgroup MMA (wgmma): batched decode's q/k/v, o_proj, router and lm_head
+// projections, and short prompts. At these token counts the GEMM still reads its weights once and does little
+// math per byte, but cuBLASLt's tiles leave the H200's bandwidth idle (bs 64 step, session 21: q/k/v 21 MB in
+// 7.7-9.5 us, o_proj 16.8 MB in 7.7-8.2 us + a 1.8 us split-K reduce: 2.1-2.7 TB/s against 4.5), and as a
+// library kernel it cannot start its weight stream during the kernel before it.
+//
+// Layout ("swap AB", as the MoE tiles): weight rows are the MMA's M (64 a CTA, one m64 wgmma), tokens its N (BN =
+// 16, 32, 64 or 128, the token count rounded up), K in 64-element slices of 128-byte rows with the 128-byte swizzle
+// (chunk c of row r at chunk c ^ (r % 8)). One warpgroup a CTA: every thread copies its chunks of the weight and
+// token slices with cp.async into a STAGES-deep ring, then the warpgroup runs the slice's four k16 MMAs with one
+// slice's MMAs in flight.
+// Programmatic dependent launch: the first STAGES - 1 weight slices (constants) are issued before the wait, the token
+// rows (written by the kernel before) after it.
+// Split-K: blockIdx.x is the CTA's share of K (kb_per_split slices), and the splits of a row tile form one thread-block
+// cluster (at most 8): each CTA leaves its f32 tile in its shared memory, and after a cluster barrier each adds its
+// 1/S of the tile over the S CTAs in split order through distributed shared memory (deterministic; no scratch
+// buffer, no reduce launch) and stores it.
+#include <cooperative_groups.h>
+
+#include <algorithm>
+
+#include "core/env.h"
+#include "cuda/device.h"
+#include "cuda/gemm/gemm.h"
+#include "cuda/launch.h"
+#include "cuda/moe/moe_ptx.cuh"
+#include "cuda/pdl.cuh"
+
+namespace moeserve::cuda {
+namespace {
+
+constexpr int kSkRows = 64;        // weight rows a CTA: the wgmma's M
+constexpr int kSkBK = 64;          // k elements a slice: one 128-byte swizzled row
+constexpr int kSkThreads = 128;    // one warpgroup
+constexpr int kSkMaxSplits = 8;    // the portable cluster size
+constexpr int kSkLdc = kSkRows + 4;  // f32 tile row pitch: the fragment stores hit 32 distinct banks
+
+struct SkinnyArgs {
+  const bf16* x;
+  int64_t ldx;
+  int M, K;
+  const bf16* W;
+  int N;
+  void* y;
+  int64_t ldy;
+  int kb_per_split;  // k slices of each split (the last may have fewer, never none)
+  int evict_first;   // the weight stream with the L2 evict_first priority (l2_evict_first_weights)
+  int vec_out;       // y and ldy let 4 consecutive outputs store as one vector
+};
+
+// A ring of ~96 KB, so that two CTAs share an SM and keep 48-144 KB of weights in flight on it.
+template <int BN>
+constexpr int skinny_stages() {
+  return BN == 16 ? 10 : BN == 32 ? 8 : BN == 64 ? 6 : 4;
+}
+template <int BN>
+constexpr size_t skinny_smem_bytes() {
+  return 1024 + size_t(skinny_stages<BN>()) * (kSkRows + BN) * kSkBK * 2;  // + the 1024-byte alignment
+}
+
+__device__ __forceinline__ int skinny_swz(int row, int chunk) { return row * kSkBK + ((chunk ^ (row & 7)) << 3); }
+
+template <typename OutT>
+__device__ __forceinline__ void store_out(OutT* y, int n, int N, bool vec, const float (&v)[4]) {
+  if constexpr (sizeof(OutT) == 4) {
+    if (vec && n + 3 < N) {
+      *reinterpret_cast<float4*>(y + n) = make_float4(v[0], v[1], v[2], v[3]);
+      return;
+    }
+  } else {
+    if (vec && n + 3 < N) {
+      uint2 p;
+      p.x = moe_ptx::pack_bf16x2(v[0], v[1]);
+      p.y = moe_ptx::pack_bf16x2(v[2], v[3]);
+      *reinterpret_cast<uint2*>(y + n) = p;
+      return;
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+    if (n + j < N) y[n + j] = OutT(v[j]);
+}
+
+template <int BN, typename OutT>
+__global__ void __launch_bounds__(kSkThreads) skinny_gemm_kernel(SkinnyArgs a) {
+#if MOE_HAVE_WGMMA
+  using namespace moe_ptx;
+  constexpr int STAGES = skinny_stages<BN>();
+  constexpr int CPR = kSkBK / 8;            // 16-byte chunks a row
+  constexpr int RPP = kSkThreads / CPR;     // rows one pass of the threads covers
+  constexpr int A_IT = kSkRows / RPP, B_IT = BN / RPP;
+  static_assert(B_IT >= 1 && BN % 16 == 0, "token tiles of 16, 32, 64 or 128");
+  static_assert(BN * kSkLdc * 4 <= STAGES * (kSkRows + BN) * kSkBK * 2, "the f32 tile reuses the ring");
+  extern __shared__ __align__(16) char smem_raw[];
+  char* smem = align_smem(smem_raw, 1024);
+  auto* As = reinterpret_cast<unsigned short*>(smem);  // [STAGES][64][64]
+  auto* Bs = As + STAGES * kSkRows * kSkBK;            // [STAGES][BN][64]
+  const int tid = threadIdx.x, ch = tid % CPR;
+  const int n0 = int(blockIdx.y) * kSkRows;
+  const int KB = (a.K + kSkBK - 1) / kSkBK;
+  const int kb0 = int(blockIdx.x) * a.kb_per_split;
+  const int nk = min(KB, kb0 + a.kb_per_split) - kb0;
+  const bool hint = a.evict_first != 0;
+  const unsigned long long pol = hint ? l2_evict_first_policy() : 0ull;
+  const auto* W = reinterpret_cast<const unsigned short*>(a.W);
+  const auto* X = reinterpret_cast<const unsigned short*>(a.x);
+
+  auto load_a = [&](int stage, int kb) {
+    const int k = kb * kSkBK + ch * 8;
+    unsigned short* as = As + stage * kSkRows * kSkBK;
+#pragma unroll
+    for (int it = 0; it < A_IT; ++it) {
+      const int r = tid / CPR + it * RPP;
+      const bool ok = n0 + r < a.N && k < a.K;
+      cp_async16_hint(as + skinny_swz(r, ch), ok ? W + int64_t(n0 + r) * a.K + k : W, ok, hint, pol);
+    }
+  };
+  auto load_b = [&](int stage, int kb) {
+    const int k = kb * kSkBK + ch * 8;
+    unsigned short* bs = Bs + stage * BN * kSkBK;
+#pragma unroll
+    for (int it = 0; it < B_IT; ++it) {
+      const int t = tid / CPR + it * RPP;
+      const bool ok = t < a.M && k < a.K;
+      cp_async16(bs + skinny_swz(t, ch), ok ? X + int64_t(t) * a.ldx + k : X, ok);
+    }
+  };
+
+  // The weight slices before the wait (group 0 holds them and token slice 0; group s token slice s).
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s)
+    if (s < nk) load_a(s, kb0 + s);
+  pdl_wait();
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < nk) load_b(s, kb0 + s);
+    cp_async_commit();
+  }
+  pdl_launch_dependents();
+
+  float d[BN / 2];
+#pragma unroll
+  for (int i = 0; i < BN / 2; ++i) d[i] = 0.0f;
+  const unsigned a_base = smem_addr(As), b_base = smem_addr(Bs);
+#pragma unroll 1
+  for (int i = 0; i < nk; ++i) {
+    cp_async_wait<STAGES - 2>();  // this thread's copies of slice i have landed...
+    fence_proxy_async_smem();     // ...are visible to wgmma's (async proxy) reads...
+    __syncthreads();              // ...and so are everyone's
+    const int st = i % STAGES;
+    const unsigned a_st = a_base + unsigned(st * kSkRows * kSkBK * 2), b_st = b_base + unsigned(st * BN * kSkBK * 2);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kSkBK / 16; ++kk)
+      wgmma_m64nk16_bf16(d, wgmma_desc_sw128(a_st + kk * 32), wgmma_desc_sw128(b_st + kk * 32));
+    wgmma_commit();
+    wgmma_wait<1>();  // slice i - 1's MMAs are done (slice i's may still run)...
+    __syncthreads();  // ...in every warp: its stage may be refilled
+    const int nx = i + STAGES - 1;
+    if (nx < nk) load_a(nx % STAGES, kb0 + nx), load_b(nx % STAGES, kb0 + nx);
+    cp_async_commit();
+  }
+  wgmma_wait<0>();
+  cp_async_wait<0>();
+  __syncthreads();  // the ring becomes the f32 tile cs [BN tokens][kSkLdc]
+
+  float* cs = reinterpret_cast<float*>(smem);
+  {
+    const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, tig = lane & 3, m = warp * 16 + g;
+#pragma unroll
+    for (int jn = 0; jn < BN / 8; ++jn) {
+      const int n = jn * 8 + tig * 2;
+      cs[n * kSkLdc + m] = d[4 * jn];
+      cs[(n + 1) * kSkLdc + m] = d[4 * jn + 1];
+      cs[n * kSkLdc + m + 8] = d[4 * jn + 2];
+      cs[(n + 1) * kSkLdc + m + 8] = d[4 * jn + 3];
+    }
+  }
+  // Quads of 4 consecutive rows of one token: 16 a token row. Split s of S stores quads [s Q / S, (s + 1) Q / S).
+  namespace cg = cooperative_groups;
+  const int S = int(gridDim.x);
+  constexpr int Q = BN * (kSkRows / 4);
+  const int q0 = int(blockIdx.x) * Q / S, q1 = (int(blockIdx.x) + 1) * Q / S;
+  cg::cluster_group cluster = cg::this_cluster();
+  if (S > 1)
+    cluster.sync();  // every split's tile in its shared memory
+  else
+    __syncthreads();
+  OutT* y = static_cast<OutT*>(a.y);
+  for (int q = q0 + tid; q < q1; q += kSkThreads) {
+    const int t = q / (kSkRows / 4), r = (q % (kSkRows / 4)) * 4;
+    if (t >= a.M) continue;
+    float v[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int s = 0; s < S; ++s) {  // in split order: the same sums whatever CTA stores them
+      const float* src = S > 1 ? cluster.map_shared_rank(cs, unsigned(s)) : cs;
+      const float4 p = *reinterpret_cast<const float4*>(src + t * kSkLdc + r);
+      v[0] += p.x, v[1] += p.y, v[2] += p.z, v[3] += p.w;
+    }
+    store_out(y + int64_t(t) * a.ldy, n0 + r, a.N, a.vec_out != 0, v);
+  }
+  if (S > 1) cluster.sync();  // no CTA leaves while another still reads its shared memory
+#else
+  (void)a;  // never launched: skinny_gemm_supported() is false without sm_90a code
+#endif
+}
+
+// Splits of K: the count in {1, 2, 4, 8} (at most the slices) that minimizes the slices the busiest SM streams,
+// ceil(CTAs / SMs) x slices a split; ties go to more splits while the CTAs do not fill two an SM, else to fewer.
+int skinny_splits(int N, int K, int sms) {
+  const int tiles = (N + kSkRows - 1) / kSkRows, kb = (K + kSkBK - 1) / kSkBK;
+  int best = 1;
+  int64_t best_cost = INT64_MAX;
+  for (int s = 1; s <= kSkMaxSplits && s <= kb; s *= 2) {
+    const int64_t ctas = int64_t(tiles) * s, per = (kb + s - 1) / s;
+    const int64_t cost = (ctas + sms - 1) / sms * per;
+    if (cost < best_cost || (cost == best_cost && int64_t(tiles) * best < 2 * int64_t(sms))) best = s, best_cost = cost;
+  }
+  return best;
+}
+
+template <int BN, typename OutT>
+void launch_skinny(const SkinnyArgs& a, int splits, cudaStream_t stream) {
+  auto* kernel = skinny_gemm_kernel<BN, OutT>;
+  constexpr size_t smem = skinny_smem_bytes<BN>();
+  MS_CHECK(raise_dynamic_smem(reinterpret_cast<const void*>(kernel), smem),
+           "skinny GEMM: the device refuses {} bytes of shared memory", smem);
+  const dim3 grid(unsigned(splits), unsigned((a.N + kSkRows - 1) / kSkRows));
+  if (splits > 1)
+    launch_pdl_cluster(kernel, grid, dim3(kSkThreads), smem, stream, unsigned(splits), a);
+  else
+    launch_pdl(kernel, grid, dim3(kSkThreads), smem, stream, a);
+}
+
+template <typename OutT>
+void launch_skinny_bn(const SkinnyArgs& a, int splits, cudaStream_t stream) {
+  if (a.M <= 16) return launch_skinny<16, OutT>(a, splits, stream);
+  if (a.M <= 32) return launch_skinny<32, OutT>(a, splits, stream);
+  if (a.M <= 64) return launch_skinny<64, OutT>(a, splits, stream);
+  launch_skinny<128, OutT>(a, splits, stream);
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+}  // namespace
+
+bool skinny_gemm_enabled() {
+  static const bool on = env_flag("MOESERVE_GEMM_SKINNY", true);
+  return on;
+}
+
+bool skinny_gemm_supported(const DeviceInfo& dev) {
+  if (sm_version(dev) != 90) return false;
+  for (const void* k : {reinterpret_cast<const void*>(skinny_gemm_kernel<16, bf16>),
+                        reinterpret_cast<const void*>(skinny_gemm_kernel<32, bf16>),
+                        reinterpret_cast<const void*>(skinny_gemm_kernel<64, bf16>),
+                        reinterpret_cast<const void*>(skinny_gemm_kernel<128, bf16>),
+                        reinterpret_cast<const void*>(skinny_gemm_kernel<16, float>),
+                        reinterpret_cast<const void*>(skinny_gemm_kernel<32, float>),
+                        reinterpret_cast<const void*>(skinny_gemm_kernel<64, float>),
+                        reinterpret_cast<const void*>(skinny_gemm_kernel<128, float>)})
+    if (!check_kernel_present(k, dev).empty()) return false;
+  return true;
+}
+
+bool skinny_gemm_fits(int M, int K, int64_t ldx, const void* x, const void* W) {
+  return M >= 1 && M <= kSkinnyMaxM && K > 0 && K % 8 == 0 && ldx >= K && ldx % 8 == 0 && aligned16(x) &&
+         aligned16(W);
+}
+
+void skinny_gemm(const bf16* x, int64_t ldx, int M, int K, const bf16* W, int N, void* y, int64_t ldy, OutType out,
+                 cudaStream_t stream) {
+  MS_CHECK(skinny_gemm_fits(M, K, ldx, x, W) && N > 0 && ldy >= N,
+           "skinny GEMM: M {} K {} N {} ldx {} ldy {} do not fit (M <= {}, K % 8 == 0, 16-byte aligned x and W)", M,
+           K, N, ldx, ldy, kSkinnyMaxM);
+  MS_CHECK((int64_t(N) + kSkRows - 1) / kSkRows <= 65535, "skinny GEMM: N {} has too many row tiles", N);
+  static const int sms = current_device_multiprocessors();
+  const int splits = skinny_splits(N, K, sms);
+  const int kb = (K + kSkBK - 1) / kSkBK;
+  SkinnyArgs a{x, ldx, M, K, W, N, y, ldy, (kb + splits - 1) / splits, l2_evict_first_weights() ? 1 : 0, 0};
+  const size_t elt = out == OutType::F32 ? 4 : 2;
+  a.vec_out = (reinterpret_cast<uintptr_t>(y) % (4 * elt)) == 0 && ldy % 4 == 0;
+  // No empty split: the splits cover kb slices with kb_per_split each (the last one fewer).
+  const int used = (kb + a.kb_per_split - 1) / a.kb_per_split;
+  if (out == OutType::F32)
+    launch_skinny_bn<float>(a, used, stream);
+  else
+    launch_skinny_bn<bf16>(a, used, stream);
+}
+
+}  // namespace moeserve::cuda
