@@ -48,14 +48,18 @@ struct SkinnyArgs {
   int vec_out;       // y and ldy let 4 consecutive outputs store as one vector
 };
 
-// A ring of ~96 KB, so that two CTAs share an SM and keep 48-144 KB of weights in flight on it.
+// The ring and the f32 tile in at most ~113 KB, so that two CTAs share an SM (64-144 KB of weights in flight on it).
 template <int BN>
 constexpr int skinny_stages() {
-  return BN == 16 ? 10 : BN == 32 ? 8 : BN == 64 ? 6 : 4;
+  return BN == 16 ? 10 : BN == 32 ? 8 : BN == 64 ? 5 : 3;
+}
+template <int BN>
+constexpr size_t skinny_ring_bytes() {
+  return size_t(skinny_stages<BN>()) * (kSkRows + BN) * kSkBK * 2;
 }
 template <int BN>
 constexpr size_t skinny_smem_bytes() {
-  return 1024 + size_t(skinny_stages<BN>()) * (kSkRows + BN) * kSkBK * 2;  // + the 1024-byte alignment
+  return 1024 + skinny_ring_bytes<BN>() + size_t(BN) * kSkLdc * 4;  // + the ring's 1024-byte alignment
 }
 
 __device__ __forceinline__ int skinny_swz(int row, int chunk) { return row * kSkBK + ((chunk ^ (row & 7)) << 3); }
@@ -81,6 +85,10 @@ __device__ __forceinline__ void store_out(OutT* y, int n, int N, bool vec, const
     if (n + j < N) y[n + j] = OutT(v[j]);
 }
 
+// CTA (s, g) of the (S, G) grid takes split s (slices [s kb_per_split, ...)) of row tiles g, g + G, g + 2 G, ...:
+// persistent, its ring running on across its tiles, so that each CTA streams its whole share in one wave (short CTAs
+// paid their DRAM latency and cluster barriers once per ~32 KB: 13-17 us for q/k/v at 16-64 tokens, H200). The S
+// CTAs of a cluster take the same tiles in the same order, so their per-tile reductions meet.
 template <int BN, typename OutT>
 __global__ void __launch_bounds__(kSkThreads) skinny_gemm_kernel(SkinnyArgs a) {
 #if MOE_HAVE_WGMMA
@@ -90,24 +98,27 @@ __global__ void __launch_bounds__(kSkThreads) skinny_gemm_kernel(SkinnyArgs a) {
   constexpr int RPP = kSkThreads / CPR;     // rows one pass of the threads covers
   constexpr int A_IT = kSkRows / RPP, B_IT = BN / RPP;
   static_assert(B_IT >= 1 && BN % 16 == 0, "token tiles of 16, 32, 64 or 128");
-  static_assert(BN * kSkLdc * 4 <= STAGES * (kSkRows + BN) * kSkBK * 2, "the f32 tile reuses the ring");
   extern __shared__ __align__(16) char smem_raw[];
   char* smem = align_smem(smem_raw, 1024);
-  auto* As = reinterpret_cast<unsigned short*>(smem);  // [STAGES][64][64]
-  auto* Bs = As + STAGES * kSkRows * kSkBK;            // [STAGES][BN][64]
+  auto* As = reinterpret_cast<unsigned short*>(smem);                  // [STAGES][64][64]
+  auto* Bs = As + STAGES * kSkRows * kSkBK;                            // [STAGES][BN][64]
+  float* cs = reinterpret_cast<float*>(smem + skinny_ring_bytes<BN>());  // [BN tokens][kSkLdc] the tile's sums
   const int tid = threadIdx.x, ch = tid % CPR;
-  const int n0 = int(blockIdx.y) * kSkRows;
+  const int tiles = (a.N + kSkRows - 1) / kSkRows, G = int(gridDim.y), g = int(blockIdx.y);
+  const int units = g < tiles ? (tiles - g + G - 1) / G : 0;  // the same for the CTAs of a cluster
   const int KB = (a.K + kSkBK - 1) / kSkBK;
   const int kb0 = int(blockIdx.x) * a.kb_per_split;
   const int nk = min(KB, kb0 + a.kb_per_split) - kb0;
+  const int total = units * nk;  // slices this CTA streams, over all its tiles
   const bool hint = a.evict_first != 0;
   const unsigned long long pol = hint ? l2_evict_first_policy() : 0ull;
   const auto* W = reinterpret_cast<const unsigned short*>(a.W);
   const auto* X = reinterpret_cast<const unsigned short*>(a.x);
 
-  auto load_a = [&](int stage, int kb) {
-    const int k = kb * kSkBK + ch * 8;
-    unsigned short* as = As + stage * kSkRows * kSkBK;
+  // Slice j: row tile g + (j / nk) G, k slice kb0 + j % nk, into stage j % STAGES.
+  auto load_a = [&](int j) {
+    const int n0 = (g + (j / nk) * G) * kSkRows, k = (kb0 + j % nk) * kSkBK + ch * 8;
+    unsigned short* as = As + (j % STAGES) * kSkRows * kSkBK;
 #pragma unroll
     for (int it = 0; it < A_IT; ++it) {
       const int r = tid / CPR + it * RPP;
@@ -115,9 +126,9 @@ __global__ void __launch_bounds__(kSkThreads) skinny_gemm_kernel(SkinnyArgs a) {
       cp_async16_hint(as + skinny_swz(r, ch), ok ? W + int64_t(n0 + r) * a.K + k : W, ok, hint, pol);
     }
   };
-  auto load_b = [&](int stage, int kb) {
-    const int k = kb * kSkBK + ch * 8;
-    unsigned short* bs = Bs + stage * BN * kSkBK;
+  auto load_b = [&](int j) {
+    const int k = (kb0 + j % nk) * kSkBK + ch * 8;
+    unsigned short* bs = Bs + (j % STAGES) * BN * kSkBK;
 #pragma unroll
     for (int it = 0; it < B_IT; ++it) {
       const int t = tid / CPR + it * RPP;
@@ -126,47 +137,50 @@ __global__ void __launch_bounds__(kSkThreads) skinny_gemm_kernel(SkinnyArgs a) {
     }
   };
 
-  // The weight slices before the wait (group 0 holds them and token slice 0; group s token slice s).
+  // The weight slices before the wait (group 0 holds them and token slice 0; group j token slice j).
 #pragma unroll
-  for (int s = 0; s < STAGES - 1; ++s)
-    if (s < nk) load_a(s, kb0 + s);
+  for (int j = 0; j < STAGES - 1; ++j)
+    if (j < total) load_a(j);
   pdl_wait();
 #pragma unroll
-  for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < nk) load_b(s, kb0 + s);
+  for (int j = 0; j < STAGES - 1; ++j) {
+    if (j < total) load_b(j);
     cp_async_commit();
   }
   pdl_launch_dependents();
 
+  namespace cg = cooperative_groups;
+  const int S = int(gridDim.x);
+  cg::cluster_group cluster = cg::this_cluster();
+  constexpr int Q = BN * (kSkRows / 4);  // quads of 4 consecutive rows of one token
+  const int q0 = int(blockIdx.x) * Q / S, q1 = (int(blockIdx.x) + 1) * Q / S;  // this split's share of the stores
+  OutT* y = static_cast<OutT*>(a.y);
+  const int warp = tid >> 5, lane = tid & 31, m = warp * 16 + (lane >> 2), tig = lane & 3;
   float d[BN / 2];
 #pragma unroll
   for (int i = 0; i < BN / 2; ++i) d[i] = 0.0f;
   const unsigned a_base = smem_addr(As), b_base = smem_addr(Bs);
 #pragma unroll 1
-  for (int i = 0; i < nk; ++i) {
-    cp_async_wait<STAGES - 2>();  // this thread's copies of slice i have landed...
+  for (int j = 0; j < total; ++j) {
+    cp_async_wait<STAGES - 2>();  // this thread's copies of slice j have landed...
     fence_proxy_async_smem();     // ...are visible to wgmma's (async proxy) reads...
     __syncthreads();              // ...and so are everyone's
-    const int st = i % STAGES;
+    const int st = j % STAGES;
     const unsigned a_st = a_base + unsigned(st * kSkRows * kSkBK * 2), b_st = b_base + unsigned(st * BN * kSkBK * 2);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kSkBK / 16; ++kk)
       wgmma_m64nk16_bf16(d, wgmma_desc_sw128(a_st + kk * 32), wgmma_desc_sw128(b_st + kk * 32));
     wgmma_commit();
-    wgmma_wait<1>();  // slice i - 1's MMAs are done (slice i's may still run)...
+    wgmma_wait<1>();  // slice j - 1's MMAs are done (slice j's may still run)...
     __syncthreads();  // ...in every warp: its stage may be refilled
-    const int nx = i + STAGES - 1;
-    if (nx < nk) load_a(nx % STAGES, kb0 + nx), load_b(nx % STAGES, kb0 + nx);
+    const int nx = j + STAGES - 1;
+    if (nx < total) load_a(nx), load_b(nx);
     cp_async_commit();
-  }
-  wgmma_wait<0>();
-  cp_async_wait<0>();
-  __syncthreads();  // the ring becomes the f32 tile cs [BN tokens][kSkLdc]
+    if ((j + 1) % nk != 0) continue;
 
-  float* cs = reinterpret_cast<float*>(smem);
-  {
-    const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, tig = lane & 3, m = warp * 16 + g;
+    // The tile's last slice: its sums through cs (the ring's next slices keep landing meanwhile).
+    wgmma_wait<0>();
 #pragma unroll
     for (int jn = 0; jn < BN / 8; ++jn) {
       const int n = jn * 8 + tig * 2;
@@ -174,69 +188,74 @@ __global__ void __launch_bounds__(kSkThreads) skinny_gemm_kernel(SkinnyArgs a) {
       cs[(n + 1) * kSkLdc + m] = d[4 * jn + 1];
       cs[n * kSkLdc + m + 8] = d[4 * jn + 2];
       cs[(n + 1) * kSkLdc + m + 8] = d[4 * jn + 3];
+      d[4 * jn] = d[4 * jn + 1] = d[4 * jn + 2] = d[4 * jn + 3] = 0.0f;
     }
-  }
-  // Quads of 4 consecutive rows of one token: 16 a token row. Split s of S stores quads [s Q / S, (s + 1) Q / S).
-  namespace cg = cooperative_groups;
-  const int S = int(gridDim.x);
-  constexpr int Q = BN * (kSkRows / 4);
-  const int q0 = int(blockIdx.x) * Q / S, q1 = (int(blockIdx.x) + 1) * Q / S;
-  cg::cluster_group cluster = cg::this_cluster();
-  if (S > 1)
-    cluster.sync();  // every split's tile in its shared memory
-  else
-    __syncthreads();
-  OutT* y = static_cast<OutT*>(a.y);
-  for (int q = q0 + tid; q < q1; q += kSkThreads) {
-    const int t = q / (kSkRows / 4), r = (q % (kSkRows / 4)) * 4;
-    if (t >= a.M) continue;
-    float v[4] = {0.f, 0.f, 0.f, 0.f};
-    for (int s = 0; s < S; ++s) {  // in split order: the same sums whatever CTA stores them
-      const float* src = S > 1 ? cluster.map_shared_rank(cs, unsigned(s)) : cs;
-      const float4 p = *reinterpret_cast<const float4*>(src + t * kSkLdc + r);
-      v[0] += p.x, v[1] += p.y, v[2] += p.z, v[3] += p.w;
+    if (S > 1)
+      cluster.sync();  // every split's sums of this tile in its shared memory
+    else
+      __syncthreads();
+    const int n0 = (g + (j / nk) * G) * kSkRows;
+    for (int q = q0 + tid; q < q1; q += kSkThreads) {
+      const int t = q / (kSkRows / 4), r = (q % (kSkRows / 4)) * 4;
+      if (t >= a.M) continue;
+      float v[4] = {0.f, 0.f, 0.f, 0.f};
+      for (int s = 0; s < S; ++s) {  // in split order: the same sums whatever CTA stores them
+        const float* src = S > 1 ? cluster.map_shared_rank(cs, unsigned(s)) : cs;
+        const float4 p = *reinterpret_cast<const float4*>(src + t * kSkLdc + r);
+        v[0] += p.x, v[1] += p.y, v[2] += p.z, v[3] += p.w;
+      }
+      store_out(y + int64_t(t) * a.ldy, n0 + r, a.N, a.vec_out != 0, v);
     }
-    store_out(y + int64_t(t) * a.ldy, n0 + r, a.N, a.vec_out != 0, v);
+    if (S > 1)
+      cluster.sync();  // cs is read by every split before any rewrites it (or leaves)
+    else
+      __syncthreads();
   }
-  if (S > 1) cluster.sync();  // no CTA leaves while another still reads its shared memory
+  cp_async_wait<0>();
 #else
   (void)a;  // never launched: skinny_gemm_supported() is false without sm_90a code
 #endif
 }
 
-// Splits of K: the count in {1, 2, 4, 8} (at most the slices) that minimizes the slices the busiest SM streams,
-// ceil(CTAs / SMs) x slices a split; ties go to more splits while the CTAs do not fill two an SM, else to fewer.
-int skinny_splits(int N, int K, int sms) {
-  const int tiles = (N + kSkRows - 1) / kSkRows, kb = (K + kSkBK - 1) / kSkBK;
-  int best = 1;
-  int64_t best_cost = INT64_MAX;
-  for (int s = 1; s <= kSkMaxSplits && s <= kb; s *= 2) {
-    const int64_t ctas = int64_t(tiles) * s, per = (kb + s - 1) / s;
-    const int64_t cost = (ctas + sms - 1) / sms * per;
-    if (cost < best_cost || (cost == best_cost && int64_t(tiles) * best < 2 * int64_t(sms))) best = s, best_cost = cost;
-  }
-  return best;
+// Resident CTAs an SM of each kernel (shared memory bound), asked once.
+template <int BN, typename OutT>
+int skinny_ctas_per_sm() {
+  static const int n = [] {
+    int b = 0;
+    auto* kernel = skinny_gemm_kernel<BN, OutT>;
+    MS_CHECK(raise_dynamic_smem(reinterpret_cast<const void*>(kernel), skinny_smem_bytes<BN>()),
+             "skinny GEMM: the device refuses {} bytes of shared memory", skinny_smem_bytes<BN>());
+    MS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kernel, kSkThreads, skinny_smem_bytes<BN>()));
+    return std::max(1, b);
+  }();
+  return n;
 }
 
+// One wave of persistent CTAs: S splits of K (clusters of S, at most 8 and at most the k slices) while the row
+// tiles alone fill fewer than the resident slots, then G = min(tiles, slots / S) CTAs a split.
 template <int BN, typename OutT>
-void launch_skinny(const SkinnyArgs& a, int splits, cudaStream_t stream) {
+void launch_skinny(SkinnyArgs a, cudaStream_t stream) {
   auto* kernel = skinny_gemm_kernel<BN, OutT>;
-  constexpr size_t smem = skinny_smem_bytes<BN>();
-  MS_CHECK(raise_dynamic_smem(reinterpret_cast<const void*>(kernel), smem),
-           "skinny GEMM: the device refuses {} bytes of shared memory", smem);
-  const dim3 grid(unsigned(splits), unsigned((a.N + kSkRows - 1) / kSkRows));
+  static const int sms = current_device_multiprocessors();
+  const int slots = sms * skinny_ctas_per_sm<BN, OutT>();
+  const int tiles = (a.N + kSkRows - 1) / kSkRows, kb = (a.K + kSkBK - 1) / kSkBK;
+  int splits = std::clamp(slots / std::max(tiles, 1), 1, std::min(kSkMaxSplits, kb));
+  a.kb_per_split = (kb + splits - 1) / splits;
+  splits = (kb + a.kb_per_split - 1) / a.kb_per_split;  // no empty split
+  const int G = std::min(tiles, std::max(1, slots / splits));
+  const dim3 grid{unsigned(splits), unsigned(G)};
   if (splits > 1)
-    launch_pdl_cluster(kernel, grid, dim3(kSkThreads), smem, stream, unsigned(splits), a);
+    launch_pdl_cluster(kernel, grid, dim3(kSkThreads), skinny_smem_bytes<BN>(), stream, unsigned(splits), a);
   else
-    launch_pdl(kernel, grid, dim3(kSkThreads), smem, stream, a);
+    launch_pdl(kernel, grid, dim3(kSkThreads), skinny_smem_bytes<BN>(), stream, a);
 }
 
 template <typename OutT>
-void launch_skinny_bn(const SkinnyArgs& a, int splits, cudaStream_t stream) {
-  if (a.M <= 16) return launch_skinny<16, OutT>(a, splits, stream);
-  if (a.M <= 32) return launch_skinny<32, OutT>(a, splits, stream);
-  if (a.M <= 64) return launch_skinny<64, OutT>(a, splits, stream);
-  launch_skinny<128, OutT>(a, splits, stream);
+void launch_skinny_bn(const SkinnyArgs& a, cudaStream_t stream) {
+  if (a.M <= 16) return launch_skinny<16, OutT>(a, stream);
+  if (a.M <= 32) return launch_skinny<32, OutT>(a, stream);
+  if (a.M <= 64) return launch_skinny<64, OutT>(a, stream);
+  launch_skinny<128, OutT>(a, stream);
 }
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
@@ -272,19 +291,13 @@ void skinny_gemm(const bf16* x, int64_t ldx, int M, int K, const bf16* W, int N,
   MS_CHECK(skinny_gemm_fits(M, K, ldx, x, W) && N > 0 && ldy >= N,
            "skinny GEMM: M {} K {} N {} ldx {} ldy {} do not fit (M <= {}, K % 8 == 0, 16-byte aligned x and W)", M,
            K, N, ldx, ldy, kSkinnyMaxM);
-  MS_CHECK((int64_t(N) + kSkRows - 1) / kSkRows <= 65535, "skinny GEMM: N {} has too many row tiles", N);
-  static const int sms = current_device_multiprocessors();
-  const int splits = skinny_splits(N, K, sms);
-  const int kb = (K + kSkBK - 1) / kSkBK;
-  SkinnyArgs a{x, ldx, M, K, W, N, y, ldy, (kb + splits - 1) / splits, l2_evict_first_weights() ? 1 : 0, 0};
+  SkinnyArgs a{x, ldx, M, K, W, N, y, ldy, 0, l2_evict_first_weights() ? 1 : 0, 0};
   const size_t elt = out == OutType::F32 ? 4 : 2;
   a.vec_out = (reinterpret_cast<uintptr_t>(y) % (4 * elt)) == 0 && ldy % 4 == 0;
-  // No empty split: the splits cover kb slices with kb_per_split each (the last one fewer).
-  const int used = (kb + a.kb_per_split - 1) / a.kb_per_split;
   if (out == OutType::F32)
-    launch_skinny_bn<float>(a, used, stream);
+    launch_skinny_bn<float>(a, stream);
   else
-    launch_skinny_bn<bf16>(a, used, stream);
+    launch_skinny_bn<bf16>(a, stream);
 }
 
 }  // namespace moeserve::cuda

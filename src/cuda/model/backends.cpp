@@ -398,7 +398,8 @@ SelectedBackends select_backends(const DeviceInfo& dev, const ModelShapes& shape
         const int E = shapes.moe ? shapes.moe_shape.num_experts : 0;
         const std::string shape = fmt::format("M1,2,4,8,64|H{}|QKV{}|A{}|E{}|layer-chain", shapes.hidden,
                                               shapes.qkv_out, shapes.attn_width, E);
-        const std::string key = trial_key(dev, "gemm", r.spec.name, shape);
+        // (The backend's code description in the key: another kernel set, e.g. MOESERVE_GEMM_SKINNY, is another trial.)
+        const std::string key = trial_key(dev, "gemm", r.spec.name + "|" + r.status.code, shape);
         if (!cache.get(key, r.status.trial_us)) {
           const int H = shapes.hidden, QKV = shapes.qkv_out, A = shapes.attn_width, T = shapes.max_tokens;
           const size_t qkv_w = size_t(QKV) * H, o_w = size_t(H) * A, router_w = size_t(E) * H;
