@@ -552,6 +552,48 @@ TEST(CudaGemm, CudaGraphReplayMatchesEagerRun) {
   }
 }
 
+// The skinny GEMM against cuBLASLt on the batched-decode shapes, with its launch plan; prints a table (no
+// assertion). Under ncu: --kernel-name regex:skinny.
+TEST(CudaGemmBench, DISABLED_SkinnyTiming) {
+  SKIP_WITHOUT_GPU();
+  if (!cuda::skinny_gemm_supported(cuda::list_devices().at(0))) GTEST_SKIP() << "no sm_90a wgmma here";
+  auto lt = prepared(std::move(cuda::make_gemm_backends().at(1)));  // cublaslt
+  ASSERT_TRUE(lt);
+  Stream st;
+  cudaEvent_t t0, t1;
+  MS_CUDA_CHECK(cudaEventCreate(&t0));
+  MS_CUDA_CHECK(cudaEventCreate(&t1));
+  for (auto [N, K] : {std::pair{5120, 2048}, std::pair{2048, 4096}, std::pair{128, 2048}, std::pair{151936, 2048}}) {
+    Dev<uint16_t> w(size_t(N) * K), x(size_t(128) * K);
+    w.upload(random_bf16(w.n, 1));
+    x.upload(random_bf16(x.n, 2));
+    Dev<uint16_t> y(size_t(128) * N * 2);
+    for (int M : {16, 64, 128}) {
+      double us[2];
+      for (int v = 0; v < 2; ++v) {
+        auto run = [&] {
+          if (v == 0) cuda::skinny_gemm(as_bf16(x), K, M, K, as_bf16(w), N, y.p, N, OutType::BF16, st.s);
+          else lt->run(as_bf16(x), K, M, K, as_bf16(w), N, y.p, N, OutType::BF16, st.s);
+        };
+        const int reps = N > 100000 ? 10 : 50;
+        for (int i = 0; i < 3; ++i) run();
+        MS_CUDA_CHECK(cudaEventRecord(t0, st.s));
+        for (int i = 0; i < reps; ++i) run();
+        MS_CUDA_CHECK(cudaEventRecord(t1, st.s));
+        MS_CUDA_CHECK(cudaEventSynchronize(t1));
+        float ms = 0;
+        MS_CUDA_CHECK(cudaEventElapsedTime(&ms, t0, t1));
+        us[v] = 1e3 * ms / reps;
+      }
+      std::printf("skinny N %6d K %5d M %3d: %7.1f us (%4.0f GB/s), cuBLASLt %7.1f us; %s\n", N, K, M, us[0],
+                  double(N) * K * 2 / (us[0] * 1e3), us[1],
+                  cuda::skinny_gemm_describe(M, N, K, OutType::BF16).c_str());
+    }
+  }
+  cudaEventDestroy(t0);
+  cudaEventDestroy(t1);
+}
+
 // Bytes of W per second for the decode shapes, every backend; prints a table (no assertion). The last
 // column is gemv with its threshold raised to 128 (the default sends M = 128 to cuBLAS).
 TEST(CudaGemmBench, DISABLED_Bandwidth) {

@@ -63,6 +63,7 @@ bool skinny_gemm_supported(const DeviceInfo& dev);
 bool skinny_gemm_fits(int M, int K, int64_t ldx, const void* x, const void* W);
 void skinny_gemm(const bf16* x, int64_t ldx, int M, int K, const bf16* W, int N, void* y, int64_t ldy, OutType out,
                  cudaStream_t stream);
+std::string skinny_gemm_describe(int M, int N, int K, OutType out);  // its launch plan, for measurements
 
 // A decode step's residual add + RMSNorm fused into the GEMV that consumes it (M <= kNormGemvMaxM tokens,
 // K <= 4096, K % 8 == 0):

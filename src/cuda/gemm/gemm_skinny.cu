@@ -18,6 +18,9 @@
 #include <cooperative_groups.h>
 
 #include <algorithm>
+#include <string>
+
+#include <fmt/format.h>
 
 #include "core/env.h"
 #include "cuda/device.h"
@@ -233,16 +236,31 @@ int skinny_ctas_per_sm() {
 
 // One wave of persistent CTAs: S splits of K (clusters of S, at most 8 and at most the k slices) while the row
 // tiles alone fill fewer than the resident slots, then G = min(tiles, slots / S) CTAs a split.
+// MOESERVE_SKINNY_SLOTS (CTAs an SM to plan for) and MOESERVE_SKINNY_SPLITS (a fixed split count): measurement
+// overrides (0: the plan above).
+struct SkinnyPlan {
+  int splits, kb_per_split, G, slots;
+};
+SkinnyPlan skinny_plan(int N, int K, int ctas_per_sm) {
+  static const int sms = current_device_multiprocessors();
+  static const int slots_env = int(env_int("MOESERVE_SKINNY_SLOTS", 0, 0, 64));
+  static const int splits_env = int(env_int("MOESERVE_SKINNY_SPLITS", 0, 0, kSkMaxSplits));
+  SkinnyPlan p{};
+  p.slots = sms * (slots_env > 0 ? slots_env : ctas_per_sm);
+  const int tiles = (N + kSkRows - 1) / kSkRows, kb = (K + kSkBK - 1) / kSkBK;
+  p.splits = std::clamp(splits_env > 0 ? splits_env : p.slots / std::max(tiles, 1), 1, std::min(kSkMaxSplits, kb));
+  p.kb_per_split = (kb + p.splits - 1) / p.splits;
+  p.splits = (kb + p.kb_per_split - 1) / p.kb_per_split;  // no empty split
+  p.G = std::min(tiles, std::max(1, p.slots / p.splits));
+  return p;
+}
+
 template <int BN, typename OutT>
 void launch_skinny(SkinnyArgs a, cudaStream_t stream) {
   auto* kernel = skinny_gemm_kernel<BN, OutT>;
-  static const int sms = current_device_multiprocessors();
-  const int slots = sms * skinny_ctas_per_sm<BN, OutT>();
-  const int tiles = (a.N + kSkRows - 1) / kSkRows, kb = (a.K + kSkBK - 1) / kSkBK;
-  int splits = std::clamp(slots / std::max(tiles, 1), 1, std::min(kSkMaxSplits, kb));
-  a.kb_per_split = (kb + splits - 1) / splits;
-  splits = (kb + a.kb_per_split - 1) / a.kb_per_split;  // no empty split
-  const int G = std::min(tiles, std::max(1, slots / splits));
+  const SkinnyPlan plan = skinny_plan(a.N, a.K, skinny_ctas_per_sm<BN, OutT>());
+  const int splits = plan.splits, G = plan.G;
+  a.kb_per_split = plan.kb_per_split;
   const dim3 grid{unsigned(splits), unsigned(G)};
   if (splits > 1)
     launch_pdl_cluster(kernel, grid, dim3(kSkThreads), skinny_smem_bytes<BN>(), stream, unsigned(splits), a);
@@ -298,6 +316,19 @@ void skinny_gemm(const bf16* x, int64_t ldx, int M, int K, const bf16* W, int N,
     launch_skinny_bn<float>(a, stream);
   else
     launch_skinny_bn<bf16>(a, stream);
+}
+
+std::string skinny_gemm_describe(int M, int N, int K, OutType out) {
+  auto occ = [&]() {
+    const bool f = out == OutType::F32;
+    if (M <= 16) return f ? skinny_ctas_per_sm<16, float>() : skinny_ctas_per_sm<16, bf16>();
+    if (M <= 32) return f ? skinny_ctas_per_sm<32, float>() : skinny_ctas_per_sm<32, bf16>();
+    if (M <= 64) return f ? skinny_ctas_per_sm<64, float>() : skinny_ctas_per_sm<64, bf16>();
+    return f ? skinny_ctas_per_sm<128, float>() : skinny_ctas_per_sm<128, bf16>();
+  }();
+  const SkinnyPlan p = skinny_plan(N, K, occ);
+  return fmt::format("{} CTAs/SM, {} slots, grid {} x {} ({} k-slices a split)", occ, p.slots, p.splits, p.G,
+                     p.kb_per_split);
 }
 
 }  // namespace moeserve::cuda
