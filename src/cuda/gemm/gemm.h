@@ -54,10 +54,14 @@ void gemv_stream_norm_in(const float* residual, const float* partials, int npart
 
 // y = x W^T for 9-128 tokens on sm_90a warpgroup MMA (gemm_skinny.cu): weight rows as the MMA's M, the tokens as
 // its N, the weight slices issued before the programmatic wait, split-K over a thread-block cluster reduced through
-// distributed shared memory. The gemv backend sends 8 < M <= kSkinnyMaxM here (MOESERVE_GEMM_SKINNY=0: cuBLASLt as
-// before). Needs K % 8 == 0, ldx % 8 == 0 and 16-byte aligned x and W; supported: the device is sm_90 and the binary
-// holds the kernels' code.
+// distributed shared memory. The gemv backend sends 8 < M <= kSkinnyMaxM with N <= kSkinnyMaxN here (the router's
+// shapes; MOESERVE_GEMM_SKINNY=0: cuBLASLt as before). Wider W stays on cuBLASLt: with 64-row tiles every tile
+// re-reads the token rows from L2 (as many bytes as W at 64 tokens, twice W at 128) and the short split-K CTAs pay
+// their latencies per few slices (H200, session 26: q/k/v 5120 x 2048 at 64 tokens 19.6 us against 8.7, o_proj 16.2
+// against 13.7, lm_head 205 against 161; the router 128 x 2048 4.9 against 9.6). Needs K % 8 == 0, ldx % 8 == 0 and
+// 16-byte aligned x and W; supported: the device is sm_90 and the binary holds the kernels' code.
 constexpr int kSkinnyMaxM = 128;
+constexpr int kSkinnyMaxN = 512;
 bool skinny_gemm_enabled();
 bool skinny_gemm_supported(const DeviceInfo& dev);
 bool skinny_gemm_fits(int M, int K, int64_t ldx, const void* x, const void* W);

@@ -1,8 +1,9 @@
-// Dense GEMMs of 9-128 tokens on sm_90a warpgroup MMA (wgmma): batched decode's q/k/v, o_proj, router and lm_head
-// projections, and short prompts. At these token counts the GEMM still reads its weights once and does little
-// math per byte, but cuBLASLt's tiles leave the H200's bandwidth idle (bs 64 step, session 21: q/k/v 21 MB in
-// 7.7-9.5 us, o_proj 16.8 MB in 7.7-8.2 us + a 1.8 us split-K reduce: 2.1-2.7 TB/s against 4.5), and as a
-// library kernel it cannot start its weight stream during the kernel before it.
+// Dense GEMMs of 9-128 tokens on sm_90a warpgroup MMA (wgmma), written for batched decode's projections: cuBLASLt's
+// tiles leave the H200's bandwidth idle there (bs 64 step, session 21: q/k/v 21 MB in 7.7-9.5 us, o_proj 16.8 MB in
+// 7.7-8.2 us + a 1.8 us split-K reduce) and as a library kernel it cannot start its weight stream during the kernel
+// before it. Measured (session 26) it wins only on router-sized W (128 x 2048 at 64 tokens: 4.9 us against 9.6), so
+// the gemv backend uses it there (gemm.h kSkinnyMaxN): with 64-row tiles every tile re-reads the token rows from
+// L2 (as many bytes as W at 64 tokens), and the short split-K CTAs pay their latencies per few slices.
 //
 // Layout ("swap AB", as the MoE tiles): weight rows are the MMA's M (64 a CTA, one m64 wgmma), tokens its N (BN =
 // 16, 32, 64 or 128, the token count rounded up), K in 64-element slices of 128-byte rows with the 128-byte swizzle

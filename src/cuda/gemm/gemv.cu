@@ -646,8 +646,8 @@ class GemvBackend final : public GemmBackend {
     spec_.capturable = true;
     spec_.summary = fmt::format(
         "bandwidth-bound tensor-core kernels for M <= {} (W read once with 16-byte loads) and, on sm_90a, wgmma "
-        "kernels for 9-{} tokens; cuBLASLt above",
-        kernel_max_m, kSkinnyMaxM);
+        "kernels for 9-{} tokens of W up to {} rows; cuBLASLt for the rest",
+        kernel_max_m, kSkinnyMaxM, kSkinnyMaxN);
   }
   ~GemvBackend() override {
     if (scratch_) cudaFree(scratch_);
@@ -693,7 +693,9 @@ class GemvBackend final : public GemmBackend {
     }
     multiprocessors_ = std::max(1, dev.multiprocessors);
     skinny_ = skinny_gemm_enabled() && skinny_gemm_supported(dev);
-    if (skinny_) code += ", wgmma kernels for 9-" + std::to_string(kSkinnyMaxM) + " tokens";
+    if (skinny_)
+      code += ", wgmma kernels for 9-" + std::to_string(kSkinnyMaxM) + " tokens of W up to " +
+              std::to_string(kSkinnyMaxN) + " rows";
     prepared_ = true;
     return "";
   }
@@ -704,8 +706,8 @@ class GemvBackend final : public GemmBackend {
     MS_CHECK(M >= 0 && N >= 0 && K >= 0 && ldx >= K && ldy >= N, "bad GEMM arguments M={} N={} K={} ldx={} ldy={}",
              M, N, K, ldx, ldy);
     if (M == 0 || N == 0) return;
-    // 9-128 tokens: the skinny wgmma GEMM (weights streamed once at full bandwidth, before the programmatic wait).
-    if (skinny_ && M > kTokens && M <= kSkinnyMaxM && skinny_gemm_fits(M, K, ldx, x, W))
+    // 9-128 tokens, a router-sized W: the skinny wgmma GEMM (gemm.h says why not wider).
+    if (skinny_ && M > kTokens && M <= kSkinnyMaxM && N <= kSkinnyMaxN && skinny_gemm_fits(M, K, ldx, x, W))
       return skinny_gemm(x, ldx, M, K, W, N, y, ldy, out, stream);
     const int64_t token_groups = ceil_div(M, kTokens);
     // W over MOESERVE_GEMV_MAX_WEIGHT_MB (default 128 MiB; 0: no limit), i.e. an lm_head, goes to cuBLASLt, which
