@@ -184,11 +184,9 @@ void GpuQwen3::plan_workspace(int max_tokens, int max_rows, int max_seqs, int ma
   if (b.residual_fusion) {
     const size_t parts = size_t(kResidualGemvMaxM) * size_t(residual_gemv_parts(int(H)));
     part_attn_ = DeviceArray<float>(alloc_, parts, part);
+    part_moe_ = DeviceArray<float>(alloc_, parts, part);
     MS_CUDA_CHECK(cudaMemset(part_attn_.get(), 0, part_attn_.bytes()));
-    for (auto& pm : part_moe_) {
-      pm = DeviceArray<float>(alloc_, parts, part);
-      MS_CUDA_CHECK(cudaMemset(pm.get(), 0, pm.bytes()));
-    }
+    MS_CUDA_CHECK(cudaMemset(part_moe_.get(), 0, part_moe_.bytes()));
   }
   if (c.intermediate_size > 0) {
     mlp_ = DeviceArray<bf16>(alloc_, T * 2 * size_t(c.intermediate_size), part);
@@ -285,11 +283,8 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
   // its input norm too (no norm launch) and its router folds like the others'. MOESERVE_EMBED_PARTIALS=0: off (A/B).
   static const bool embed_partials_on = env_flag("MOESERVE_EMBED_PARTIALS", true);
   const bool embed_parts = resfuse && embed_partials_on && H % 16 == 0;
-  // The residual stream's partial sums this layer reads (part_in) and its MoE writes (part_next), swapped a layer.
-  float* part_in = resfuse ? part_moe_[0].get() : nullptr;
-  float* part_next = resfuse ? part_moe_[1].get() : nullptr;
   embedding(in.tokens, embed_.get(), T, H, residual_.get(), s, in.prev_rows, in.prev_ids,
-            embed_parts ? part_in : nullptr);
+            embed_parts ? part_moe_.get() : nullptr);
   mark("embedding", act * 6, 0);
   for (size_t l = 0; l < layers_.size(); ++l) {
     GpuLayer& L = layers_[l];
@@ -298,7 +293,7 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
     const bool norm_in = resfuse && (l > 0 || embed_parts);
     const bool folded = norm_in && L.router_folded;
     if (norm_in) {  // the previous layer's MoE (or the embedding) updated the residual and left its partial sums
-      gemv_norm_in(residual_.get(), part_in, res_parts, L.input_norm.get(), eps, T, H, L.qkv.get(), QKV,
+      gemv_norm_in(residual_.get(), part_moe_.get(), res_parts, L.input_norm.get(), eps, T, H, L.qkv.get(), QKV,
                    qkv_.get(), QKV, OutType::BF16, nullptr, s,
                    folded ? GemvExtraRows{E, router_u1_.get(), E} : GemvExtraRows{});
       mark("norm+gemm qkv", g1.first + act * 8, g1.second);
@@ -356,23 +351,14 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
     }
     if (L.is_moe) {
       const int I = int(c.moe_intermediate_size);
-      MoeRouteFold route_fold;
-      bool route_in_moe = false;
       auto g3 = gemm_cost(T, E, H, 4);
       if (folded) {  // the router's logits from the two products, the top-k, and xn_ for the experts
-        route_fold.in.u1 = router_u1_.get(), route_fold.in.ld_u1 = E;
-        route_fold.in.u2 = router_u2_.get(), route_fold.in.ld_u2 = E;
-        route_fold.in.part_h = part_in, route_fold.in.part_x = part_attn_.get();
-        route_fold.in.nparts = res_parts, route_fold.in.residual = residual_.get();
-        route_fold.in.post_norm = L.post_norm.get(), route_fold.in.eps = eps, route_fold.in.H = H;
-        route_fold.in.xn_out = xn_.get();
-        route_fold.renormalize = c.norm_topk_prob, route_fold.ids = topk_ids_.get(), route_fold.weights = topk_w_.get();
-        // Inside the MoE's launches where the backend can (no route launch; MOESERVE_MOE_FOLD_ROUTE=0: off).
-        route_in_moe = be_.moe->route_fold_supported(T) && run_op(kSkipExperts);
-        if (!route_in_moe) {
-          moe_route_folded(route_fold.in, T, E, K, c.norm_topk_prob, topk_ids_.get(), topk_w_.get(), s);
-          mark("moe route_folded", act * 8, 0);
-        }
+        FoldedRouterInputs f;
+        f.u1 = router_u1_.get(), f.ld_u1 = E, f.u2 = router_u2_.get(), f.ld_u2 = E;
+        f.part_h = part_moe_.get(), f.part_x = part_attn_.get(), f.nparts = res_parts;
+        f.residual = residual_.get(), f.post_norm = L.post_norm.get(), f.eps = eps, f.H = H, f.xn_out = xn_.get();
+        moe_route_folded(f, T, E, K, c.norm_topk_prob, topk_ids_.get(), topk_w_.get(), s);
+        mark("moe route_folded", act * 8, 0);
       } else if (resfuse) {  // the post-attention norm inside the router GEMV, which also writes xn_ for the experts
         gemv_norm_in(residual_.get(), part_attn_.get(), res_parts, L.post_norm.get(), eps, T, H, L.router.get(), E,
                      router_logits_.get(), E, OutType::F32, xn_.get(), s);
@@ -400,8 +386,7 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
       if (!run_op(kSkipExperts)) {
       } else if (resfuse) {  // residual += the MoE output, and the partial sums for the next norm
         be_.moe->run_residual(xn_.get(), T, topk_ids_.get(), topk_w_.get(), L.moe, o_.get(), residual_.get(),
-                              part_next, moe_ws_.get(), s, route_in_moe ? &route_fold : nullptr);
-        std::swap(part_in, part_next);
+                              part_moe_.get(), moe_ws_.get(), s);
       } else if (cnorm) {  // residual += the MoE output, and the next norm into xn_ (its last reader, the gate/up
                            // GEMM, has completed when the combine runs)
         const bf16* next_norm = l + 1 < layers_.size() ? layers_[l + 1].input_norm.get() : final_norm_.get();
@@ -427,7 +412,7 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
   static const bool head_norm_in = env_flag("MOESERVE_LMHEAD_NORM_IN", false);
   if (resfuse && head_norm_in && !in.logit_rows && in.R == T && gemv_stream_enabled() && gemv_stream_fits(T, H)) {
     if (run_op(kSkipLmHead))
-      gemv_stream_norm_in(residual_.get(), part_in, res_parts, final_norm_.get(), eps, T, H, head,
+      gemv_stream_norm_in(residual_.get(), part_moe_.get(), res_parts, final_norm_.get(), eps, T, H, head,
                           int(c.vocab_size), logits_.get(), c.vocab_size, OutType::F32, s);
     auto g4 = gemm_cost(in.R, int(c.vocab_size), H, 4);
     mark("gemm lm_head (final norm inside)", g4.first + act * 4, g4.second);

@@ -145,10 +145,8 @@ class GpuQwen3 {
   DeviceArray<int32_t> topk_ids_;
   DeviceArray<int> grid_counter_;  // the fused kernels' last-block counter (zero between launches)
   // The residual fusion's partial sums of squares: written by o_proj (read by the router), by the MoE (read by the
-  // next layer's q/k/v); [kResidualGemvMaxM][hidden / 16] each. The MoE's alternate between part_moe_[0] and [1]
-  // layer by layer: with the folded route inside the MoE, the down GEMV's CTAs read the layer's input sums (the
-  // router's RMS factor of h) before their wait, while the CTAs that already passed it write the new sums.
-  DeviceArray<float> part_attn_, part_moe_[2];
+  // next layer's q/k/v); [kResidualGemvMaxM][hidden / 16] each.
+  DeviceArray<float> part_attn_, part_moe_;
   DeviceArray<float> router_u1_, router_u2_;  // the folded router's products [kResidualGemvMaxM, E]
   DeviceArray<uint8_t> moe_ws_, decode_ws_;
 };

@@ -84,15 +84,6 @@ void moe_norm_router_topk(float* residual, const bf16* delta, const bf16* norm_w
                           const bf16* router, int T, int H, int E, int k, bool renormalize, float* logits,
                           int* counter, int32_t* ids, float* weights, cudaStream_t stream);
 
-// The folded router computed inside the MoE's own launches (MoeBackend::run_residual with it): the same inputs as
-// moe_route_folded, whose launch it replaces; the routing it computes is also written to ids / weights [T, k].
-struct MoeRouteFold {
-  FoldedRouterInputs in;  // xn_out and logits_out are not used
-  bool renormalize = false;
-  int32_t* ids = nullptr;
-  float* weights = nullptr;
-};
-
 class MoeBackend {
  public:
   virtual ~MoeBackend() = default;
@@ -123,12 +114,9 @@ class MoeBackend {
   virtual void run_combine_norm(const bf16* x, int T, const int32_t* topk_ids, const float* topk_weights,
                                 const MoeWeights& w, bf16* out, float* residual, const bf16* norm_w, float eps,
                                 bf16* xn_out, void* workspace, cudaStream_t stream);
-  // With `fold` (where route_fold_supported(T)): the routing is computed inside the launches from fold->in and
-  // written to fold->ids / fold->weights; x, topk_ids and topk_weights are not read.
   virtual void run_residual(const bf16* x, int T, const int32_t* topk_ids, const float* topk_weights,
                             const MoeWeights& w, bf16* out, float* residual, float* partials, void* workspace,
-                            cudaStream_t stream, const MoeRouteFold* fold = nullptr);
-  virtual bool route_fold_supported(int /*T*/) const { return false; }
+                            cudaStream_t stream);
 };
 constexpr int kResidualPartRows = 16;  // hidden rows a residual partial sum covers
 

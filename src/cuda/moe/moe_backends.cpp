@@ -23,7 +23,7 @@ void MoeBackend::run_combine_norm(const bf16*, int T, const int32_t*, const floa
 }
 
 void MoeBackend::run_residual(const bf16*, int T, const int32_t*, const float*, const MoeWeights&, bf16*, float*,
-                              float*, void*, cudaStream_t, const MoeRouteFold*) {
+                              float*, void*, cudaStream_t) {
   MS_CHECK(false, "moe backend {} has no residual epilogue for {} tokens (check residual_parts first)", spec().name, T);
 }
 

@@ -190,10 +190,7 @@ std::string fused_check_kernels(const KernelTable& t, const DeviceInfo& dev) {
   }
   for (int c = 0; c < kNumGemmConfigs; ++c)
     for (int m = 0; m < 2; ++m) {
-      // The gate/up decode tiles may carry the folded route's row (H <= 4096 bf16) after their ring.
-      const GemmConfigInfo ci = gemm_config_info(c);
-      const bool fold_tiles = m == kGateUp && ci.bn == 16 && ci.threads == 64 && !ci.persistent;
-      const int smem = ci.smem_bytes + (fold_tiles ? 4096 * 2 : 0);
+      const int smem = gemm_config_info(c).smem_bytes;
       cudaError_t e = cudaFuncSetAttribute(t.gemm[c][m], cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
       if (e != cudaSuccess) {
         cudaGetLastError();
@@ -261,18 +258,6 @@ bool down_gemv_applies(const MoeShape& s, bool direct, int num_slots) {
 }
 }  // namespace
 
-// The folded route inside the launches: direct mode with the down GEMV (its CTAs route before their prefetch), the
-// gate/up's decode tiles (64 threads: one warp routes, one normalizes the token's row, H / 4 <= 32 kFoldMaxVec),
-// the routing's limits (E <= 512, k <= kFoldMaxTopK, H <= 4096 for the partial sums). MOESERVE_MOE_FOLD_ROUTE=0:
-// off (the route launch, as before).
-bool fused_route_fold_supported(const MoeShape& s, int T) {
-  static const bool on = env_int("MOESERVE_MOE_FOLD_ROUTE", 1, 0, 1) != 0;
-  const int P = T * s.top_k;
-  return on && T >= 1 && T <= s.max_tokens && fused_direct_for(s, T) && down_gemv_applies(s, true, P) &&
-         s.num_experts <= 512 && s.top_k <= kFoldMaxTopK && s.hidden % 8 == 0 && s.hidden <= 4096 &&
-         s.hidden / 4 <= 32 * kFoldMaxVec;
-}
-
 int fused_residual_parts(const MoeShape& s, int T) {
   if (T < 1 || T > s.max_tokens || !fused_direct_for(s, T)) return 0;
   static_assert(kDownGemvRows == kResidualPartRows, "a residual part is a down GEMV CTA's rows");
@@ -290,8 +275,7 @@ bool fused_combine_norm_supported(const MoeShape& s, int T) {
 
 void fused_run(const KernelTable& k, const MoeShape& s, const bf16* x, int T, const int32_t* topk_ids,
                const float* topk_weights, const MoeWeights& w, bf16* out, void* workspace, int* counters,
-               cudaStream_t stream, float* residual, float* res_partials, const CombineNorm* norm,
-               const MoeRouteFold* fold) {
+               cudaStream_t stream, float* residual, float* res_partials, const CombineNorm* norm) {
   MS_CHECK(norm == nullptr || (fused_combine_norm_supported(s, T) && counters != nullptr && norm->residual &&
                                norm->norm_w && norm->xn_out),
            "moe: the combine's norm epilogue needs a combine launch ({} tokens) and its buffers", T);
@@ -299,9 +283,6 @@ void fused_run(const KernelTable& k, const MoeShape& s, const bf16* x, int T, co
                (residual == nullptr || fused_residual_parts(s, T) > 0),
            "moe: the residual epilogue needs the direct-mode down GEMV ({} tokens)", T);
   MS_CHECK(T >= 0 && T <= s.max_tokens, "moe: {} tokens, the backend was prepared for at most {}", T, s.max_tokens);
-  MS_CHECK(fold == nullptr || (residual != nullptr && fused_route_fold_supported(s, T) && fold->ids && fold->weights &&
-                               fold->in.nparts >= 1 && fold->in.nparts <= 256),
-           "moe: the folded route needs the direct-mode down GEMV with the residual epilogue ({} tokens)", T);
   MS_CHECK(w.format == WeightFormat::BF16 && w.gate_up && w.down, "moe: bf16 weights expected");
   auto aligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
   MS_CHECK(aligned(x) && aligned(out) && aligned(w.gate_up) && aligned(w.down) && aligned(workspace),
@@ -346,17 +327,6 @@ void fused_run(const KernelTable& k, const MoeShape& s, const bf16* x, int T, co
                 tiles, perm_pair, topk_weights, s.hidden, s.inter, s.top_k, direct_ids, s.num_experts,
                 nullptr, nullptr, l.num_slots};
   gu.weight_evict_first = l2_evict_first_weights() ? 1 : 0;
-  if (fold != nullptr) {
-    RouteFold& r = gu.route;
-    r.u1 = fold->in.u1, r.u2 = fold->in.u2, r.ld_u = fold->in.ld_u1;
-    r.part_h = fold->in.part_h, r.part_x = fold->in.part_x, r.nparts = fold->in.nparts;
-    r.renormalize = fold->renormalize ? 1 : 0;
-    r.residual = fold->in.residual, r.post_norm = reinterpret_cast<const unsigned short*>(fold->in.post_norm);
-    r.eps = fold->in.eps, r.ids_out = fold->ids, r.weights_out = fold->weights;
-    MS_CHECK(fold->in.ld_u2 == fold->in.ld_u1, "moe: the folded route's products need one row stride");
-    gu.route_fold = 1;
-    gu.direct_ids = fold->ids;  // direct mode; the ids are computed, then written here
-  }
 
   // Direct mode's gate/up may run a configuration of its own (the same tile shape, another ring depth; A/B switch:
   // see GemmCfg7). The down GEMM keeps configuration 0 (5 stages there: 29.2 against 26.9 us at 1 token).
@@ -374,19 +344,13 @@ void fused_run(const KernelTable& k, const MoeShape& s, const bf16* x, int T, co
   };
   if (gu_cfg.persistent)
     encode_weight_map(gu.wmap, w.gate_up, int64_t(s.num_experts) * 2 * s.inter, s.hidden, gu_cfg.bm / 2);
-  // The folded route's copy of the token's normalized row after the ring (kFoldable tiles: 64 threads, BN 16).
-  MS_CHECK(fold == nullptr || (gu_cfg.bn == 16 && gu_cfg.threads == 64 && !gu_cfg.persistent),
-           "moe: the folded route needs the decode tiles for the direct gate/up GEMM");
-  const size_t gu_smem = size_t(gu_cfg.smem_bytes) + (fold != nullptr ? size_t(s.hidden) * 2 : 0);
   launch(k.gemm[gu_config][kGateUp], grid_of(gu_cfg, ceil_div(s.inter, gu_cfg.bm / 2)), dim3(gu_cfg.threads),
-         gu_smem, &gu, stream, "moe gate/up GEMM launch", pdl);
+         size_t(gu_cfg.smem_bytes), &gu, stream, "moe gate/up GEMM launch", pdl);
 
   GemmParams dn{static_cast<const unsigned short*>(w.down), act, y, tiles, perm_pair, topk_weights, s.hidden, s.inter,
                 s.top_k, direct_ids, s.num_experts, fused_combine ? counters : nullptr,
                 fused_combine ? reinterpret_cast<unsigned short*>(out) : nullptr, l.num_slots};
   dn.weight_evict_first = gu.weight_evict_first;
-  dn.route_fold = gu.route_fold;
-  dn.route = gu.route;
   if (down_gemv_applies(s, direct, l.num_slots)) {
     dn.combine_out = reinterpret_cast<unsigned short*>(out);
     dn.residual = residual;
@@ -434,12 +398,12 @@ void FusedBackendBase::run_combine_norm(const bf16* x, int T, const int32_t* top
 
 void FusedBackendBase::run_residual(const bf16* x, int T, const int32_t* topk_ids, const float* topk_weights,
                                     const MoeWeights& w, bf16* out, float* residual, float* partials,
-                                    void* workspace, cudaStream_t stream, const MoeRouteFold* fold) {
+                                    void* workspace, cudaStream_t stream) {
   MS_CHECK(ready_, "moe backend {} used without a successful prepare()", spec_.name);
   MS_CHECK(residual != nullptr && partials != nullptr && (reinterpret_cast<uintptr_t>(residual) & 15) == 0,
            "moe run_residual: residual (16-byte aligned) and partials");
   fused_run(table_, shape_, x, T, topk_ids, topk_weights, w, out, workspace, counters_.get(), stream, residual,
-            partials, nullptr, fold);
+            partials);
 }
 
 std::string FusedBackendBase::set_ready(const KernelTable& t, const MoeShape& shape) {

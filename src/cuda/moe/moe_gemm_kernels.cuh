@@ -26,7 +26,6 @@
 
 #include "moe_kernel_params.h"
 #include "moe_ptx.cuh"
-#include "moe_route_math.cuh"
 
 namespace moe_kernels {
 
@@ -56,70 +55,6 @@ __device__ __forceinline__ U4 load_cg(const unsigned short* p) {
   U4 v;
   asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
   return v;
-}
-
-// ---- The folded route (GemmParams::route_fold; RouteFold in moe_kernel_params.h) ----
-// Token t's top-k by the calling warp into ids_s / wts_s (shared memory, top_k entries each): moe_route_folded's
-// arithmetic, so the same experts and weights bit for bit.
-__device__ __forceinline__ void fold_route_token(const GemmParams& p, int t, int* ids_s, float* wts_s, int lane) {
-  const RouteFold& f = p.route;
-  const int E = p.num_experts;
-  const float* u1 = f.u1 + (long long)t * f.ld_u;
-  const float* u2 = f.u2 + (long long)t * f.ld_u;
-  const float* ph = f.part_h + (long long)t * f.nparts;
-  const float* px = f.part_x + (long long)t * f.nparts;
-  auto emit_id = [&](int j, int e) { ids_s[j] = e; };
-  auto emit_w = [&](int j, float w) { wts_s[j] = w; };
-  if (E <= 128) {
-    float v[4];
-    moe_route::folded_logits(u1, u2, ph, px, f.nparts, p.hidden, f.eps, E, lane, v);
-    moe_route::topk_softmax_warp(v, E, p.top_k, f.renormalize != 0, lane, emit_id, emit_w);
-  } else if (E <= 256) {
-    float v[8];
-    moe_route::folded_logits(u1, u2, ph, px, f.nparts, p.hidden, f.eps, E, lane, v);
-    moe_route::topk_softmax_warp(v, E, p.top_k, f.renormalize != 0, lane, emit_id, emit_w);
-  } else {
-    float v[16];
-    moe_route::folded_logits(u1, u2, ph, px, f.nparts, p.hidden, f.eps, E, lane, v);
-    moe_route::topk_softmax_warp(v, E, p.top_k, f.renormalize != 0, lane, emit_id, emit_w);
-  }
-}
-
-// Token t's experts' input, bf16(g_post * (x * inv_x)) as moe_route_folded writes it (the same bits), into xs [H] by
-// `n` threads (i = 0 .. n - 1, whole warps): every load issued before the RMS factor's reduction, one L2 round trip.
-// H / 4 <= kFoldMaxVec n (the host checks).
-__device__ __forceinline__ void fold_norm_row(const GemmParams& p, int t, int H, unsigned short* xs, int i, int n) {
-  const RouteFold& f = p.route;
-  const int nq = H / 4;
-  const unsigned short* r = reinterpret_cast<const unsigned short*>(f.residual + (long long)t * H);
-  U4 xv[kFoldMaxVec];
-  unsigned gw[kFoldMaxVec][2];
-#pragma unroll
-  for (int j = 0; j < kFoldMaxVec; ++j) {
-    const int c = i + j * n;
-    if (c < nq) {
-      xv[j] = load_cg(r + c * 8);  // 4 floats = 16 bytes = 8 bf16-sized units
-      const unsigned* g = reinterpret_cast<const unsigned*>(f.post_norm + c * 4);
-      gw[j][0] = g[0], gw[j][1] = g[1];
-    }
-  }
-  const float inv = moe_route::rms_inverse_of_parts(f.part_x + (long long)t * f.nparts, f.nparts, H, f.eps,
-                                                   threadIdx.x & 31);
-#pragma unroll
-  for (int j = 0; j < kFoldMaxVec; ++j) {
-    const int c = i + j * n;
-    if (c < nq) {
-      using moe_ptx::bf16_hi;
-      using moe_ptx::bf16_lo;
-      using moe_ptx::bits_to_float;
-      const unsigned lo = moe_ptx::pack_bf16x2(bf16_lo(gw[j][0]) * (bits_to_float(xv[j].x) * inv),
-                                               bf16_hi(gw[j][0]) * (bits_to_float(xv[j].y) * inv));
-      const unsigned hi = moe_ptx::pack_bf16x2(bf16_lo(gw[j][1]) * (bits_to_float(xv[j].z) * inv),
-                                               bf16_hi(gw[j][1]) * (bits_to_float(xv[j].w) * inv));
-      unsigned* o = reinterpret_cast<unsigned*>(xs + c * 4);
-      o[0] = lo, o[1] = hi;
-    }
-  }
 }
 
 // Direct-mode down GEMM, fused combine (see GemmParams::combine_counters): every CTA calls this after its rows
@@ -380,36 +315,11 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p, char* smem) {
   if (MODE == kGateUp) moe_ptx::grid_dep_wait();
   moe_ptx::grid_dep_launch_dependents();
   const bool direct = p.direct_ids != nullptr;
-  // The folded route (direct mode's decode tiles only): this CTA routes its pair's token and normalizes the token's
-  // row into fold_xs (after the ring), from which its B tiles are copied.
-  constexpr bool kFoldable = MODE == kGateUp && BN == 16 && Cfg::WGMMA == 0;
-  bool fold = false;
-  unsigned short* fold_xs = nullptr;
   Tile tile;
   if (direct) {
     // topk_ids were complete before the gate/up GEMM passed its wait, which is before this grid could start,
     // so they may be read before the wait; everything the previous kernel writes (act) is read only after it.
-    int e = -1;
-    if constexpr (kFoldable) {
-      fold = p.route_fold != 0;
-      if (fold) {
-        __shared__ int fold_ids[kFoldMaxTopK];
-        __shared__ float fold_w[kFoldMaxTopK];
-        fold_xs = reinterpret_cast<unsigned short*>(smem + Cfg::SMEM_BYTES);
-        const int t = int(blockIdx.y) / p.top_k, w0 = int(threadIdx.x) >> 5;
-        if (w0 == 0)
-          fold_route_token(p, t, fold_ids, fold_w, int(threadIdx.x) & 31);
-        else
-          fold_norm_row(p, t, FIXED_H > 0 ? FIXED_H : p.hidden, fold_xs, int(threadIdx.x) - 32, THREADS - 32);
-        __syncthreads();
-        e = fold_ids[blockIdx.y % p.top_k];
-        if (blockIdx.x == 0 && blockIdx.y % p.top_k == 0 && int(threadIdx.x) < p.top_k) {
-          p.route.ids_out[t * p.top_k + threadIdx.x] = fold_ids[threadIdx.x];
-          p.route.weights_out[t * p.top_k + threadIdx.x] = fold_w[threadIdx.x];
-        }
-      }
-    }
-    if (!fold) e = p.direct_ids[blockIdx.y];
+    const int e = p.direct_ids[blockIdx.y];
     tile.expert = e, tile.row0 = blockIdx.y, tile.rows = (e >= 0 && e < p.num_experts) ? 1 : 0, tile.pad = 0;
   } else {
     // Tiles come from the prep kernel. The gate/up GEMM has waited for it above; the down GEMM may read them
@@ -478,18 +388,6 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p, char* smem) {
     const int k0 = kt * BK;
     const bool k_ok = k0 + ch * 8 < K;
     unsigned short* bs = Bs + stage * BN * BK;
-    if constexpr (kFoldable) {
-      if (fold) {  // the token's row from fold_xs (plain shared-memory copies; the ring's barriers order them)
-#pragma unroll
-        for (int it = 0; it < B_ITERS; ++it) {
-          const int n = tid / CPR + it * RPP;
-          U4 v = {0u, 0u, 0u, 0u};
-          if (b_ok[it] && k_ok) v = *reinterpret_cast<const U4*>(fold_xs + k0 + ch * 8);
-          *reinterpret_cast<U4*>(bs + swz<BK>(n, ch)) = v;
-        }
-        return;
-      }
-    }
 #pragma unroll
     for (int it = 0; it < B_ITERS; ++it) {
       const int n = tid / CPR + it * RPP;
@@ -753,16 +651,7 @@ __device__ __forceinline__ void down_gemv_body(const GemmParams& p, char* smem) 
   unsigned short* my_x = xs + (long long)warp * I;
   grid_dep_launch_dependents();  // the next kernel may be scheduled; it waits for this grid's completion
   const int j = warp;
-  // The folded route: warp t < T routes token t again (the inputs were final before the gate/up GEMM passed its
-  // wait, as topk_ids are otherwise), before the pre-wait weight slices that need the experts.
-  __shared__ int fold_ids[kDownGemvWarps];
-  __shared__ float fold_w[kDownGemvWarps];
-  const bool fold = p.route_fold != 0;
-  if (fold) {
-    if (warp < P / p.top_k) fold_route_token(p, warp, fold_ids + warp * p.top_k, fold_w + warp * p.top_k, lane);
-    __syncthreads();
-  }
-  const int e = j < P ? (fold ? fold_ids[j] : p.direct_ids[j]) : -1;
+  const int e = j < P ? p.direct_ids[j] : -1;
   const bool active = e >= 0 && e < p.num_experts;
   const int NS = I / SLICE;
   const unsigned short* w = p.weights + ((long long)(active ? e : 0) * H + h0) * I;
@@ -813,7 +702,7 @@ __device__ __forceinline__ void down_gemv_body(const GemmParams& p, char* smem) 
   cp_async_wait<0>();
   // acc[0]: row g, token 0 on lanes q == 0; acc[2]: row g + 8. The pair's y values, rounded as the down GEMM's.
   if (q == 0) {
-    const float wt = active ? (fold ? fold_w[j] : p.topk_weights[j]) : 0.0f;
+    const float wt = active ? p.topk_weights[j] : 0.0f;
     ys[j * R + g] = active ? bf16_lo(pack_bf16x2(acc[0] * wt, 0.0f)) : 0.0f;
     ys[j * R + g + 8] = active ? bf16_lo(pack_bf16x2(acc[2] * wt, 0.0f)) : 0.0f;
   }

@@ -83,14 +83,11 @@ struct CombineNorm {
   float eps;
   bf16* xn_out;
 };
-// fold (optional, with residual): the folded route inside the launches (moe_kernels::RouteFold), where
-// fused_route_fold_supported(s, T).
 void fused_run(const moe_kernels::KernelTable& k, const MoeShape& s, const bf16* x, int T, const int32_t* topk_ids,
                const float* topk_weights, const MoeWeights& w, bf16* out, void* workspace, int* counters,
                cudaStream_t stream, float* residual = nullptr, float* res_partials = nullptr,
-               const CombineNorm* norm = nullptr, const MoeRouteFold* fold = nullptr);
+               const CombineNorm* norm = nullptr);
 int fused_residual_parts(const MoeShape& s, int T);
-bool fused_route_fold_supported(const MoeShape& s, int T);
 bool fused_combine_norm_supported(const MoeShape& s, int T);
 
 // What the ahead-of-time and JIT fused backends share: the checked kernel table and the shapes it was prepared
@@ -108,9 +105,7 @@ class FusedBackendBase : public MoeBackend {
                         bf16* out, float* residual, const bf16* norm_w, float eps, bf16* xn_out, void* workspace,
                         cudaStream_t stream) override;
   void run_residual(const bf16* x, int T, const int32_t* topk_ids, const float* topk_weights, const MoeWeights& w,
-                    bf16* out, float* residual, float* partials, void* workspace, cudaStream_t stream,
-                    const MoeRouteFold* fold = nullptr) override;
-  bool route_fold_supported(int T) const override { return ready_ && fused_route_fold_supported(shape_, T); }
+                    bf16* out, float* residual, float* partials, void* workspace, cudaStream_t stream) override;
 
  protected:
   std::string set_ready(const moe_kernels::KernelTable& t, const MoeShape& shape);  // "" or why not

@@ -92,28 +92,6 @@ struct alignas(64) TmaDesc {
   unsigned long long bits[16];
 };
 
-// The folded route inside the direct-mode MoE launches (MoeBackend::run_residual with a MoeRouteFold): every gate/up
-// CTA routes its pair's token itself (moe_route_math.cuh: the logits from the router's two products that rode in the
-// q/k/v and o_proj GEMVs and the RMS factors of the residual stream's partial sums, then the top-k) and normalizes the
-// token's row into shared memory for its B tiles; the down GEMV routes again before its pre-wait prefetch. No route
-// launch. Gate/up CTA (0, t top_k) also writes token t's ids / weights to ids_out / weights_out.
-constexpr int kFoldMaxTopK = 16;
-constexpr int kFoldMaxVec = 16;  // float4 of the token row a gate/up thread normalizes: H <= 4 x 16 x 64 threads
-struct RouteFold {
-  const float* u1;
-  const float* u2;
-  long long ld_u;                   // row stride of u1 / u2 (floats)
-  const float* part_h;              // [T, nparts] sums of squares of h (the q/k/v GEMV's norm input)
-  const float* part_x;              // [T, nparts] of x = h + W_o a (o_proj's residual output)
-  int nparts;
-  int renormalize;
-  const float* residual;            // x [T, H] f32
-  const unsigned short* post_norm;  // g_post [H] bf16 bits
-  float eps;
-  int* ids_out;                     // [T, top_k]
-  float* weights_out;               // [T, top_k]
-};
-
 struct GemmParams {
   const unsigned short* weights;  // bf16 bits
   const unsigned short* src;      // kGateUp: x [T, H]; kDown: act [P, I]
@@ -148,11 +126,6 @@ struct GemmParams {
   // evict_first priority (moe_ptx::l2_evict_first_policy; cuda/device.h l2_evict_first_weights). (The TMA boxes of
   // configuration 11 with the same hint: bs 64 step -10 us against 12's -26 on the same H200, session 25; removed.)
   int weight_evict_first;
-  // Direct mode: nonzero when the routing is computed here from `route` (RouteFold) instead of read from direct_ids
-  // (which then points at route.ids_out); the gate/up GEMM's B rows come from its shared-memory copy of the token's
-  // normalized row, not from src.
-  int route_fold;
-  RouteFold route;
 };
 
 // out[t, :] = bf16(sum over j < top_k of y[pair_pos[t * top_k + j], :]), slots in order (deterministic).
