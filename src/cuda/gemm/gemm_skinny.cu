@@ -185,15 +185,9 @@ __global__ void __launch_bounds__(kSkThreads) skinny_gemm_kernel(SkinnyArgs a) {
 
     // The tile's last slice: its sums through cs (the ring's next slices keep landing meanwhile).
     wgmma_wait<0>();
+    wgmma_acc_to_token_major(d, cs, kSkLdc, m, tig);
 #pragma unroll
-    for (int jn = 0; jn < BN / 8; ++jn) {
-      const int n = jn * 8 + tig * 2;
-      cs[n * kSkLdc + m] = d[4 * jn];
-      cs[(n + 1) * kSkLdc + m] = d[4 * jn + 1];
-      cs[n * kSkLdc + m + 8] = d[4 * jn + 2];
-      cs[(n + 1) * kSkLdc + m + 8] = d[4 * jn + 3];
-      d[4 * jn] = d[4 * jn + 1] = d[4 * jn + 2] = d[4 * jn + 3] = 0.0f;
-    }
+    for (int i = 0; i < BN / 2; ++i) d[i] = 0.0f;
     if (S > 1)
       cluster.sync();  // every split's sums of this tile in its shared memory
     else

@@ -467,15 +467,7 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p, char* smem) {
     wgmma_wait<0>();
     cp_async_wait<0>();
     __syncthreads();  // the ring is reused as the accumulator tile
-    const int g = lane >> 2, tig = lane & 3, m = wg * 64 + (warp & 3) * 16 + g;
-#pragma unroll
-    for (int jn = 0; jn < BN / 8; ++jn) {
-      const int n = jn * 8 + tig * 2;
-      cs[n * LDC + m] = d[4 * jn];
-      cs[(n + 1) * LDC + m] = d[4 * jn + 1];
-      cs[n * LDC + m + 8] = d[4 * jn + 2];
-      cs[(n + 1) * LDC + m + 8] = d[4 * jn + 3];
-    }
+    wgmma_acc_to_token_major(d, cs, LDC, wg * 64 + (warp & 3) * 16 + (lane >> 2), lane & 3);
 #endif
   } else {
     float acc[MT][NT][4];

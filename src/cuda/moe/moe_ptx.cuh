@@ -154,6 +154,21 @@ __device__ __forceinline__ void wgmma_m64nk16_bf16(float (&d)[8], unsigned long 
 }
 #endif
 
+// A warpgroup's m64nN wgmma accumulator (NH = N / 2 floats a thread; see wgmma_m64nk16_bf16 for the fragment) into
+// a token-major f32 tile cs[token][row] (row stride ldc): m is the thread's first row (16 (warp % 4) + lane / 4 plus
+// the warpgroup's offset), tig = lane % 4.
+template <int NH>
+__device__ __forceinline__ void wgmma_acc_to_token_major(const float (&d)[NH], float* cs, int ldc, int m, int tig) {
+#pragma unroll
+  for (int jn = 0; jn < NH / 4; ++jn) {
+    const int n = jn * 8 + tig * 2;
+    cs[n * ldc + m] = d[4 * jn];
+    cs[(n + 1) * ldc + m] = d[4 * jn + 1];
+    cs[n * ldc + m + 8] = d[4 * jn + 2];
+    cs[(n + 1) * ldc + m + 8] = d[4 * jn + 3];
+  }
+}
+
 __device__ __forceinline__ float exp2_approx(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
