@@ -5,7 +5,6 @@
 #pragma once
 
 #include "cuda/common.h"
-#include "cuda/moe/moe_route_math.cuh"
 
 namespace moeserve::cuda {
 
@@ -19,9 +18,14 @@ __device__ __forceinline__ void store_norm4(bf16* dst, const float4& v, const bf
   o[1] = __floats2bfloat162_rn(w1.x * (v.z * inv), w1.y * (v.w * inv));
 }
 
-// The residual fusion's RMS factor from a warp's lane sums of per-part sums of squares (one definition for every
-// kernel that applies a row's norm from its partial sums, NVRTC's JIT build included: moe/moe_route_math.cuh).
-using moe_route::rms_inverse_from_lane_sums;
+// The residual fusion's RMS factor 1 / sqrt(mean square + eps) of a row of K elements from a warp's lane sums of
+// its per-part sums of squares (lane l having added parts l, l + 32, ... in that order): a fixed xor tree, so every
+// kernel that applies a row's norm from its partial sums (gemv_norm_in, moe_route_folded) gets the same bits.
+__device__ __forceinline__ float rms_inverse_from_lane_sums(float ss, int K, float eps) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  return rsqrtf(ss / float(K) + eps);  // as rmsnorm / add_rmsnorm
+}
 
 // xs[t * ld + k] = bf16(rmsnorm(x_t) * w)[k] for t < T, x_t = residual[t] + float(delta[t]) (delta may be null),
 // the norm in f32 as rmsnorm / add_rmsnorm compute it. The whole block works on one row at a time (each thread a

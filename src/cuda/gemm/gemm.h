@@ -1,8 +1,9 @@
 // Dense GEMM on the GPU: y[M, N] = x[M, K] . W[N, K]^T, x and W BF16 row-major (W as stored in the
 // checkpoint: [out_features, in_features]), y BF16 or F32, f32 accumulation. Backends: cuBLAS (cublasGemmEx),
 // cuBLASLt (heuristic algorithm per shape, cached) and gemv (bandwidth-bound tensor-core kernels for decode:
-// M <= 8 on mma.sync, 9-128 on sm_90a wgmma (the skinny GEMM), cuBLASLt above). Graph-capturable: workspaces are fixed in prepare(). FP8 / NVFP4 weights will join
-// as further formats whose run() also takes scale pointers (cuBLASLt's A/B scale attributes).
+// M <= 8 on mma.sync, 9-128 tokens of router-sized W on sm_90a wgmma (the skinny GEMM), cuBLASLt for the rest).
+// Graph-capturable: workspaces are fixed in prepare(). FP8 / NVFP4 weights will join as further formats whose run()
+// also takes scale pointers (cuBLASLt's A/B scale attributes).
 #pragma once
 
 #include <memory>

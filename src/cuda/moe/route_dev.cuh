@@ -7,7 +7,6 @@
 
 #include "cuda/fused_norm.cuh"
 #include "cuda/moe/moe.h"
-#include "cuda/moe/moe_route_math.cuh"
 
 namespace moeserve::cuda::route_dev {
 
@@ -22,9 +21,52 @@ constexpr int kRouteMaxTopK = 16;
 template <int SLOTS>
 __device__ __forceinline__ void route_token_values(const float (&v)[SLOTS], int t, int E, int k, bool renormalize,
                                                    int32_t* ids, float* weights, int lane) {
-  moe_route::topk_softmax_warp(
-      v, E, k, renormalize, lane, [&](int j, int e) { ids[size_t(t) * k + j] = e; },
-      [&](int j, float w) { weights[size_t(t) * k + j] = w; });
+  float mx = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < SLOTS; ++i) mx = fmaxf(mx, v[i]);
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, d));
+  double ex[SLOTS];  // exp(logit - max) in double, as the CPU computes it; once per expert
+  double sum = 0;
+#pragma unroll
+  for (int i = 0; i < SLOTS; ++i) {
+    ex[i] = lane + 32 * i < E ? exp(double(v[i] - mx)) : 0.0;
+    sum += ex[i];
+  }
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, d);
+  float p[SLOTS];
+#pragma unroll
+  for (int i = 0; i < SLOTS; ++i) p[i] = lane + 32 * i < E ? float(ex[i] / sum) : -1.0f;  // -1: absent or taken
+
+  // Each round takes the largest remaining probability, the lowest expert index among equals (torch.topk's
+  // order). Probabilities are >= 0, so their f32 bits order as unsigned integers: key = bits + 1, 0 for absent or
+  // taken. One warp-wide max reduction (redux.sync) finds the winning key; one ballot a slot, lowest slot and lane
+  // first, finds the lowest expert holding it (five dependent shuffle pairs a round before).
+  float chosen_p = 0, total = 0;
+  for (int j = 0; j < k; ++j) {
+    unsigned key[SLOTS], best = 0;
+#pragma unroll
+    for (int i = 0; i < SLOTS; ++i) {
+      key[i] = p[i] >= 0.0f ? __float_as_uint(p[i]) + 1u : 0u;
+      best = max(best, key[i]);
+    }
+    best = __reduce_max_sync(0xffffffffu, best);
+    int be = -1;
+#pragma unroll
+    for (int i = 0; i < SLOTS; ++i) {
+      const unsigned holders = __ballot_sync(0xffffffffu, key[i] == best);
+      if (be < 0 && holders != 0) be = 32 * i + __ffs(int(holders)) - 1;
+    }
+    const float bp = __uint_as_float(best - 1u);
+    // Every lane now holds the same winner.
+#pragma unroll
+    for (int i = 0; i < SLOTS; ++i)
+      if (lane + 32 * i == be) p[i] = -1.0f;
+    total += bp;  // in selection order, as the CPU sums
+    if (lane == j) chosen_p = bp, ids[size_t(t) * k + j] = be;
+  }
+  if (lane < k) weights[size_t(t) * k + lane] = renormalize ? chosen_p / total : chosen_p;
 }
 
 // logit(e) gives expert e's logit (e < E).
@@ -59,7 +101,16 @@ __device__ __forceinline__ void route_token(const float* l, int t, int E, int k,
 // Every load a warp needs is issued before its first reduction, so each path is one L2 round trip deep.
 constexpr int kFoldedWarps = 8;
 constexpr int kFoldedThreads = kFoldedWarps * 32;
-constexpr int kMaxPartsPerLane = moe_route::kRouteMaxPartsPerLane;
+constexpr int kMaxPartsPerLane = 8;  // nparts <= 256: H <= 4096
+
+// Sums of squares over the parts held as lane + 32 j, in gemv_norm_in's order (each lane its parts in order, then
+// rms_inverse_from_lane_sums), so the RMS factor is bitwise the one that kernel applies.
+__device__ __forceinline__ float rms_inverse_of(const float (&v)[kMaxPartsPerLane], int H, float eps) {
+  float ss = 0.f;
+#pragma unroll
+  for (int j = 0; j < kMaxPartsPerLane; ++j) ss += v[j];  // absent parts are 0: adding them changes nothing
+  return rms_inverse_from_lane_sums(ss, H, eps);
+}
 
 __device__ __forceinline__ void load_parts(const float* part, int nparts, int lane, float (&v)[kMaxPartsPerLane]) {
 #pragma unroll
@@ -73,13 +124,24 @@ __device__ __forceinline__ void route_folded_body(const FoldedRouterInputs& f, i
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (warp < T) {
     const int t = warp;
-    float v[SLOTS];
-    moe_route::folded_logits(f.u1 + int64_t(t) * f.ld_u1, f.u2 + int64_t(t) * f.ld_u2, f.part_h + int64_t(t) * f.nparts,
-                             f.part_x + int64_t(t) * f.nparts, f.nparts, f.H, f.eps, E, lane, v);
-    if (f.logits_out != nullptr) {
+    float ph[kMaxPartsPerLane], px[kMaxPartsPerLane], u1[SLOTS], u2[SLOTS];
+    load_parts(f.part_h + int64_t(t) * f.nparts, f.nparts, lane, ph);
+    load_parts(f.part_x + int64_t(t) * f.nparts, f.nparts, lane, px);
 #pragma unroll
-      for (int i = 0; i < SLOTS; ++i)
-        if (lane + 32 * i < E) f.logits_out[int64_t(t) * E + lane + 32 * i] = v[i];
+    for (int i = 0; i < SLOTS; ++i) {
+      const int e = lane + 32 * i;
+      u1[i] = e < E ? __ldcg(f.u1 + int64_t(t) * f.ld_u1 + e) : 0.f;
+      u2[i] = e < E ? __ldcg(f.u2 + int64_t(t) * f.ld_u2 + e) : 0.f;
+    }
+    const float inv_h = rms_inverse_of(ph, f.H, f.eps), inv_x = rms_inverse_of(px, f.H, f.eps);
+    // u1 = (W_r diag(g_post / g_in)) xn_in with xn_in = h inv_h g_in, so W_r diag(g_post) h = u1 / inv_h; with
+    // u2 = (W_r diag(g_post) W_o) a, the router's W_r (g_post x inv_x) for x = h + W_o a is (u1 / inv_h + u2) inv_x.
+    float v[SLOTS];
+#pragma unroll
+    for (int i = 0; i < SLOTS; ++i) {
+      const int e = lane + 32 * i;
+      v[i] = e < E ? (u1[i] / inv_h + u2[i]) * inv_x : -INFINITY;
+      if (f.logits_out != nullptr && e < E) f.logits_out[int64_t(t) * E + e] = v[i];
     }
     route_token_values(v, t, E, k, renormalize, ids, weights, lane);
     if (T < kFoldedWarps) return;  // the other warps write the experts' input
@@ -99,10 +161,7 @@ __device__ __forceinline__ void route_folded_body(const FoldedRouterInputs& f, i
         const int c = cb + lane + 32 * u;
         x[u] = c < c1 ? __ldcg(r + c) : make_float4(0.f, 0.f, 0.f, 0.f);
       }
-      float ss = 0.f;
-#pragma unroll
-      for (int j = 0; j < kMaxPartsPerLane; ++j) ss += px[j];
-      const float inv = rms_inverse_from_lane_sums(ss, f.H, f.eps);
+      const float inv = rms_inverse_of(px, f.H, f.eps);
 #pragma unroll
       for (int u = 0; u < 4; ++u) {
         const int c = cb + lane + 32 * u;
