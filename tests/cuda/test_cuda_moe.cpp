@@ -451,6 +451,53 @@ TEST(CudaMoe, CapturedGraphReplaysWithNewRoutings) {
     }
 }
 
+// Batched decode's warp-specialized configuration (12 at 3-12 tokens an expert) walks a tile table in static slots
+// and issues its first weight slices before the prep has run (GemmParams::static_slots): skewed routings reach
+// its corners - experts with more tokens than a tile (overflow slots after the E static ones), experts without
+// pairs among every CTA's first units (the slices issued for them drained without MMAs), dropped pairs - and each
+// result is compared with the CPU reference and repeated bitwise.
+TEST(CudaMoe, SkewedRoutingsOnStaticSlots) {
+  if (moeserve::cuda::list_devices().empty()) GTEST_SKIP() << "no CUDA device";
+  const Case c{128, 8, 2048, 768};
+  Layer L(c, 4711);
+  const MoeShape shape = L.shape(192);
+  StepBuffers buf(c, 192);
+  Stream st;
+  std::vector<Step> steps;
+  for (int T : {40, 64, 192}) {
+    for (int kind = 0; kind < 4; ++kind) {
+      Step s = make_step(c, T, 31 * T + kind);
+      for (int t = 0; t < T; ++t)
+        for (int j = 0; j < c.k; ++j) {
+          int& id = s.ids[size_t(t) * c.k + j];
+          if (kind == 0) id = j;                             // experts 0-7 take every token: overflow tiles
+          if (kind == 1) id = c.E - 1 - ((t + j) % 24);      // only the last 24 experts: the first slots empty
+          if (kind == 2 && t % 3 == 0) id = (j * 16 + t) % c.E;  // random, a third of the tokens spread
+          if (kind == 3 && (t + j) % 5 == 0) id = -1;        // random with dropped pairs
+        }
+      steps.push_back(std::move(s));
+    }
+  }
+  for (auto& b : make_moe_backends()) {
+    if (b->spec().name == "cublas_ref") continue;  // no tiles
+    std::string code;
+    if (std::string r = b->prepare(device(), shape, code); !r.empty()) {
+      EXPECT_FALSE(must_run_here(*b)) << b->spec().name << ": " << r;
+      continue;
+    }
+    DevBuf<char> ws(b->workspace_bytes(shape));
+    for (const Step& s : steps) {
+      const auto want = reference(L, s);
+      EXPECT_EQ(check_step(*b, L, s, want, buf, ws.p, st.s), "")
+          << "fused tile configuration " << fused_config_for(shape, s.T);
+      const auto first = buf.out.download(size_t(s.T) * c.H);
+      EXPECT_EQ(check_step(*b, L, s, want, buf, ws.p, st.s), "");
+      EXPECT_TRUE(buf.out.download(size_t(s.T) * c.H) == first)
+          << b->spec().name << " T=" << s.T << ": not bitwise repeatable";
+    }
+  }
+}
+
 // Which T take the direct (prep-less, one pair per tile, PDL-chained) path of the fused kernels. Host only.
 TEST(CudaMoe, SmallTokenCountsTakeTheDirectPath) {
   MoeShape s;

@@ -357,6 +357,13 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
         f.u1 = router_u1_.get(), f.ld_u1 = E, f.u2 = router_u2_.get(), f.ld_u2 = E;
         f.part_h = part_moe_.get(), f.part_x = part_attn_.get(), f.nparts = res_parts;
         f.residual = residual_.get(), f.post_norm = L.post_norm.get(), f.eps = eps, f.H = H, f.xn_out = xn_.get();
+        // Experiment: the chosen experts' down matrices towards L2 (1: plain, 2: evict_last; FoldedRouterInputs).
+        static const int down_prefetch = int(env_int("MOESERVE_MOE_DOWN_L2_PREFETCH", 0, 0, 2));
+        if (down_prefetch > 0 && L.moe.format == WeightFormat::BF16 && L.moe.down != nullptr) {
+          f.prefetch_base = L.moe.down;
+          f.prefetch_bytes = int64_t(H) * I * int64_t(sizeof(bf16));
+          f.prefetch_evict_last = down_prefetch == 2;
+        }
         moe_route_folded(f, T, E, K, c.norm_topk_prob, topk_ids_.get(), topk_w_.get(), s);
         mark("moe route_folded", act * 8, 0);
       } else if (resfuse) {  // the post-attention norm inside the router GEMV, which also writes xn_ for the experts

@@ -100,9 +100,10 @@ __device__ __forceinline__ void direct_combine_tail(const GemmParams& p, int H) 
 // do not: every output element is computed from its own row alone, in a fixed k order.
 
 // Exclusive scans of the rows and tiles of each expert (one warp, 32 experts a step) from cnt; writes off[0..E]
-// and toff[0..E] (shared), and the tile table.
+// and toff[0..E] (shared), and the tile table. Static slots: toff counts only the tiles after each expert's first.
 __device__ __forceinline__ void prep_scan_and_tiles(const PrepParams& p, const int* cnt, int* s_off, int* s_toff) {
   const int tid = threadIdx.x, nt = blockDim.x, E = p.num_experts, BN = p.tile_rows;
+  const bool fixed = p.static_slots != 0;
   if (tid < 32) {
     const int lane = tid;
     int carry = 0, tcarry = 0;
@@ -110,6 +111,7 @@ __device__ __forceinline__ void prep_scan_and_tiles(const PrepParams& p, const i
       const int e = base + lane;
       int c = e < E ? cnt[e] : 0;
       int t = (c + BN - 1) / BN;
+      if (fixed && t > 0) --t;
 #pragma unroll
       for (int d = 1; d < 32; d <<= 1) {
         const int c2 = __shfl_up_sync(0xffffffffu, c, d), t2 = __shfl_up_sync(0xffffffffu, t, d);
@@ -124,13 +126,18 @@ __device__ __forceinline__ void prep_scan_and_tiles(const PrepParams& p, const i
   __syncthreads();
   for (int e = tid; e < E; e += nt) {
     const int n = cnt[e];
-    for (int j = 0, s = s_toff[e]; j * BN < n && s < p.num_slots; ++j, ++s) {
+    if (fixed) {  // slot e: the first tile, even without rows (the host sizes num_slots for this layout)
+      Tile t;
+      t.expert = e, t.row0 = s_off[e], t.rows = n < BN ? n : BN, t.pad = 0;
+      p.tiles[e] = t;
+    }
+    for (int j = fixed ? 1 : 0, s = fixed ? E + s_toff[e] : s_toff[e]; j * BN < n && s < p.num_slots; ++j, ++s) {
       Tile t;
       t.expert = e, t.row0 = s_off[e] + j * BN, t.rows = n - j * BN < BN ? n - j * BN : BN, t.pad = 0;
       p.tiles[s] = t;
     }
   }
-  for (int s = s_toff[E] + tid; s < p.num_slots; s += nt) {
+  for (int s = (fixed ? E : 0) + s_toff[E] + tid; s < p.num_slots; s += nt) {
     Tile t;
     t.expert = 0, t.row0 = 0, t.rows = 0, t.pad = 0;
     p.tiles[s] = t;

@@ -166,6 +166,23 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
   // wait, before this grid could start (moe_gemm_kernels.cuh, the same argument); act is read only after the wait.
   int prefetched = 0;  // global slices whose weight tile was issued before the wait (thread 0's TMA, or kCpW every
                        // producer thread's copies)
+  // The gate/up GEMM over static slots (GemmParams::static_slots, kCpW): the i-th unit of this CTA's walk, u, is
+  // expert u / gx's while that is below E, so the walk's first STAGES weight slices go out before the wait (the
+  // experts' first rows and the prep's table are not needed for them). pre_slices(u): how many of unit u's
+  // slices that covered (the walk's units in order, stopping at the first overflow slot).
+  const bool gu_prewait = MODE == kGateUp && kCpW && p.static_slots != 0;
+  auto pre_slices = [&](int u) {
+    if (!gu_prewait || u / gx >= p.num_experts) return 0;
+    const int before = (u - int(blockIdx.x)) / int(gridDim.x) * KT;  // slices of the walk's earlier units
+    return before >= STAGES ? 0 : (STAGES - before < KT ? STAGES - before : KT);
+  };
+  if (gu_prewait && warp < 4 * NP) {
+    for (int u = blockIdx.x; u < units && prefetched < STAGES && u / gx < p.num_experts; u += gridDim.x) {
+      Tile tile;
+      tile.expert = u / gx, tile.row0 = 0, tile.rows = 0, tile.pad = 0;
+      for (int kt = 0; kt < KT && prefetched < STAGES; ++kt, ++prefetched) copy_weights(prefetched, tile, u % gx, kt);
+    }
+  }
   if (MODE == kDown && (kCpW ? warp < 4 * NP : tid == 0)) {
     for (int u = blockIdx.x; u < units && prefetched < STAGES; u += gridDim.x) {
       const Tile tile = p.tiles[u / gx];
@@ -193,7 +210,10 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
     for (int u = blockIdx.x; u < units; u += gridDim.x) {
       const int bx = u % gx;
       const Tile tile = p.tiles[u / gx];
-      if (tile.rows <= 0) continue;
+      // A unit without rows runs only the slices issued for it before the wait (zero token rows, drained by the
+      // consumers without MMAs).
+      const int nk = tile.rows > 0 ? KT : pre_slices(u);
+      if (nk == 0) continue;
       const unsigned short* b_src[B_ITERS];
       bool b_ok[B_ITERS];
 #pragma unroll
@@ -204,7 +224,7 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
         b_ok[it] = pos >= 0;
         b_src[it] = p.src + row * K + ch * 8;
       }
-      for (int kt = 0; kt < KT; ++kt, ++slice) {
+      for (int kt = 0; kt < nk; ++kt, ++slice) {
         const int stage = slice % STAGES;
         // The consumers released this stage (the first pass over the ring waits on the phase before the first,
         // which counts as complete).
@@ -240,7 +260,14 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
   for (int u = blockIdx.x; u < units; u += gridDim.x) {
     const int bx = u % gx;
     const Tile tile = p.tiles[u / gx];
-    if (tile.rows <= 0) continue;
+    if (tile.rows <= 0) {  // drain the slices issued for it before the wait (static slots), if any
+      for (int kt = pre_slices(u); kt > 0; --kt, ++slice) {
+        const int stage = slice % STAGES;
+        ws::mbar_wait(full0 + stage * 8, (slice / STAGES) & 1);
+        if ((ctid & 127) == 0) ws::mbar_arrive(empty0 + stage * 8);
+      }
+      continue;
+    }
     float d[MW][BN / 2];
 #pragma unroll
     for (int j = 0; j < MW; ++j)

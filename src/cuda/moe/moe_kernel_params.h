@@ -80,6 +80,9 @@ struct PrepParams {
   int* counts;          // kPrepCount: [E] ints, zero between launches
   int* offsets;         // kPrepCount / kPrepScatter: [E + 1] first sorted position of each expert
   int* done;            // kPrepCount: CTAs finished, zero between launches
+  // Static slots (GemmParams::static_slots): slot e < num_experts holds expert e's first tile (rows 0 when it has no
+  // pairs); an expert's further tiles follow from slot num_experts on. Needs num_slots >= num_experts + P / tile_rows.
+  int static_slots;
 };
 
 enum GemmMode { kGateUp = 0, kDown = 1 };
@@ -126,6 +129,12 @@ struct GemmParams {
   // evict_first priority (moe_ptx::l2_evict_first_policy; cuda/device.h l2_evict_first_weights). (The TMA boxes of
   // configuration 11 with the same hint: bs 64 step -10 us against 12's -26 on the same H200, session 25; removed.)
   int weight_evict_first;
+  // The tile table in static slots (PrepParams::static_slots): unit u's expert is its slot u / grid_x while that is
+  // below num_experts, known before the prep has run, so the warp-specialized gate/up GEMM with cp.async weights
+  // (configurations 12, 13) issues its first ring pass of weight slices before its programmatic wait, while the
+  // route and the prep run (the DRAM is otherwise idle then). A unit whose expert turns out to have no pairs drains
+  // the slices issued for it without MMAs.
+  int static_slots;
 };
 
 // out[t, :] = bf16(sum over j < top_k of y[pair_pos[t * top_k + j], :]), slots in order (deterministic).
@@ -218,10 +227,12 @@ struct GemmConfigInfo {
   int bm, bn, threads, smem_bytes;
   bool persistent;  // warp-specialized (WGMMA 3): MINB CTAs an SM walk the grid, launched with MINB x the SM count
   int ctas_per_sm;
+  bool weights_cp_async;  // persistent, weight tiles by the producers' cp.async (GemmParams::static_slots applies)
 };
 template <class C>
 constexpr GemmConfigInfo gemm_config_info_of() {
-  return GemmConfigInfo{C::BM, C::BN, C::THREADS, C::SMEM_BYTES, C::WGMMA == 3, C::MINB};
+  return GemmConfigInfo{C::BM, C::BN, C::THREADS, C::SMEM_BYTES, C::WGMMA == 3, C::MINB,
+                        C::WGMMA == 3 && C::WEIGHTS_CP_ASYNC};
 }
 constexpr GemmConfigInfo gemm_config_info(int i) {
   return i == 0   ? gemm_config_info_of<GemmCfg0>()
