@@ -363,12 +363,17 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
         f.u1 = router_u1_.get(), f.ld_u1 = E, f.u2 = router_u2_.get(), f.ld_u2 = E;
         f.part_h = part_moe_.get(), f.part_x = part_attn_.get(), f.nparts = res_parts;
         f.residual = residual_.get(), f.post_norm = L.post_norm.get(), f.eps = eps, f.H = H, f.xn_out = xn_.get();
-        // Experiment: the chosen experts' down matrices towards L2 (1: plain, 2: evict_last; FoldedRouterInputs).
-        static const int down_prefetch = int(env_int("MOESERVE_MOE_DOWN_L2_PREFETCH", 0, 0, 2));
+        // Experiment: the chosen experts' down matrices towards L2 (1: plain, 2: evict_last, 3: 2 with the gate/up
+        // matrices first; FoldedRouterInputs).
+        static const int down_prefetch = int(env_int("MOESERVE_MOE_DOWN_L2_PREFETCH", 0, 0, 3));
         if (down_prefetch > 0 && L.moe.format == WeightFormat::BF16 && L.moe.down != nullptr) {
           f.prefetch_base = L.moe.down;
           f.prefetch_bytes = int64_t(H) * I * int64_t(sizeof(bf16));
-          f.prefetch_evict_last = down_prefetch == 2;
+          f.prefetch_evict_last = down_prefetch >= 2;
+          if (down_prefetch == 3) {
+            f.prefetch_first_base = L.moe.gate_up;
+            f.prefetch_first_bytes = 2 * f.prefetch_bytes;
+          }
         }
         moe_route_folded(f, T, E, K, c.norm_topk_prob, topk_ids_.get(), topk_w_.get(), s);
         mark("moe route_folded", act * 8, 0);
