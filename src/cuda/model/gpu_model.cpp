@@ -363,18 +363,6 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
         f.u1 = router_u1_.get(), f.ld_u1 = E, f.u2 = router_u2_.get(), f.ld_u2 = E;
         f.part_h = part_moe_.get(), f.part_x = part_attn_.get(), f.nparts = res_parts;
         f.residual = residual_.get(), f.post_norm = L.post_norm.get(), f.eps = eps, f.H = H, f.xn_out = xn_.get();
-        // Experiment: the chosen experts' down matrices towards L2 (1: plain, 2: evict_last, 3: 2 with the gate/up
-        // matrices first; FoldedRouterInputs).
-        static const int down_prefetch = int(env_int("MOESERVE_MOE_DOWN_L2_PREFETCH", 0, 0, 3));
-        if (down_prefetch > 0 && L.moe.format == WeightFormat::BF16 && L.moe.down != nullptr) {
-          f.prefetch_base = L.moe.down;
-          f.prefetch_bytes = int64_t(H) * I * int64_t(sizeof(bf16));
-          f.prefetch_evict_last = down_prefetch >= 2;
-          if (down_prefetch == 3) {
-            f.prefetch_first_base = L.moe.gate_up;
-            f.prefetch_first_bytes = 2 * f.prefetch_bytes;
-          }
-        }
         moe_route_folded(f, T, E, K, c.norm_topk_prob, topk_ids_.get(), topk_w_.get(), s);
         mark("moe route_folded", act * 8, 0);
       } else if (resfuse) {  // the post-attention norm inside the router GEMV, which also writes xn_ for the experts
@@ -463,9 +451,9 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
 }
 
 bool GpuQwen3::fuses_greedy(const StepInputs& in) const {
-  // Greedy decode steps of up to 8 rows (H200, q30b8l served step: the sampler launch after the lm_head was ~5.4 us
-  // of chain at bs 1). MOESERVE_GREEDY_FUSED=0: the sampler launch (A/B).
-  static const bool on = env_flag("MOESERVE_GREEDY_FUSED", true);
+  // Greedy decode steps of up to 8 rows; opt-in (MOESERVE_GREEDY_FUSED=1): on the H200 the served q30b8l step at
+  // bs 1 took 568-571 us with the sampler launch (~5.4 us of chain) and 594-598 with it fused (session 27, call 1).
+  static const bool on = env_flag("MOESERVE_GREEDY_FUSED", false);
   return on && !lmhead_norm_in() && in.logit_rows == nullptr && in.R == in.T && in.R >= 1 && gemv_stream_enabled() &&
          gemv_stream_fits(in.R, int(cfg_.hidden_size));
 }

@@ -124,7 +124,7 @@ class GpuQwen3 {
   // Runs the model over the step's tokens; leaves f32 logits [R, vocab] in logits().
   void forward(const StepInputs& in, cudaStream_t stream, StepProfile* profile = nullptr);
   // Whether forward() samples these inputs' logit rows greedily inside the lm_head when given StepInputs::greedy_*:
-  // every token a logit row, at most 8 of them (the streaming lm_head GEMV; MOESERVE_GREEDY_FUSED=0: never).
+  // every token a logit row, at most 8 of them (the streaming lm_head GEMV), when MOESERVE_GREEDY_FUSED=1.
   bool fuses_greedy(const StepInputs& in) const;
   float* logits() const { return logits_.get(); }
   // Runs every library GEMM kernel the steps' GEMMs can pick (GemmBackend::warm_up_tokens, the shapes of forward())

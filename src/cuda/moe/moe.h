@@ -27,6 +27,8 @@ struct MoeWeights {
   WeightFormat format = WeightFormat::BF16;
   const void* gate_up = nullptr;  // [E, 2 * I, H]: rows 0..I-1 gate, I..2I-1 up (transformers' fused layout)
   const void* down = nullptr;     // [E, H, I]
+  // Every expert's weights must be readable, routed to or not: the batched-decode gate/up GEMM issues its first
+  // weight slices before the routing is known (GemmParams::static_slots).
   // Per-group scales for quantized formats (unused for BF16): FP8 128x128 blocks, NVFP4 16-element groups.
   const void* gate_up_scale = nullptr;
   const void* down_scale = nullptr;
@@ -69,17 +71,6 @@ struct FoldedRouterInputs {
   int H = 0;
   bf16* xn_out = nullptr;       // [T, H]
   float* logits_out = nullptr;  // [T, E] or null: the logits (tests)
-  // Experiment (MOESERVE_MOE_DOWN_L2_PREFETCH, gpu_model): when prefetch_base is non-null, each token's warp starts
-  // its chosen experts' matrices [prefetch_base + e * prefetch_bytes, + prefetch_bytes) towards L2 (bulk prefetches
-  // of 64 KB) once they are known: the down GEMV's weights then stream in while the gate/up GEMM runs, where its CTAs
-  // (one an SM, 141 KB of ring) find no room beside the gate/up CTAs until those leave. prefetch_evict_last: with the
-  // L2 evict_last priority (the gate/up stream has evict_first). prefetch_first_base / _bytes, when non-null: the
-  // same for the gate/up matrices first, with no hint (their stream then starts before the gate/up GEMM does).
-  const void* prefetch_base = nullptr;
-  int64_t prefetch_bytes = 0;
-  bool prefetch_evict_last = false;
-  const void* prefetch_first_base = nullptr;
-  int64_t prefetch_first_bytes = 0;
 };
 void moe_route_folded(const FoldedRouterInputs& f, int T, int E, int k, bool renormalize, int32_t* ids,
                       float* weights, cudaStream_t stream);

@@ -137,7 +137,8 @@ struct StreamGuard {
 std::string self_test_impl(MoeBackend& b, const MoeShape& shape, double& max_err) {
   const int H = shape.hidden, I = shape.inter, k = shape.top_k;
   // A few experts suffice to exercise the grouping; ids stay below `pool_experts`, so only that many experts'
-  // weights exist (the backend indexes expert e's weights only when a pair routes to e).
+  // weights are random. The device buffers hold all num_experts (zeros past the pool): a backend may read any
+  // expert's weights before the routing is known (the batched-decode gate/up GEMM's first slices, static slots).
   const int pool_experts = std::min(shape.num_experts, std::max(6, k + 2));
   // One step in every band of tokens an expert the fused backends pick a tile configuration by
   // (fused_config_for: direct 1-token tiles, <= 5, 6-12, 13-40, 41-256 and above 256 at the model's experts and
@@ -172,8 +173,11 @@ std::string self_test_impl(MoeBackend& b, const MoeShape& shape, double& max_err
   DeviceAllocs dev;
   MoeShape test_shape = shape;
   test_shape.max_tokens = max_t;  // every backend here lays its workspace out by T (moe_internal.h)
-  auto* d_gu = dev.alloc<uint16_t>(gate_up.size() * 2);
-  auto* d_dn = dev.alloc<uint16_t>(down.size() * 2);
+  const size_t all_gu = size_t(shape.num_experts) * 2 * I * H, all_dn = size_t(shape.num_experts) * H * I;
+  auto* d_gu = dev.alloc<uint16_t>(all_gu * 2);
+  auto* d_dn = dev.alloc<uint16_t>(all_dn * 2);
+  MS_CUDA_CHECK(cudaMemsetAsync(d_gu, 0, all_gu * 2, stream.s));
+  MS_CUDA_CHECK(cudaMemsetAsync(d_dn, 0, all_dn * 2, stream.s));
   auto* d_x = dev.alloc<uint16_t>(size_t(max_t) * H * 2);
   auto* d_out = dev.alloc<uint16_t>(size_t(max_t) * H * 2);
   auto* d_ids = dev.alloc<int32_t>(size_t(max_t) * k * 4);

@@ -182,6 +182,16 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
       tile.expert = u / gx, tile.row0 = 0, tile.rows = 0, tile.pad = 0;
       for (int kt = 0; kt < KT && prefetched < STAGES; ++kt, ++prefetched) copy_weights(prefetched, tile, u % gx, kt);
     }
+    // The first unit's next l2_ahead slices of this thread's weight row towards L2 (GemmParams::l2_ahead).
+    const int u0 = int(blockIdx.x), r = tid;
+    if (p.l2_ahead > 0 && u0 < units && u0 / gx < p.num_experts && KT > STAGES && r < BM) {
+      const int i = (u0 % gx) * (BM / 2) + (r % (BM / 2));
+      const int k0 = STAGES * BK, n = min(p.l2_ahead * BK, K - k0);
+      if (i < I && n > 0) {
+        const long long grow = (long long)(u0 / gx) * 2 * I + (r < BM / 2 ? i : I + i);
+        prefetch_l2(p.weights + grow * K + k0, unsigned(n) * 2u & ~15u);
+      }
+    }
   }
   if (MODE == kDown && (kCpW ? warp < 4 * NP : tid == 0)) {
     for (int u = blockIdx.x; u < units && prefetched < STAGES; u += gridDim.x) {

@@ -117,40 +117,6 @@ __device__ __forceinline__ void load_parts(const float* part, int nparts, int la
   for (int j = 0; j < kMaxPartsPerLane; ++j) v[j] = lane + 32 * j < nparts ? __ldcg(part + lane + 32 * j) : 0.f;
 }
 
-// The token's k experts' matrices [base + e * bytes, + bytes) towards L2 by the warp that just wrote their ids: 64 KB
-// bulk prefetches spread over the lanes, with the L2 policy `pol` when `hint` (FoldedRouterInputs::prefetch_*).
-__device__ __forceinline__ void prefetch_experts(const void* base, int64_t bytes_per_expert, bool hint,
-                                                 unsigned long long pol, const int32_t* tok_ids, int E, int k,
-                                                 int lane) {
-  constexpr int64_t kChunk = 64 << 10;
-  const int64_t chunks = (bytes_per_expert + kChunk - 1) / kChunk;
-  for (int64_t c = lane; c < int64_t(k) * chunks; c += 32) {
-    const int j = int(c / chunks);
-    const int64_t off = (c % chunks) * kChunk;
-    const int e = tok_ids[j];
-    if (e < 0 || e >= E) continue;
-    const char* p = static_cast<const char*>(base) + int64_t(e) * bytes_per_expert + off;
-    const unsigned bytes = unsigned(min(kChunk, bytes_per_expert - off)) & ~15u;
-    if (bytes == 0) continue;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (hint)
-      asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;\n" ::"l"(p), "r"(bytes), "l"(pol)
-                   : "memory");
-    else
-      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
-#endif
-  }
-}
-__device__ __forceinline__ void prefetch_chosen_experts(const FoldedRouterInputs& f, const int32_t* tok_ids, int E,
-                                                        int k, int lane) {
-  __syncwarp();  // the ids written by other lanes of this warp are visible
-  if (f.prefetch_first_base != nullptr)
-    prefetch_experts(f.prefetch_first_base, f.prefetch_first_bytes, false, 0ull, tok_ids, E, k, lane);
-  unsigned long long pol = 0;
-  if (f.prefetch_evict_last) asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(pol));
-  prefetch_experts(f.prefetch_base, f.prefetch_bytes, f.prefetch_evict_last, pol, tok_ids, E, k, lane);
-}
-
 // The folded route by the kFoldedThreads threads of a block (route_folded_kernel), its inputs complete and visible.
 template <int SLOTS>
 __device__ __forceinline__ void route_folded_body(const FoldedRouterInputs& f, int T, int E, int k, bool renormalize,
@@ -178,7 +144,6 @@ __device__ __forceinline__ void route_folded_body(const FoldedRouterInputs& f, i
       if (f.logits_out != nullptr && e < E) f.logits_out[int64_t(t) * E + e] = v[i];
     }
     route_token_values(v, t, E, k, renormalize, ids, weights, lane);
-    if (f.prefetch_base != nullptr) prefetch_chosen_experts(f, ids + int64_t(t) * k, E, k, lane);
     if (T < kFoldedWarps) return;  // the other warps write the experts' input
   }
   // The experts' input: each token's float4 columns split evenly over the writing warps.
