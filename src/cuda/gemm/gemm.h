@@ -48,13 +48,6 @@ bool gemv_stream_fits(int M, int K);
 bool gemv_stream_enabled();  // MOESERVE_GEMV_STREAM (default on)
 void gemv_stream(const bf16* x, int64_t ldx, int M, int K, const bf16* W, int N, void* y, int64_t ldy, OutType out,
                  cudaStream_t stream);
-// The same into f32 logits with the greedy sampler fused (every row sampled, as sample_greedy does: the argmax with
-// the lowest id on ties and its raw logprob into out_ids / out_logprobs (may be null)): the last block to finish
-// merges the blocks' states, so no sampler launch follows the lm_head. workspace: gemv_stream_greedy_workspace_bytes()
-// of device memory zeroed once (graphs capture it; one stream at a time).
-size_t gemv_stream_greedy_workspace_bytes();
-void gemv_stream_greedy(const bf16* x, int64_t ldx, int M, int K, const bf16* W, int N, float* y, int64_t ldy,
-                        int32_t* out_ids, float* out_logprobs, void* workspace, cudaStream_t stream);
 // The same with x = bf16(rmsnorm(residual) * norm_w) from the residual fusion's partial sums (as gemv_norm_in below,
 // K % 4 == 0, 16-byte aligned residual, 8-byte aligned norm_w): a decode step's final norm inside the lm_head launch.
 void gemv_stream_norm_in(const float* residual, const float* partials, int nparts, const bf16* norm_w, float eps,

@@ -31,7 +31,6 @@
 #include "cuda/launch.h"
 #include "cuda/moe/moe_ptx.cuh"
 #include "cuda/pdl.cuh"
-#include "cuda/sampling/greedy_state.cuh"
 
 namespace moeserve::cuda {
 namespace {
@@ -389,25 +388,11 @@ constexpr bool stream_smem_fits(size_t dynamic_bytes) {
   return dynamic_bytes + size_t(2) * kWarps * kRows * kTokens * sizeof(float) <= (227u << 10);
 }
 
-// GREEDY (gemv_stream_greedy): every row's argmax and raw logprob as the greedy sampler computes them, from the
-// logits this kernel stores: each (row, token) thread of the row-block epilogue keeps a running state, the block's
-// states per token go to the workspace, and the last block to finish merges them in block order.
-constexpr int kStreamGreedyMaxBlocks = 1024;
-struct StreamGreedyWorkspace {
-  greedy::State states[kTokens * kStreamGreedyMaxBlocks];  // [token][block]
-  int count;                                               // blocks finished; zero between launches
-};
-struct GreedyOut {
-  int32_t* ids = nullptr;
-  float* logprobs = nullptr;
-  StreamGreedyWorkspace* ws = nullptr;
-};
-
-template <typename OutT, int kStreamStages = kStreamStages, bool GREEDY = false>
+template <typename OutT, int kStreamStages = kStreamStages>
 __global__ void __launch_bounds__(kWarps * 32) gemv_stream_kernel(const bf16* x, int64_t ldx, int M, int K,
                                                                    const bf16* __restrict__ W, int N,
                                                                    OutT* __restrict__ y, int64_t ldy, int evict_first,
-                                                                   ResidualArgs ra, GreedyOut go) {
+                                                                   ResidualArgs ra) {
   __shared__ float partial[2][kWarps][kRows][kTokens];
   extern __shared__ __align__(16) bf16 gemv_dyn_smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -455,7 +440,6 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_stream_kernel(const bf16* x,
   const bool has_token = g < M;
   const bf16* xr = xs + (has_token ? g : 0) * ldxs + 8 * q;
   float c[4] = {0.f, 0.f, 0.f, 0.f};
-  greedy::State gs = greedy::empty_state();  // GREEDY: this epilogue thread's (row, token)s so far
   int64_t rb = rb0;
   int u = 0;
   for (int64_t i = 0; i < total; ++i) {
@@ -483,53 +467,19 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_stream_kernel(const bf16* x,
 #pragma unroll
       for (int w = 0; w < kWarps; ++w) sum += partial[buf][w][r][t];
       const int64_t n = rb * kRows + r;
-      if (t < M && n < N) {
-        store(y + int64_t(t) * ldy + n, sum);
-        if constexpr (GREEDY) greedy::add(gs, sum, int(n));
-      }
+      if (t < M && n < N) store(y + int64_t(t) * ldy + n, sum);
     }
     u = 0, ++rb;
   }
   moe_ptx::cp_async_wait<0>();
-  if constexpr (GREEDY) {
-    // Token t's states are threads 16 t .. 16 t + 15 (aligned half-warps of warps 0-3): merged, then the block's
-    // state to the workspace; the last block merges every block's in block order (deterministic) and resets count.
-    static_assert(kRows == 16 && kRows * kTokens == 128, "a token's rows in an aligned half-warp of warps 0-3");
-    const int t = threadIdx.x / kRows;
-    if (threadIdx.x < kRows * kTokens) {
-      gs = greedy::shfl_reduce<kRows>(gs);
-      if (threadIdx.x % kRows == 0 && t < M) {
-        go.ws->states[t * kStreamGreedyMaxBlocks + blockIdx.x] = gs;
-        __threadfence();
-      }
-    }
-    __shared__ bool last;
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(&go.ws->count, 1) == int(gridDim.x) - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    if (warp < M) {
-      greedy::State m = greedy::empty_state();
-      const greedy::State* st = go.ws->states + warp * kStreamGreedyMaxBlocks;
-      for (int b = lane; b < int(gridDim.x); b += 32)
-        m = greedy::merge(m, greedy::State{__ldcg(&st[b].max), __ldcg(&st[b].id), __ldcg(&st[b].sum)});
-      m = greedy::shfl_reduce(m);
-      if (lane == 0) {
-        go.ids[warp] = m.id;
-        if (go.logprobs != nullptr) go.logprobs[warp] = -logf(m.sum);  // logit(argmax) - max - log(sum)
-      }
-    }
-    if (threadIdx.x == 0) go.ws->count = 0;  // for the next launch
-  }
 }
 
 // MOESERVE_GEMV_STREAM_STAGES (A/B): 4 (default, two blocks an SM, 64 KB each), 6 (two blocks, 96 KB), 8 (one block,
 // 128 KB: session 20's form) or 12 (one block, 192 KB). A form whose shared memory does not fit falls back to the
 // default, then to one 8-stage block an SM, then to one 4-stage block (gemv_stream_fits' bound).
-template <typename OutT, bool GREEDY = false>
+template <typename OutT>
 void launch_gemv_stream(const bf16* x, int64_t ldx, int M, int K, const bf16* W, int N, OutT* y, int64_t ldy,
-                        const ResidualArgs& ra, cudaStream_t stream, const GreedyOut& go = {}) {
+                        const ResidualArgs& ra, cudaStream_t stream) {
   static const int sms = current_device_multiprocessors();
   static const int wanted = int(env_int("MOESERVE_GEMV_STREAM_STAGES", kStreamStages, 4, 12));
   const int evict_first = l2_evict_first_weights() ? 1 : 0;
@@ -538,18 +488,16 @@ void launch_gemv_stream(const bf16* x, int64_t ldx, int M, int K, const bf16* W,
     if (!stream_smem_fits(smem)) return false;
     const int per_sm = prepared_blocks_per_sm(reinterpret_cast<const void*>(kernel), smem);
     if (per_sm < blocks_per_sm) return false;
-    MS_CHECK(!GREEDY || sms * blocks_per_sm <= kStreamGreedyMaxBlocks, "gemv_stream_greedy: {} blocks (at most {})",
-             sms * blocks_per_sm, kStreamGreedyMaxBlocks);
     launch_pdl(kernel, dim3(unsigned(sms * blocks_per_sm)), dim3(kWarps * 32), smem, stream, x, ldx, M, K, W, N, y,
-               ldy, evict_first, ra, go);
+               ldy, evict_first, ra);
     return true;
   };
-  if (wanted == 6 && try_launch(gemv_stream_kernel<OutT, 6, GREEDY>, 6, kStreamBlocksPerSm)) return;
-  if (wanted == 8 && try_launch(gemv_stream_kernel<OutT, 8, GREEDY>, 8, 1)) return;
-  if (wanted == 12 && try_launch(gemv_stream_kernel<OutT, 12, GREEDY>, 12, 1)) return;
-  if (try_launch(gemv_stream_kernel<OutT, kStreamStages, GREEDY>, kStreamStages, kStreamBlocksPerSm)) return;
-  if (try_launch(gemv_stream_kernel<OutT, 8, GREEDY>, 8, 1)) return;  // token rows too large for two blocks an SM
-  MS_CHECK(try_launch(gemv_stream_kernel<OutT, kStreamStages, GREEDY>, kStreamStages, 1),
+  if (wanted == 6 && try_launch(gemv_stream_kernel<OutT, 6>, 6, kStreamBlocksPerSm)) return;
+  if (wanted == 8 && try_launch(gemv_stream_kernel<OutT, 8>, 8, 1)) return;
+  if (wanted == 12 && try_launch(gemv_stream_kernel<OutT, 12>, 12, 1)) return;
+  if (try_launch(gemv_stream_kernel<OutT>, kStreamStages, kStreamBlocksPerSm)) return;
+  if (try_launch(gemv_stream_kernel<OutT, 8>, 8, 1)) return;  // token rows too large for two blocks an SM
+  MS_CHECK(try_launch(gemv_stream_kernel<OutT>, kStreamStages, 1),
            "gemv_stream: {} bytes of shared memory (M {} K {}) do not fit an SM", stream_smem_bytes(M, K), M, K);
 }
 
@@ -729,7 +677,6 @@ class GemvBackend final : public GemmBackend {
                           reinterpret_cast<const void*>(gemv_bf16_kernel<bf16, kPlainX, true>),
                           reinterpret_cast<const void*>(gemv_stream_kernel<bf16>),
                           reinterpret_cast<const void*>(gemv_stream_kernel<float>),
-                          reinterpret_cast<const void*>(gemv_stream_kernel<float, kStreamStages, true>),
                           reinterpret_cast<const void*>(splitk_reduce_kernel<bf16>),
                           reinterpret_cast<const void*>(splitk_reduce_kernel<float>)})
       if (std::string why = check_kernel_present(k, dev); !why.empty()) return why;
@@ -841,18 +788,6 @@ void gemv_stream(const bf16* x, int64_t ldx, int M, int K, const bf16* W, int N,
 bool gemv_stream_enabled() {
   static const bool on = env_flag("MOESERVE_GEMV_STREAM", true);
   return on;
-}
-
-size_t gemv_stream_greedy_workspace_bytes() { return sizeof(StreamGreedyWorkspace); }
-
-void gemv_stream_greedy(const bf16* x, int64_t ldx, int M, int K, const bf16* W, int N, float* y, int64_t ldy,
-                        int32_t* out_ids, float* out_logprobs, void* workspace, cudaStream_t stream) {
-  MS_CHECK(gemv_stream_fits(M, K) && N > 0 && ldx >= K && ldx % 8 == 0 && ldy >= N,
-           "gemv_stream_greedy: M {} K {} N {} ldx {} ldy {} do not fit", M, K, N, ldx, ldy);
-  MS_CHECK(aligned16(x) && aligned16(W) && out_ids != nullptr && workspace != nullptr,
-           "gemv_stream_greedy: x and W 16-byte aligned, the ids and a workspace");
-  launch_gemv_stream<float, true>(x, ldx, M, K, W, N, y, ldy, ResidualArgs{}, stream,
-                                  GreedyOut{out_ids, out_logprobs, static_cast<StreamGreedyWorkspace*>(workspace)});
 }
 
 void gemv_stream_norm_in(const float* residual, const float* partials, int nparts, const bf16* norm_w, float eps,

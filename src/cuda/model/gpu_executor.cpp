@@ -13,7 +13,6 @@
 #include "core/env.h"
 #include "core/log.h"
 #include "core/threadpool.h"
-#include "cuda/gemm/gemm.h"
 #include "cuda/model/gpu_model.h"
 #include "cuda/runtime/allocator.h"
 #include "cuda/sampling/greedy.h"
@@ -104,9 +103,6 @@ class GpuExecutor : public Executor {
   // The step's sampler over `rows` logit rows into the current set's outputs: the all-greedy fast path or the
   // general one.
   void sample_rows(int rows, bool greedy, bool with_penalties);
-  // An all-greedy step's sampling inside the lm_head launch, where the model can (GpuQwen3::fuses_greedy): sets or
-  // clears in.greedy_* (the current set's outputs).
-  void fuse_greedy(StepInputs& in, bool greedy);
   void capture_graphs();
   void record_decode(int bs, StepInputs& in, bool greedy);
   // Waits for everything queued on the compute and both copy streams (launched steps still use the buffers);
@@ -146,7 +142,7 @@ class GpuExecutor : public Executor {
   // Penalty inputs (one set: a step with penalties orders its upload after both sets' steps) and the sampler's
   // workspace (used on the compute stream only).
   DeviceArray<int32_t> pen_ids_, pen_counts_, ban_ids_;
-  DeviceArray<uint8_t> sample_ws_, greedy_ws_, stream_greedy_ws_;
+  DeviceArray<uint8_t> sample_ws_, greedy_ws_;
   struct Launched {
     std::vector<int> top_n;  // top logprobs wanted per sampled row (its size: the rows)
     bool want_lp;
@@ -231,8 +227,6 @@ GpuExecutor::GpuExecutor(const std::string& model_dir, const GpuOptions& opts) :
                                     "activations");
   greedy_ws_ = DeviceArray<uint8_t>(alloc_, greedy_workspace_bytes(), "activations");
   MS_CUDA_CHECK(cudaMemset(greedy_ws_.get(), 0, greedy_ws_.bytes()));
-  stream_greedy_ws_ = DeviceArray<uint8_t>(alloc_, gemv_stream_greedy_workspace_bytes(), "activations");
-  MS_CUDA_CHECK(cudaMemset(stream_greedy_ws_.get(), 0, stream_greedy_ws_.bytes()));
   log_info("activations: {} for steps of up to {} tokens, {} sequences", format_bytes(alloc_.in_use() - before),
            max_tokens, max_seqs);
 
@@ -530,9 +524,8 @@ void GpuExecutor::launch(const ForwardBatch& batch, const std::vector<SampleSpec
   if (graph_bs > 0) {
     MS_CUDA_CHECK(cudaGraphLaunch(graphs.at(graph_bs), stream_));
   } else {
-    fuse_greedy(in, greedy && R > 0);
     model_->forward(in, stream_);
-    if (R > 0 && in.greedy_ids == nullptr) sample_rows(R, greedy, !h_pen_ids_.empty() || !h_ban_ids_.empty());
+    if (R > 0) sample_rows(R, greedy, !h_pen_ids_.empty() || !h_ban_ids_.empty());
   }
   MS_CUDA_CHECK(cudaEventRecord(b.done, stream_));
   Launched l{{}, false, cur_};
@@ -637,14 +630,6 @@ std::string GpuExecutor::profile_step(const ForwardBatch& batch) {
   return out;
 }
 
-void GpuExecutor::fuse_greedy(StepInputs& in, bool greedy) {
-  StepBuffers& b = buf_[cur_];
-  const bool fused = greedy && model_->fuses_greedy(in);
-  in.greedy_ids = fused ? b.out_ids.get() : nullptr;
-  in.greedy_logprobs = fused ? b.out_lp.get() : nullptr;
-  in.greedy_ws = fused ? stream_greedy_ws_.get() : nullptr;
-}
-
 void GpuExecutor::sample_rows(int rows, bool greedy, bool with_penalties) {
   StepBuffers& b = buf_[cur_];
   if (greedy)
@@ -654,9 +639,8 @@ void GpuExecutor::sample_rows(int rows, bool greedy, bool with_penalties) {
 }
 
 void GpuExecutor::record_decode(int bs, StepInputs& in, bool greedy) {
-  fuse_greedy(in, greedy);
   model_->forward(in, stream_);
-  if (in.greedy_ids == nullptr) sample_rows(bs, greedy, false);
+  sample_rows(bs, greedy, false);
 }
 
 void GpuExecutor::capture_graphs() {

@@ -19,12 +19,6 @@ namespace {
 
 size_t numel_bytes(const Tensor& t) { return size_t(t.numel()) * sizeof(bf16); }
 
-// MOESERVE_LMHEAD_NORM_IN=1: the final norm inside the streaming lm_head (forward(); opt-in until measured).
-bool lmhead_norm_in() {
-  static const bool on = env_flag("MOESERVE_LMHEAD_NORM_IN", false);
-  return on;
-}
-
 }  // namespace
 
 unsigned parse_skip_ops(const std::string& list) {
@@ -415,7 +409,7 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
   const bf16* head = c.tie_word_embeddings ? embed_.get() : lm_head_.get();
   // With the residual fusion at up to 8 tokens, all of them logit rows, the final norm can run inside the streaming
   // lm_head GEMV from the last MoE's partial sums: no norm launch (MOESERVE_LMHEAD_NORM_IN=1; opt-in until measured).
-  const bool head_norm_in = lmhead_norm_in();
+  static const bool head_norm_in = env_flag("MOESERVE_LMHEAD_NORM_IN", false);
   if (resfuse && head_norm_in && !in.logit_rows && in.R == T && gemv_stream_enabled() && gemv_stream_fits(T, H)) {
     if (run_op(kSkipLmHead))
       gemv_stream_norm_in(residual_.get(), part_moe_.get(), res_parts, final_norm_.get(), eps, T, H, head,
@@ -437,25 +431,10 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
     rows = final_rows_.get();
     mark("gather rows", 4.0 * in.R * H, 0);
   }
-  auto g4 = gemm_cost(in.R, int(c.vocab_size), H, 4);
-  if (in.greedy_ids != nullptr && fuses_greedy(in)) {  // the greedy sampler inside the lm_head launch
-    if (run_op(kSkipLmHead))
-      gemv_stream_greedy(rows, H, in.R, H, head, int(c.vocab_size), logits_.get(), c.vocab_size, in.greedy_ids,
-                         in.greedy_logprobs, in.greedy_ws, s);
-    mark("gemm lm_head + greedy", g4.first, g4.second);
-    return;
-  }
   if (run_op(kSkipLmHead))
     gemm.run(rows, H, in.R, H, head, int(c.vocab_size), logits_.get(), c.vocab_size, OutType::F32, s);
+  auto g4 = gemm_cost(in.R, int(c.vocab_size), H, 4);
   mark("gemm lm_head", g4.first, g4.second);
-}
-
-bool GpuQwen3::fuses_greedy(const StepInputs& in) const {
-  // Greedy decode steps of up to 8 rows; opt-in (MOESERVE_GREEDY_FUSED=1): on the H200 the served q30b8l step at
-  // bs 1 took 568-571 us with the sampler launch (~5.4 us of chain) and 594-598 with it fused (session 27, call 1).
-  static const bool on = env_flag("MOESERVE_GREEDY_FUSED", false);
-  return on && !lmhead_norm_in() && in.logit_rows == nullptr && in.R == in.T && in.R >= 1 && gemv_stream_enabled() &&
-         gemv_stream_fits(in.R, int(cfg_.hidden_size));
 }
 
 int GpuQwen3::warm_up_gemms(cudaStream_t s) {

@@ -42,12 +42,6 @@ struct StepInputs {
   bool decode = false;                  // every sequence has exactly one new token
   int max_new = 0;                      // largest new_lens (prefill grid)
   int decode_splits = 1;
-  // Set by the executor for all-greedy decode steps where GpuQwen3::fuses_greedy(*this) holds: every logit row is
-  // sampled greedily inside the lm_head launch (gemv_stream_greedy: ids, raw logprobs, its workspace), and no
-  // sampler runs after forward().
-  int32_t* greedy_ids = nullptr;
-  float* greedy_logprobs = nullptr;
-  void* greedy_ws = nullptr;
   double kv_tokens = 0, attn_pairs = 0;  // host-side sums for the profile's floors: keys read, (query, key) pairs
 };
 
@@ -123,9 +117,6 @@ class GpuQwen3 {
 
   // Runs the model over the step's tokens; leaves f32 logits [R, vocab] in logits().
   void forward(const StepInputs& in, cudaStream_t stream, StepProfile* profile = nullptr);
-  // Whether forward() samples these inputs' logit rows greedily inside the lm_head when given StepInputs::greedy_*:
-  // every token a logit row, at most 8 of them (the streaming lm_head GEMV), when MOESERVE_GREEDY_FUSED=1.
-  bool fuses_greedy(const StepInputs& in) const;
   float* logits() const { return logits_.get(); }
   // Runs every library GEMM kernel the steps' GEMMs can pick (GemmBackend::warm_up_tokens, the shapes of forward())
   // once, so that no step's launch is the first of a kernel (module loading waits for the device to drain).

@@ -339,8 +339,6 @@ void fused_run(const KernelTable& k, const MoeShape& s, const bf16* x, int T, co
                 nullptr, nullptr, l.num_slots};
   gu.weight_evict_first = l2_evict_first_weights() ? 1 : 0;
   gu.static_slots = static_slots ? 1 : 0;
-  static const int l2_ahead = int(env_int("MOESERVE_MOE_GU_L2_AHEAD", 0, 0, 64));  // experiment (GemmParams)
-  gu.l2_ahead = static_slots ? l2_ahead : 0;
 
   // Direct mode's gate/up may run a configuration of its own (the same tile shape, another ring depth; A/B switch:
   // see GemmCfg7). The down GEMM keeps configuration 0 (5 stages there: 29.2 against 26.9 us at 1 token).

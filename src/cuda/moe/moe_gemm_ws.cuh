@@ -169,7 +169,10 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
   // The gate/up GEMM over static slots (GemmParams::static_slots, kCpW): the i-th unit of this CTA's walk, u, is
   // expert u / gx's while that is below E, so the walk's first STAGES weight slices go out before the wait (the
   // experts' first rows and the prep's table are not needed for them). pre_slices(u): how many of unit u's
-  // slices that covered (the walk's units in order, stopping at the first overflow slot).
+  // slices that covered (the walk's units in order, stopping at the first overflow slot). H200, q30b8l, session 27
+  // (same call, three rounds): the bs 64 step 2,893.8-2,898.3 us overlapped against 2,905.3-2,907.4 without; the
+  // trace has the MoE GEMMs' chain -27 us a step and the prep's +18 (its loads queue behind the slices). Going further
+  // ahead (each row's next 4-16 slices of the first unit as L2 bulk prefetches) was +6 to +22 us.
   const bool gu_prewait = MODE == kGateUp && kCpW && p.static_slots != 0;
   auto pre_slices = [&](int u) {
     if (!gu_prewait || u / gx >= p.num_experts) return 0;
@@ -181,16 +184,6 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
       Tile tile;
       tile.expert = u / gx, tile.row0 = 0, tile.rows = 0, tile.pad = 0;
       for (int kt = 0; kt < KT && prefetched < STAGES; ++kt, ++prefetched) copy_weights(prefetched, tile, u % gx, kt);
-    }
-    // The first unit's next l2_ahead slices of this thread's weight row towards L2 (GemmParams::l2_ahead).
-    const int u0 = int(blockIdx.x), r = tid;
-    if (p.l2_ahead > 0 && u0 < units && u0 / gx < p.num_experts && KT > STAGES && r < BM) {
-      const int i = (u0 % gx) * (BM / 2) + (r % (BM / 2));
-      const int k0 = STAGES * BK, n = min(p.l2_ahead * BK, K - k0);
-      if (i < I && n > 0) {
-        const long long grow = (long long)(u0 / gx) * 2 * I + (r < BM / 2 ? i : I + i);
-        prefetch_l2(p.weights + grow * K + k0, unsigned(n) * 2u & ~15u);
-      }
     }
   }
   if (MODE == kDown && (kCpW ? warp < 4 * NP : tid == 0)) {

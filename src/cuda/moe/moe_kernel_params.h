@@ -135,9 +135,6 @@ struct GemmParams {
   // route and the prep run (the DRAM is otherwise idle then). A unit whose expert turns out to have no pairs drains
   // the slices issued for it without MMAs.
   int static_slots;
-  // Experiment (MOESERVE_MOE_GU_L2_AHEAD): with static_slots, each producer thread of a CTA also starts its row's
-  // next l2_ahead weight slices of the CTA's first unit towards L2 (one bulk prefetch a row) before the wait.
-  int l2_ahead;
 };
 
 // out[t, :] = bf16(sum over j < top_k of y[pair_pos[t * top_k + j], :]), slots in order (deterministic).

@@ -17,14 +17,6 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool va
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem), "r"(src_bytes)
                : "memory");
 }
-// Starts pulling [p, p + bytes) into L2 without waiting (sm_90 bulk prefetch; bytes a multiple of 16, p 16-byte
-// aligned). The issuing SM's bulk-copy unit works through it (H200: a 25 MB prefetch from one block took ~100 us),
-// so spread large prefetches over many CTAs.
-__device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
-#endif
-}
 // The L2 evict_first priority for the weight streams of decode steps (sm_80+). A weight byte is read once a step
 // and a step reads far more than L2 holds, so its lines are worth nothing after use; marked evict_first they do
 // not push out what else L2 holds (H200, served q30b8l decode step against no hint, session 14: bs 1 -5 us,

@@ -9,7 +9,6 @@
 #include "cuda/device.h"
 #include "cuda/launch.h"
 #include "cuda/pdl.cuh"
-#include "cuda/sampling/greedy_state.cuh"
 
 namespace moeserve::cuda {
 
@@ -25,10 +24,47 @@ constexpr int kThreads = 512;
 constexpr int kBlocksPerSm = 2;
 constexpr int kNarrowRows = 16;
 
-using greedy::State;
-using greedy::add;
-using greedy::merge;
-__device__ __forceinline__ State warp_reduce(State s) { return greedy::shfl_reduce(s); }
+// Running state of one thread: the best (value, id) seen and the sum of exp(x - max) over its elements.
+struct State {
+  float max;
+  int id;
+  float sum;
+};
+
+__device__ __forceinline__ void add(State& s, float x, int id) {
+  if (x == -INFINITY) return;  // adds nothing to the sum (and would make it NaN against an empty state)
+  if (x > s.max) {
+    s.sum = s.sum * __expf(s.max - x) + 1.0f;
+    s.max = x;
+    s.id = id;
+  } else {
+    s.sum += __expf(x - s.max);
+    if (x == s.max && id < s.id) s.id = id;
+  }
+}
+
+__device__ __forceinline__ State merge(State a, State b) {
+  if (b.max > a.max || (b.max == a.max && b.id < a.id)) {
+    State t = a;
+    a = b;
+    b = t;
+  }
+  // a has the larger max (or the same max and the lower id).
+  if (b.max == -INFINITY) return a;
+  a.sum += b.sum * __expf(b.max - a.max);
+  return a;
+}
+
+// The warp's states merged by a butterfly of shuffles (every lane ends with the warp's state).
+__device__ __forceinline__ State warp_reduce(State s) {
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) {
+    State t{__shfl_xor_sync(0xffffffffu, s.max, o), __shfl_xor_sync(0xffffffffu, s.id, o),
+            __shfl_xor_sync(0xffffffffu, s.sum, o)};
+    s = merge(s, t);
+  }
+  return s;
+}
 // Block reduction of every thread's state (deterministic order: lanes, then warps); the block's state in the
 // returned value of thread 0.
 __device__ __forceinline__ State block_reduce(State s) {
