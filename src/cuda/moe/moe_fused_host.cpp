@@ -39,12 +39,12 @@ void encode_weight_map(TmaDesc& out, const void* w, int64_t rows, int K, int box
   encode_bf16_tma_2d(&out, w, rows, K, box_rows);
 }
 
-// The gate/up GEMM of the warp-specialized cp.async configurations issues its first ring pass of weight slices
-// before its programmatic wait, over a tile table in static slots (GemmParams::static_slots).
-// MOESERVE_MOE_GU_PREWAIT=0 turns it off (A/B).
-bool moe_gu_prewait_enabled() {
-  static const bool on = env_int("MOESERVE_MOE_GU_PREWAIT", 1, 0, 1) != 0;
-  return on;
+// The gate/up GEMM of the warp-specialized cp.async configurations issues its first weight slices (the ring's depth,
+// 4 for configuration 12) before its programmatic wait, over a tile table in static slots (GemmParams::static_slots).
+// MOESERVE_MOE_GU_PREWAIT=N: N slices (A/B; 0 off).
+int moe_gu_prewait_slices() {
+  static const int n = int(env_int("MOESERVE_MOE_GU_PREWAIT", 64, 0, 64));
+  return n;
 }
 
 void launch(const void* kernel, dim3 grid, dim3 block, size_t smem, void* params, cudaStream_t stream,
@@ -314,8 +314,10 @@ void fused_run(const KernelTable& k, const MoeShape& s, const bf16* x, int T, co
   const bool fused_combine = direct && counters != nullptr;
   const bool pdl = k.pdl;
   // Static slots: the gate/up GEMM's first weight slices go out before its wait (GemmParams::static_slots).
-  const bool static_slots = !direct && k.wgmma && cfg.weights_cp_async && int64_t(T) * s.top_k >= s.num_experts &&
-                            moe_gu_prewait_enabled();
+  const int prewait = !direct && k.wgmma && cfg.weights_cp_async && int64_t(T) * s.top_k >= s.num_experts
+                          ? moe_gu_prewait_slices()
+                          : 0;
+  const bool static_slots = prewait > 0;
   if (!direct) {
     const int P = T * s.top_k;
     PrepParams pp{topk_ids, P, s.num_experts, cfg.bn, l.num_slots, tiles, perm_pair, pair_pos, kPrepWhole,
@@ -338,7 +340,7 @@ void fused_run(const KernelTable& k, const MoeShape& s, const bf16* x, int T, co
                 tiles, perm_pair, topk_weights, s.hidden, s.inter, s.top_k, direct_ids, s.num_experts,
                 nullptr, nullptr, l.num_slots};
   gu.weight_evict_first = l2_evict_first_weights() ? 1 : 0;
-  gu.static_slots = static_slots ? 1 : 0;
+  gu.static_slots = prewait;
 
   // Direct mode's gate/up may run a configuration of its own (the same tile shape, another ring depth; A/B switch:
   // see GemmCfg7). The down GEMM keeps configuration 0 (5 stages there: 29.2 against 26.9 us at 1 token).

@@ -173,17 +173,18 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
   // (same call, three rounds): the bs 64 step 2,893.8-2,898.3 us overlapped against 2,905.3-2,907.4 without; the
   // trace has the MoE GEMMs' chain -27 us a step and the prep's +18 (its loads queue behind the slices). Going further
   // ahead (each row's next 4-16 slices of the first unit as L2 bulk prefetches) was +6 to +22 us.
-  const bool gu_prewait = MODE == kGateUp && kCpW && p.static_slots != 0;
+  const bool gu_prewait = MODE == kGateUp && kCpW && p.static_slots > 0;
+  const int PW = gu_prewait ? (p.static_slots < STAGES ? p.static_slots : STAGES) : 0;  // slices issued before
   auto pre_slices = [&](int u) {
     if (!gu_prewait || u / gx >= p.num_experts) return 0;
     const int before = (u - int(blockIdx.x)) / int(gridDim.x) * KT;  // slices of the walk's earlier units
-    return before >= STAGES ? 0 : (STAGES - before < KT ? STAGES - before : KT);
+    return before >= PW ? 0 : (PW - before < KT ? PW - before : KT);
   };
   if (gu_prewait && warp < 4 * NP) {
-    for (int u = blockIdx.x; u < units && prefetched < STAGES && u / gx < p.num_experts; u += gridDim.x) {
+    for (int u = blockIdx.x; u < units && prefetched < PW && u / gx < p.num_experts; u += gridDim.x) {
       Tile tile;
       tile.expert = u / gx, tile.row0 = 0, tile.rows = 0, tile.pad = 0;
-      for (int kt = 0; kt < KT && prefetched < STAGES; ++kt, ++prefetched) copy_weights(prefetched, tile, u % gx, kt);
+      for (int kt = 0; kt < KT && prefetched < PW; ++kt, ++prefetched) copy_weights(prefetched, tile, u % gx, kt);
     }
   }
   if (MODE == kDown && (kCpW ? warp < 4 * NP : tid == 0)) {

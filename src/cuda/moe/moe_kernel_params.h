@@ -133,7 +133,8 @@ struct GemmParams {
   // below num_experts, known before the prep has run, so the warp-specialized gate/up GEMM with cp.async weights
   // (configurations 12, 13) issues its first ring pass of weight slices before its programmatic wait, while the
   // route and the prep run (the DRAM is otherwise idle then). A unit whose expert turns out to have no pairs drains
-  // the slices issued for it without MMAs.
+  // the slices issued for it without MMAs. The value is how many slices go out before the wait (at most the ring's
+  // depth; 0: none, the prep's ordinary layout).
   int static_slots;
 };
 
