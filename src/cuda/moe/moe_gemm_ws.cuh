@@ -167,7 +167,7 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
   int prefetched = 0;  // global slices whose weight tile was issued before the wait (thread 0's TMA, or kCpW every
                        // producer thread's copies)
   // The gate/up GEMM over static slots (GemmParams::static_slots, kCpW): the i-th unit of this CTA's walk, u, is
-  // expert u / gx's while that is below E, so the walk's first STAGES weight slices go out before the wait (the
+  // expert u / gx's while that is below E, so the walk's first PW (<= STAGES) weight slices go out before the wait (the
   // experts' first rows and the prep's table are not needed for them). pre_slices(u): how many of unit u's
   // slices that covered (the walk's units in order, stopping at the first overflow slot). H200, q30b8l, session 27
   // (same call, three rounds): the bs 64 step 2,893.8-2,898.3 us overlapped against 2,905.3-2,907.4 without; the
