@@ -26,5 +26,6 @@ void throw_cuda_error(cudaError_t e, const char* what, const char* file, int lin
 #define MS_CUDA_LAUNCH_CHECK() MS_CUDA_CHECK(cudaGetLastError())
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+inline bool aligned_to(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
 }  // namespace moeserve::cuda

@@ -82,6 +82,24 @@ const cuda::bf16* as_bf16(const Dev<uint16_t>& d) { return reinterpret_cast<cons
   return ::testing::AssertionSuccess();
 }
 
+// Device time of one run() in us: the mean over `reps` launches on stream s, after 3 warm-up launches.
+template <typename Fn>
+double time_us(cudaStream_t s, int reps, Fn run) {
+  cudaEvent_t t0, t1;
+  MS_CUDA_CHECK(cudaEventCreate(&t0));
+  MS_CUDA_CHECK(cudaEventCreate(&t1));
+  for (int i = 0; i < 3; ++i) run();
+  MS_CUDA_CHECK(cudaEventRecord(t0, s));
+  for (int i = 0; i < reps; ++i) run();
+  MS_CUDA_CHECK(cudaEventRecord(t1, s));
+  MS_CUDA_CHECK(cudaEventSynchronize(t1));
+  float ms = 0;
+  MS_CUDA_CHECK(cudaEventElapsedTime(&ms, t0, t1));
+  cudaEventDestroy(t0);
+  cudaEventDestroy(t1);
+  return 1e3 * ms / reps;
+}
+
 }  // namespace
 
 TEST(CudaGemm, EveryBackendPassesItsSelfTest) {
@@ -560,9 +578,6 @@ TEST(CudaGemmBench, DISABLED_SkinnyTiming) {
   auto lt = prepared(std::move(cuda::make_gemm_backends().at(1)));  // cublaslt
   ASSERT_TRUE(lt);
   Stream st;
-  cudaEvent_t t0, t1;
-  MS_CUDA_CHECK(cudaEventCreate(&t0));
-  MS_CUDA_CHECK(cudaEventCreate(&t1));
   for (auto [N, K] : {std::pair{5120, 2048}, std::pair{2048, 4096}, std::pair{128, 2048}, std::pair{151936, 2048}}) {
     Dev<uint16_t> w(size_t(N) * K), x(size_t(128) * K);
     w.upload(random_bf16(w.n, 1));
@@ -571,27 +586,16 @@ TEST(CudaGemmBench, DISABLED_SkinnyTiming) {
     for (int M : {16, 64, 128}) {
       double us[2];
       for (int v = 0; v < 2; ++v) {
-        auto run = [&] {
+        us[v] = time_us(st.s, N > 100000 ? 10 : 50, [&] {
           if (v == 0) cuda::skinny_gemm(as_bf16(x), K, M, K, as_bf16(w), N, y.p, N, OutType::BF16, st.s);
           else lt->run(as_bf16(x), K, M, K, as_bf16(w), N, y.p, N, OutType::BF16, st.s);
-        };
-        const int reps = N > 100000 ? 10 : 50;
-        for (int i = 0; i < 3; ++i) run();
-        MS_CUDA_CHECK(cudaEventRecord(t0, st.s));
-        for (int i = 0; i < reps; ++i) run();
-        MS_CUDA_CHECK(cudaEventRecord(t1, st.s));
-        MS_CUDA_CHECK(cudaEventSynchronize(t1));
-        float ms = 0;
-        MS_CUDA_CHECK(cudaEventElapsedTime(&ms, t0, t1));
-        us[v] = 1e3 * ms / reps;
+        });
       }
       std::printf("skinny N %6d K %5d M %3d: %7.1f us (%4.0f GB/s), cuBLASLt %7.1f us; %s\n", N, K, M, us[0],
                   double(N) * K * 2 / (us[0] * 1e3), us[1],
                   cuda::skinny_gemm_describe(M, N, K, OutType::BF16).c_str());
     }
   }
-  cudaEventDestroy(t0);
-  cudaEventDestroy(t1);
 }
 
 // Bytes of W per second for the decode shapes, every backend; prints a table (no assertion). The last
@@ -608,9 +612,6 @@ TEST(CudaGemmBench, DISABLED_Bandwidth) {
     ASSERT_TRUE(bs.back());
   }
   Stream st;
-  cudaEvent_t t0, t1;
-  MS_CUDA_CHECK(cudaEventCreate(&t0));
-  MS_CUDA_CHECK(cudaEventCreate(&t1));
   std::printf("%8s %6s %3s", "N", "K", "M");
   for (const auto& n : names) std::printf(" %18s", (n + " GB/s (us)").c_str());
   std::printf("\n");
@@ -624,20 +625,11 @@ TEST(CudaGemmBench, DISABLED_Bandwidth) {
     for (int M : {1, 2, 4, 8, 16, 64, 128}) {
       std::printf("%8d %6d %3d", N, K, M);
       for (auto& b : bs) {
-        const int reps = 50;
-        for (int i = 0; i < 3; ++i) b->run(as_bf16(x), K, M, K, as_bf16(w), N, y.p, N, OutType::BF16, st.s);
-        MS_CUDA_CHECK(cudaEventRecord(t0, st.s));
-        for (int i = 0; i < reps; ++i) b->run(as_bf16(x), K, M, K, as_bf16(w), N, y.p, N, OutType::BF16, st.s);
-        MS_CUDA_CHECK(cudaEventRecord(t1, st.s));
-        MS_CUDA_CHECK(cudaEventSynchronize(t1));
-        float ms = 0;
-        MS_CUDA_CHECK(cudaEventElapsedTime(&ms, t0, t1));
-        const double us = 1e3 * ms / reps;
+        const double us =
+            time_us(st.s, 50, [&] { b->run(as_bf16(x), K, M, K, as_bf16(w), N, y.p, N, OutType::BF16, st.s); });
         std::printf(" %8.0f (%5.1fus)", double(N) * K * 2 / (us * 1e-6) / 1e9, us);
       }
       std::printf("\n");
     }
   }
-  cudaEventDestroy(t0);
-  cudaEventDestroy(t1);
 }

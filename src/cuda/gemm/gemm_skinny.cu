@@ -271,8 +271,6 @@ void launch_skinny_bn(const SkinnyArgs& a, cudaStream_t stream) {
   launch_skinny<128, OutT>(a, stream);
 }
 
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
-
 }  // namespace
 
 bool skinny_gemm_enabled() {
@@ -295,8 +293,8 @@ bool skinny_gemm_supported(const DeviceInfo& dev) {
 }
 
 bool skinny_gemm_fits(int M, int K, int64_t ldx, const void* x, const void* W) {
-  return M >= 1 && M <= kSkinnyMaxM && K > 0 && K % 8 == 0 && ldx >= K && ldx % 8 == 0 && aligned16(x) &&
-         aligned16(W);
+  return M >= 1 && M <= kSkinnyMaxM && K > 0 && K % 8 == 0 && ldx >= K && ldx % 8 == 0 && aligned_to(x, 16) &&
+         aligned_to(W, 16);
 }
 
 void skinny_gemm(const bf16* x, int64_t ldx, int M, int K, const bf16* W, int N, void* y, int64_t ldy, OutType out,

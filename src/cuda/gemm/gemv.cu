@@ -632,7 +632,6 @@ void launch_wide_tiles(int tiles, const bf16* x, int64_t ldx, int M, int K, int 
     launch_wide<OutT, 16>(x, ldx, M, K, k_split, W, N, y, ldy, partial, stream, grid);
 }
 
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
 class GemvBackend final : public GemmBackend {
  public:
@@ -714,10 +713,11 @@ class GemvBackend final : public GemmBackend {
     // streams it faster (H200, 151,936 x 2,048: 143.5 us against 151.0 at 1 token, 146.6 against 176.2 at 8); the
     // layers' matrices stay here (4,096 x 2,048 at 1 token: 4.7 us against 6.9).
     const bool small_w = max_weight_bytes_ <= 0 || double(N) * double(K) * sizeof(bf16) <= max_weight_bytes_;
-    const bool kernel_fits = M <= kernel_max_m_ && K > 0 && K % 8 == 0 && ldx % 8 == 0 && aligned16(x) &&
-                             aligned16(W) && token_groups <= 65535 && small_w;
+    const bool kernel_fits = M <= kernel_max_m_ && K > 0 && K % 8 == 0 && ldx % 8 == 0 && aligned_to(x, 16) &&
+                             aligned_to(W, 16) && token_groups <= 65535 && small_w;
     // A vocabulary-sized W at one token group: the streaming kernel (MOESERVE_GEMV_STREAM=0: cuBLASLt as before).
-    if (!small_w && gemv_stream_enabled() && gemv_stream_fits(M, K) && ldx % 8 == 0 && aligned16(x) && aligned16(W))
+    if (!small_w && gemv_stream_enabled() && gemv_stream_fits(M, K) && ldx % 8 == 0 && aligned_to(x, 16) &&
+        aligned_to(W, 16))
       return gemv_stream(x, ldx, M, K, W, N, y, ldy, out, stream);
     if (!kernel_fits) return fallback_->run(x, ldx, M, K, W, N, y, ldy, out, stream);
     if (M > kTokens && M <= kWideMaxM) return run_wide(x, ldx, M, K, W, N, y, ldy, out, stream);
@@ -778,7 +778,7 @@ void gemv_stream(const bf16* x, int64_t ldx, int M, int K, const bf16* W, int N,
                  cudaStream_t stream) {
   MS_CHECK(gemv_stream_fits(M, K) && N > 0 && ldx >= K && ldx % 8 == 0 && ldy >= N,
            "gemv_stream: M {} K {} N {} ldx {} ldy {} do not fit", M, K, N, ldx, ldy);
-  MS_CHECK(aligned16(x) && aligned16(W), "gemv_stream: x and W must be 16-byte aligned");
+  MS_CHECK(aligned_to(x, 16) && aligned_to(W, 16), "gemv_stream: x and W must be 16-byte aligned");
   if (out == OutType::BF16)
     launch_gemv_stream(x, ldx, M, K, W, N, static_cast<bf16*>(y), ldy, ResidualArgs{}, stream);
   else
@@ -794,7 +794,7 @@ void gemv_stream_norm_in(const float* residual, const float* partials, int npart
                          int M, int K, const bf16* W, int N, void* y, int64_t ldy, OutType out, cudaStream_t stream) {
   MS_CHECK(gemv_stream_fits(M, K) && N > 0 && ldy >= N && nparts >= 1 && partials != nullptr,
            "gemv_stream_norm_in: M {} K {} N {} ldy {} nparts {} do not fit", M, K, N, ldy, nparts);
-  MS_CHECK(aligned16(residual) && aligned16(W) && (reinterpret_cast<uintptr_t>(norm_w) & 7) == 0,
+  MS_CHECK(aligned_to(residual, 16) && aligned_to(W, 16) && (reinterpret_cast<uintptr_t>(norm_w) & 7) == 0,
            "gemv_stream_norm_in: residual and W 16-byte, the norm weight 8-byte aligned");
   const ResidualArgs ra{const_cast<float*>(residual), partials, nparts, norm_w, eps, nullptr, nullptr};
   if (out == OutType::BF16)
@@ -808,7 +808,7 @@ bool norm_gemv_fits(int M, int K) { return M >= 1 && M <= kNormGemvMaxM && K > 0
 void norm_gemv(float* residual, const bf16* delta, const bf16* norm_w, float eps, int M, int K, const bf16* W, int N,
                bf16* y, int64_t ldy, int* counter, cudaStream_t stream) {
   MS_CHECK(norm_gemv_fits(M, K) && N > 0 && ldy >= N, "norm_gemv: M {} K {} N {} ldy {} do not fit", M, K, N, ldy);
-  MS_CHECK(aligned16(residual) && aligned16(W) && (delta == nullptr || aligned16(delta)) &&
+  MS_CHECK(aligned_to(residual, 16) && aligned_to(W, 16) && (delta == nullptr || aligned_to(delta, 16)) &&
                (reinterpret_cast<uintptr_t>(norm_w) & 7) == 0 && (delta == nullptr || counter != nullptr),
            "norm_gemv: residual, delta and W must be 16-byte aligned, the norm weight 8-byte aligned, and an update "
            "of the residual needs a counter");
@@ -838,7 +838,7 @@ void gemv_norm_in(const float* residual, const float* partials, int nparts, cons
                   cudaStream_t stream, const GemvExtraRows& ext) {
   MS_CHECK(residual_gemv_fits(M, K) && N > 0 && ldy >= N && nparts >= 1 && partials != nullptr,
            "gemv_norm_in: M {} K {} N {} ldy {} nparts {} do not fit", M, K, N, ldy, nparts);
-  MS_CHECK(aligned16(residual) && aligned16(W) && (reinterpret_cast<uintptr_t>(norm_w) & 7) == 0 &&
+  MS_CHECK(aligned_to(residual, 16) && aligned_to(W, 16) && (reinterpret_cast<uintptr_t>(norm_w) & 7) == 0 &&
                (xn_out == nullptr || (reinterpret_cast<uintptr_t>(xn_out) & 7) == 0),
            "gemv_norm_in: residual and W 16-byte, the norm weight and xn_out 8-byte aligned");
   ResidualArgs ra{const_cast<float*>(residual), partials, nparts, norm_w, eps, xn_out, nullptr};
@@ -856,7 +856,7 @@ void gemv_residual_out(const bf16* x, int64_t ldx, int M, int K, const bf16* W, 
   MS_CHECK(residual_gemv_fits(M, K) && N > 0 && ldy >= N && ldx >= K && ldx % 8 == 0 && residual != nullptr &&
                partials != nullptr,
            "gemv_residual_out: M {} K {} N {} ldx {} ldy {} do not fit", M, K, N, ldx, ldy);
-  MS_CHECK(aligned16(x) && aligned16(W), "gemv_residual_out: x and W must be 16-byte aligned");
+  MS_CHECK(aligned_to(x, 16) && aligned_to(W, 16), "gemv_residual_out: x and W must be 16-byte aligned");
   ResidualArgs ra{residual, nullptr, 0, nullptr, 0.f, nullptr, partials};
   set_extra_rows(ra, N, ext, "gemv_residual_out");
   const int rows = N + ext.rows;

@@ -8,7 +8,7 @@
 
 namespace moeserve::cuda::detail {
 
-inline bool aligned_to(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+using ::moeserve::cuda::aligned_to;  // (cuda/common.h)
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll

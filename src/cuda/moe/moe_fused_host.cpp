@@ -317,11 +317,10 @@ void fused_run(const KernelTable& k, const MoeShape& s, const bf16* x, int T, co
   const int prewait = !direct && k.wgmma && cfg.weights_cp_async && int64_t(T) * s.top_k >= s.num_experts
                           ? moe_gu_prewait_slices()
                           : 0;
-  const bool static_slots = prewait > 0;
   if (!direct) {
     const int P = T * s.top_k;
     PrepParams pp{topk_ids, P, s.num_experts, cfg.bn, l.num_slots, tiles, perm_pair, pair_pos, kPrepWhole,
-                  nullptr, nullptr, nullptr, static_slots ? 1 : 0};
+                  nullptr, nullptr, nullptr, prewait};
     if (P > kPrepChunk && counters != nullptr) {
       pp.counts = counters + fused_direct_counters(s);
       pp.offsets = pp.counts + s.num_experts;

@@ -80,7 +80,7 @@ struct PrepParams {
   int* counts;          // kPrepCount: [E] ints, zero between launches
   int* offsets;         // kPrepCount / kPrepScatter: [E + 1] first sorted position of each expert
   int* done;            // kPrepCount: CTAs finished, zero between launches
-  // Static slots (GemmParams::static_slots): slot e < num_experts holds expert e's first tile (rows 0 when it has no
+  // Static slots when non-zero (GemmParams::static_slots): slot e < num_experts holds expert e's first tile (rows 0 when it has no
   // pairs); an expert's further tiles follow from slot num_experts on. Needs num_slots >= num_experts + P / tile_rows.
   int static_slots;
 };
