@@ -82,24 +82,6 @@ const cuda::bf16* as_bf16(const Dev<uint16_t>& d) { return reinterpret_cast<cons
   return ::testing::AssertionSuccess();
 }
 
-// Device time of one run() in us: the mean over `reps` launches on stream s, after 3 warm-up launches.
-template <typename Fn>
-double time_us(cudaStream_t s, int reps, Fn run) {
-  cudaEvent_t t0, t1;
-  MS_CUDA_CHECK(cudaEventCreate(&t0));
-  MS_CUDA_CHECK(cudaEventCreate(&t1));
-  for (int i = 0; i < 3; ++i) run();
-  MS_CUDA_CHECK(cudaEventRecord(t0, s));
-  for (int i = 0; i < reps; ++i) run();
-  MS_CUDA_CHECK(cudaEventRecord(t1, s));
-  MS_CUDA_CHECK(cudaEventSynchronize(t1));
-  float ms = 0;
-  MS_CUDA_CHECK(cudaEventElapsedTime(&ms, t0, t1));
-  cudaEventDestroy(t0);
-  cudaEventDestroy(t1);
-  return 1e3 * ms / reps;
-}
-
 }  // namespace
 
 TEST(CudaGemm, EveryBackendPassesItsSelfTest) {
@@ -586,10 +568,10 @@ TEST(CudaGemmBench, DISABLED_SkinnyTiming) {
     for (int M : {16, 64, 128}) {
       double us[2];
       for (int v = 0; v < 2; ++v) {
-        us[v] = time_us(st.s, N > 100000 ? 10 : 50, [&] {
+        us[v] = cuda::event_time_us(st.s, N > 100000 ? 10 : 50, [&] {
           if (v == 0) cuda::skinny_gemm(as_bf16(x), K, M, K, as_bf16(w), N, y.p, N, OutType::BF16, st.s);
           else lt->run(as_bf16(x), K, M, K, as_bf16(w), N, y.p, N, OutType::BF16, st.s);
-        });
+        }, 3);
       }
       std::printf("skinny N %6d K %5d M %3d: %7.1f us (%4.0f GB/s), cuBLASLt %7.1f us; %s\n", N, K, M, us[0],
                   double(N) * K * 2 / (us[0] * 1e3), us[1],
@@ -625,8 +607,8 @@ TEST(CudaGemmBench, DISABLED_Bandwidth) {
     for (int M : {1, 2, 4, 8, 16, 64, 128}) {
       std::printf("%8d %6d %3d", N, K, M);
       for (auto& b : bs) {
-        const double us =
-            time_us(st.s, 50, [&] { b->run(as_bf16(x), K, M, K, as_bf16(w), N, y.p, N, OutType::BF16, st.s); });
+        const double us = cuda::event_time_us(
+            st.s, 50, [&] { b->run(as_bf16(x), K, M, K, as_bf16(w), N, y.p, N, OutType::BF16, st.s); }, 3);
         std::printf(" %8.0f (%5.1fus)", double(N) * K * 2 / (us * 1e-6) / 1e9, us);
       }
       std::printf("\n");

@@ -179,23 +179,10 @@ std::string sampling_self_test(double& max_err) {
   return "";
 }
 
-// Times fn (already warmed) with CUDA events: median-free mean over `iters` launches, in microseconds.
+// Times fn with CUDA events on the legacy default stream: the mean over `iters` launches after two, in microseconds.
 template <class F>
 double time_us(F&& fn, int iters = 10) {
-  fn();
-  fn();
-  cudaEvent_t a, b;
-  MS_CUDA_CHECK(cudaEventCreate(&a));
-  MS_CUDA_CHECK(cudaEventCreate(&b));
-  MS_CUDA_CHECK(cudaEventRecord(a, nullptr));
-  for (int i = 0; i < iters; ++i) fn();
-  MS_CUDA_CHECK(cudaEventRecord(b, nullptr));
-  MS_CUDA_CHECK(cudaEventSynchronize(b));
-  float ms = 0;
-  MS_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  return 1000.0 * ms / iters;
+  return event_time_us(nullptr, iters, fn);
 }
 
 // Time of one call inside a CUDA graph that chains `calls` of them, fn(i, stream) for i < calls (as a decode
