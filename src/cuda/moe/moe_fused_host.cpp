@@ -131,28 +131,21 @@ bool fused_direct_for(const MoeShape& s, int T) {
   return T >= 1 && int64_t(T) * s.top_k <= std::max(kDirectMaxPairs, s.top_k);
 }
 
-// Dense mode's tile configuration: 14 (256 weight rows a tile), or 13 with MOESERVE_MOE_DENSE_CONFIG=13 (A/B).
-static int dense_config() {
-  static_assert(gemm_config_info(13).bn == 64 && gemm_config_info(13).weights_cp_async &&
-                    gemm_config_info(14).bn == 64 && gemm_config_info(14).weights_cp_async,
-                "dense mode: 64-token tiles with cp.async weights (moe_gemm_ws.cuh kDenseTiles)");
-  static const int c = env_int("MOESERVE_MOE_DENSE_CONFIG", 14, 13, 14) == 13 ? 13 : 14;
-  return c;
-}
-constexpr int kDenseMaxTokens = 64;  // the dense configurations' token tile
-
 bool fused_dense_for(const MoeShape& s, int T, bool wgmma) {
   static const int lo = int(env_int("MOESERVE_MOE_DENSE_MIN", 48, 1, 1 << 20));
-  static const int hi = int(env_int("MOESERVE_MOE_DENSE_MAX", kDenseMaxTokens, 0, kDenseMaxTokens));
+  static const int hi = int(env_int("MOESERVE_MOE_DENSE_MAX", 64, 0, GemmCfg13::BN));
+  static_assert(gemm_config_info(kDenseConfig).bn == 64 && gemm_config_info(kDenseConfig).weights_cp_async,
+                "dense mode: 64-token tiles with cp.async weights (moe_gemm_ws.cuh kDenseTiles)");
   return wgmma && moe_wgmma_level() >= 3 && moe_ws_enabled() && T >= lo && T <= hi &&
-         s.num_experts <= gemm_config_info(dense_config()).bm && s.top_k <= 32 && !fused_direct_for(s, T);
+         s.num_experts <= gemm_config_info(kDenseConfig).bm && s.top_k <= 32 && !fused_direct_for(s, T);
 }
 
 // Rows of act dense mode needs at T tokens (every expert's tile of all T tokens), for any T it may take: the
 // region then grows with T as the layout promises.
 static int64_t dense_act_rows(const MoeShape& s, int T) {
-  return s.num_experts <= gemm_config_info(dense_config()).bm ? int64_t(s.num_experts) * std::min(T, kDenseMaxTokens)
-                                                               : 0;
+  return s.num_experts <= gemm_config_info(kDenseConfig).bm
+             ? int64_t(s.num_experts) * std::min(T, gemm_config_info(kDenseConfig).bn)
+             : 0;
 }
 
 FusedLayout fused_layout(const MoeShape& s, int T, bool wgmma) {
@@ -310,8 +303,7 @@ bool fused_combine_norm_supported(const MoeShape& s, int T) {
 static void dense_run(const KernelTable& k, const MoeShape& s, const bf16* x, int T, const RouterInside& r,
                       const MoeWeights& w, bf16* out, void* workspace, cudaStream_t stream) {
   const FusedLayout l = fused_layout(s, T, k.wgmma);
-  const int config = dense_config();
-  const GemmConfigInfo cfg = gemm_config_info(config);
+  const GemmConfigInfo cfg = gemm_config_info(kDenseConfig);
   char* ws = static_cast<char*>(workspace);
   auto* act = reinterpret_cast<unsigned short*>(ws + l.act);
   auto* y = reinterpret_cast<unsigned short*>(ws + l.y);
@@ -329,14 +321,14 @@ static void dense_run(const KernelTable& k, const MoeShape& s, const bf16* x, in
   gu.route_weights = r.weights;
   gu.renormalize = r.renormalize ? 1 : 0;
   const int gx_gu = ceil_div(s.inter, cfg.bm / 2);
-  launch(k.gemm[config][kGateUp], grid(gx_gu * E + 1), dim3(cfg.threads), size_t(cfg.smem_bytes), &gu, stream,
+  launch(k.gemm[kDenseConfig][kGateUp], grid(gx_gu * E + 1), dim3(cfg.threads), size_t(cfg.smem_bytes), &gu, stream,
          "moe gate/up GEMM (router inside) launch", k.pdl);
   GemmParams dn{static_cast<const unsigned short*>(w.down), act, y, nullptr, nullptr, r.weights, s.hidden, s.inter,
                 s.top_k, nullptr, E, nullptr, nullptr, E};
   dn.weight_evict_first = gu.weight_evict_first;
   dn.dense_tokens = T;
   dn.route_ids = r.ids;
-  launch(k.gemm[config][kDown], grid(ceil_div(s.hidden, cfg.bm) * E), dim3(cfg.threads),
+  launch(k.gemm[kDenseConfig][kDown], grid(ceil_div(s.hidden, cfg.bm) * E), dim3(cfg.threads),
          size_t(cfg.smem_bytes), &dn, stream, "moe down GEMM (dense) launch", k.pdl);
   CombineParams cp{y, nullptr, reinterpret_cast<unsigned short*>(out), T, s.top_k, s.hidden, r.ids, E};
   launch(k.combine, dim3(unsigned(T)), dim3(kCombineThreads), 0, &cp, stream, "moe combine launch", k.pdl);

@@ -79,9 +79,9 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
   using namespace moe_ptx;
   constexpr int BM = Cfg::BM, BN = Cfg::BN, BK = Cfg::BK, STAGES = Cfg::STAGES;
   constexpr int NP = Cfg::THREADS / 128 - 2;  // producer warpgroups
-  static_assert(((BM == 128 && (BN == 128 || BN == 64 || BN == 32)) || (BM == 256 && (BN == 128 || BN == 64))) &&
-                    BK == 64 && NP >= 1,
-                "ws tiles: 128 weight rows x 32, 64 or 128 tokens, or 256 x 64 or 128");
+  static_assert(((BM == 128 && (BN == 128 || BN == 64 || BN == 32)) || (BM == 256 && BN == 128)) && BK == 64 &&
+                    NP >= 1,
+                "ws tiles: 128 weight rows x 32, 64 or 128 tokens, or 256 x 128");
   constexpr int MW = BM / 128;      // m64 blocks of each consumer warpgroup (BM / 2 weight rows)
   constexpr int PARTS = BM / 64;    // the epilogue stores the tile in PARTS parts of TP tokens
   constexpr int TP = BN / PARTS;
@@ -124,7 +124,7 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
   const int gx = MODE == kGateUp ? (I + BM / 2 - 1) / (BM / 2) : (H + BM - 1) / BM;
   // Dense mode (GemmParams::dense_tokens): every slot e is expert e's tile of all T tokens, known before the wait.
   // The router, when it rides along (gate/up), is the walk's first unit (RU = 1): BM router rows, every expert.
-  // (Compiled into the configurations of 64-token tiles with cp.async weights only: 13 and 14.)
+  // (Compiled into the configurations of 64-token tiles with cp.async weights only: kDenseConfig.)
   constexpr bool kDenseTiles = BN == 64 && kCpW;
   const int dense_T = kDenseTiles ? p.dense_tokens : 0;
   const bool dense = dense_T > 0;

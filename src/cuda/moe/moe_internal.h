@@ -45,8 +45,7 @@ int fused_config_for(const MoeShape& s, int T, bool wgmma = false);
 // Whether T tokens take the direct (prep-less, one pair per tile) path: T * top_k <= max(kDirectMaxPairs, top_k).
 bool fused_direct_for(const MoeShape& s, int T);
 // Whether T tokens may take dense mode with the router inside the gate/up launch (GemmParams::dense_tokens,
-// MoeBackend::run_routed): a wgmma table, num_experts <= the dense tile's weight rows (256; 128 with
-// MOESERVE_MOE_DENSE_CONFIG=13), and T in [MOESERVE_MOE_DENSE_MIN (default 48),
+// MoeBackend::run_routed): a wgmma table, num_experts <= 128, and T in [MOESERVE_MOE_DENSE_MIN (default 48),
 // MOESERVE_MOE_DENSE_MAX (default 64, at most 64; 0: never)], where nearly every expert has tokens.
 bool fused_dense_for(const MoeShape& s, int T, bool wgmma);
 // The router of MoeBackend::run_routed: weights [E, H], and where the routing goes ([T, top_k] each).

@@ -233,15 +233,11 @@ using GemmCfg11 = GemmConfig<128, 32, 4, 4, 64, 4, 2, 3>;
 // same call: bs 64 step -92 us, bs 128 -100; without the L2 hint only -23 us at bs 64). (Three CTAs an SM with TMA,
 // 3-deep rings, was 12 in session 24: the layer at 64 tokens 294.5 us against 288.9; removed.)
 using GemmCfg12 = GemmConfig<128, 32, 4, 4, 64, 4, 2, 3, 1>;
-// Configuration 9 with cp.async weight tiles (MOESERVE_MOE_WS_DECODE=13 for the routed tiles; dense mode with
-// MOESERVE_MOE_DENSE_CONFIG=13).
+// Configuration 9 with cp.async weight tiles (MOESERVE_MOE_WS_DECODE=13 for the routed tiles); the configuration of
+// dense mode (GemmParams::dense_tokens: every expert one tile of all T <= 64 tokens).
 using GemmCfg13 = GemmConfig<128, 64, 4, 4, 64, 8, 1, 3, 1>;
-// Dense mode (GemmParams::dense_tokens: every expert one tile of all T <= 64 tokens): 256 weight rows a tile, so
-// that each unit's re-read of all T token rows is a fifth of its bytes instead of a third (configuration 13: the
-// gate/up GEMM 221 us a layer at 64 tokens against ~190 for the routed tiles, H200, session 28); one producer
-// warpgroup (cp.async weights and tokens), a 5-deep ring (200 KB), one CTA an SM.
-using GemmCfg14 = GemmConfig<256, 64, 3, 4, 64, 5, 1, 3, 1>;
-constexpr int kNumGemmConfigs = 15;
+constexpr int kDenseConfig = 13;
+constexpr int kNumGemmConfigs = 14;
 
 #ifndef __CUDACC_RTC__  // host-side helper; NVRTC treats unannotated functions as host code and rejects them
 struct GemmConfigInfo {
@@ -269,8 +265,7 @@ constexpr GemmConfigInfo gemm_config_info(int i) {
          : i == 10 ? gemm_config_info_of<GemmCfg10>()
          : i == 11 ? gemm_config_info_of<GemmCfg11>()
          : i == 12 ? gemm_config_info_of<GemmCfg12>()
-         : i == 13 ? gemm_config_info_of<GemmCfg13>()
-                   : gemm_config_info_of<GemmCfg14>();
+                   : gemm_config_info_of<GemmCfg13>();
 }
 #endif
 
