@@ -40,14 +40,4 @@ struct Dev {
   }
 };
 
-// A blocking stream (it orders with the legacy default stream that cudaMemcpy / cudaMemset use), destroyed at
-// scope exit.
-struct Stream {
-  cudaStream_t s = nullptr;
-  Stream() { MS_CUDA_CHECK(cudaStreamCreate(&s)); }
-  ~Stream() { cudaStreamDestroy(s); }
-  Stream(const Stream&) = delete;
-  Stream& operator=(const Stream&) = delete;
-};
-
 }  // namespace moeserve::cuda_test

@@ -352,7 +352,6 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
     if (L.is_moe) {
       const int I = int(c.moe_intermediate_size);
       auto g3 = gemm_cost(T, E, H, 4);
-      bool routed_inside = false;
       if (folded) {  // the router's logits from the two products, the top-k, and xn_ for the experts
         FoldedRouterInputs f;
         f.u1 = router_u1_.get(), f.ld_u1 = E, f.u2 = router_u2_.get(), f.ld_u2 = E;
@@ -376,10 +375,6 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
         moe_router_topk(xn_.get(), L.router.get(), T, H, E, K, c.norm_topk_prob, router_logits_.get(),
                         grid_counter_.get(), topk_ids_.get(), topk_w_.get(), s);
         mark("router+topk", g3.first, g3.second);
-      } else if (!cnorm && skip == 0 && be_.moe->routes_inside(T)) {
-        // Batched decode where nearly every expert has tokens: the router and the top-k run inside the MoE's
-        // gate/up launch (MoeBackend::run_routed), whose expert weights stream from its first instant.
-        routed_inside = true;
       } else {
         if (run_op(kSkipRouter))
           gemm.run(xn_.get(), H, T, H, L.router.get(), E, router_logits_.get(), E, OutType::F32, s);
@@ -389,9 +384,6 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
         mark("moe route_topk", 4.0 * T * E, 0);
       }
       if (!run_op(kSkipExperts)) {
-      } else if (routed_inside) {
-        be_.moe->run_routed(xn_.get(), T, L.router.get(), c.norm_topk_prob, topk_ids_.get(), topk_w_.get(), L.moe,
-                            o_.get(), moe_ws_.get(), s);
       } else if (resfuse) {  // residual += the MoE output, and the partial sums for the next norm
         be_.moe->run_residual(xn_.get(), T, topk_ids_.get(), topk_w_.get(), L.moe, o_.get(), residual_.get(),
                               part_moe_.get(), moe_ws_.get(), s);

@@ -119,14 +119,6 @@ class MoeBackend {
   virtual void run_residual(const bf16* x, int T, const int32_t* topk_ids, const float* topk_weights,
                             const MoeWeights& w, bf16* out, float* residual, float* partials, void* workspace,
                             cudaStream_t stream);
-  // The router inside the MoE's own launches (batched decode, where nearly every expert has tokens: the expert
-  // weights then stream from the launch's first instant instead of after the router, the top-k and the prep):
-  // logits[t, e] = x[t] . router[e] (router [E, H] bf16, f32 sums), the softmax / top-k / renormalisation of
-  // moe_route_topk into topk_ids / topk_weights, and out as run() computes it from them. routes_inside(T): whether
-  // run_routed serves T tokens.
-  virtual bool routes_inside(int /*T*/) const { return false; }
-  virtual void run_routed(const bf16* x, int T, const bf16* router, bool renormalize, int32_t* topk_ids,
-                          float* topk_weights, const MoeWeights& w, bf16* out, void* workspace, cudaStream_t stream);
 };
 constexpr int kResidualPartRows = 16;  // hidden rows a residual partial sum covers
 

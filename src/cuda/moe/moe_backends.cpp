@@ -27,12 +27,6 @@ void MoeBackend::run_residual(const bf16*, int T, const int32_t*, const float*, 
   MS_CHECK(false, "moe backend {} has no residual epilogue for {} tokens (check residual_parts first)", spec().name, T);
 }
 
-void MoeBackend::run_routed(const bf16*, int T, const bf16*, bool, int32_t*, float*, const MoeWeights&, bf16*, void*,
-                            cudaStream_t) {
-  MS_CHECK(false, "moe backend {} does not route inside its launches at {} tokens (check routes_inside first)",
-           spec().name, T);
-}
-
 std::vector<std::unique_ptr<MoeBackend>> make_moe_backends() {
   std::vector<std::unique_ptr<MoeBackend>> v;
   v.push_back(make_cublas_ref_backend());
@@ -101,44 +95,6 @@ std::string moe_compare(const uint16_t* got, const float* want, int T, int H, do
     return fmt::format("max error {:.3g} of the output scale {:.3g} (tolerance {:.1g}) at token {}, column {}: "
                        "got {:.5g}, want {:.5g}",
                        max_err, scale, tol, token(worst / H), worst % H, bf16_to_f32(got[worst]), want[worst]);
-  return "";
-}
-
-std::string moe_check_routing(const uint16_t* x, int T, int H, const uint16_t* router, int E, int k, bool renormalize,
-                              const int32_t* ids, const float* weights) {
-  std::vector<float> logits(size_t(T) * E);
-  for (int t = 0; t < T; ++t)
-    for (int e = 0; e < E; ++e) {
-      double sum = 0;
-      for (int h = 0; h < H; ++h)
-        sum += double(bf16_to_f32(x[size_t(t) * H + h])) * bf16_to_f32(router[size_t(e) * H + h]);
-      logits[size_t(t) * E + e] = float(sum);
-    }
-  std::vector<int32_t> cpu_ids(size_t(T) * k);
-  std::vector<float> cpu_w(size_t(T) * k);
-  kernels::route_topk(logits.data(), T, E, k, renormalize, cpu_ids.data(), cpu_w.data());
-  for (int t = 0; t < T; ++t) {
-    const float* lt = &logits[size_t(t) * E];
-    const int32_t* got = ids + size_t(t) * k;
-    const int32_t* want = cpu_ids.data() + size_t(t) * k;
-    const float kth = lt[want[k - 1]];
-    double mx = -1e300, sum = 0, chosen = 0;
-    for (int e = 0; e < E; ++e) mx = std::max(mx, double(lt[e]));
-    for (int e = 0; e < E; ++e) sum += std::exp(double(lt[e]) - mx);
-    for (int j = 0; j < k; ++j) {
-      const int e = got[j];
-      if (e < 0 || e >= E) return fmt::format("token {} slot {}: expert {} out of range", t, j, e);
-      if (std::count(got, got + k, e) != 1) return fmt::format("token {}: expert {} chosen twice", t, e);
-      if (std::count(want, want + k, e) == 0 && std::fabs(lt[e] - kth) > 1e-3f)
-        return fmt::format("token {}: expert {} (logit {}) chosen, the k-th largest logit is {}", t, e, lt[e], kth);
-      chosen += std::exp(double(lt[e]) - mx) / sum;
-    }
-    for (int j = 0; j < k; ++j) {
-      const double p = std::exp(double(lt[got[j]]) - mx) / sum, want_w = renormalize ? p / chosen : p;
-      if (!(std::fabs(weights[size_t(t) * k + j] - want_w) <= 1e-4))
-        return fmt::format("token {} slot {}: weight {} against {}", t, j, weights[size_t(t) * k + j], want_w);
-    }
-  }
   return "";
 }
 
@@ -274,53 +230,6 @@ std::string self_test_impl(MoeBackend& b, const MoeShape& shape, double& max_err
     std::string r = moe_compare(gs.data(), want.data(), checked, H, kMoeSelfTestTolerance, err, &tokens);
     max_err = std::max(max_err, err);
     if (!r.empty()) return fmt::format("T={} ({} experts, top_k {}): {}", T, pool_experts, k, r);
-  }
-  // Dense mode with the router inside the gate/up launch (run_routed), where the backend takes it for this shape:
-  // a random router over every expert (those past the pool have zero weights: they add nothing, and the
-  // reference skips them), the routing against the CPU's top-k, the output against the reference of that routing.
-  for (const int T : {57, 64}) {
-    if (!b.routes_inside(T) || T > shape.max_tokens) continue;
-    MoeShape dense_shape = shape;
-    dense_shape.max_tokens = T;
-    void* d_dws = dev.alloc<char>(b.workspace_bytes(dense_shape));
-    auto* d_xd = dev.alloc<uint16_t>(size_t(T) * H * 2);
-    auto* d_outd = dev.alloc<uint16_t>(size_t(T) * H * 2);
-    auto* d_idsd = dev.alloc<int32_t>(size_t(T) * k * 4);
-    auto* d_wd = dev.alloc<float>(size_t(T) * k * 4);
-    auto* d_router = dev.alloc<uint16_t>(size_t(shape.num_experts) * H * 2);
-    std::vector<uint16_t> x(size_t(T) * H), router(size_t(shape.num_experts) * H), got(size_t(T) * H);
-    fill(x, 1.7f);
-    fill(router, std::sqrt(12.0f / H));  // logits of about unit-2 spread
-    std::vector<int32_t> ids(size_t(T) * k);
-    std::vector<float> wts(size_t(T) * k);
-    MS_CUDA_CHECK(cudaMemcpyAsync(d_xd, x.data(), x.size() * 2, cudaMemcpyHostToDevice, stream.s));
-    MS_CUDA_CHECK(cudaMemcpyAsync(d_router, router.data(), router.size() * 2, cudaMemcpyHostToDevice, stream.s));
-    MS_CUDA_CHECK(cudaMemsetAsync(d_outd, 0xff, size_t(T) * H * 2, stream.s));
-    b.run_routed(reinterpret_cast<const bf16*>(d_xd), T, reinterpret_cast<const bf16*>(d_router), true, d_idsd, d_wd,
-                 w, reinterpret_cast<bf16*>(d_outd), d_dws, stream.s);
-    MS_CUDA_CHECK(cudaMemcpyAsync(got.data(), d_outd, got.size() * 2, cudaMemcpyDeviceToHost, stream.s));
-    MS_CUDA_CHECK(cudaMemcpyAsync(ids.data(), d_idsd, ids.size() * 4, cudaMemcpyDeviceToHost, stream.s));
-    MS_CUDA_CHECK(cudaMemcpyAsync(wts.data(), d_wd, wts.size() * 4, cudaMemcpyDeviceToHost, stream.s));
-    MS_CUDA_CHECK(cudaStreamSynchronize(stream.s));
-    const std::string where = fmt::format("T={} with the router inside ({} experts, top_k {})", T,
-                                          shape.num_experts, k);
-    for (size_t i = 0; i < got.size(); ++i)
-      if (!std::isfinite(bf16_to_f32(got[i])))
-        return fmt::format("{}: non-finite output at token {}, column {}", where, i / H, i % H);
-    if (std::string r = moe_check_routing(x.data(), T, H, router.data(), shape.num_experts, k, true, ids.data(),
-                                          wts.data());
-        !r.empty())
-      return where + ": routing: " + r;
-    for (auto& id : ids)
-      if (id >= pool_experts) id = -1;  // zero weights: nothing to add
-    const int checked = std::min(T, kCheckedTokens);
-    std::vector<float> want(size_t(checked) * H);
-    moe_cpu_reference(x.data(), checked, H, I, gate_up.data(), down.data(), ids.data(), wts.data(), k, want.data(),
-                      pool);
-    double err = 0;
-    std::string r = moe_compare(got.data(), want.data(), checked, H, kMoeSelfTestTolerance, err);
-    max_err = std::max(max_err, err);
-    if (!r.empty()) return where + ": " + r;
   }
   MS_CUDA_CHECK(cudaGetLastError());
   return "";

@@ -131,23 +131,6 @@ bool fused_direct_for(const MoeShape& s, int T) {
   return T >= 1 && int64_t(T) * s.top_k <= std::max(kDirectMaxPairs, s.top_k);
 }
 
-bool fused_dense_for(const MoeShape& s, int T, bool wgmma) {
-  static const int lo = int(env_int("MOESERVE_MOE_DENSE_MIN", 48, 1, 1 << 20));
-  static const int hi = int(env_int("MOESERVE_MOE_DENSE_MAX", 64, 0, GemmCfg13::BN));
-  static_assert(gemm_config_info(kDenseConfig).bn == 64 && gemm_config_info(kDenseConfig).weights_cp_async,
-                "dense mode: 64-token tiles with cp.async weights (moe_gemm_ws.cuh kDenseTiles)");
-  return wgmma && moe_wgmma_level() >= 3 && moe_ws_enabled() && T >= lo && T <= hi &&
-         s.num_experts <= gemm_config_info(kDenseConfig).bm && s.top_k <= 32 && !fused_direct_for(s, T);
-}
-
-// Rows of act dense mode needs at T tokens (every expert's tile of all T tokens), for any T it may take: the
-// region then grows with T as the layout promises.
-static int64_t dense_act_rows(const MoeShape& s, int T) {
-  return s.num_experts <= gemm_config_info(kDenseConfig).bm
-             ? int64_t(s.num_experts) * std::min(T, gemm_config_info(kDenseConfig).bn)
-             : 0;
-}
-
 FusedLayout fused_layout(const MoeShape& s, int T, bool wgmma) {
   FusedLayout l;
   const int64_t P = int64_t(T) * s.top_k;
@@ -161,7 +144,7 @@ FusedLayout fused_layout(const MoeShape& s, int T, bool wgmma) {
   l.tiles = off, off = align_up(off + tile_cap * sizeof(Tile));
   l.perm_pair = off, off = align_up(off + size_t(P) * 4);
   l.pair_pos = off, off = align_up(off + size_t(P) * 4);
-  l.act = off, off = align_up(off + size_t(std::max(P, dense_act_rows(s, T))) * s.inter * 2);
+  l.act = off, off = align_up(off + size_t(P) * s.inter * 2);
   l.y = off, off = align_up(off + size_t(P) * s.hidden * 2);
   l.total = off;
   return l;
@@ -298,46 +281,9 @@ bool fused_combine_norm_supported(const MoeShape& s, int T) {
          s.hidden / 8 <= kCombineNormChunks * kCombineThreads;
 }
 
-// Dense mode with the router inside (GemmParams::dense_tokens, router): gate/up over every expert's tile of all T
-// tokens plus the router unit -> down of the routed tokens into pair rows of y -> combine as in direct mode. No prep.
-static void dense_run(const KernelTable& k, const MoeShape& s, const bf16* x, int T, const RouterInside& r,
-                      const MoeWeights& w, bf16* out, void* workspace, cudaStream_t stream) {
-  const FusedLayout l = fused_layout(s, T, k.wgmma);
-  const GemmConfigInfo cfg = gemm_config_info(kDenseConfig);
-  char* ws = static_cast<char*>(workspace);
-  auto* act = reinterpret_cast<unsigned short*>(ws + l.act);
-  auto* y = reinterpret_cast<unsigned short*>(ws + l.y);
-  const int E = s.num_experts;
-  auto grid = [&](int units) {
-    return dim3(unsigned(std::min<int64_t>(int64_t(std::max(k.num_sms, 1)) * cfg.ctas_per_sm, units)));
-  };
-  GemmParams gu{static_cast<const unsigned short*>(w.gate_up), reinterpret_cast<const unsigned short*>(x), act,
-                nullptr, nullptr, nullptr, s.hidden, s.inter, s.top_k, nullptr, E, nullptr, nullptr, E};
-  gu.weight_evict_first = l2_evict_first_weights() ? 1 : 0;
-  gu.static_slots = moe_gu_prewait_slices();
-  gu.dense_tokens = T;
-  gu.router = reinterpret_cast<const unsigned short*>(r.router);
-  gu.route_ids = r.ids;
-  gu.route_weights = r.weights;
-  gu.renormalize = r.renormalize ? 1 : 0;
-  const int gx_gu = ceil_div(s.inter, cfg.bm / 2);
-  launch(k.gemm[kDenseConfig][kGateUp], grid(gx_gu * E + 1), dim3(cfg.threads), size_t(cfg.smem_bytes), &gu, stream,
-         "moe gate/up GEMM (router inside) launch", k.pdl);
-  GemmParams dn{static_cast<const unsigned short*>(w.down), act, y, nullptr, nullptr, r.weights, s.hidden, s.inter,
-                s.top_k, nullptr, E, nullptr, nullptr, E};
-  dn.weight_evict_first = gu.weight_evict_first;
-  dn.dense_tokens = T;
-  dn.route_ids = r.ids;
-  launch(k.gemm[kDenseConfig][kDown], grid(ceil_div(s.hidden, cfg.bm) * E), dim3(cfg.threads),
-         size_t(cfg.smem_bytes), &dn, stream, "moe down GEMM (dense) launch", k.pdl);
-  CombineParams cp{y, nullptr, reinterpret_cast<unsigned short*>(out), T, s.top_k, s.hidden, r.ids, E};
-  launch(k.combine, dim3(unsigned(T)), dim3(kCombineThreads), 0, &cp, stream, "moe combine launch", k.pdl);
-}
-
 void fused_run(const KernelTable& k, const MoeShape& s, const bf16* x, int T, const int32_t* topk_ids,
                const float* topk_weights, const MoeWeights& w, bf16* out, void* workspace, int* counters,
-               cudaStream_t stream, float* residual, float* res_partials, const CombineNorm* norm,
-               const RouterInside* router) {
+               cudaStream_t stream, float* residual, float* res_partials, const CombineNorm* norm) {
   MS_CHECK(norm == nullptr || (fused_combine_norm_supported(s, T) && counters != nullptr && norm->residual &&
                                norm->norm_w && norm->xn_out),
            "moe: the combine's norm epilogue needs a combine launch ({} tokens) and its buffers", T);
@@ -349,11 +295,7 @@ void fused_run(const KernelTable& k, const MoeShape& s, const bf16* x, int T, co
   auto aligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
   MS_CHECK(aligned(x) && aligned(out) && aligned(w.gate_up) && aligned(w.down) && aligned(workspace),
            "moe: x, out, weights and workspace must be 16-byte aligned");
-  MS_CHECK(router == nullptr || (fused_dense_for(s, T, k.wgmma) && router->router && router->ids && router->weights &&
-                                  aligned(router->router) && residual == nullptr && norm == nullptr),
-           "moe: the router inside the launches needs dense mode ({} tokens), its buffers and no epilogue fusion", T);
   if (T == 0) return;
-  if (router != nullptr) return dense_run(k, s, x, T, *router, w, out, workspace, stream);
   const FusedLayout l = fused_layout(s, T, k.wgmma);
   const GemmConfigInfo cfg = gemm_config_info(l.config);
   char* ws = static_cast<char*>(workspace);
@@ -475,15 +417,6 @@ void FusedBackendBase::run_residual(const bf16* x, int T, const int32_t* topk_id
            "moe run_residual: residual (16-byte aligned) and partials");
   fused_run(table_, shape_, x, T, topk_ids, topk_weights, w, out, workspace, counters_.get(), stream, residual,
             partials);
-}
-
-void FusedBackendBase::run_routed(const bf16* x, int T, const bf16* router, bool renormalize, int32_t* topk_ids,
-                                  float* topk_weights, const MoeWeights& w, bf16* out, void* workspace,
-                                  cudaStream_t stream) {
-  MS_CHECK(ready_, "moe backend {} used without a successful prepare()", spec_.name);
-  const RouterInside r{router, renormalize, topk_ids, topk_weights};
-  fused_run(table_, shape_, x, T, topk_ids, topk_weights, w, out, workspace, counters_.get(), stream, nullptr, nullptr,
-            nullptr, &r);
 }
 
 std::string FusedBackendBase::set_ready(const KernelTable& t, const MoeShape& shape) {

@@ -26,7 +26,6 @@
 
 #include "moe_kernel_params.h"
 #include "moe_ptx.cuh"
-#include "moe_route_token.cuh"
 
 namespace moe_kernels {
 
@@ -252,8 +251,7 @@ __device__ __forceinline__ void load_chunk_f8(const float* r, int c, F4& lo, F4&
 }
 template <int BM, int BN, int MODE>
 __device__ __forceinline__ void store_tile(const GemmParams& p, const float* cs, const Tile& tile, int bx, int H,
-                                           int I, bool direct, int t0, int nt, const float* row_weights = nullptr,
-                                           const int* row_dst = nullptr) {
+                                           int I, bool direct, int t0, int nt, const float* row_weights = nullptr) {
   using namespace moe_ptx;
   constexpr int LDC = BM + 4;
   if (MODE == kGateUp) {
@@ -278,9 +276,7 @@ __device__ __forceinline__ void store_tile(const GemmParams& p, const float* cs,
     for (int idx = t0; idx < BN * OC; idx += nt) {
       const int n = idx / OC, c = idx % OC;
       const int h = bx * BM + c * 8;
-      // row_dst (dense mode, kDown): token row n's destination row of y, < 0 for a token not routed to the expert.
-      const int dst_row = row_dst != nullptr ? row_dst[n] : tile.row0 + n;
-      if (n >= tile.rows || h >= H || dst_row < 0) continue;
+      if (n >= tile.rows || h >= H) continue;
       // row_weights: the tile's routing weights already in shared memory (the warp-specialized body loads them
       // during its main loop); else two dependent global loads here.
       const float wt = row_weights != nullptr ? row_weights[n]
@@ -293,7 +289,7 @@ __device__ __forceinline__ void store_tile(const GemmParams& p, const float* cs,
       o.y = pack_bf16x2(a.z * wt, a.w * wt);
       o.z = pack_bf16x2(b.x * wt, b.y * wt);
       o.w = pack_bf16x2(b.z * wt, b.w * wt);
-      *reinterpret_cast<U4*>(p.dst + (long long)dst_row * H + h) = o;
+      *reinterpret_cast<U4*>(p.dst + (long long)(tile.row0 + n) * H + h) = o;
     }
   }
 }

@@ -96,7 +96,6 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
   float* cs = reinterpret_cast<float*>(Bs + STAGES * BN * BK);   // [TP][LDC] the epilogue tile
   unsigned long long* bars = reinterpret_cast<unsigned long long*>(cs + TP * LDC);  // full[STAGES], empty[STAGES]
   float* row_wt = reinterpret_cast<float*>(bars + 2 * STAGES);  // [BN] the down tile's routing weights
-  int* row_dst = reinterpret_cast<int*>(row_wt + BN);             // [BN] dense mode: their rows of y (BN <= 64)
   const unsigned full0 = smem_addr(bars), empty0 = full0 + STAGES * 8;
   // Weight tiles by the producers' cp.async (Cfg::WEIGHTS_CP_ASYNC): A_ITERS 16-byte chunks a producer thread a
   // slice, rows tid / CPR + k RPP as for the token rows.
@@ -122,43 +121,7 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
   const int K = MODE == kGateUp ? H : I;
   const int KT = (K + BK - 1) / BK;
   const int gx = MODE == kGateUp ? (I + BM / 2 - 1) / (BM / 2) : (H + BM - 1) / BM;
-  // Dense mode (GemmParams::dense_tokens): every slot e is expert e's tile of all T tokens, known before the wait.
-  // The router, when it rides along (gate/up), is the walk's first unit (RU = 1): BM router rows, every expert.
-  // (Compiled into the configurations of 64-token tiles with cp.async weights only: kDenseConfig.)
-  constexpr bool kDenseTiles = BN == 64 && kCpW;
-  const int dense_T = kDenseTiles ? p.dense_tokens : 0;
-  const bool dense = dense_T > 0;
-  const int RU = MODE == kGateUp && dense && p.router != nullptr ? 1 : 0;
-  const int units = gx * p.num_slots + RU;
-  // Unit u of the walk: its tile and block of weight rows. Before the wait only static units may be looked at:
-  // static_tile gives their tile without reading p.tiles (which the prep may not have written yet).
-  struct Unit {
-    Tile tile;
-    int bx;
-    bool router;
-  };
-  auto static_tile = [&](int u) {
-    Unit w;
-    w.router = u < RU;
-    const int v = u - RU, slot = v / gx;
-    w.bx = w.router ? 0 : v % gx;
-    w.tile.expert = w.router ? 0 : slot, w.tile.pad = 0;
-    w.tile.row0 = dense && !w.router ? slot * dense_T : 0;
-    w.tile.rows = dense ? dense_T : 0;
-    return w;
-  };
-  auto unit_at = [&](int u) {
-    Unit w = static_tile(u);
-    if (!dense) w.tile = p.tiles[(u - RU) / gx];
-    return w;
-  };
-  // Dense mode: the pair (t top_k + j) that routes token n to expert e, or -1 (route_ids is complete after the wait).
-  auto dense_pair = [&](int n, int e) {
-    int pair = -1;
-    for (int j = 0; j < p.top_k; ++j)
-      if (p.route_ids[n * p.top_k + j] == e) pair = n * p.top_k + j;
-    return pair;
-  };
+  const int units = gx * p.num_slots;
   // The weight tile of global slice `slice` (stage slice % STAGES) of unit (tile, bx): one arrival that expects its
   // bytes, then the TMA loads. Weight rows of a unit in the [experts x rows, K] view of the TMA descriptor: gate/up
   // loads the gate rows i and the up rows I + i of i in [bx BM/2, bx BM/2 + BM/2) as two boxes, down BM rows as one
@@ -175,19 +138,13 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
   // `full` arrival is the thread's cp_async_arrive_noinc after its token rows). Rows past the expert's rows are
   // zero-filled.
   const int wch = tid % CPR;
-  auto copy_weights = [&](int slice, const Tile& tile, int bx, int kt, bool router = false) {
+  auto copy_weights = [&](int slice, const Tile& tile, int bx, int kt) {
     unsigned short* as = As + (slice % STAGES) * BM * BK;
     const int k0 = kt * BK;
     const bool k_ok = k0 + wch * 8 < K;
 #pragma unroll
     for (int it = 0; it < A_ITERS; ++it) {
       const int r = tid / CPR + it * RPP;
-      if (MODE == kGateUp && router) {  // the router unit: router row r (expert r)
-        const bool ok = r < p.num_experts && k_ok;
-        cp_async16_hint(as + swz<BK>(r, wch), ok ? p.router + (long long)r * K + k0 + wch * 8 : p.router, ok, hint,
-                        wpol);
-        continue;
-      }
       int rr;  // the row within the expert's [2 I] (gate/up) or [H] (down) rows
       bool ok;
       if (MODE == kGateUp) {
@@ -218,29 +175,27 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
   // ahead (each row's next 4-16 slices of the first unit as L2 bulk prefetches) was +6 to +22 us.
   const bool gu_prewait = MODE == kGateUp && kCpW && p.static_slots > 0;
   const int PW = gu_prewait ? (p.static_slots < STAGES ? p.static_slots : STAGES) : 0;  // slices issued before
-  // Units whose expert is known before the wait: all in dense mode, else the static slots' first tiles.
-  auto is_static = [&](int u) { return dense || (u - RU) / gx < p.num_experts; };
   auto pre_slices = [&](int u) {
-    if (!gu_prewait || !is_static(u)) return 0;
+    if (!gu_prewait || u / gx >= p.num_experts) return 0;
     const int before = (u - int(blockIdx.x)) / int(gridDim.x) * KT;  // slices of the walk's earlier units
     return before >= PW ? 0 : (PW - before < KT ? PW - before : KT);
   };
   if (gu_prewait && warp < 4 * NP) {
-    for (int u = blockIdx.x; u < units && prefetched < PW && is_static(u); u += gridDim.x) {
-      const Unit w = static_tile(u);
-      for (int kt = 0; kt < KT && prefetched < PW; ++kt, ++prefetched)
-        copy_weights(prefetched, w.tile, w.bx, kt, w.router);
+    for (int u = blockIdx.x; u < units && prefetched < PW && u / gx < p.num_experts; u += gridDim.x) {
+      Tile tile;
+      tile.expert = u / gx, tile.row0 = 0, tile.rows = 0, tile.pad = 0;
+      for (int kt = 0; kt < KT && prefetched < PW; ++kt, ++prefetched) copy_weights(prefetched, tile, u % gx, kt);
     }
   }
   if (MODE == kDown && (kCpW ? warp < 4 * NP : tid == 0)) {
     for (int u = blockIdx.x; u < units && prefetched < STAGES; u += gridDim.x) {
-      const Unit w = unit_at(u);
-      if (w.tile.rows <= 0) continue;
+      const Tile tile = p.tiles[u / gx];
+      if (tile.rows <= 0) continue;
       for (int kt = 0; kt < KT && prefetched < STAGES; ++kt, ++prefetched) {
         if constexpr (kCpW)
-          copy_weights(prefetched, w.tile, w.bx, kt);
+          copy_weights(prefetched, tile, u % gx, kt);
         else
-          issue_weights(prefetched, w.tile, w.bx, kt);
+          issue_weights(prefetched, tile, u % gx, kt);
       }
     }
   }
@@ -257,9 +212,8 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
     const int ch = tid % CPR;
     int slice = 0;  // slices issued so far (over all units)
     for (int u = blockIdx.x; u < units; u += gridDim.x) {
-      const Unit w = unit_at(u);
-      const Tile& tile = w.tile;
-      const int bx = w.bx;
+      const int bx = u % gx;
+      const Tile tile = p.tiles[u / gx];
       // A unit without rows runs only the slices issued for it before the wait (zero token rows, drained by the
       // consumers without MMAs).
       const int nk = tile.rows > 0 ? KT : pre_slices(u);
@@ -269,10 +223,8 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
 #pragma unroll
       for (int it = 0; it < B_ITERS; ++it) {
         const int n = tid / CPR + it * RPP;
-        int pos = n < tile.rows ? tile.row0 + n : -1;
-        // Dense mode: gate/up gathers token n; down reads act row e T + n of the tokens routed to e only.
-        if (dense && MODE == kDown && pos >= 0 && dense_pair(n, tile.expert) < 0) pos = -1;
-        const long long row = pos < 0 ? 0 : MODE == kGateUp ? (dense ? n : p.perm_pair[pos] / p.top_k) : pos;
+        const int pos = n < tile.rows ? tile.row0 + n : -1;
+        const long long row = pos < 0 ? 0 : MODE == kGateUp ? p.perm_pair[pos] / p.top_k : pos;
         b_ok[it] = pos >= 0;
         b_src[it] = p.src + row * K + ch * 8;
       }
@@ -285,7 +237,7 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
         const bool k_ok = k0 + ch * 8 < K;
         unsigned short* bs = Bs + stage * BN * BK;
         if constexpr (kCpW) {
-          if (slice >= prefetched) copy_weights(slice, tile, bx, kt, w.router);
+          if (slice >= prefetched) copy_weights(slice, tile, bx, kt);
         } else if (tid == 0 && slice >= prefetched) {
           issue_weights(slice, tile, bx, kt);
         }
@@ -310,9 +262,8 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
   const unsigned as_addr = smem_addr(As) + unsigned(cw * (BM / 2) * BK * 2), bs_addr = smem_addr(Bs);
   int slice = 0;
   for (int u = blockIdx.x; u < units; u += gridDim.x) {
-    const Unit w = unit_at(u);
-    const Tile& tile = w.tile;
-    const int bx = w.bx;
+    const int bx = u % gx;
+    const Tile tile = p.tiles[u / gx];
     if (tile.rows <= 0) {  // drain the slices issued for it before the wait (static slots), if any
       for (int kt = pre_slices(u); kt > 0; --kt, ++slice) {
         const int stage = slice % STAGES;
@@ -332,8 +283,7 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
     // after the first slice, and parks the weight in shared memory (row_wt) at the epilogue.
     int my_pair = -1;
     float my_wt = 0.0f;
-    if (MODE == kDown && ctid < BN && ctid < tile.rows)
-      my_pair = dense ? dense_pair(ctid, tile.expert) : p.perm_pair[tile.row0 + ctid];
+    if (MODE == kDown && ctid < BN && ctid < tile.rows) my_pair = p.perm_pair[tile.row0 + ctid];
     for (int kt = 0; kt < KT; ++kt, ++slice) {
       if (MODE == kDown && kt == 1 && my_pair >= 0) my_wt = p.topk_weights[my_pair];
       const int stage = slice % STAGES;
@@ -363,10 +313,7 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
       // index d dynamically and move the wgmma accumulators to local memory.
       if (h > 0 && tile.rows <= h * TP) continue;  // uniform over the consumers
       ws::consumers_sync();  // the previous part (or unit) has finished reading cs (and row_wt)
-      if (MODE == kDown && h == 0 && ctid < BN) {
-        row_wt[ctid] = my_wt;
-        if (kDenseTiles) row_dst[ctid] = my_pair;
-      }
+      if (MODE == kDown && h == 0 && ctid < BN) row_wt[ctid] = my_wt;
       const int g = lane >> 2, tig = lane & 3;
 #pragma unroll
       for (int j = 0; j < MW; ++j) {
@@ -382,27 +329,10 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
         }
       }
       ws::consumers_sync();
-      if (MODE == kGateUp && kDenseTiles && w.router) {
-        // The router unit: cs holds the logits of this part's tokens (row m = expert m). Each consumer warp routes
-        // every 8th token (BM >= num_experts: the host's condition for the router to ride along).
-        constexpr int SLOTS = BM / 32;
-        for (int n = (ctid >> 5); n < TP && h * TP + n < tile.rows; n += 8) {
-          float v[SLOTS];
-#pragma unroll
-          for (int i = 0; i < SLOTS; ++i) {
-            const int e = lane + 32 * i;
-            v[i] = e < p.num_experts ? cs[n * LDC + e] : __int_as_float(0xff800000);
-          }
-          route_token_values(v, h * TP + n, p.num_experts, p.top_k, p.renormalize != 0, p.route_ids,
-                             p.route_weights, lane);
-        }
-        continue;
-      }
       Tile part = tile;
       part.row0 += h * TP;
       part.rows -= h * TP;
-      store_tile<BM, TP, MODE>(p, cs, part, bx, H, I, false, ctid, 256, MODE == kDown ? row_wt + h * TP : nullptr,
-                               MODE == kDown && kDenseTiles && dense ? row_dst + h * TP : nullptr);
+      store_tile<BM, TP, MODE>(p, cs, part, bx, H, I, false, ctid, 256, MODE == kDown ? row_wt + h * TP : nullptr);
     }
   }
 #else

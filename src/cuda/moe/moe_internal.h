@@ -44,17 +44,6 @@ FusedLayout fused_layout(const MoeShape& s, int T, bool wgmma = false);
 int fused_config_for(const MoeShape& s, int T, bool wgmma = false);
 // Whether T tokens take the direct (prep-less, one pair per tile) path: T * top_k <= max(kDirectMaxPairs, top_k).
 bool fused_direct_for(const MoeShape& s, int T);
-// Whether T tokens may take dense mode with the router inside the gate/up launch (GemmParams::dense_tokens,
-// MoeBackend::run_routed): a wgmma table, num_experts <= 128, and T in [MOESERVE_MOE_DENSE_MIN (default 48),
-// MOESERVE_MOE_DENSE_MAX (default 64, at most 64; 0: never)], where nearly every expert has tokens.
-bool fused_dense_for(const MoeShape& s, int T, bool wgmma);
-// The router of MoeBackend::run_routed: weights [E, H], and where the routing goes ([T, top_k] each).
-struct RouterInside {
-  const bf16* router;
-  bool renormalize;
-  int32_t* ids;
-  float* weights;
-};
 // "" when the fused kernels support these shapes, else why not.
 std::string fused_shape_check(const MoeShape& s);
 // Checks that every kernel of `t` has code for this device and allows its dynamic shared memory. "" or why not.
@@ -97,7 +86,7 @@ struct CombineNorm {
 void fused_run(const moe_kernels::KernelTable& k, const MoeShape& s, const bf16* x, int T, const int32_t* topk_ids,
                const float* topk_weights, const MoeWeights& w, bf16* out, void* workspace, int* counters,
                cudaStream_t stream, float* residual = nullptr, float* res_partials = nullptr,
-               const CombineNorm* norm = nullptr, const RouterInside* router = nullptr);
+               const CombineNorm* norm = nullptr);
 int fused_residual_parts(const MoeShape& s, int T);
 bool fused_combine_norm_supported(const MoeShape& s, int T);
 
@@ -112,9 +101,6 @@ class FusedBackendBase : public MoeBackend {
            void* workspace, cudaStream_t stream) override;
   int residual_parts(int T) const override { return ready_ ? fused_residual_parts(shape_, T) : 0; }
   bool combine_norm_supported(int T) const override { return ready_ && fused_combine_norm_supported(shape_, T); }
-  bool routes_inside(int T) const override { return ready_ && T <= shape_.max_tokens && fused_dense_for(shape_, T, table_.wgmma); }
-  void run_routed(const bf16* x, int T, const bf16* router, bool renormalize, int32_t* topk_ids, float* topk_weights,
-                  const MoeWeights& w, bf16* out, void* workspace, cudaStream_t stream) override;
   void run_combine_norm(const bf16* x, int T, const int32_t* topk_ids, const float* topk_weights, const MoeWeights& w,
                         bf16* out, float* residual, const bf16* norm_w, float eps, bf16* xn_out, void* workspace,
                         cudaStream_t stream) override;
@@ -141,14 +127,6 @@ void moe_cpu_reference(const uint16_t* x, int T, int H, int I, const uint16_t* g
 // max_err: the largest |got - want| / max|want|. token_of_row: the token each row stands for, in messages.
 std::string moe_compare(const uint16_t* got, const float* want, int T, int H, double tol, double& max_err,
                         const std::vector<int>* token_of_row = nullptr);
-
-// The routing a router inside the MoE wrote (MoeBackend::run_routed) for x [T, H] and router [E, H] (bf16 bits)
-// against the CPU's top-k of the CPU's logits: the same experts per token except where the CPU's logits of the
-// differing experts lie within 1e-3 of its k-th largest (f32 sums in another order may swap near-ties), and the
-// weights the softmax of the CPU's logits gives the chosen experts (renormalised when `renormalize`), within 1e-4.
-// "" or the first difference.
-std::string moe_check_routing(const uint16_t* x, int T, int H, const uint16_t* router, int E, int k, bool renormalize,
-                              const int32_t* ids, const float* weights);
 
 // NVRTC: the embedded kernel sources and one compilation to a cubin for `arch` ("sm_90a", "sm_80", ...).
 struct JitSource {

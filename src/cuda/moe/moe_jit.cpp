@@ -31,7 +31,6 @@ JitSource jit_embedded_source() {
   s.main = kMoeJitSource_moe_gemm_kernels_cuh;
   s.headers = {{"moe_kernel_params.h", kMoeJitSource_moe_kernel_params_h},
                {"moe_ptx.cuh", kMoeJitSource_moe_ptx_cuh},
-               {"moe_route_token.cuh", kMoeJitSource_moe_route_token_cuh},
                {"moe_gemm_ws.cuh", kMoeJitSource_moe_gemm_ws_cuh}};
   return s;
 }

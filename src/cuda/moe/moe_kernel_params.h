@@ -136,20 +136,6 @@ struct GemmParams {
   // the slices issued for it without MMAs. The value is how many slices go out before the wait (at most the ring's
   // depth; 0: none, the prep's ordinary layout).
   int static_slots;
-  // Dense mode (batched decode where nearly every expert has tokens; the warp-specialized configurations) when > 0:
-  // the value is T, there is no prep, and slot e < num_experts is expert e's tile of all T tokens {e, e T, T}:
-  // kGateUp gathers token n for tile row n and writes act row e T + n (act [E T, I]); kDown reads act row e T + n only
-  // for the tokens routed to e (route_ids; the others are zero-filled) and writes y row = the pair t top_k + j,
-  // scaled by topk_weights[pair] (y [T top_k, H], the combine reading it as in direct mode). So the gate/up GEMM
-  // depends on x only, not on the routing, and streams its weights from its first instant.
-  int dense_tokens;
-  // kGateUp in dense mode, when non-null: the router [num_experts <= BM, H] rides in the same launch as the walk's
-  // first unit, whose epilogue routes every token from its logits (softmax, top-k, renormalisation as
-  // moe_route_topk) into route_ids / route_weights [T, top_k]. kDown in dense mode reads route_ids.
-  const unsigned short* router;
-  int* route_ids;
-  float* route_weights;
-  int renormalize;
 };
 
 // out[t, :] = bf16(sum over j < top_k of y[pair_pos[t * top_k + j], :]), slots in order (deterministic).
@@ -190,10 +176,10 @@ struct GemmConfig {
   static constexpr int PIPE_BYTES = STAGES * (BM + BN) * BK * 2;
   // f32 accumulator tile, padded against bank conflicts; WGMMA 3 keeps it apart from the ring (the producer
   // refills the ring during the epilogue) and stores the tile in BM / 64 parts, plus 2 x STAGES mbarriers and the
-  // down tile's BN routing weights (and, at BN <= 64, the tiles dense mode can take, their destination rows).
+  // down tile's BN routing weights.
   static constexpr int EPI_BYTES = (WGMMA == 3 ? BN / (BM / 64) : BN) * (BM + 4) * 4;
   static constexpr int SMEM_BYTES =
-      WGMMA == 3 ? PIPE_BYTES + EPI_BYTES + 16 * STAGES + (BN <= 64 ? 8 : 4) * BN + 1024
+      WGMMA == 3 ? PIPE_BYTES + EPI_BYTES + 16 * STAGES + 4 * BN + 1024
                  : (PIPE_BYTES > EPI_BYTES ? PIPE_BYTES : EPI_BYTES) + (WGMMA > 0 ? 1024 : 0);
 };
 
@@ -233,10 +219,8 @@ using GemmCfg11 = GemmConfig<128, 32, 4, 4, 64, 4, 2, 3>;
 // same call: bs 64 step -92 us, bs 128 -100; without the L2 hint only -23 us at bs 64). (Three CTAs an SM with TMA,
 // 3-deep rings, was 12 in session 24: the layer at 64 tokens 294.5 us against 288.9; removed.)
 using GemmCfg12 = GemmConfig<128, 32, 4, 4, 64, 4, 2, 3, 1>;
-// Configuration 9 with cp.async weight tiles (MOESERVE_MOE_WS_DECODE=13 for the routed tiles); the configuration of
-// dense mode (GemmParams::dense_tokens: every expert one tile of all T <= 64 tokens).
+// Configuration 9 with cp.async weight tiles (experiment, MOESERVE_MOE_WS_DECODE=13).
 using GemmCfg13 = GemmConfig<128, 64, 4, 4, 64, 8, 1, 3, 1>;
-constexpr int kDenseConfig = 13;
 constexpr int kNumGemmConfigs = 14;
 
 #ifndef __CUDACC_RTC__  // host-side helper; NVRTC treats unannotated functions as host code and rejects them

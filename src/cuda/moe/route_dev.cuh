@@ -7,7 +7,6 @@
 
 #include "cuda/fused_norm.cuh"
 #include "cuda/moe/moe.h"
-#include "cuda/moe/moe_route_token.cuh"
 
 namespace moeserve::cuda::route_dev {
 
@@ -17,9 +16,58 @@ constexpr int kRouteMaxTopK = 16;
 // One warp routes token t from its logits row l: lane l holds experts l, l + 32, ... (SLOTS of them: the
 // dispatcher below picks the fewest that cover E, since every slot costs the whole warp a double exp and a
 // compare in each of the k rounds). The row may have been written by other blocks of the same grid (the fused
-// router): read through L2. route_token_values (moe_route_token.cuh, shared with the MoE GEMM's dense mode): the
-// top-k of a token whose logits the warp holds already (lane l: expert l + 32 i in v[i], -INFINITY past E).
-using moe_kernels::route_token_values;
+// router): read through L2. route_token_values: the top-k of a token whose logits the warp holds already (lane l:
+// expert l + 32 i in v[i], -INFINITY past E).
+template <int SLOTS>
+__device__ __forceinline__ void route_token_values(const float (&v)[SLOTS], int t, int E, int k, bool renormalize,
+                                                   int32_t* ids, float* weights, int lane) {
+  float mx = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < SLOTS; ++i) mx = fmaxf(mx, v[i]);
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, d));
+  double ex[SLOTS];  // exp(logit - max) in double, as the CPU computes it; once per expert
+  double sum = 0;
+#pragma unroll
+  for (int i = 0; i < SLOTS; ++i) {
+    ex[i] = lane + 32 * i < E ? exp(double(v[i] - mx)) : 0.0;
+    sum += ex[i];
+  }
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, d);
+  float p[SLOTS];
+#pragma unroll
+  for (int i = 0; i < SLOTS; ++i) p[i] = lane + 32 * i < E ? float(ex[i] / sum) : -1.0f;  // -1: absent or taken
+
+  // Each round takes the largest remaining probability, the lowest expert index among equals (torch.topk's
+  // order). Probabilities are >= 0, so their f32 bits order as unsigned integers: key = bits + 1, 0 for absent or
+  // taken. One warp-wide max reduction (redux.sync) finds the winning key; one ballot a slot, lowest slot and lane
+  // first, finds the lowest expert holding it (five dependent shuffle pairs a round before).
+  float chosen_p = 0, total = 0;
+  for (int j = 0; j < k; ++j) {
+    unsigned key[SLOTS], best = 0;
+#pragma unroll
+    for (int i = 0; i < SLOTS; ++i) {
+      key[i] = p[i] >= 0.0f ? __float_as_uint(p[i]) + 1u : 0u;
+      best = max(best, key[i]);
+    }
+    best = __reduce_max_sync(0xffffffffu, best);
+    int be = -1;
+#pragma unroll
+    for (int i = 0; i < SLOTS; ++i) {
+      const unsigned holders = __ballot_sync(0xffffffffu, key[i] == best);
+      if (be < 0 && holders != 0) be = 32 * i + __ffs(int(holders)) - 1;
+    }
+    const float bp = __uint_as_float(best - 1u);
+    // Every lane now holds the same winner.
+#pragma unroll
+    for (int i = 0; i < SLOTS; ++i)
+      if (lane + 32 * i == be) p[i] = -1.0f;
+    total += bp;  // in selection order, as the CPU sums
+    if (lane == j) chosen_p = bp, ids[size_t(t) * k + j] = be;
+  }
+  if (lane < k) weights[size_t(t) * k + lane] = renormalize ? chosen_p / total : chosen_p;
+}
 
 // logit(e) gives expert e's logit (e < E).
 template <int SLOTS, typename Logit>
