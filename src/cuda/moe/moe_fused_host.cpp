@@ -39,11 +39,15 @@ void encode_weight_map(TmaDesc& out, const void* w, int64_t rows, int K, int box
   encode_bf16_tma_2d(&out, w, rows, K, box_rows);
 }
 
-// The gate/up GEMM of the warp-specialized cp.async configurations issues its first weight slices (the ring's depth,
-// 4 for configuration 12) before its programmatic wait, over a tile table in static slots (GemmParams::static_slots).
-// MOESERVE_MOE_GU_PREWAIT=N: N slices (A/B; 0 off).
+// The gate/up GEMM of the warp-specialized cp.async configurations issues its first weight slices before its
+// programmatic wait, over a tile table in static slots (GemmParams::static_slots): 2 of configuration 12's 4-deep
+// ring. MOESERVE_MOE_GU_PREWAIT=N: N slices, at most the ring's depth (A/B; 0 off). H200, q30b8l, session 28 (two
+// calls, three rounds each, same call): 2 slices against the whole ring (4) bs 64 -5 us a step overlapped
+// (2,856.6-2,857.5 against 2,861.7-2,862.3; call 1: 2,888.6-2,891.7 against 2,890.9-2,897.0), bs 48 -4 to -6, bs 128
+// -4 to -10; 1 slice between the two. Fewer slices queue less in front of the prep's loads (session 27's trace: the
+// prep +18 us a step with 4).
 int moe_gu_prewait_slices() {
-  static const int n = int(env_int("MOESERVE_MOE_GU_PREWAIT", 64, 0, 64));
+  static const int n = int(env_int("MOESERVE_MOE_GU_PREWAIT", 2, 0, 64));
   return n;
 }
 

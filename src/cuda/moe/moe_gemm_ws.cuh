@@ -172,7 +172,8 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
   // slices that covered (the walk's units in order, stopping at the first overflow slot). H200, q30b8l, session 27
   // (same call, three rounds): the bs 64 step 2,893.8-2,898.3 us overlapped against 2,905.3-2,907.4 without; the
   // trace has the MoE GEMMs' chain -27 us a step and the prep's +18 (its loads queue behind the slices). Going further
-  // ahead (each row's next 4-16 slices of the first unit as L2 bulk prefetches) was +6 to +22 us.
+  // ahead (each row's next 4-16 slices of the first unit as L2 bulk prefetches) was +6 to +22 us; 2 slices instead of
+  // the ring's 4, -5 us more (session 28, the default).
   const bool gu_prewait = MODE == kGateUp && kCpW && p.static_slots > 0;
   const int PW = gu_prewait ? (p.static_slots < STAGES ? p.static_slots : STAGES) : 0;  // slices issued before
   auto pre_slices = [&](int u) {

@@ -131,7 +131,7 @@ struct GemmParams {
   int weight_evict_first;
   // The tile table in static slots (PrepParams::static_slots): unit u's expert is its slot u / grid_x while that is
   // below num_experts, known before the prep has run, so the warp-specialized gate/up GEMM with cp.async weights
-  // (configurations 12, 13) issues its first ring pass of weight slices before its programmatic wait, while the
+  // (configurations 12, 13) issues its first weight slices (2 by default) before its programmatic wait, while the
   // route and the prep run (the DRAM is otherwise idle then). A unit whose expert turns out to have no pairs drains
   // the slices issued for it without MMAs. The value is how many slices go out before the wait (at most the ring's
   // depth; 0: none, the prep's ordinary layout).
