@@ -632,7 +632,6 @@ void launch_wide_tiles(int tiles, const bf16* x, int64_t ldx, int M, int K, int 
     launch_wide<OutT, 16>(x, ldx, M, K, k_split, W, N, y, ldy, partial, stream, grid);
 }
 
-
 class GemvBackend final : public GemmBackend {
  public:
   explicit GemvBackend(int kernel_max_m)

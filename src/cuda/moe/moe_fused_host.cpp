@@ -317,8 +317,9 @@ void fused_run(const KernelTable& k, const MoeShape& s, const bf16* x, int T, co
   const int* direct_ids = direct ? topk_ids : nullptr;
   const bool fused_combine = direct && counters != nullptr;
   const bool pdl = k.pdl;
-  // Static slots: the gate/up GEMM's first weight slices go out before its wait (GemmParams::static_slots).
-  const int prewait = !direct && k.wgmma && cfg.weights_cp_async && int64_t(T) * s.top_k >= s.num_experts
+  // Static slots: the gate/up GEMM's first weight slices go out before its wait (GemmParams::static_slots). (A
+  // cp.async-weights configuration is warp-specialized, which fused_config_for picks for wgmma tables only.)
+  const int prewait = !direct && cfg.weights_cp_async && int64_t(T) * s.top_k >= s.num_experts
                           ? moe_gu_prewait_slices()
                           : 0;
   if (!direct) {
