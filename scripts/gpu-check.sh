@@ -70,9 +70,6 @@ run test_cuda_moe_ws0 ok env MOESERVE_MOE_WS=0 "$BUILD/tests/test_cuda_moe" --gt
 run test_cuda_moe_ws_decode9 ok env MOESERVE_MOE_WS_DECODE=9 "$BUILD/tests/test_cuda_moe" --gtest_brief=1
 run test_gpu_model_ws_decode9 ok env MOESERVE_MOE_WS_DECODE=9 "$BUILD/tests/test_gpu_model" --gtest_brief=1
 run test_cuda_moe_ws_decode11 ok env MOESERVE_MOE_WS_DECODE=11 "$BUILD/tests/test_cuda_moe" --gtest_brief=1
-# Batched decode with the combine launch instead of the warp-specialized down GEMM's epilogue combine (the default).
-run test_cuda_moe_ws_combine0 ok env MOESERVE_MOE_WS_COMBINE=0 "$BUILD/tests/test_cuda_moe" --gtest_brief=1 \
-  --gtest_filter='*CudaMoeShapes*:*Captured*:*Skewed*:*SelfTest*'
 # The 1-token down GEMM with its last-CTA combine (MOESERVE_MOE_DOWN_GEMV=0; the default is the down GEMV + combine
 # launch) against the CPU reference: the direct-mode tests.
 run test_cuda_moe_down_gemm ok env MOESERVE_MOE_DOWN_GEMV=0 "$BUILD/tests/test_cuda_moe" --gtest_brief=1 \

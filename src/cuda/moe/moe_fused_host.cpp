@@ -217,22 +217,7 @@ size_t fused_direct_counters(const MoeShape& s) {
   return size_t(kDirectMaxPairs) * size_t(ceil_div(s.hidden, gemm_config_info(0).bm));
 }
 
-// The warp-specialized down GEMM's combine in its epilogue (GemmParams::combine_counters) for batched decode: steps
-// of up to kWsCombineMaxTokens tokens, one counter a (token, column of at least 128 hidden rows). The combine launch
-// it replaces read every pair row back after the whole GEMM (~3.4 us of chain a layer at bs 64, session 29's trace).
-// MOESERVE_MOE_WS_COMBINE=0: the combine launch (A/B).
-constexpr int kWsCombineMaxTokens = 128, kWsCombineMinColumnRows = 128;
-static bool ws_combine_enabled() {
-  static const bool on = env_int("MOESERVE_MOE_WS_COMBINE", 1, 0, 1) != 0;
-  return on;
-}
-static size_t fused_ws_combine_counters(const MoeShape& s) {
-  return size_t(kWsCombineMaxTokens) * size_t(ceil_div(s.hidden, kWsCombineMinColumnRows));
-}
-
-size_t fused_counters(const MoeShape& s) {
-  return fused_direct_counters(s) + fused_ws_combine_counters(s) + 2 * size_t(s.num_experts) + 2;
-}
+size_t fused_counters(const MoeShape& s) { return fused_direct_counters(s) + 2 * size_t(s.num_experts) + 2; }
 
 std::string DeviceCounters::ensure(size_t n) {
   if (n <= n_) return "";
@@ -342,7 +327,7 @@ void fused_run(const KernelTable& k, const MoeShape& s, const bf16* x, int T, co
     PrepParams pp{topk_ids, P, s.num_experts, cfg.bn, l.num_slots, tiles, perm_pair, pair_pos, kPrepWhole,
                   nullptr, nullptr, nullptr, prewait};
     if (P > kPrepChunk && counters != nullptr) {
-      pp.counts = counters + fused_direct_counters(s) + fused_ws_combine_counters(s);
+      pp.counts = counters + fused_direct_counters(s);
       pp.offsets = pp.counts + s.num_experts;
       pp.done = pp.offsets + s.num_experts + 1;
       const dim3 grid(unsigned(ceil_div(P, kPrepChunk)));
@@ -393,19 +378,10 @@ void fused_run(const KernelTable& k, const MoeShape& s, const bf16* x, int T, co
            size_t(down_gemv_smem_bytes(s.inter, kDownGemvStageVariants[v])), &dn, stream, "moe down GEMV launch", pdl);
     return;
   }
-  // Batched decode: the warp-specialized down GEMM combines in its epilogue (no combine launch) unless the combine
-  // also carries the next norm.
-  const bool ws_combine = !direct && cfg.persistent && counters != nullptr && norm == nullptr &&
-                          T <= kWsCombineMaxTokens && cfg.bm >= kWsCombineMinColumnRows && ws_combine_enabled();
-  if (ws_combine) {
-    dn.combine_counters = counters + fused_direct_counters(s);
-    dn.combine_out = reinterpret_cast<unsigned short*>(out);
-    dn.pair_pos = pair_pos;
-  }
   if (cfg.persistent) encode_weight_map(dn.wmap, w.down, int64_t(s.num_experts) * s.hidden, s.inter, cfg.bm);
   launch(k.gemm[l.config][kDown], grid_of(cfg, ceil_div(s.hidden, cfg.bm)), dim3(cfg.threads),
          size_t(cfg.smem_bytes), &dn, stream, "moe down GEMM launch", pdl);
-  if (fused_combine || ws_combine) return;
+  if (fused_combine) return;
 
   CombineParams cp{y, pair_pos, reinterpret_cast<unsigned short*>(out), T, s.top_k, s.hidden, direct_ids,
                    s.num_experts};

@@ -9,8 +9,7 @@
 //            kPrepChunk pairs, else two launches of a CTA per chunk (count + scan, then scatter; PrepParams)
 //   gemm     kGateUp: act = silu(x Wg^T) * (x Wu^T)          grid (ceil(I / (BM/2)), slots)
 //            kDown:   y   = topk_weight * (act Wd^T)          grid (ceil(H / BM), slots)
-//   combine  out[t] = sum of its k rows of y, in slot order (deterministic, no float atomics); batched decode's
-//            warp-specialized down GEMM does it in its epilogue instead (ws_combine_tail, GemmParams::pair_pos)
+//   combine  out[t] = sum of its k rows of y, in slot order (deterministic, no float atomics)
 // Direct mode (small T, GemmParams::direct_ids set): no prep launch; GEMM slot y is pair y as a one-row tile of
 // expert topk_ids[y], act/y rows are indexed by pair, and the combine is done by the down GEMM's last CTA of
 // each (token, hidden block) (GemmParams::combine_counters), or by the combine kernel reading topk_ids.
@@ -51,19 +50,6 @@ __device__ __forceinline__ float silu(float g) {
   return __fdividef(g, 1.0f + moe_ptx::exp2_approx(-1.4426950408889634f * g));
 }
 
-// a[e] += element e of 8 bf16 values (the combines' sums), and the sums rounded to 8 bf16 values.
-__device__ __forceinline__ void add_bf16x8(float (&a)[8], const U4& v) {
-  a[0] += moe_ptx::bf16_lo(v.x), a[1] += moe_ptx::bf16_hi(v.x), a[2] += moe_ptx::bf16_lo(v.y);
-  a[3] += moe_ptx::bf16_hi(v.y), a[4] += moe_ptx::bf16_lo(v.z), a[5] += moe_ptx::bf16_hi(v.z);
-  a[6] += moe_ptx::bf16_lo(v.w), a[7] += moe_ptx::bf16_hi(v.w);
-}
-__device__ __forceinline__ U4 pack_bf16x8(const float (&a)[8]) {
-  U4 o;
-  o.x = moe_ptx::pack_bf16x2(a[0], a[1]), o.y = moe_ptx::pack_bf16x2(a[2], a[3]);
-  o.z = moe_ptx::pack_bf16x2(a[4], a[5]), o.w = moe_ptx::pack_bf16x2(a[6], a[7]);
-  return o;
-}
-
 // 16 bytes written by another CTA of this grid: read through L2 (never a stale L1 line).
 __device__ __forceinline__ U4 load_cg(const unsigned short* p) {
   U4 v;
@@ -96,9 +82,15 @@ __device__ __forceinline__ void direct_combine_tail(const GemmParams& p, int H) 
     for (int j = 0; j < p.top_k; ++j) {
       const int e = p.direct_ids[pair0 + j];
       if (e < 0 || e >= p.num_experts) continue;  // a dropped pair adds nothing
-      add_bf16x8(a, load_cg(p.dst + (pair0 + j) * H + h));
+      const U4 v = load_cg(p.dst + (pair0 + j) * H + h);
+      a[0] += moe_ptx::bf16_lo(v.x), a[1] += moe_ptx::bf16_hi(v.x), a[2] += moe_ptx::bf16_lo(v.y);
+      a[3] += moe_ptx::bf16_hi(v.y), a[4] += moe_ptx::bf16_lo(v.z), a[5] += moe_ptx::bf16_hi(v.z);
+      a[6] += moe_ptx::bf16_lo(v.w), a[7] += moe_ptx::bf16_hi(v.w);
     }
-    *reinterpret_cast<U4*>(p.combine_out + (long long)t * H + h) = pack_bf16x8(a);
+    U4 o;
+    o.x = moe_ptx::pack_bf16x2(a[0], a[1]), o.y = moe_ptx::pack_bf16x2(a[2], a[3]);
+    o.z = moe_ptx::pack_bf16x2(a[4], a[5]), o.w = moe_ptx::pack_bf16x2(a[6], a[7]);
+    *reinterpret_cast<U4*>(p.combine_out + (long long)t * H + h) = o;
   }
 }
 
@@ -566,9 +558,13 @@ __device__ __forceinline__ void combine_body(const CombineParams& p) {
         r = p.pair_pos[pair0 + j];
       }
       if (r < 0) continue;  // a dropped pair (expert id out of range) adds nothing
-      add_bf16x8(a, *reinterpret_cast<const U4*>(p.y + (long long)r * p.hidden + c * 8));
+      const U4 v = *reinterpret_cast<const U4*>(p.y + (long long)r * p.hidden + c * 8);
+      a[0] += bf16_lo(v.x), a[1] += bf16_hi(v.x), a[2] += bf16_lo(v.y), a[3] += bf16_hi(v.y);
+      a[4] += bf16_lo(v.z), a[5] += bf16_hi(v.z), a[6] += bf16_lo(v.w), a[7] += bf16_hi(v.w);
     }
-    const U4 o = pack_bf16x8(a);
+    U4 o;
+    o.x = pack_bf16x2(a[0], a[1]), o.y = pack_bf16x2(a[2], a[3]);
+    o.z = pack_bf16x2(a[4], a[5]), o.w = pack_bf16x2(a[6], a[7]);
     *reinterpret_cast<U4*>(p.out + (long long)t * p.hidden + c * 8) = o;
     return o;
   };

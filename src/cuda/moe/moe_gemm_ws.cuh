@@ -73,46 +73,6 @@ __device__ __forceinline__ void tma_load_2d(unsigned dst, const void* map, int c
 __device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
 }  // namespace ws
 
-// Batched decode's combine in the down GEMM's epilogue (GemmParams::combine_counters), called by the 256 consumer
-// threads after a unit's rows of y are stored: consumer thread n < BN that holds tile row n (pair my_pair) counts it
-// for its token's column bx; the tokens whose count completes here are summed by all consumer threads, a 16-byte chunk
-// of the column's BM hidden rows each, as combine_body sums them (slot order, f32, rounded once to bf16). `win`: BN ints
-// of shared memory that no consumer touches again before their next barrier (the epilogue tile).
-template <int BM, int BN>
-__device__ __forceinline__ void ws_combine_tail(const GemmParams& p, int bx, int gx, int H, int my_pair, int ctid,
-                                                int* win) {
-  __threadfence();  // this thread's stores of y before any count below
-  ws::consumers_sync();
-  if (ctid < BN) {
-    int done = -1;
-    if (my_pair >= 0) {
-      const int t = my_pair / p.top_k;
-      int kept = 0;  // the token's pairs the prep kept (a dropped pair never reaches a tile)
-      for (int j = 0; j < p.top_k; ++j) kept += p.pair_pos[t * p.top_k + j] >= 0 ? 1 : 0;
-      int* c = p.combine_counters + t * gx + bx;
-      if (atomicAdd(c, 1) == kept - 1) {
-        *c = 0;  // every kept pair of the token has counted here: zero for the next launch
-        done = t;
-      }
-    }
-    win[ctid] = done;
-  }
-  ws::consumers_sync();
-  __threadfence();  // the other CTAs' rows of y, counted before our atomics, are read after them
-  constexpr int C = BM / 8;  // 16-byte chunks of a column's hidden rows
-  for (int i = ctid; i < BN * C; i += 256) {
-    const int t = win[i / C], h = bx * BM + (i % C) * 8;
-    if (t < 0 || h >= H) continue;
-    float a[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    for (int j = 0; j < p.top_k; ++j) {
-      const int r = p.pair_pos[t * p.top_k + j];
-      if (r < 0) continue;
-      add_bf16x8(a, load_cg(p.dst + (long long)r * H + h));
-    }
-    *reinterpret_cast<U4*>(p.combine_out + (long long)t * H + h) = pack_bf16x8(a);
-  }
-}
-
 template <class Cfg, int MODE, int FIXED_H, int FIXED_I>
 __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
 #if MOE_HAVE_WGMMA
@@ -375,9 +335,6 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
       part.rows -= h * TP;
       store_tile<BM, TP, MODE>(p, cs, part, bx, H, I, false, ctid, 256, MODE == kDown ? row_wt + h * TP : nullptr);
     }
-    if constexpr (MODE == kDown)
-      if (p.combine_counters != nullptr)
-        ws_combine_tail<BM, BN>(p, bx, gx, H, my_pair, ctid, reinterpret_cast<int*>(cs));
   }
 #else
   (void)p;

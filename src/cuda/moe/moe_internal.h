@@ -67,14 +67,13 @@ class DeviceCounters {
   int* p_ = nullptr;
   size_t n_ = 0;
 };
-// Counters the direct path's fused combine needs for these shapes; fused_counters adds those of the
-// warp-specialized down GEMM's combine (batched decode) and then those of the two-launch prep (counts, offsets, done).
+// Counters the direct path's fused combine needs for these shapes, then those of the two-launch prep (counts,
+// offsets, done); fused_counters is both.
 size_t fused_direct_counters(const MoeShape& s);
 size_t fused_counters(const MoeShape& s);
 // prep -> gate/up GEMM with SwiGLU -> down GEMM with routing weights -> combine, all on `stream`, no host sync.
 // counters: fused_counters(s) device ints (zero between launches), or null. Direct mode: the same without prep,
-// and with counters the combine is done by the down GEMM (no combine launch), as it is by the warp-specialized down
-// GEMM of batched decode steps (up to 128 tokens, without `norm`). Prefill-sized steps with counters
+// and with counters the combine is done by the down GEMM (no combine launch). Prefill-sized steps with counters
 // run the prep as two launches over many CTAs (PrepParams).
 // residual / res_partials (both or neither): MoeBackend::run_residual, where fused_residual_parts(s, T) > 0.
 // norm (optional): MoeBackend::run_combine_norm, where fused_combine_norm_supported(s, T).

@@ -136,11 +136,6 @@ struct GemmParams {
   // the slices issued for it without MMAs. The value is how many slices go out before the wait (at most the ring's
   // depth; 0: none, the prep's ordinary layout).
   int static_slots;
-  // The warp-specialized down GEMM (WGMMA == 3) combines in its epilogue when combine_counters is non-null (batched
-  // decode, MoeBackend::run): counter (t, bx) [T, grid_x] counts the stored tile rows of token t's kept pairs
-  // (pair_pos >= 0) for the unit column bx of BM hidden rows; the CTA whose rows bring it to that count sums the
-  // token's rows of y there in slot order into combine_out (as the combine kernel would, bit for bit) and resets it.
-  const int* pair_pos;  // [P] each pair's sorted position (the prep's), -1 when dropped
 };
 
 // out[t, :] = bf16(sum over j < top_k of y[pair_pos[t * top_k + j], :]), slots in order (deterministic).
