@@ -106,8 +106,7 @@ double moe_small_tile_max() {
 
 // The warp-specialized configuration of batched decode (3-12 tokens an expert): 12 (two CTAs an SM, 32-token tiles,
 // the weight tiles by the producers' cp.async with the L2 evict_first priority), or with MOESERVE_MOE_WS_DECODE
-// (A/B): 11 (12's shape with TMA weight tiles), 9 (one CTA an SM, 64-token tiles, TMA), 13 (9 with cp.async), 14
-// (12 with a 5-deep ring).
+// (A/B): 11 (12's shape with TMA weight tiles), 9 (one CTA an SM, 64-token tiles, TMA), 13 (9 with cp.async).
 // H200, session 24, 11 against 9, same call, three rounds: the MoE layer at 64 tokens 288.9-289.1 us against
 // 292.7-293.3, served steps bs 64 2,982.8-2,986.5 against 2,996.7-3,001.9. Session 25, 12 against 11, same call,
 // three rounds: the layer at 64 tokens 281.0-281.5 against 287.6-287.7, at 128 286.5-286.9 against 296.3; served
@@ -115,8 +114,8 @@ double moe_small_tile_max() {
 // the L2 hint: bs 64 2,944.3-2,946.6; 13: 2,940.6-2,941.1).
 int moe_ws_decode_config() {
   static const int c = [] {
-    const int v = int(env_int("MOESERVE_MOE_WS_DECODE", 12, 9, 14));
-    return v == 9 || v == 11 || v == 13 || v == 14 ? v : 12;
+    const int v = int(env_int("MOESERVE_MOE_WS_DECODE", 12, 9, 13));
+    return v == 9 || v == 11 || v == 13 ? v : 12;
   }();
   return c;
 }

@@ -221,10 +221,7 @@ using GemmCfg11 = GemmConfig<128, 32, 4, 4, 64, 4, 2, 3>;
 using GemmCfg12 = GemmConfig<128, 32, 4, 4, 64, 4, 2, 3, 1>;
 // Configuration 9 with cp.async weight tiles (experiment, MOESERVE_MOE_WS_DECODE=13).
 using GemmCfg13 = GemmConfig<128, 64, 4, 4, 64, 8, 1, 3, 1>;
-// Configuration 12 with a 5-deep ring (109 KB: two CTAs still fit an SM), so that the producers keep one more slice
-// (20 KB) in flight while the consumers store a unit (experiment, MOESERVE_MOE_WS_DECODE=14).
-using GemmCfg14 = GemmConfig<128, 32, 4, 4, 64, 5, 2, 3, 1>;
-constexpr int kNumGemmConfigs = 15;
+constexpr int kNumGemmConfigs = 14;
 
 #ifndef __CUDACC_RTC__  // host-side helper; NVRTC treats unannotated functions as host code and rejects them
 struct GemmConfigInfo {
@@ -252,8 +249,7 @@ constexpr GemmConfigInfo gemm_config_info(int i) {
          : i == 10 ? gemm_config_info_of<GemmCfg10>()
          : i == 11 ? gemm_config_info_of<GemmCfg11>()
          : i == 12 ? gemm_config_info_of<GemmCfg12>()
-         : i == 13 ? gemm_config_info_of<GemmCfg13>()
-                   : gemm_config_info_of<GemmCfg14>();
+                   : gemm_config_info_of<GemmCfg13>();
 }
 #endif
 
