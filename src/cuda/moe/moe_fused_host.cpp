@@ -394,6 +394,87 @@ void fused_run(const KernelTable& k, const MoeShape& s, const bf16* x, int T, co
   launch(k.combine, dim3(unsigned(T)), dim3(kCombineThreads), 0, &cp, stream, "moe combine launch", pdl);
 }
 
+// WsLinear: configuration 13 (one CTA an SM, 64-token tiles, an 8-deep ring: a unit of 128 rows x 512 k is the whole
+// ring) by default; MOESERVE_WS_LINEAR_CONFIG=12 (two CTAs an SM, 32-token tiles, 4 stages) for A/B.
+static int ws_linear_config() {
+  static const int c = int(env_int("MOESERVE_WS_LINEAR_CONFIG", 13, 12, 13));
+  return c;
+}
+
+std::string WsLinear::prepare(const DeviceInfo& dev) {
+  ready_ = false;
+  const KernelTable t = fused_sm90_kernels();
+  if (sm_version(dev) != 90 || !t.wgmma) return "needs sm_90 and the binary's sm_90a kernels";
+  if (std::string r = fused_check_kernels(t, dev); !r.empty()) return r;
+  config_ = ws_linear_config();
+  gemm_ = t.gemm[config_][kDown];
+  combine_ = t.combine;
+  num_sms_ = dev.multiprocessors;
+  pdl_ = t.pdl;
+  ready_ = true;
+  return "";
+}
+
+std::string WsLinear::check(int T, int N, int K, int parts, bool norm) const {
+  if (!ready_) return "not prepared for this device";
+  const GemmConfigInfo cfg = gemm_config_info(config_);
+  if (T < 1 || parts < 1 || parts > 64) return fmt::format("{} tokens, {} parts", T, parts);
+  if (N % cfg.bm != 0) return fmt::format("{} output rows: a multiple of {} is needed", N, cfg.bm);
+  if (K % parts != 0 || (K / parts) % 64 != 0)
+    return fmt::format("K {} in {} parts: each part a multiple of 64 columns is needed", K, parts);
+  if (norm && N / 8 > kCombineNormChunks * kCombineThreads)
+    return fmt::format("{} output rows: the combine's norm holds at most {}", N, 8 * kCombineNormChunks * kCombineThreads);
+  const int64_t slots = int64_t(parts) * ceil_div(T, cfg.bn);
+  if (slots * (N / cfg.bm) > (int64_t(1) << 30)) return "too many units";
+  return "";
+}
+
+void WsLinear::launch_gemm(const bf16* x, int T, int K, const bf16* W, int N, int parts, void* workspace,
+                           float* out_f32, cudaStream_t stream) const {
+  auto aligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
+  MS_CHECK(aligned(x) && aligned(W) && aligned(workspace) && aligned(out_f32), "ws_linear: 16-byte aligned buffers");
+  const GemmConfigInfo cfg = gemm_config_info(config_);
+  const int slots = parts * ceil_div(T, cfg.bn);
+  GemmParams g{};
+  g.weights = reinterpret_cast<const unsigned short*>(W);
+  g.src = reinterpret_cast<const unsigned short*>(x);
+  g.dst = static_cast<unsigned short*>(workspace);
+  g.hidden = N, g.inter = K / parts, g.top_k = parts, g.num_experts = parts, g.num_slots = slots;
+  g.weight_evict_first = l2_evict_first_weights() ? 1 : 0;
+  g.dense_tokens = T;
+  g.dst_f32 = out_f32;
+  const int64_t units = int64_t(N / cfg.bm) * slots;
+  const dim3 grid(unsigned(std::min<int64_t>(int64_t(std::max(num_sms_, 1)) * cfg.ctas_per_sm, units)));
+  launch(gemm_, grid, dim3(cfg.threads), size_t(cfg.smem_bytes), &g, stream, "ws_linear GEMM launch", pdl_);
+}
+
+void WsLinear::run_f32(const bf16* x, int T, int K, const bf16* W, int N, float* out, cudaStream_t stream) const {
+  const std::string why = check(T, N, K, 1, false);
+  MS_CHECK(why.empty() && out != nullptr, "ws_linear: {}", why);
+  launch_gemm(x, T, K, W, N, 1, out, out, stream);
+}
+
+void WsLinear::run(const bf16* x, int T, int K, const bf16* W, int N, int parts, void* workspace, bf16* out,
+                   const CombineNorm* norm, cudaStream_t stream) const {
+  const std::string why = check(T, N, K, parts, norm != nullptr);
+  MS_CHECK(why.empty() && (reinterpret_cast<uintptr_t>(out) & 15) == 0, "ws_linear: {}", why);
+  if (parts == 1 && norm == nullptr) {  // one part: the GEMM's rows are the output (no combine)
+    launch_gemm(x, T, K, W, N, 1, out, nullptr, stream);
+    return;
+  }
+  launch_gemm(x, T, K, W, N, parts, workspace, nullptr, stream);
+  CombineParams cp{static_cast<const unsigned short*>(workspace), nullptr, reinterpret_cast<unsigned short*>(out), T,
+                   parts, N, nullptr, parts};
+  cp.dense_tokens = T;
+  if (norm != nullptr) {
+    cp.residual = norm->residual;
+    cp.norm_w = reinterpret_cast<const unsigned short*>(norm->norm_w);
+    cp.eps = norm->eps;
+    cp.xn_out = reinterpret_cast<unsigned short*>(norm->xn_out);
+  }
+  launch(combine_, dim3(unsigned(T)), dim3(kCombineThreads), 0, &cp, stream, "ws_linear combine launch", pdl_);
+}
+
 size_t FusedBackendBase::workspace_bytes(const MoeShape& shape) const {
   return fused_layout(shape, shape.max_tokens, false).total;  // the sizes do not depend on the configuration
 }
