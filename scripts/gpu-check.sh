@@ -70,11 +70,6 @@ run test_cuda_moe_ws0 ok env MOESERVE_MOE_WS=0 "$BUILD/tests/test_cuda_moe" --gt
 run test_cuda_moe_ws_decode9 ok env MOESERVE_MOE_WS_DECODE=9 "$BUILD/tests/test_cuda_moe" --gtest_brief=1
 run test_gpu_model_ws_decode9 ok env MOESERVE_MOE_WS_DECODE=9 "$BUILD/tests/test_gpu_model" --gtest_brief=1
 run test_cuda_moe_ws_decode11 ok env MOESERVE_MOE_WS_DECODE=11 "$BUILD/tests/test_cuda_moe" --gtest_brief=1
-# q/k/v and o_proj of 9-128-token steps on the MoE's warp-specialized tiles (MOESERVE_WS_LINEAR, opt-in), and the
-# same with configuration 12's tiles.
-run test_gpu_model_ws_linear ok env MOESERVE_WS_LINEAR=qkv,oproj "$BUILD/tests/test_gpu_model" --gtest_brief=1
-run test_gpu_parity_ws_linear ok env MOESERVE_WS_LINEAR=qkv,oproj "$BUILD/tests/test_gpu_parity" --gtest_brief=1
-run test_cuda_moe_ws_linear12 ok env MOESERVE_WS_LINEAR_CONFIG=12 "$BUILD/tests/test_cuda_moe_ws_linear" --gtest_brief=1
 # The 1-token down GEMM with its last-CTA combine (MOESERVE_MOE_DOWN_GEMV=0; the default is the down GEMV + combine
 # launch) against the CPU reference: the direct-mode tests.
 run test_cuda_moe_down_gemm ok env MOESERVE_MOE_DOWN_GEMV=0 "$BUILD/tests/test_cuda_moe" --gtest_brief=1 \

@@ -117,7 +117,6 @@ class GpuExecutor : public Executor {
   CachingAllocator alloc_;
   std::unique_ptr<ThreadPool> pool_;
   SelectedBackends be_;
-  WsLinear ws_linear_;
   std::unique_ptr<GpuQwen3> model_;
   std::unique_ptr<KVPool> kv_;
   std::unique_ptr<MetaLayout> layout_;
@@ -200,7 +199,6 @@ GpuExecutor::GpuExecutor(const std::string& model_dir, const GpuOptions& opts) :
   mb.fused_attention_input = env_flag("MOESERVE_ATTN_FUSED_IN", true);
   mb.residual_fusion = env_flag("MOESERVE_RESIDUAL_FUSION", true);
   mb.moe_combine_norm = env_flag("MOESERVE_MOE_COMBINE_NORM", false);
-  configure_ws_linear(mb, ws_linear_, dev_);
   if (const char* v = std::getenv("MOESERVE_PROFILE_SKIP_OPS"); v != nullptr && *v != 0) {
     mb.skip_ops = parse_skip_ops(v);
     if (mb.skip_ops != 0)

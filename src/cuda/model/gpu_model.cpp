@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstdlib>
 
 #include <fmt/format.h>
 
@@ -42,35 +41,6 @@ unsigned parse_skip_ops(const std::string& list) {
     mask |= it->second;
   }
   return mask;
-}
-
-void configure_ws_linear(ModelBackends& b, WsLinear& ws, const DeviceInfo& dev) {
-  const char* v = std::getenv("MOESERVE_WS_LINEAR");
-  const std::string ops = v != nullptr ? v : "";
-  for (size_t pos = 0; pos <= ops.size();) {
-    const size_t end = std::min(ops.find(',', pos), ops.size());
-    const std::string name = ops.substr(pos, end - pos);
-    pos = end + 1;
-    if (name == "qkv") b.ws_qkv = true;
-    else if (name == "oproj") b.ws_oproj = true;
-    else if (name == "lmhead") b.ws_lmhead = true;
-    else if (!name.empty()) log_warn("MOESERVE_WS_LINEAR: unknown op '{}' ignored (valid: qkv, oproj, lmhead)", name);
-  }
-  if (!b.ws_qkv && !b.ws_oproj && !b.ws_lmhead) return;
-  b.ws_parts_qkv = int(env_int("MOESERVE_WS_LINEAR_PARTS_QKV", b.ws_parts_qkv, 1, 64));
-  b.ws_parts_oproj = int(env_int("MOESERVE_WS_LINEAR_PARTS_OPROJ", b.ws_parts_oproj, 1, 64));
-  b.ws_min_tokens = int(env_int("MOESERVE_WS_LINEAR_MIN", b.ws_min_tokens, kFusedNormRouterMaxTokens + 1, 1 << 16));
-  b.ws_max_tokens = int(env_int("MOESERVE_WS_LINEAR_MAX", b.ws_max_tokens, 1, 1 << 16));
-  if (std::string why = ws.prepare(dev); !why.empty()) {
-    log_warn("MOESERVE_WS_LINEAR: the warp-specialized dense tiles cannot run here ({}); cuBLASLt instead", why);
-    b.ws_qkv = b.ws_oproj = b.ws_lmhead = false;
-    return;
-  }
-  b.ws_linear = &ws;
-  log_info("dense GEMMs at {}-{} tokens on the warp-specialized tiles:{}{}{}", b.ws_min_tokens, b.ws_max_tokens,
-           b.ws_qkv ? fmt::format(" q/k/v in {} parts", b.ws_parts_qkv) : "",
-           b.ws_oproj ? fmt::format(" o_proj in {} parts (+ add_rmsnorm)", b.ws_parts_oproj) : "",
-           b.ws_lmhead ? " lm_head" : "");
 }
 
 GpuQwen3::GpuQwen3(const Qwen3Model& cpu, CachingAllocator& alloc, cudaStream_t stream, ThreadPool& pool)
@@ -222,12 +192,6 @@ void GpuQwen3::plan_workspace(int max_tokens, int max_rows, int max_seqs, int ma
     mlp_ = DeviceArray<bf16>(alloc_, T * 2 * size_t(c.intermediate_size), part);
     mlp_act_ = DeviceArray<bf16>(alloc_, T * size_t(c.intermediate_size), part);
   }
-  if (b.ws_linear != nullptr && (b.ws_qkv || b.ws_oproj)) {
-    const int wt = std::min(max_tokens, b.ws_max_tokens);
-    const size_t need = std::max(b.ws_qkv ? WsLinear::workspace_bytes(wt, int(QKV), b.ws_parts_qkv) : 0,
-                                 b.ws_oproj ? WsLinear::workspace_bytes(wt, int(H), b.ws_parts_oproj) : 0);
-    ws_linear_ws_ = DeviceArray<uint8_t>(alloc_, std::max<size_t>(need, 256), part);
-  }
   decode_ws_ = DeviceArray<uint8_t>(
       alloc_, std::max<size_t>(decode_workspace_bytes(max_seqs, int(c.num_heads), int(D), max_decode_splits), 256),
       part);
@@ -306,12 +270,6 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
   const bool cnorm = be_.moe_combine_norm && !resfuse && skip == 0 && all_moe_ && be_.moe != nullptr &&
                      be_.moe->combine_norm_supported(T);
   const bool fuse_qkv_norm = !resfuse && !cnorm && be_.fused_small_steps && norm_gemv_fits(T, H);
-  // Dense GEMMs on the MoE's warp-specialized tiles (ModelBackends::ws_linear), no op skipped.
-  const bool ws_range = be_.ws_linear != nullptr && skip == 0 && !resfuse && T >= be_.ws_min_tokens &&
-                        T <= be_.ws_max_tokens;
-  const bool ws_qkv = ws_range && be_.ws_qkv && !fuse_qkv_norm &&
-                      be_.ws_linear->check(T, QKV, H, be_.ws_parts_qkv, false).empty();
-  const bool ws_oproj = ws_range && be_.ws_oproj && be_.ws_linear->check(T, H, QD, be_.ws_parts_oproj, true).empty();
   // Decode steps of up to 64 sequences, in models with RoPE over the whole head: the input stage runs inside
   // the attention launch. (H200, q30b8l served step: batch 1 -5 to -10 us, 64 even, 128 +16 us: there the
   // attention runs two waves of blocks, and each block's input stage lengthens both.)
@@ -351,14 +309,8 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
         add_rmsnorm(residual_.get(), o_.get(), L.input_norm.get(), eps, T, H, xn_.get(), s);
       }
       mark("add_rmsnorm", act * 12, 0);
-      if (!run_op(kSkipQkv)) {
-      } else if (ws_qkv) {
-        be_.ws_linear->run(xn_.get(), T, H, L.qkv.get(), QKV, be_.ws_parts_qkv, ws_linear_ws_.get(), qkv_.get(),
-                           nullptr, s);
-      } else {
-        gemm.run(xn_.get(), H, T, H, L.qkv.get(), QKV, qkv_.get(), QKV, OutType::BF16, s);
-      }
-      mark(ws_qkv ? "ws_linear qkv" : "gemm qkv", g1.first, g1.second);
+      if (run_op(kSkipQkv)) gemm.run(xn_.get(), H, T, H, L.qkv.get(), QKV, qkv_.get(), QKV, OutType::BF16, s);
+      mark("gemm qkv", g1.first, g1.second);
     }
     bf16* kc = kv_.get() + l * 2 * layer_elems;
     bf16* vc = kc + layer_elems;
@@ -386,18 +338,14 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
     if (resfuse) {  // residual += o, and the partial sums for the router's norm
       gemv_residual_out(attn_.get(), QD, T, QD, L.o.get(), H, o_.get(), H, residual_.get(), part_attn_.get(), s,
                         folded ? GemvExtraRows{E, router_u2_.get(), E} : GemvExtraRows{});
-    } else if (ws_oproj) {  // o_proj, then residual += o and the post-attention norm in its combine
-      const CombineNorm post{residual_.get(), L.post_norm.get(), eps, xn_.get()};
-      be_.ws_linear->run(attn_.get(), T, QD, L.o.get(), H, be_.ws_parts_oproj, ws_linear_ws_.get(), o_.get(), &post,
-                         s);
     } else if (run_op(kSkipOproj)) {
       gemm.run(attn_.get(), QD, T, QD, L.o.get(), H, o_.get(), H, OutType::BF16, s);
     }
     auto g2 = gemm_cost(T, H, QD, 2);
-    mark(ws_oproj ? "ws_linear o_proj + add_rmsnorm" : "gemm o_proj", g2.first, g2.second);
+    mark("gemm o_proj", g2.first, g2.second);
     const bool fuse_router_norm =
         !resfuse && L.is_moe && be_.fused_small_steps && moe_norm_router_topk_fits(T, H, E, K);
-    if (!resfuse && !fuse_router_norm && !ws_oproj && run_op(kSkipNorm)) {
+    if (!resfuse && !fuse_router_norm && run_op(kSkipNorm)) {
       add_rmsnorm(residual_.get(), o_.get(), L.post_norm.get(), eps, T, H, xn_.get(), s);
       mark("add_rmsnorm", act * 12, 0);
     }
@@ -483,16 +431,10 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
     rows = final_rows_.get();
     mark("gather rows", 4.0 * in.R * H, 0);
   }
-  const bool ws_head = be_.ws_linear != nullptr && be_.ws_lmhead && skip == 0 && in.R >= be_.ws_min_tokens &&
-                       in.R <= be_.ws_max_tokens && be_.ws_linear->check(in.R, int(c.vocab_size), H, 1, false).empty();
-  if (!run_op(kSkipLmHead)) {
-  } else if (ws_head) {
-    be_.ws_linear->run_f32(rows, in.R, H, head, int(c.vocab_size), logits_.get(), s);
-  } else {
+  if (run_op(kSkipLmHead))
     gemm.run(rows, H, in.R, H, head, int(c.vocab_size), logits_.get(), c.vocab_size, OutType::F32, s);
-  }
   auto g4 = gemm_cost(in.R, int(c.vocab_size), H, 4);
-  mark(ws_head ? "ws_linear lm_head" : "gemm lm_head", g4.first, g4.second);
+  mark("gemm lm_head", g4.first, g4.second);
 }
 
 int GpuQwen3::warm_up_gemms(cudaStream_t s) {

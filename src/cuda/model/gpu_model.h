@@ -80,23 +80,11 @@ struct ModelBackends {
   // Steps whose MoE ends in a combine launch (not the direct path) fold the next residual add + RMSNorm into it
   // (MoeBackend::run_combine_norm), where every layer is MoE: MOESERVE_MOE_COMBINE_NORM=1 (A/B, off).
   bool moe_combine_norm = false;
-  // Dense GEMMs of decode-sized steps on the MoE's warp-specialized tiles (WsLinear, split-K over `parts`, the parts
-  // summed by a combine launch), where ready and the sizes allow: q/k/v and o_proj (o_proj's combine also does the
-  // post-attention add + RMSNorm) and the lm_head at ws_min_tokens..ws_max_tokens tokens. MOESERVE_WS_LINEAR=qkv,oproj,lmhead (A/B; off
-  // by default), MOESERVE_WS_LINEAR_PARTS_QKV / _OPROJ, MOESERVE_WS_LINEAR_MIN / _MAX (configure_ws_linear).
-  const WsLinear* ws_linear = nullptr;
-  bool ws_qkv = false, ws_oproj = false, ws_lmhead = false;  // (the lm_head in one part, f32 logits, no combine)
-  int ws_parts_qkv = 2, ws_parts_oproj = 8;
-  int ws_min_tokens = 9, ws_max_tokens = 128;
   // Timing only (MOESERVE_PROFILE_SKIP_OPS, see skip_ops_from_env): ops left out of every step, so that a step's
   // time with and without an op gives that op's marginal cost in the chain of programmatic launches. The
   // outputs are then wrong; never set in serving.
   unsigned skip_ops = 0;
 };
-
-// Fills ModelBackends' ws_* fields from MOESERVE_WS_LINEAR* and prepares `ws` for `dev` when an op asks for it
-// (a device without the kernels logs why and keeps cuBLASLt).
-void configure_ws_linear(ModelBackends& b, WsLinear& ws, const DeviceInfo& dev);
 
 // The ops MOESERVE_PROFILE_SKIP_OPS can leave out (comma-separated names: norm, qkv, attention, oproj, router,
 // route, experts, lmhead).
@@ -160,7 +148,7 @@ class GpuQwen3 {
   // next layer's q/k/v); [kResidualGemvMaxM][hidden / 16] each.
   DeviceArray<float> part_attn_, part_moe_;
   DeviceArray<float> router_u1_, router_u2_;  // the folded router's products [kResidualGemvMaxM, E]
-  DeviceArray<uint8_t> moe_ws_, decode_ws_, ws_linear_ws_;
+  DeviceArray<uint8_t> moe_ws_, decode_ws_;
 };
 
 }  // namespace moeserve::cuda

@@ -86,46 +86,6 @@ void moe_norm_router_topk(float* residual, const bf16* delta, const bf16* norm_w
                           const bf16* router, int T, int H, int E, int k, bool renormalize, float* logits,
                           int* counter, int32_t* ids, float* weights, cudaStream_t stream);
 
-// The next residual add + RMSNorm done by a combine launch: residual[t] += float(out[t]) and
-// xn_out[t] = bf16(norm_w * rmsnorm(residual[t])), the norm in f32 as the rmsnorm kernels compute it.
-struct CombineNorm {
-  float* residual;
-  const bf16* norm_w;
-  float eps;
-  bf16* xn_out;
-};
-
-// A dense linear layer on the MoE's warp-specialized decode tiles (GemmParams::dense_tokens, the ahead-of-time
-// sm_90a kernels): out[T, N] = bf16(x[T, K] W^T) for W [N, K] bf16 (a torch Linear's weight), K cut into `parts`
-// parts that run as the "experts" of a down GEMM with routing weights 1, and the combine launch summing the parts'
-// bf16 products in order (as the MoE's combine sums its experts'); with `norm`, the combine also does
-// add_rmsnorm's work. Why: at 9-128 tokens cuBLASLt streams q/k/v and o_proj at 2.1-2.6 TB/s (docs/PERF.md
-// session 21) and, as a library kernel, cannot start its weight stream during the kernel before it; these tiles
-// issue a unit's weight slices before their programmatic wait (a whole unit where K / parts <= 8 x 64).
-class WsLinear {
- public:
-  // "" when this device runs the kernels (sm_90 with the binary's sm_90a code), else why not.
-  std::string prepare(const DeviceInfo& dev);
-  bool ready() const { return ready_; }
-  // "" when a call of these sizes can run, else why not.
-  std::string check(int T, int N, int K, int parts, bool norm) const;
-  static size_t workspace_bytes(int T, int N, int parts) { return size_t(T) * size_t(N) * size_t(parts) * 2; }
-  // workspace: workspace_bytes(T, N, parts) bytes (the parts' products; unused with one part and no norm, whose
-  // GEMM writes out itself). x, W, out, workspace 16-byte aligned.
-  void run(const bf16* x, int T, int K, const bf16* W, int N, int parts, void* workspace, bf16* out,
-           const CombineNorm* norm, cudaStream_t stream) const;
-  // out[T, N] = x W^T as f32 in one part, written by the GEMM itself (no combine): the lm_head's logits.
-  void run_f32(const bf16* x, int T, int K, const bf16* W, int N, float* out, cudaStream_t stream) const;
-
- private:
-  void launch_gemm(const bf16* x, int T, int K, const bf16* W, int N, int parts, void* workspace, float* out_f32,
-                   cudaStream_t stream) const;
-  const void* gemm_ = nullptr;
-  const void* combine_ = nullptr;
-  int config_ = 0, num_sms_ = 0;
-  bool pdl_ = false, ready_ = false;
-};
-
 class MoeBackend {
  public:
   virtual ~MoeBackend() = default;

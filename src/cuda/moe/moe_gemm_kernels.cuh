@@ -249,8 +249,7 @@ __device__ __forceinline__ void load_chunk_f8(const float* r, int c, F4& lo, F4&
   lo = up ? second : first;
   hi = up ? first : second;
 }
-// F32_OUT: the kernel may run dense mode with f32 rows (GemmParams::dst_f32; the warp-specialized cp.async bodies).
-template <int BM, int BN, int MODE, bool F32_OUT = false>
+template <int BM, int BN, int MODE>
 __device__ __forceinline__ void store_tile(const GemmParams& p, const float* cs, const Tile& tile, int bx, int H,
                                            int I, bool direct, int t0, int nt, const float* row_weights = nullptr) {
   using namespace moe_ptx;
@@ -285,12 +284,6 @@ __device__ __forceinline__ void store_tile(const GemmParams& p, const float* cs,
       const float* yr = cs + n * LDC + c * 8;
       F4 a, b;
       load_chunk_f8(yr, c, a, b);
-      if (F32_OUT && p.dst_f32 != nullptr) {  // dense mode's f32 rows (GemmParams::dst_f32; routing weight 1)
-        F4* o = reinterpret_cast<F4*>(p.dst_f32 + (long long)(tile.row0 + n) * H + h);
-        o[0] = a;
-        o[1] = b;
-        continue;
-      }
       U4 o;
       o.x = pack_bf16x2(a.x * wt, a.y * wt);
       o.y = pack_bf16x2(a.z * wt, a.w * wt);
@@ -558,9 +551,7 @@ __device__ __forceinline__ void combine_body(const CombineParams& p) {
     float a[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     for (int j = 0; j < p.top_k; ++j) {
       int r;
-      if (p.dense_tokens > 0) {
-        r = j * p.dense_tokens + t;
-      } else if (p.direct_ids != nullptr) {
+      if (p.direct_ids != nullptr) {
         const int e = p.direct_ids[pair0 + j];
         r = (e >= 0 && e < p.num_experts) ? int(pair0 + j) : -1;
       } else {

@@ -71,19 +71,6 @@ __device__ __forceinline__ void tma_load_2d(unsigned dst, const void* map, int c
 }
 // Barrier among the two consumer warpgroups only (the 256 threads after the producers).
 __device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
-// The tile of grid slot `slot`: the prep's table, or in dense split-K mode (GemmParams::dense_tokens) its closed form.
-template <int BN>
-__device__ __forceinline__ Tile unit_tile(const GemmParams& p, int slot, bool dense) {
-  if (!dense) return p.tiles[slot];
-  const int T = p.dense_tokens, tpe = (T + BN - 1) / BN;
-  Tile t;
-  t.expert = slot / tpe;
-  const int j = slot - t.expert * tpe;
-  t.row0 = t.expert * T + j * BN;
-  t.rows = t.expert < p.num_experts ? min(BN, T - j * BN) : 0;
-  t.pad = 0;
-  return t;
-}
 }  // namespace ws
 
 template <class Cfg, int MODE, int FIXED_H, int FIXED_I>
@@ -119,8 +106,6 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
   // as the decode tiles' cp.async weights.
   const bool hint = kCpW && p.weight_evict_first != 0;
   const unsigned long long wpol = hint ? l2_evict_first_policy() : 0ull;
-  // Dense split-K (GemmParams::dense_tokens): closed-form tiles, W's and x's rows of part c interleaved by parts.
-  const bool dense = MODE == kDown && kCpW && p.dense_tokens > 0;
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   if (tid == 0) {
@@ -171,8 +156,7 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
         ok = rr < H;
       }
       ok = ok && k_ok;
-      const long long grow = dense ? (long long)rr * p.top_k + tile.expert
-                                   : (long long)tile.expert * (MODE == kGateUp ? 2 * I : H) + rr;
+      const long long grow = (long long)tile.expert * (MODE == kGateUp ? 2 * I : H) + rr;
       cp_async16_hint(as + swz<BK>(r, wch), ok ? p.weights + grow * K + k0 + wch * 8 : p.weights, ok, hint, wpol);
     }
   };
@@ -206,11 +190,11 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
   }
   if (MODE == kDown && (kCpW ? warp < 4 * NP : tid == 0)) {
     for (int u = blockIdx.x; u < units && prefetched < STAGES; u += gridDim.x) {
-      const Tile tile = ws::unit_tile<BN>(p, dense ? u % p.num_slots : u / gx, dense);
+      const Tile tile = p.tiles[u / gx];
       if (tile.rows <= 0) continue;
       for (int kt = 0; kt < KT && prefetched < STAGES; ++kt, ++prefetched) {
         if constexpr (kCpW)
-          copy_weights(prefetched, tile, dense ? u / p.num_slots : u % gx, kt);
+          copy_weights(prefetched, tile, u % gx, kt);
         else
           issue_weights(prefetched, tile, u % gx, kt);
       }
@@ -229,8 +213,8 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
     const int ch = tid % CPR;
     int slice = 0;  // slices issued so far (over all units)
     for (int u = blockIdx.x; u < units; u += gridDim.x) {
-      const int bx = dense ? u / p.num_slots : u % gx;
-      const Tile tile = ws::unit_tile<BN>(p, dense ? u % p.num_slots : u / gx, dense);
+      const int bx = u % gx;
+      const Tile tile = p.tiles[u / gx];
       // A unit without rows runs only the slices issued for it before the wait (zero token rows, drained by the
       // consumers without MMAs).
       const int nk = tile.rows > 0 ? KT : pre_slices(u);
@@ -241,10 +225,7 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
       for (int it = 0; it < B_ITERS; ++it) {
         const int n = tid / CPR + it * RPP;
         const int pos = n < tile.rows ? tile.row0 + n : -1;
-        const long long row = pos < 0           ? 0
-                              : MODE == kGateUp ? p.perm_pair[pos] / p.top_k
-                              : dense ? (long long)(pos - tile.expert * p.dense_tokens) * p.top_k + tile.expert
-                                      : pos;
+        const long long row = pos < 0 ? 0 : MODE == kGateUp ? p.perm_pair[pos] / p.top_k : pos;
         b_ok[it] = pos >= 0;
         b_src[it] = p.src + row * K + ch * 8;
       }
@@ -282,8 +263,8 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
   const unsigned as_addr = smem_addr(As) + unsigned(cw * (BM / 2) * BK * 2), bs_addr = smem_addr(Bs);
   int slice = 0;
   for (int u = blockIdx.x; u < units; u += gridDim.x) {
-    const int bx = dense ? u / p.num_slots : u % gx;
-    const Tile tile = ws::unit_tile<BN>(p, dense ? u % p.num_slots : u / gx, dense);
+    const int bx = u % gx;
+    const Tile tile = p.tiles[u / gx];
     if (tile.rows <= 0) {  // drain the slices issued for it before the wait (static slots), if any
       for (int kt = pre_slices(u); kt > 0; --kt, ++slice) {
         const int stage = slice % STAGES;
@@ -304,8 +285,8 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
     // global round trip on the consumers' path between units: the combine done here by per-(token, column) counters
     // (fence, atomics, the token's pair positions) cost ~2 us a unit and the bs 64 step +104 us (session 29).
     int my_pair = -1;
-    float my_wt = dense ? 1.0f : 0.0f;
-    if (MODE == kDown && !dense && ctid < BN && ctid < tile.rows) my_pair = p.perm_pair[tile.row0 + ctid];
+    float my_wt = 0.0f;
+    if (MODE == kDown && ctid < BN && ctid < tile.rows) my_pair = p.perm_pair[tile.row0 + ctid];
     for (int kt = 0; kt < KT; ++kt, ++slice) {
       if (MODE == kDown && kt == 1 && my_pair >= 0) my_wt = p.topk_weights[my_pair];
       const int stage = slice % STAGES;
@@ -354,8 +335,7 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
       Tile part = tile;
       part.row0 += h * TP;
       part.rows -= h * TP;
-      store_tile<BM, TP, MODE, kCpW>(p, cs, part, bx, H, I, false, ctid, 256,
-                                     MODE == kDown ? row_wt + h * TP : nullptr);
+      store_tile<BM, TP, MODE>(p, cs, part, bx, H, I, false, ctid, 256, MODE == kDown ? row_wt + h * TP : nullptr);
     }
   }
 #else

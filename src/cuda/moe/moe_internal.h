@@ -77,6 +77,12 @@ size_t fused_counters(const MoeShape& s);
 // run the prep as two launches over many CTAs (PrepParams).
 // residual / res_partials (both or neither): MoeBackend::run_residual, where fused_residual_parts(s, T) > 0.
 // norm (optional): MoeBackend::run_combine_norm, where fused_combine_norm_supported(s, T).
+struct CombineNorm {
+  float* residual;
+  const bf16* norm_w;
+  float eps;
+  bf16* xn_out;
+};
 void fused_run(const moe_kernels::KernelTable& k, const MoeShape& s, const bf16* x, int T, const int32_t* topk_ids,
                const float* topk_weights, const MoeWeights& w, bf16* out, void* workspace, int* counters,
                cudaStream_t stream, float* residual = nullptr, float* res_partials = nullptr,

@@ -136,18 +136,6 @@ struct GemmParams {
   // the slices issued for it without MMAs. The value is how many slices go out before the wait (at most the ring's
   // depth; 0: none, the prep's ordinary layout).
   int static_slots;
-  // Dense split-K mode when > 0 (ws_linear; kDown of the warp-specialized cp.async configurations 12 and 13 only):
-  // y = x W^T for a dense W [N, K] (hidden = N) and x [T, K] (T = dense_tokens), K cut into num_experts = top_k
-  // parts of inter = K / parts columns. Part c is "expert" c: its row n is flat row n * parts + c of W seen as
-  // [N * parts, inter], and pair (t, c) reads flat row t * parts + c of x seen as [T * parts, inter]. Slot s holds
-  // part c = s / tpe's tokens from (s % tpe) BN on (tpe = ceil(T / BN)), at sorted positions c T + t; the routing
-  // weights are 1. All closed-form: no tile table, perm_pair or topk_weights. The combine sums the parts
-  // (CombineParams::dense_tokens). The walk is row-block major (unit u: row block u / num_slots, slot u % num_slots),
-  // so that the token tiles of one weight block run side by side and share its bytes through L2.
-  int dense_tokens;
-  // Dense mode with one part only, when non-null: the products as f32 rows [T, hidden] (no combine; the lm_head's
-  // logits) instead of dst.
-  float* dst_f32;
 };
 
 // out[t, :] = bf16(sum over j < top_k of y[pair_pos[t * top_k + j], :]), slots in order (deterministic).
@@ -167,9 +155,6 @@ struct CombineParams {
   const unsigned short* norm_w;   // [hidden] bf16 bits
   float eps;
   unsigned short* xn_out;         // [T, hidden] bf16 bits
-  // GemmParams::dense_tokens' layout when > 0 (== num_tokens): the row of pair (t, j) is j * num_tokens + t, and
-  // pair_pos / direct_ids are unused.
-  int dense_tokens;
 };
 constexpr int kCombineNormChunks = 4;  // 8-element chunks a thread keeps for the norm
 
