@@ -97,6 +97,49 @@ __global__ void __launch_bounds__(kThreads) read_cpasync_kernel(const char* src,
   if (reinterpret_cast<const unsigned*>(my)[lane] == 0x9e3779b9u) sink[blockIdx.x] = 1;
 }
 
+// The decode attention's K / V reads (attention_decode_gqa.cuh's loader): item i = (sequence i / H, kv head i % H)
+// is its head's rows of the sequence's `ctx` keys, read 64 keys a tile, K and V, through a 3-stage cp.async ring
+// (128 threads, 16-byte copies), with the cache in pages of 16 slots either token-major ([page][slot][H][128] bf16,
+// the engine's layout: a head's row is 256 bytes every H x 256) or head-major ([page][H][slot][128]: 4 KB runs).
+// One block an item (the attention's grid), or with `items_per_block` > 1 persistent blocks walking items
+// blockIdx.x, + gridDim.x, ... with the ring running on across them (no drain between items).
+template <bool HEAD_MAJOR>
+__global__ void __launch_bounds__(128) read_kv_kernel(const char* k, const char* v, int ctx, int H, int items,
+                                                      unsigned* sink) {
+  extern __shared__ __align__(16) char ring[];  // [3 stages][K, V][64 keys][256 bytes]
+  constexpr int P = 16, ROW = 256, TILE = 64, STAGES = 3;
+  const int pages = (ctx + P - 1) / P, tiles_per_item = (ctx + TILE - 1) / TILE;
+  const int my_items = items > int(blockIdx.x) ? (items - int(blockIdx.x) + int(gridDim.x) - 1) / int(gridDim.x) : 0;
+  const int n_tiles = my_items * tiles_per_item;
+  const int ch = threadIdx.x % 16, rg = threadIdx.x / 16;
+  auto issue = [&](int t, int stage) {
+    const int item = int(blockIdx.x) + (t / tiles_per_item) * int(gridDim.x), tt = t % tiles_per_item;
+    const int seq = item / H, h = item % H;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int r = rg * 8 + j, key = tt * TILE + r;
+      const bool ok = t < n_tiles && key < ctx;
+      const long long page = (long long)seq * pages + key / P;
+      const int off = key % P;
+      const long long o = HEAD_MAJOR ? ((page * H + h) * P + off) * ROW : ((page * P + off) * H + h) * ROW;
+      cp_async16(ring + ((stage * 2 + 0) * TILE + r) * ROW + ch * 16, ok ? k + o + ch * 16 : k, ok);
+      cp_async16(ring + ((stage * 2 + 1) * TILE + r) * ROW + ch * 16, ok ? v + o + ch * 16 : v, ok);
+    }
+    cp_async_commit();
+  };
+  for (int i = 0; i < STAGES - 1; ++i) issue(i, i);
+  unsigned acc = 0;
+  for (int t = 0; t < n_tiles; ++t) {
+    issue(t + STAGES - 1, (t + STAGES - 1) % STAGES);
+    cp_async_wait<STAGES - 1>();
+    __syncthreads();
+    acc ^= reinterpret_cast<const unsigned*>(ring + size_t(t % STAGES) * 2 * TILE * ROW)[threadIdx.x];
+    __syncthreads();
+  }
+  cp_async_wait<0>();
+  if (acc == 0x9e3779b9u) sink[blockIdx.x] = acc;
+}
+
 // The bulk and tma kernels' ring barriers: n mbarriers of one arrival each, made visible to the async proxy; and a
 // spin until the phase of `parity` of one of them has completed.
 __device__ __forceinline__ void init_ring_barriers(unsigned long long* bar, int n) {
@@ -194,12 +237,14 @@ static void smem_ceiling(const void* kernel, size_t bytes) {
 static int run(int argc, char** argv) {
   size_t mib = 2048;
   int reps = 10;
+  bool kv_only = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--mib" && i + 1 < argc) mib = std::strtoull(argv[++i], nullptr, 10);
     else if (a == "--reps" && i + 1 < argc) reps = std::atoi(argv[++i]);
+    else if (a == "--kv-only") kv_only = true;
     else {
-      std::fprintf(stderr, "usage: gpu_read_bw [--mib 2048] [--reps 10]\n");
+      std::fprintf(stderr, "usage: gpu_read_bw [--mib 2048] [--reps 10] [--kv-only]\n");
       return 2;
     }
   }
@@ -225,6 +270,35 @@ static int run(int argc, char** argv) {
   auto row = [&](const char* m, int blocks, size_t inflight, double s, double moved) {
     std::printf("%-24s %8d %14zu %8.3f\n", m, blocks, inflight, moved / s * 1e-12);
   };
+  // The decode attention's K / V pattern at q30b shapes (4 kv heads, context 576: 512 prompt + 64 generated), 64 and
+  // 128 sequences: both cache layouts with a block an item, then the token-major cache with 1 or 2 persistent blocks
+  // an SM; each run reads the next region of the buffer, so that none starts in L2.
+  for (const int seqs : {64, 128}) {
+    constexpr int H = 4, ctx = 576;
+    const size_t half = size_t(seqs) * ((ctx + 15) / 16) * 16 * H * 256, region = 2 * half;
+    const int regions = int(bytes / region), items = seqs * H;
+    if (regions < 2) continue;
+    const size_t smem = 3 * 2 * 64 * 256;
+    smem_ceiling(reinterpret_cast<const void*>(read_kv_kernel<false>), smem);
+    smem_ceiling(reinterpret_cast<const void*>(read_kv_kernel<true>), smem);
+    for (const int form : {0, 1, 2, 3}) {  // token-major, head-major, persistent 1 / SM, persistent 2 / SM
+      const bool head_major = form == 1;
+      const int blocks = form <= 1 ? items : std::min(items, (form - 1) * sms);
+      int r = 0;
+      const double s = t.best(reps, [&] {
+        const char* base = src + size_t(r++ % regions) * region;
+        if (head_major)
+          read_kv_kernel<true><<<blocks, 128, smem>>>(base, base + half, ctx, H, items, sink);
+        else
+          read_kv_kernel<false><<<blocks, 128, smem>>>(base, base + half, ctx, H, items, sink);
+      });
+      char name[48];
+      std::snprintf(name, sizeof(name), "kv %s bs%d", form == 0 ? "token-major" : form == 1 ? "head-major"
+                                                     : form == 2 ? "persistent x1" : "persistent x2", seqs);
+      row(name, blocks, smem, s, double(region));
+    }
+  }
+  if (kv_only) return 0;
   // The copy, as docs/PERF.md's floor measures it (read + write).
   row("copy", 0, 0, t.best(reps, [&] { MS_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice)); }),
       2.0 * double(bytes));
