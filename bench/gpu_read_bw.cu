@@ -15,7 +15,9 @@
 //           wraps (the CTAs of a wave then read different columns at a time instead of the same 128-byte column of
 //           rows K * 2 bytes apart: on the H200 that is the slower one, 3.46 against 4.24 TB/s, session 24); one to
 //           four blocks an SM.
-//   gpu_read_bw [--mib 2048] [--reps 10]
+//   kv      the decode attention's K / V loader (read_kv_kernel below), with the cache token- or head-major and with
+//           persistent blocks; --kv-only runs these rows alone.
+//   gpu_read_bw [--mib 2048] [--reps 10] [--kv-only]
 // Prints one line a configuration: method, blocks, bytes in flight a block, TB/s. A benchmark, not a test: the
 // figures go to docs/PERF.md.
 #include <cuda_runtime.h>
