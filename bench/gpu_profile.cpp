@@ -1,7 +1,7 @@
 // Per-op GPU time of one model step next to each op's floor, for the steps the performance targets are about:
 // decode at batch 1 and 64 (each sequence with a 512-token context), and a prefill of 512-token prompts; then
 // the whole decode step as served (graph replay + sampling + copies), timed on the host.
-//   gpu_profile --model-path DIR [--context 512] [--batch-sizes 1,64,128] [--prefill=false]
+//   gpu_profile --model-path DIR [--context 512] [--batch-sizes 1,64,128] [--prefill=false] [--mem-fraction-static F]
 // With MOESERVE_PROFILE_SKIP_OPS=op,... (norm, qkv, attention, oproj, router, route, experts, lmhead) every step
 // leaves those ops out: the served step's time against a run without it is the ops' marginal cost inside the
 // chain of programmatic launches (the per-op table cannot show it: its events break that chain).
@@ -120,6 +120,11 @@ int main(int argc, char** argv) {
   f.add_bool("trace", &trace, "decode steps as a CUPTI kernel timeline instead of per-op events (no prefill)");
   std::string gemm_backend = "auto";
   f.add_string("gemm-backend", &gemm_backend, "as for serve (auto, cublas, cublaslt, gemv)");
+  double mem_fraction = 0.0;
+  f.add_double("mem-fraction-static", &mem_fraction,
+               "as for serve (0: its default); a small value (e.g. 0.2) leaves ncu's kernel replay little device "
+               "memory to back up",
+               0.0, 0.95);
   std::string log_level = "info";
   f.add_string("log-level", &log_level, "debug, info, warning or error");
   try {
@@ -132,6 +137,7 @@ int main(int argc, char** argv) {
     lo.runner.chunked_prefill_size = 8192;
     lo.max_running_requests = max_running;
     lo.gemm_backend = gemm_backend;
+    lo.mem_fraction_static = mem_fraction;
     bench::KernelTrace tracer;
     if (trace) {  // before the runner: its CUDA graphs are then instantiated with tracing on
       if (std::string why = tracer.start(); !why.empty()) throw std::runtime_error("--trace: " + why);
