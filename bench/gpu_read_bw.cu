@@ -377,7 +377,12 @@ static int run(int argc, char** argv) {
       row(name, items, bsmem, s, double(region));
     }
   }
-  if (kv_only) return 0;
+  if (kv_only) {
+    cudaFree(src);
+    cudaFree(dst);
+    cudaFree(sink);
+    return 0;
+  }
   // The copy, as docs/PERF.md's floor measures it (read + write).
   row("copy", 0, 0, t.best(reps, [&] { MS_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice)); }),
       2.0 * double(bytes));
