@@ -99,17 +99,27 @@ __global__ void __launch_bounds__(kThreads) read_cpasync_kernel(const char* src,
   if (reinterpret_cast<const unsigned*>(my)[lane] == 0x9e3779b9u) sink[blockIdx.x] = 1;
 }
 
+// The decode attention's K / V pattern (read_kv_kernel, read_kv_bulk_kernel): pages of 16 slots, 256-byte head rows
+// (head_dim 128, bf16), 64-key tiles of K and V through a 3-stage ring.
+constexpr int kKvPage = 16, kKvRow = 256, kKvTile = 64, kKvStages = 3;
+// Byte offset of slot `off` of page `page`, head h of H: token-major ([page][slot][H][128], the engine's cache) or
+// head-major ([page][H][slot][128]).
+template <bool HEAD_MAJOR>
+__device__ __forceinline__ long long kv_row_offset(long long page, int off, int h, int H) {
+  return HEAD_MAJOR ? ((page * H + h) * kKvPage + off) * kKvRow : ((page * kKvPage + off) * H + h) * kKvRow;
+}
+
 // The decode attention's K / V reads (attention_decode_gqa.cuh's loader): item i = (sequence i / H, kv head i % H)
 // is its head's rows of the sequence's `ctx` keys, read 64 keys a tile, K and V, through a 3-stage cp.async ring
 // (128 threads, 16-byte copies), with the cache in pages of 16 slots either token-major ([page][slot][H][128] bf16,
 // the engine's layout: a head's row is 256 bytes every H x 256) or head-major ([page][H][slot][128]: 4 KB runs).
-// One block an item (the attention's grid), or with `items_per_block` > 1 persistent blocks walking items
+// One block an item (the attention's grid: gridDim.x == items), or fewer persistent blocks walking items
 // blockIdx.x, + gridDim.x, ... with the ring running on across them (no drain between items).
 template <bool HEAD_MAJOR>
 __global__ void __launch_bounds__(128) read_kv_kernel(const char* k, const char* v, int ctx, int H, int items,
                                                       unsigned* sink) {
-  extern __shared__ __align__(16) char ring[];  // [3 stages][K, V][64 keys][256 bytes]
-  constexpr int P = 16, ROW = 256, TILE = 64, STAGES = 3;
+  extern __shared__ __align__(16) char ring[];  // [stages][K, V][keys][row bytes]
+  constexpr int P = kKvPage, ROW = kKvRow, TILE = kKvTile, STAGES = kKvStages;
   const int pages = (ctx + P - 1) / P, tiles_per_item = (ctx + TILE - 1) / TILE;
   const int my_items = items > int(blockIdx.x) ? (items - int(blockIdx.x) + int(gridDim.x) - 1) / int(gridDim.x) : 0;
   const int n_tiles = my_items * tiles_per_item;
@@ -121,9 +131,7 @@ __global__ void __launch_bounds__(128) read_kv_kernel(const char* k, const char*
     for (int j = 0; j < 8; ++j) {
       const int r = rg * 8 + j, key = tt * TILE + r;
       const bool ok = t < n_tiles && key < ctx;
-      const long long page = (long long)seq * pages + key / P;
-      const int off = key % P;
-      const long long o = HEAD_MAJOR ? ((page * H + h) * P + off) * ROW : ((page * P + off) * H + h) * ROW;
+      const long long o = kv_row_offset<HEAD_MAJOR>((long long)seq * pages + key / P, key % P, h, H);
       cp_async16(ring + ((stage * 2 + 0) * TILE + r) * ROW + ch * 16, ok ? k + o + ch * 16 : k, ok);
       cp_async16(ring + ((stage * 2 + 1) * TILE + r) * ROW + ch * 16, ok ? v + o + ch * 16 : v, ok);
     }
@@ -159,6 +167,22 @@ __device__ __forceinline__ void wait_ring_barrier(unsigned long long* bar, unsig
         : "memory");
 }
 
+// One arrival on `bar` that raises its expected transaction bytes; a 1-D bulk copy completing on it.
+__device__ __forceinline__ void arrive_expect_tx(unsigned bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned bytes, unsigned bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                   smem_addr(dst)),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+}
+
+// Shared memory of read_kv_bulk_kernel: token-major rows padded to 272 bytes.
+__host__ __device__ constexpr size_t kv_bulk_smem(bool head_major) {
+  return size_t(kKvStages) * 2 * kKvTile * (head_major ? kKvRow : kKvRow + 16);
+}
+
 // The same K / V reads by bulk copies (the copy engine) on one warp a block, a 3-stage ring of 64-key tiles whose
 // stage's mbarrier expects the tile's 32 KB: token-major, each key row (256 bytes) one copy into a row padded to 272
 // bytes (the padding an ldmatrix of 8 rows needs to stay conflict-free); head-major, each page's 16 rows (4 KB) one
@@ -168,42 +192,32 @@ __global__ void __launch_bounds__(32) read_kv_bulk_kernel(const char* k, const c
                                                           unsigned* sink) {
   extern __shared__ __align__(128) char ring[];
   __shared__ __align__(8) unsigned long long bar[4];
-  constexpr int P = 16, ROW = 256, TILE = 64, STAGES = 3;
-  constexpr int PAD = HEAD_MAJOR ? ROW : ROW + 16, STAGE_BYTES = 2 * TILE * PAD;
+  constexpr int P = kKvPage, ROW = kKvRow, TILE = kKvTile, STAGES = kKvStages;
+  constexpr int STAGE_BYTES = int(kv_bulk_smem(HEAD_MAJOR) / STAGES), PAD = STAGE_BYTES / (2 * TILE);
   const int lane = threadIdx.x;
   const int seq = blockIdx.x / H, h = blockIdx.x % H;
   const int pages = (ctx + P - 1) / P, n_tiles = (ctx + TILE - 1) / TILE;
   if (lane == 0) init_ring_barriers(bar, STAGES);
   __syncwarp();
-  auto copy = [&](char* dst, const char* src, unsigned bytes, unsigned b) {
-    asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-            smem_addr(dst)),
-        "l"(src), "r"(bytes), "r"(b)
-        : "memory");
-  };
   auto issue = [&](int t, int stage) {
     if (t >= n_tiles) return;
     const int keys = min(TILE, ctx - t * TILE);
     const unsigned b = smem_addr(&bar[stage]);
-    if (lane == 0)
-      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(b), "r"(2u * keys * ROW) : "memory");
+    if (lane == 0) arrive_expect_tx(b, 2u * keys * ROW);
     __syncwarp();
     char* dk = ring + size_t(stage) * STAGE_BYTES;
     char* dv = dk + TILE * PAD;
     if constexpr (HEAD_MAJOR) {  // lanes 0-3: K pages, 4-7: V pages (whole pages: ctx a multiple of 16 here)
       if (lane < 8 && (lane % 4) * P < keys) {
-        const long long page = (long long)seq * pages + t * (TILE / P) + lane % 4;
-        const long long o = (page * H + h) * P * ROW;
-        copy((lane < 4 ? dk : dv) + (lane % 4) * P * ROW, (lane < 4 ? k : v) + o, P * ROW, b);
+        const long long o = kv_row_offset<true>((long long)seq * pages + t * (TILE / P) + lane % 4, 0, h, H);
+        bulk_copy((lane < 4 ? dk : dv) + (lane % 4) * P * ROW, (lane < 4 ? k : v) + o, P * ROW, b);
       }
     } else {
       for (int r = lane; r < keys; r += 32) {
         const int key = t * TILE + r;
-        const long long page = (long long)seq * pages + key / P;
-        const long long o = ((page * P + key % P) * H + h) * ROW;
-        copy(dk + r * PAD, k + o, ROW, b);
-        copy(dv + r * PAD, v + o, ROW, b);
+        const long long o = kv_row_offset<false>((long long)seq * pages + key / P, key % P, h, H);
+        bulk_copy(dk + r * PAD, k + o, ROW, b);
+        bulk_copy(dv + r * PAD, v + o, ROW, b);
       }
     }
   };
@@ -231,12 +245,8 @@ __global__ void __launch_bounds__(32) read_bulk_kernel(const char* src, size_t b
   auto issue = [&](int stage, size_t chunk) {
     if (chunk >= chunks) return;
     const unsigned b = smem_addr(&bar[stage]);
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(b), "r"(C) : "memory");
-    asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-            smem_addr(ring + size_t(stage) * C)),
-        "l"(src + chunk * C), "r"(C), "r"(b)
-        : "memory");
+    arrive_expect_tx(b, C);
+    bulk_copy(ring + size_t(stage) * C, src + chunk * C, C, b);
   };
   size_t c = blockIdx.x;
   for (int i = 0; i < S; ++i) issue(i, c + size_t(i) * step);
@@ -273,7 +283,7 @@ __global__ void __launch_bounds__(32) read_tma_kernel(const __grid_constant__ mo
     if (R) kt0 = (kt0 + (unit % groups) * G) % kt_count;
     const unsigned b = smem_addr(&bar[stage]);
     const unsigned dst = smem_addr(tring + size_t(stage) * G * kSliceBytes);
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(b), "r"(G * kSliceBytes) : "memory");
+    arrive_expect_tx(b, G * kSliceBytes);
     for (int g = 0; g < G; ++g)
       for (int r = 0; r < kUnitRows; r += box_rows)
         asm volatile(
@@ -321,11 +331,16 @@ static int run(int argc, char** argv) {
   cudaDeviceProp prop{};
   MS_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
   const size_t bytes = mib << 20;
-  char *src = nullptr, *dst = nullptr;
-  unsigned* sink = nullptr;
-  MS_CUDA_CHECK(cudaMalloc(&src, bytes));
-  MS_CUDA_CHECK(cudaMalloc(&dst, bytes));
-  MS_CUDA_CHECK(cudaMalloc(&sink, size_t(sms) * 64 * sizeof(unsigned)));
+  struct Buffers {  // freed on every return
+    char *src = nullptr, *dst = nullptr;
+    unsigned* sink = nullptr;
+    ~Buffers() { cudaFree(src), cudaFree(dst), cudaFree(sink); }
+  } buf;
+  MS_CUDA_CHECK(cudaMalloc(&buf.src, bytes));
+  MS_CUDA_CHECK(cudaMalloc(&buf.dst, bytes));
+  MS_CUDA_CHECK(cudaMalloc(&buf.sink, size_t(sms) * 64 * sizeof(unsigned)));
+  char *src = buf.src, *dst = buf.dst;
+  unsigned* sink = buf.sink;
   MS_CUDA_CHECK(cudaMemset(src, 0x3c, bytes));
   std::printf("%s, %d SMs, %zu MiB buffer, best of %d\n", prop.name, sms, mib, reps);
   std::printf("%-24s %8s %14s %8s\n", "method", "blocks", "bytes/block", "TB/s");
@@ -338,51 +353,46 @@ static int run(int argc, char** argv) {
   // an SM; each run reads the next region of the buffer, so that none starts in L2.
   for (const int seqs : {64, 128}) {
     constexpr int H = 4, ctx = 576;
-    const size_t half = size_t(seqs) * ((ctx + 15) / 16) * 16 * H * 256, region = 2 * half;
+    const size_t half = size_t(seqs) * ((ctx + kKvPage - 1) / kKvPage) * kKvPage * H * kKvRow, region = 2 * half;
     const int regions = int(bytes / region), items = seqs * H;
     if (regions < 2) continue;
-    const size_t smem = 3 * 2 * 64 * 256;
+    // One row: `launch(k, v)` timed over successive regions.
+    auto kv_row = [&](const std::string& name, int blocks, size_t smem, auto launch) {
+      int r = 0;
+      const double s = t.best(reps, [&] {
+        const char* base = src + size_t(r++ % regions) * region;
+        launch(base, base + half);
+      });
+      row((name + " bs" + std::to_string(seqs)).c_str(), blocks, smem, s, double(region));
+    };
+    const size_t smem = size_t(kKvStages) * 2 * kKvTile * kKvRow;
     smem_ceiling(reinterpret_cast<const void*>(read_kv_kernel<false>), smem);
     smem_ceiling(reinterpret_cast<const void*>(read_kv_kernel<true>), smem);
     for (const int form : {0, 1, 2, 3}) {  // token-major, head-major, persistent 1 / SM, persistent 2 / SM
-      const bool head_major = form == 1;
       const int blocks = form <= 1 ? items : std::min(items, (form - 1) * sms);
-      int r = 0;
-      const double s = t.best(reps, [&] {
-        const char* base = src + size_t(r++ % regions) * region;
-        if (head_major)
-          read_kv_kernel<true><<<blocks, 128, smem>>>(base, base + half, ctx, H, items, sink);
+      const char* name = form == 0 ? "kv token-major" : form == 1 ? "kv head-major" : form == 2 ? "kv persistent x1"
+                                                                                               : "kv persistent x2";
+      kv_row(name, blocks, smem, [&](const char* k, const char* v) {
+        if (form == 1)
+          read_kv_kernel<true><<<blocks, 128, smem>>>(k, v, ctx, H, items, sink);
         else
-          read_kv_kernel<false><<<blocks, 128, smem>>>(base, base + half, ctx, H, items, sink);
+          read_kv_kernel<false><<<blocks, 128, smem>>>(k, v, ctx, H, items, sink);
       });
-      char name[48];
-      std::snprintf(name, sizeof(name), "kv %s bs%d", form == 0 ? "token-major" : form == 1 ? "head-major"
-                                                     : form == 2 ? "persistent x1" : "persistent x2", seqs);
-      row(name, blocks, smem, s, double(region));
     }
     for (const bool head_major : {false, true}) {  // the copy engine's form
-      const size_t bsmem = size_t(3) * 2 * 64 * (head_major ? 256 : 272);
-      smem_ceiling(reinterpret_cast<const void*>(read_kv_bulk_kernel<false>), bsmem);
-      smem_ceiling(reinterpret_cast<const void*>(read_kv_bulk_kernel<true>), bsmem);
-      int r = 0;
-      const double s = t.best(reps, [&] {
-        const char* base = src + size_t(r++ % regions) * region;
-        if (head_major)
-          read_kv_bulk_kernel<true><<<items, 32, bsmem>>>(base, base + half, ctx, H, sink);
-        else
-          read_kv_bulk_kernel<false><<<items, 32, bsmem>>>(base, base + half, ctx, H, sink);
-      });
-      char name[48];
-      std::snprintf(name, sizeof(name), "kv bulk %s bs%d", head_major ? "head-major" : "token-major", seqs);
-      row(name, items, bsmem, s, double(region));
+      const size_t bsmem = kv_bulk_smem(head_major);
+      smem_ceiling(reinterpret_cast<const void*>(head_major ? read_kv_bulk_kernel<true> : read_kv_bulk_kernel<false>),
+                   bsmem);
+      kv_row(head_major ? "kv bulk head-major" : "kv bulk token-major", items, bsmem,
+             [&](const char* k, const char* v) {
+               if (head_major)
+                 read_kv_bulk_kernel<true><<<items, 32, bsmem>>>(k, v, ctx, H, sink);
+               else
+                 read_kv_bulk_kernel<false><<<items, 32, bsmem>>>(k, v, ctx, H, sink);
+             });
     }
   }
-  if (kv_only) {
-    cudaFree(src);
-    cudaFree(dst);
-    cudaFree(sink);
-    return 0;
-  }
+  if (kv_only) return 0;
   // The copy, as docs/PERF.md's floor measures it (read + write).
   row("copy", 0, 0, t.best(reps, [&] { MS_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice)); }),
       2.0 * double(bytes));
@@ -451,9 +461,6 @@ static int run(int argc, char** argv) {
       }
     }
   }
-  cudaFree(src);
-  cudaFree(dst);
-  cudaFree(sink);
   return 0;
 }
 
