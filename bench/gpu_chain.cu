@@ -33,6 +33,7 @@
 #include "cuda/launch.h"
 #include "cuda/moe/moe_ptx.cuh"
 #include "cuda/pdl.cuh"
+#include "bench_ptx.cuh"
 #include "gpu_timer.h"
 
 namespace mc = moeserve::cuda;
@@ -42,6 +43,8 @@ namespace {
 using moe_ptx::cp_async16;
 using moe_ptx::cp_async_commit;
 using moe_ptx::cp_async_wait;
+using bench_ptx::dot8;
+using bench_ptx::ld_acquire;
 using bf16 = __nv_bfloat16;
 
 constexpr int kWarps = 8, kThreads = kWarps * 32;
@@ -58,25 +61,6 @@ struct ChainArgs {
   unsigned* done;        // [ops] finished row blocks, counted across runs (epochs)
   int ops;
 };
-
-__device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
-  unsigned v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-
-__device__ __forceinline__ float dot8(uint4 w, uint4 x) {
-  const __nv_bfloat162* a = reinterpret_cast<const __nv_bfloat162*>(&w);
-  const __nv_bfloat162* b = reinterpret_cast<const __nv_bfloat162*>(&x);
-  float s = 0.f;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 fa = __bfloat1622float2(a[i]), fb = __bfloat1622float2(b[i]);
-    s = fmaf(fa.x, fb.x, s);
-    s = fmaf(fa.y, fb.y, s);
-  }
-  return s;
-}
 
 // A block's work: items (op, row block) in op order; in the launch form one item, in the persistent form every
 // row block rb = blockIdx.x + gridDim.x i of every op. Warp w takes slices w, w + 8, ... of an item's K / 64.

@@ -35,11 +35,16 @@
 #include "cuda/moe/moe_kernel_params.h"
 #include "cuda/moe/moe_ptx.cuh"
 #include "cuda/tma.h"
+#include "bench_ptx.cuh"
 #include "gpu_timer.h"
 
 namespace {
 
 using namespace moe_ptx;
+using bench_ptx::arrive_expect_tx;
+using bench_ptx::bulk_copy;
+using bench_ptx::init_ring_barriers;
+using bench_ptx::wait_ring_barrier;
 
 constexpr int kThreads = 256;
 
@@ -148,34 +153,6 @@ __global__ void __launch_bounds__(128) read_kv_kernel(const char* k, const char*
   }
   cp_async_wait<0>();
   if (acc == 0x9e3779b9u) sink[blockIdx.x] = acc;
-}
-
-// The bulk and tma kernels' ring barriers: n mbarriers of one arrival each, made visible to the async proxy; and a
-// spin until the phase of `parity` of one of them has completed.
-__device__ __forceinline__ void init_ring_barriers(unsigned long long* bar, int n) {
-  for (int i = 0; i < n; ++i)
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_addr(&bar[i])) : "memory");
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-__device__ __forceinline__ void wait_ring_barrier(unsigned long long* bar, unsigned parity) {
-  unsigned done = 0;
-  while (!done)
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(smem_addr(bar)), "r"(parity)
-        : "memory");
-}
-
-// One arrival on `bar` that raises its expected transaction bytes; a 1-D bulk copy completing on it.
-__device__ __forceinline__ void arrive_expect_tx(unsigned bar, unsigned bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned bytes, unsigned bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                   smem_addr(dst)),
-               "l"(src), "r"(bytes), "r"(bar)
-               : "memory");
 }
 
 // Shared memory of read_kv_bulk_kernel: token-major rows padded to 272 bytes.

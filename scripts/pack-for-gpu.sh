@@ -31,7 +31,8 @@ cp "$BUILD/bin/moeserve" "$P/build/bin/"
 if [[ $server_only == 0 ]]; then
   mkdir -p "$P/build/tests" "$P/build/bench"
   cp "$BUILD"/tests/test_cuda* "$BUILD"/tests/test_gpu_* "$P/build/tests/"
-  cp "$BUILD/bench/gpu_profile" "$BUILD/bench/gpu_read_bw" "$BUILD/bench/gpu_chain" "$BUILD/bench/gpu_gemm_ceiling" "$P/build/bench/"
+  cp "$BUILD/bench/gpu_profile" "$BUILD/bench/gpu_read_bw" "$BUILD/bench/gpu_chain" "$BUILD/bench/gpu_gemm_ceiling" \
+     "$BUILD/bench/gpu_layer_persistent" "$P/build/bench/"
 fi
 find "$P/build" -type f -exec strip {} + 2>/dev/null || true
 cp -r "$ROOT/node_modules/openai" "$P/node_modules/"

@@ -1,0 +1,848 @@
+// A decode step of one token through q30b-shaped MoE layers as ONE persistent kernel: the prototype that decides
+// whether a persistent decode layer is worth building into the engine (docs/PERF.md, session 31).
+//
+// Why: the served step at one request spends ~48 us of chain a layer against ~25 us of weight reads (the layer's
+// six-odd launches each pay a ramp, a drain and a dependency latency while HBM idles), and gpu_chain's persistent
+// form (session 22) gained only 8% because (1) each CTA streamed through a cp.async ring, ~26 GB/s a CTA, below the
+// HBM rate at one CTA an SM, and (2) its one FIFO ring stalled at every dependency. Here:
+//   - one CTA an SM (cooperative launch), 8 consumer warps and one producer thread that issues 1-D bulk copies
+//     (cp.async.bulk, L2 evict_first) of 8 KB slots, so the per-SM issue rate is not the limit;
+//   - two rings: D for what is known before the step (q/k/v and o_proj rows, the cached keys and values), E for the
+//     experts' rows, known only once the layer has routed. The producer fills E first whenever it may and D
+//     otherwise, so HBM keeps streaming the next layer's dense rows while the consumers wait at a dependency;
+//   - the dependencies are counters in global memory (one a layer and stage; a CTA spins on an acquire load).
+// The layer, every CTA c of G (>= 128) taking its share of each stage's rows:
+//   qkv     x = bf16(rmsnorm(h)); qkv = Wqkv x  (5120 x 2048)
+//   attn    CTAs 0-127: kv head c / 32, keys [16 p, 16 p + 16) for p = c % 32, its 8 query heads: partial softmax
+//   merge   CTAs 0-127: 32 output dims of query head c / 4 from the 32 partials (a second grid dependency; the engine
+//           merges inside a thread-block cluster instead, so this stage is the prototype's extra cost)
+//   o       o = Wo attn (2176 x 4096: rows 2048.. stand for the router, whose logits the engine folds into its GEMVs)
+//   gu      every CTA routes (top-8 of the 128 logits, softmax over them) and tells the producer, which then streams
+//           the 8 experts' gate/up rows (8 x 1536 x 2048 of 128 experts); x2 = bf16(rmsnorm(h + o))
+//   down    act = bf16(silu(g) u); h' = h + o + sum_j w_j Wd_j act_j (8 experts' 2048 x 768)
+// Not modelled: q/k norm and RoPE, the KV store of the new token, the lm_head and the sampler.
+// --no-deps: no stage waits for the one before (wrong outputs, no check): the producer / consumer pipeline's own
+// streaming rate; --no-hint: the weight copies without the L2 evict_first policy; --interleave: slot t of an op
+// (its rows [t R, t R + R)) to CTA t % G, so that the CTAs stream one moving window of each matrix instead of G
+// ranges far apart.
+//   gpu_layer_persistent [--layers 8] [--reps 20] [--d-slots 8] [--e-slots 16] [--no-check] [--no-deps] [--no-hint] [--interleave]
+// Prints the step time, us a layer, TB/s over the bytes read, x the read floor (4.6 TB/s), the time from one stage's
+// start to the next on CTA 0, and checks every stage of every layer against the CPU (from the GPU's own inputs to
+// the stage). A benchmark, not a test: the figures go to docs/PERF.md.
+#include <cooperative_groups.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include "bench_ptx.cuh"
+#include "core/error.h"
+#include "cuda/common.h"
+#include "cuda/device.h"
+#include "gpu_timer.h"
+
+namespace mc = moeserve::cuda;
+
+namespace {
+
+using bf16 = __nv_bfloat16;
+using namespace bench_ptx;
+
+constexpr int kH = 2048, kHeads = 32, kKvHeads = 4, kDim = 128, kGroup = kHeads / kKvHeads;
+constexpr int kQ = kHeads * kDim, kQkv = kQ + 2 * kKvHeads * kDim;  // 4096, 5120
+constexpr int kExperts = 128, kTopK = 8, kI = 768, kGu = 2 * kI;
+constexpr int kORows = kH + kExperts;  // o_proj and the router stand-in: 2176
+constexpr int kCtx = 512, kParts = 32, kKeysPart = kCtx / kParts;
+constexpr int kAttnCtas = kKvHeads * kParts;  // 128
+constexpr int kPartFloats = 2 + kDim;         // m, l, o
+constexpr int kSlot = 8192;
+constexpr int kConsumerWarps = 8, kConsumers = kConsumerWarps * 32, kThreads = kConsumers + 32;
+constexpr int kMaxRing = 24, kMaxD = 48, kMaxE = 96, kMaxLayers = 48, kOwnRowsMax = 24;
+constexpr int kRowsQkv = kSlot / (kH * 2), kRowsO = kSlot / (kQ * 2), kRowsGu = kSlot / (kH * 2),
+              kRowsDown = kSlot / (kI * 2);  // 2, 1, 2, 5 rows a slot
+constexpr int kStages = 6;
+enum Stage { kStQkv, kStAttn, kStMerge, kStO, kStGu, kStDown };
+enum Kind : short { kKindQkv, kKindKv, kKindO, kKindGu, kKindDown };
+constexpr int kXsElems = kTopK * kI;  // the largest staged input: the 8 experts' activations
+constexpr double kReadTBs = 4.6;      // bench/gpu_read_bw, H200 (session 20)
+
+struct Params {
+  const bf16 *wqkv, *wo, *wgu, *wd, *kc, *vc;  // all layers, layer-major
+  float* h;                                    // [L + 1][kH]
+  float* qkv;                                  // [L][kQkv]
+  float* part;                                 // [L][kKvHeads][kParts][kGroup][kPartFloats]
+  bf16* attn;                                  // [L][kQ]
+  float* o;                                    // [L][kORows]
+  float* gu;                                   // [L][kTopK][kGu]
+  int* ids;                                    // [L][kTopK] (CTA 0's routing, for the check)
+  float* wts;                                  // [L][kTopK]
+  unsigned* cnt;                               // [L][kStages], counted across launches (epochs)
+  unsigned long long* clocks;                  // [G][L][kStages][2] %globaltimer at each stage's start, work done
+  int layers, d_slots, e_slots;
+  int no_deps;                                 // 1: nothing waits for the counters (the pipeline's raw rate)
+  int interleave;                              // 1: slot t of an op to CTA t % G (else each CTA a contiguous range)
+  int hint;                                    // 1: weight copies with the L2 evict_first policy
+  unsigned epoch;
+};
+
+struct SlotDesc {
+  short kind, j, row0, rows;  // j: the expert slot (gu, down); row0: the first row within the op (or expert)
+  short acc0;                 // down: the index of row0 among the CTA's own rows
+};
+
+__host__ __device__ inline int split_lo(int n, int c, int g) { return int((long long)n * c / g); }
+
+__device__ __forceinline__ unsigned long long global_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %globaltimer;\n" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, %0;\n" ::"n"(kConsumers) : "memory"); }
+
+// A stage's outputs are visible to every CTA: all consumers are past their writes, one fence, one count.
+__device__ __forceinline__ void signal(unsigned* cnt, unsigned long long* done_stamp) {
+  consumers_sync();
+  if (threadIdx.x == 0) {
+    *done_stamp = global_ns();
+    __threadfence();
+    atomicAdd(cnt, 1u);
+  }
+}
+__device__ __forceinline__ void wait_count(const unsigned* cnt, unsigned target, int no_deps) {
+  if (threadIdx.x == 0 && !no_deps)
+    while (ld_acquire(cnt) < target) {
+    }
+  consumers_sync();
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Sum over the 256 consumer threads (red: 8 floats of shared memory).
+__device__ __forceinline__ float consumers_sum(float v, float* red) {
+  v = warp_sum(v);
+  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
+  consumers_sync();
+  float s = 0.f;
+#pragma unroll
+  for (int w = 0; w < kConsumerWarps; ++w) s += red[w];
+  consumers_sync();
+  return s;
+}
+
+// Rows [0, rows) of K bf16 weights each (a slot in shared memory) against x (bf16, shared memory), summed over the
+// warp: one pass over x with an independent accumulator a row.
+template <int RMAX>
+__device__ __forceinline__ void rows_dot(const bf16* w, int rows, const bf16* x, int K, float (&y)[RMAX]) {
+  const uint4* x4 = reinterpret_cast<const uint4*>(x);
+#pragma unroll
+  for (int r = 0; r < RMAX; ++r) y[r] = 0.f;
+  for (int q = threadIdx.x % 32; q < K / 8; q += 32) {
+    const uint4 xv = x4[q];
+#pragma unroll
+    for (int r = 0; r < RMAX; ++r)
+      if (r < rows) y[r] += dot8(reinterpret_cast<const uint4*>(w + size_t(r) * K)[q], xv);
+  }
+#pragma unroll
+  for (int r = 0; r < RMAX; ++r) y[r] = warp_sum(y[r]);
+}
+
+// xs = bf16(v * rsqrt(mean(v^2) + eps)) for v = a (+ b), kH values from global memory.
+__device__ __forceinline__ void stage_norm(const float* a, const float* b, bf16* xs, float* red) {
+  float v[kH / kConsumers], ss = 0.f;
+#pragma unroll
+  for (int i = 0; i < kH / kConsumers; ++i) {
+    const int k = threadIdx.x + kConsumers * i;
+    v[i] = __ldcg(a + k) + (b ? __ldcg(b + k) : 0.f);
+    ss += v[i] * v[i];
+  }
+  const float r = rsqrtf(consumers_sum(ss, red) / kH + 1e-6f);
+#pragma unroll
+  for (int i = 0; i < kH / kConsumers; ++i) xs[threadIdx.x + kConsumers * i] = __float2bfloat16_rn(v[i] * r);
+  consumers_sync();
+}
+
+__global__ void __launch_bounds__(kThreads, 1) layer_kernel(const __grid_constant__ Params p) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  __shared__ unsigned long long d_full[kMaxRing], d_empty[kMaxRing], e_full[kMaxRing], e_empty[kMaxRing];
+  __shared__ SlotDesc dl[kMaxD], el[kMaxE];
+  __shared__ int nd, ne, n_own, route_ready;
+  __shared__ short own_row[kOwnRowsMax];
+  __shared__ int ids_s[2][kTopK];
+  __shared__ float wts_s[2][kTopK], red[kConsumerWarps], acc[kConsumerWarps][kOwnRowsMax];
+  unsigned char* d_ring = smem;
+  unsigned char* e_ring = smem + size_t(p.d_slots) * kSlot;
+  bf16* xs = reinterpret_cast<bf16*>(e_ring + size_t(p.e_slots) * kSlot);
+  float* q_s = reinterpret_cast<float*>(xs + kXsElems);  // [kGroup][kDim]
+  float* newk = q_s + kGroup * kDim;
+  float* newv = newk + kDim;
+
+  const int c = blockIdx.x, G = gridDim.x, L = p.layers;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  // Own rows of each stage.
+  const int q0 = split_lo(kQkv, c, G), q1 = split_lo(kQkv, c + 1, G);
+  const int o0 = split_lo(kORows, c, G), o1 = split_lo(kORows, c + 1, G);
+  const int v0 = split_lo(kTopK * kGu, c, G), v1 = split_lo(kTopK * kGu, c + 1, G);
+  const int r0 = split_lo(kH, c, G), r1 = split_lo(kH, c + 1, G);
+  if (threadIdx.x == 0) {
+    int n = 0;
+    if (!p.interleave) {
+      for (int r = q0; r < q1; r += kRowsQkv) dl[n++] = {kKindQkv, 0, short(r), short(min(kRowsQkv, q1 - r)), 0};
+      if (c < kAttnCtas) dl[n++] = {kKindKv, 0, 0, 0, 0};
+      for (int r = o0; r < o1; r += kRowsO) dl[n++] = {kKindO, 0, short(r), short(min(kRowsO, o1 - r)), 0};
+      nd = n;
+      n = 0;
+      for (int v = v0; v < v1;) {
+        const int j = v / kGu, end = min(v1, (j + 1) * kGu), rows = min(kRowsGu, end - v);
+        el[n++] = {kKindGu, short(j), short(v - j * kGu), short(rows), 0};
+        v += rows;
+      }
+      for (int j = 0; j < kTopK; ++j)
+        for (int r = r0; r < r1; r += kRowsDown)
+          el[n++] = {kKindDown, short(j), short(r), short(min(kRowsDown, r1 - r)), short(r - r0)};
+      for (int r = r0; r < r1; ++r) own_row[r - r0] = short(r);
+      n_own = r1 - r0;
+    } else {  // slot t of an op (kRows* rows, t * kRows* the first) to CTA t % G: the CTAs read one moving window
+      for (int t = c; t * kRowsQkv < kQkv; t += G)
+        dl[n++] = {kKindQkv, 0, short(t * kRowsQkv), short(min(kRowsQkv, kQkv - t * kRowsQkv)), 0};
+      if (c < kAttnCtas) dl[n++] = {kKindKv, 0, 0, 0, 0};
+      for (int t = c; t * kRowsO < kORows; t += G)
+        dl[n++] = {kKindO, 0, short(t * kRowsO), short(min(kRowsO, kORows - t * kRowsO)), 0};
+      nd = n;
+      n = 0;
+      for (int t = c; t * kRowsGu < kTopK * kGu; t += G) {  // kRowsGu divides kGu: a slot stays in one expert
+        const int v = t * kRowsGu, j = v / kGu;
+        el[n++] = {kKindGu, short(j), short(v - j * kGu), short(min(kRowsGu, (j + 1) * kGu - v)), 0};
+      }
+      int own = 0;
+      for (int t = c; t * kRowsDown < kH; t += G) {
+        const int rows = min(kRowsDown, kH - t * kRowsDown);
+        for (int r = 0; r < rows; ++r) own_row[own + r] = short(t * kRowsDown + r);
+        own += rows;
+      }
+      n_own = own;
+      for (int j = 0; j < kTopK; ++j)
+        for (int t = c, k = 0; t * kRowsDown < kH; t += G, ++k)
+          el[n++] = {kKindDown, short(j), short(t * kRowsDown), short(min(kRowsDown, kH - t * kRowsDown)),
+                     short(k * kRowsDown)};
+    }
+    ne = n;
+    route_ready = 0;
+    init_ring_barriers(d_full, p.d_slots, 1);
+    init_ring_barriers(e_full, p.e_slots, 1);
+    init_ring_barriers(d_empty, p.d_slots, 1);
+    init_ring_barriers(e_empty, p.e_slots, 1);
+  }
+  __syncthreads();
+
+  if (warp == kConsumerWarps) {  // the producer
+    if (lane != 0) return;
+    const unsigned long long pol = moe_ptx::l2_evict_first_policy();
+    int dlay = 0, di = 0, elay = 0, ei = 0;
+    unsigned dn = 0, en = 0;
+    while (dlay < L || elay < L) {
+      bool progress = false;
+      if (elay < L && *reinterpret_cast<volatile int*>(&route_ready) > elay) {
+        const int s = int(en % unsigned(p.e_slots));
+        if (test_ring_barrier(&e_empty[s], ((en / unsigned(p.e_slots)) & 1u) ^ 1u)) {
+          __threadfence_block();
+          const SlotDesc d = el[ei];
+          const int e = ids_s[elay & 1][d.j];
+          const bf16* src;
+          unsigned bytes;
+          if (d.kind == kKindGu) {
+            src = p.wgu + ((size_t(elay) * kExperts + e) * kGu + d.row0) * kH;
+            bytes = unsigned(d.rows) * kH * 2;
+          } else {
+            src = p.wd + ((size_t(elay) * kExperts + e) * kH + d.row0) * kI;
+            bytes = unsigned(d.rows) * kI * 2;
+          }
+          const unsigned b = smem_addr(&e_full[s]);
+          arrive_expect_tx(b, bytes);
+          if (p.hint) bulk_copy_hint(e_ring + size_t(s) * kSlot, src, bytes, b, pol);
+          else bulk_copy(e_ring + size_t(s) * kSlot, src, bytes, b);
+          ++en;
+          if (++ei == ne) ei = 0, ++elay;
+          progress = true;
+        }
+      }
+      if (!progress && dlay < L) {
+        const int s = int(dn % unsigned(p.d_slots));
+        if (test_ring_barrier(&d_empty[s], ((dn / unsigned(p.d_slots)) & 1u) ^ 1u)) {
+          const SlotDesc d = dl[di];
+          const unsigned b = smem_addr(&d_full[s]);
+          unsigned char* dst = d_ring + size_t(s) * kSlot;
+          if (d.kind == kKindKv) {
+            const int hk = c / kParts, part = c % kParts;
+            const size_t off = ((size_t(dlay) * kKvHeads + hk) * kCtx + part * kKeysPart) * kDim;
+            arrive_expect_tx(b, 2 * kKeysPart * kDim * 2);
+            bulk_copy(dst, p.kc + off, kKeysPart * kDim * 2, b);
+            bulk_copy(dst + kKeysPart * kDim * 2, p.vc + off, kKeysPart * kDim * 2, b);
+          } else {
+            const bool qkv = d.kind == kKindQkv;
+            const int K = qkv ? kH : kQ;
+            const bf16* src = qkv ? p.wqkv + (size_t(dlay) * kQkv + d.row0) * kH
+                                  : p.wo + (size_t(dlay) * kORows + d.row0) * kQ;
+            arrive_expect_tx(b, unsigned(d.rows) * K * 2);
+            if (p.hint) bulk_copy_hint(dst, src, unsigned(d.rows) * K * 2, b, pol);
+            else bulk_copy(dst, src, unsigned(d.rows) * K * 2, b);
+          }
+          ++dn;
+          if (++di == nd) di = 0, ++dlay;
+          progress = true;
+        }
+      }
+    }
+    return;
+  }
+
+  // The consumers: the stages of every layer in order. Item i of a ring (counted over the layers) lives in slot
+  // i % slots and belongs to warp i % 8 (the slot counts are multiples of 8, so a warp owns its slots: it never waits
+  // for a phase of a slot whose previous phase another warp may still be reading); the attention's K / V item is
+  // read by every warp, after a consumer barrier, and released by its owner after another.
+  auto d_wait = [&](unsigned i) -> const bf16* {
+    const unsigned s = i % unsigned(p.d_slots);
+    wait_ring_barrier(&d_full[s], (i / unsigned(p.d_slots)) & 1u);
+    return reinterpret_cast<const bf16*>(d_ring + size_t(s) * kSlot);
+  };
+  auto d_release = [&](unsigned i) {
+    __syncwarp();
+    if (lane == 0) arrive_ring_barrier(&d_empty[i % unsigned(p.d_slots)]);
+  };
+  auto e_wait = [&](unsigned i) -> const bf16* {
+    const unsigned s = i % unsigned(p.e_slots);
+    wait_ring_barrier(&e_full[s], (i / unsigned(p.e_slots)) & 1u);
+    return reinterpret_cast<const bf16*>(e_ring + size_t(s) * kSlot);
+  };
+  auto e_release = [&](unsigned i) {
+    __syncwarp();
+    if (lane == 0) arrive_ring_barrier(&e_empty[i % unsigned(p.e_slots)]);
+  };
+  auto mine = [&](unsigned i) { return int(i % kConsumerWarps) == warp; };
+  auto clock_at = [&](int l, int s) { return p.clocks + ((size_t(c) * L + l) * kStages + s) * 2; };
+  auto stamp = [&](int l, int s) {
+    if (threadIdx.x == 0) *clock_at(l, s) = global_ns();
+  };
+  const unsigned all = p.epoch * unsigned(G), attn_all = p.epoch * unsigned(kAttnCtas);
+  int di = 0, ei = 0;
+  for (int l = 0; l < L; ++l) {
+    const unsigned dbase = unsigned(l) * unsigned(nd), ebase = unsigned(l) * unsigned(ne);
+    unsigned* cnt = p.cnt + l * kStages;
+    const float* h = p.h + size_t(l) * kH;
+    const float* qkv = p.qkv + size_t(l) * kQkv;
+    const float* o = p.o + size_t(l) * kORows;
+    // qkv
+    if (l > 0) wait_count(p.cnt + (l - 1) * kStages + kStDown, all, p.no_deps);
+    stamp(l, kStQkv);
+    stage_norm(h, nullptr, xs, red);
+    for (di = 0; di < nd && dl[di].kind == kKindQkv; ++di) {
+      if (!mine(dbase + di)) continue;
+      const SlotDesc d = dl[di];
+      float y[kRowsQkv];
+      rows_dot(d_wait(dbase + di), d.rows, xs, kH, y);
+      if (lane == 0)
+        for (int r = 0; r < d.rows; ++r) p.qkv[size_t(l) * kQkv + d.row0 + r] = y[r];
+      d_release(dbase + di);
+    }
+    signal(cnt + kStQkv, clock_at(l, kStQkv) + 1);
+    // attn: partial softmax over the CTA's 16 keys for its kv head's 8 query heads
+    wait_count(cnt + kStQkv, all, p.no_deps);
+    stamp(l, kStAttn);
+    if (c < kAttnCtas) {
+      const int hk = c / kParts, part = c % kParts;
+      const float scale = rsqrtf(float(kDim));
+      for (int i = threadIdx.x; i < kGroup * kDim; i += kConsumers)
+        q_s[i] = __ldcg(qkv + hk * kGroup * kDim + i) * scale;
+      if (threadIdx.x < kDim) {
+        newk[threadIdx.x] = __ldcg(qkv + kQ + hk * kDim + threadIdx.x);
+        newv[threadIdx.x] = __ldcg(qkv + kQ + kKvHeads * kDim + hk * kDim + threadIdx.x);
+      }
+      consumers_sync();
+      const unsigned kv_item = dbase + di++;
+      const bf16* kv = d_wait(kv_item);
+      const bf16* ks = kv;
+      const bf16* vs = kv + kKeysPart * kDim;
+      const bool last = part == kParts - 1;  // its key 15 is the new token's
+      // Lane: key lane % 16, dims [64 (lane / 16), +64) as 8 chunks of 8, rotated by the key so that the 8 lanes of
+      // a 16-byte load phase read 8 different bank groups.
+      const int key = lane & 15, hh = lane >> 4;
+      const bool newkey = last && key == kKeysPart - 1;
+      float s = 0.f;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const int d = 64 * hh + 8 * ((i + key) & 7);
+        const float* q8 = q_s + warp * kDim + d;
+        if (newkey) {
+#pragma unroll
+          for (int t = 0; t < 8; ++t) s = fmaf(q8[t], newk[d + t], s);
+        } else {
+          const uint4 k8 = *reinterpret_cast<const uint4*>(ks + key * kDim + d);
+          const __nv_bfloat162* k2 = reinterpret_cast<const __nv_bfloat162*>(&k8);
+#pragma unroll
+          for (int t = 0; t < 4; ++t) {
+            const float2 kf = __bfloat1622float2(k2[t]);
+            s = fmaf(q8[2 * t], kf.x, s);
+            s = fmaf(q8[2 * t + 1], kf.y, s);
+          }
+        }
+      }
+      s += __shfl_xor_sync(0xffffffffu, s, 16);
+      const float m = warp_max(s);  // lanes k and k + 16 hold the same score
+      const float e = __expf(s - m);
+      const float lsum = warp_sum(e) * 0.5f;
+      float ov[4] = {0.f, 0.f, 0.f, 0.f};
+      for (int k = 0; k < kKeysPart; ++k) {
+        const float ek = __shfl_sync(0xffffffffu, e, k);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int d = 4 * lane + i;
+          const float vd = last && k == kKeysPart - 1 ? newv[d] : __bfloat162float(vs[k * kDim + d]);
+          ov[i] = fmaf(ek, vd, ov[i]);
+        }
+      }
+      float* out = p.part + ((((size_t(l) * kKvHeads + hk) * kParts + part) * kGroup + warp) * kPartFloats);
+      if (lane == 0) out[0] = m, out[1] = lsum;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) out[2 + 4 * lane + i] = ov[i];
+      consumers_sync();
+      if (mine(kv_item)) d_release(kv_item);
+      signal(cnt + kStAttn, clock_at(l, kStAttn) + 1);
+    }
+    // merge: 32 dims of query head c / 4 from the 32 parts
+    wait_count(cnt + kStAttn, attn_all, p.no_deps);
+    stamp(l, kStMerge);
+    if (c < kAttnCtas) {
+      if (warp == 0) {
+        const int qh = c / 4, d0 = (c % 4) * 32, hk = qh / kGroup, w = qh % kGroup;
+        auto part_ptr = [&](int pp) {
+          return p.part + ((((size_t(l) * kKvHeads + hk) * kParts + pp) * kGroup + w) * kPartFloats);
+        };
+        const float mp = __ldcg(part_ptr(lane)), lp = __ldcg(part_ptr(lane) + 1);  // lane = part
+        const float M = warp_max(mp);
+        const float sc = __expf(mp - M);
+        const float Lsum = warp_sum(lp * sc);
+        float a = 0.f;
+#pragma unroll 8
+        for (int pp = 0; pp < kParts; ++pp) a += __shfl_sync(0xffffffffu, sc, pp) * __ldcg(part_ptr(pp) + 2 + d0 + lane);
+        p.attn[size_t(l) * kQ + qh * kDim + d0 + lane] = __float2bfloat16_rn(a / Lsum);
+      }
+      signal(cnt + kStMerge, clock_at(l, kStMerge) + 1);
+    }
+    // o
+    wait_count(cnt + kStMerge, attn_all, p.no_deps);
+    stamp(l, kStO);
+    for (int i = threadIdx.x; i < kQ / 8; i += kConsumers)
+      reinterpret_cast<uint4*>(xs)[i] = __ldcg(reinterpret_cast<const uint4*>(p.attn + size_t(l) * kQ) + i);
+    consumers_sync();
+    for (; di < nd; ++di) {
+      if (!mine(dbase + di)) continue;
+      const SlotDesc d = dl[di];
+      float y[kRowsO];
+      rows_dot(d_wait(dbase + di), d.rows, xs, kQ, y);
+      if (lane == 0)
+        for (int r = 0; r < d.rows; ++r) p.o[size_t(l) * kORows + d.row0 + r] = y[r];
+      d_release(dbase + di);
+    }
+    signal(cnt + kStO, clock_at(l, kStO) + 1);
+    // gu: route first (the producer waits for it), then the normalized input
+    wait_count(cnt + kStO, all, p.no_deps);
+    stamp(l, kStGu);
+    if (warp == 0) {
+      float v[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) v[i] = __ldcg(o + kH + 4 * lane + i);
+      float top = 0.f;
+      int topi = 0;
+      for (int k = 0; k < kTopK; ++k) {
+        float bv = v[0];
+        int bi = 4 * lane;
+#pragma unroll
+        for (int i = 1; i < 4; ++i)
+          if (v[i] > bv) bv = v[i], bi = 4 * lane + i;
+#pragma unroll
+        for (int off = 16; off; off >>= 1) {
+          const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
+          const int oi = __shfl_xor_sync(0xffffffffu, bi, off);
+          if (ov > bv || (ov == bv && oi < bi)) bv = ov, bi = oi;
+        }
+        if (lane == k) top = bv, topi = bi;
+        if (bi / 4 == lane) v[bi % 4] = -INFINITY;
+      }
+      const float mx = __shfl_sync(0xffffffffu, top, 0);
+      const float ex = lane < kTopK ? __expf(top - mx) : 0.f;
+      const float sum = warp_sum(ex);
+      if (lane < kTopK) {
+        ids_s[l & 1][lane] = topi;
+        wts_s[l & 1][lane] = ex / sum;
+        if (c == 0) p.ids[l * kTopK + lane] = topi, p.wts[l * kTopK + lane] = ex / sum;
+      }
+      __syncwarp();
+      if (lane == 0) {
+        __threadfence_block();
+        *reinterpret_cast<volatile int*>(&route_ready) = l + 1;
+      }
+    }
+    stage_norm(h, o, xs, red);
+    for (ei = 0; ei < ne && el[ei].kind == kKindGu; ++ei) {
+      if (!mine(ebase + ei)) continue;
+      const SlotDesc d = el[ei];
+      float y[kRowsGu];
+      rows_dot(e_wait(ebase + ei), d.rows, xs, kH, y);
+      if (lane == 0)
+        for (int r = 0; r < d.rows; ++r) p.gu[(size_t(l) * kTopK + d.j) * kGu + d.row0 + r] = y[r];
+      e_release(ebase + ei);
+    }
+    signal(cnt + kStGu, clock_at(l, kStGu) + 1);
+    // down
+    wait_count(cnt + kStGu, all, p.no_deps);
+    stamp(l, kStDown);
+    for (int i = threadIdx.x; i < kTopK * kI; i += kConsumers) {
+      const int j = i / kI, k = i % kI;
+      const float g = __ldcg(p.gu + (size_t(l) * kTopK + j) * kGu + k);
+      const float u = __ldcg(p.gu + (size_t(l) * kTopK + j) * kGu + kI + k);
+      xs[i] = __float2bfloat16_rn(g / (1.f + __expf(-g)) * u);
+    }
+    if (threadIdx.x < kConsumerWarps * kOwnRowsMax) (&acc[0][0])[threadIdx.x] = 0.f;
+    consumers_sync();
+    for (; ei < ne; ++ei) {
+      if (!mine(ebase + ei)) continue;
+      const SlotDesc d = el[ei];
+      float y[kRowsDown];
+      rows_dot(e_wait(ebase + ei), d.rows, xs + d.j * kI, kI, y);
+      if (lane == 0)
+        for (int r = 0; r < d.rows; ++r) acc[warp][d.acc0 + r] += wts_s[l & 1][d.j] * y[r];
+      e_release(ebase + ei);
+    }
+    consumers_sync();
+    for (int i = int(threadIdx.x); i < n_own; i += kConsumers) {
+      float sum = 0.f;  // the warps' sums in a fixed order: the same bits every run
+#pragma unroll
+      for (int w = 0; w < kConsumerWarps; ++w) sum += acc[w][i];
+      const int r = own_row[i];
+      p.h[size_t(l + 1) * kH + r] = __ldcg(h + r) + __ldcg(o + r) + sum;
+    }
+    signal(cnt + kStDown, clock_at(l, kStDown) + 1);
+  }
+}
+
+__global__ void fill_kernel(bf16* p, size_t n, float scale, unsigned seed) {
+  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    unsigned v = unsigned(i) * 2654435761u ^ seed ^ unsigned(i >> 32) * 40503u;
+    v ^= v >> 15, v *= 2246822519u, v ^= v >> 13, v *= 3266489917u, v ^= v >> 16;
+    p[i] = __float2bfloat16_rn((float(v) / 4294967296.0f * 2.0f - 1.0f) * scale);
+  }
+}
+
+float bf2f(uint16_t b) {
+  uint32_t u = uint32_t(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+float bf16_round(float x) {  // round to nearest even, as __float2bfloat16_rn (finite inputs)
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+template <typename T>
+std::vector<T> down_load(const T* src, size_t n) {
+  std::vector<T> v(n);
+  MS_CUDA_CHECK(cudaMemcpy(v.data(), src, n * sizeof(T), cudaMemcpyDeviceToHost));
+  return v;
+}
+
+// y[n] = W[n] . x for W rows of K bf16 (device) and x on the host; mag[n] = sum |W x| (the tolerance's scale).
+void cpu_gemv(const bf16* w_dev, int N, int K, const std::vector<float>& x, std::vector<double>& y,
+              std::vector<double>& mag) {
+  const auto w = down_load(reinterpret_cast<const uint16_t*>(w_dev), size_t(N) * K);
+  y.assign(size_t(N), 0.0);
+  mag.assign(size_t(N), 0.0);
+  for (int n = 0; n < N; ++n) {
+    double s = 0, m = 0;
+    for (int k = 0; k < K; ++k) {
+      const double t = double(bf2f(w[size_t(n) * K + k])) * x[size_t(k)];
+      s += t;
+      m += std::fabs(t);
+    }
+    y[size_t(n)] = s, mag[size_t(n)] = m;
+  }
+}
+
+struct Checker {
+  int bad = 0, total = 0;
+  void near(const char* what, int layer, int i, double got, double want, double scale) {
+    ++total;
+    if (std::isfinite(got) && std::fabs(got - want) <= 1e-2 * scale + 1e-4) return;
+    if (bad < 10) std::printf("  layer %d %s[%d]: %.6g, CPU %.6g\n", layer, what, i, got, want);
+    ++bad;
+  }
+};
+
+std::vector<float> cpu_norm(const std::vector<float>& a, const float* b) {
+  double ss = 0;
+  std::vector<float> v(static_cast<size_t>(kH));
+  for (int k = 0; k < kH; ++k) v[size_t(k)] = a[size_t(k)] + (b ? b[k] : 0.f), ss += double(v[size_t(k)]) * v[size_t(k)];
+  const float r = float(1.0 / std::sqrt(ss / kH + 1e-6));
+  for (auto& x : v) x = bf16_round(x * r);
+  return v;
+}
+
+}  // namespace
+
+static int run(int argc, char** argv) {
+  int layers = 8, reps = 20, d_slots = 8, e_slots = 16;
+  bool check = true;
+  int no_deps = 0, hint = 1, interleave = 0;
+  for (int i = 1; i < argc; ++i) {
+    const std::string s = argv[i];
+    if (s == "--layers" && i + 1 < argc) layers = std::atoi(argv[++i]);
+    else if (s == "--reps" && i + 1 < argc) reps = std::atoi(argv[++i]);
+    else if (s == "--d-slots" && i + 1 < argc) d_slots = std::atoi(argv[++i]);
+    else if (s == "--e-slots" && i + 1 < argc) e_slots = std::atoi(argv[++i]);
+    else if (s == "--no-check") check = false;
+    else if (s == "--no-deps") no_deps = 1;
+    else if (s == "--no-hint") hint = 0;
+    else if (s == "--interleave") interleave = 1;
+    else {
+      std::fprintf(stderr, "usage: gpu_layer_persistent [--layers 8] [--reps 20] [--d-slots 8] [--e-slots 16] [--no-check] [--no-deps] [--no-hint] [--interleave]\n");
+      return 2;
+    }
+  }
+  if (layers < 1 || layers > kMaxLayers || reps < 1 || d_slots < kConsumerWarps || d_slots > kMaxRing ||
+      d_slots % kConsumerWarps || e_slots < kConsumerWarps || e_slots > kMaxRing || e_slots % kConsumerWarps) {
+    std::fprintf(stderr, "--layers 1..%d, --reps >= 1, --d-slots / --e-slots multiples of 8 up to %d\n", kMaxLayers,
+                 kMaxRing);
+    return 2;
+  }
+  int dev = 0, sms = 0;
+  MS_CUDA_CHECK(cudaGetDevice(&dev));
+  MS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  if (sms < kAttnCtas || kH / sms + 1 > kOwnRowsMax) {
+    std::fprintf(stderr, "needs at least %d SMs (this GPU has %d)\n", kAttnCtas, sms);
+    return 2;
+  }
+  cudaDeviceProp prop{};
+  MS_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+  cudaStream_t st;
+  MS_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+
+  const size_t L = size_t(layers);
+  const size_t n_qkv = L * kQkv * kH, n_o = L * kORows * kQ, n_gu = L * kExperts * kGu * kH,
+               n_d = L * kExperts * kH * kI, n_kv = L * kKvHeads * kCtx * kDim;
+  std::vector<void*> bufs;
+  auto alloc = [&](size_t bytes) {
+    void* q = nullptr;
+    MS_CUDA_CHECK(cudaMalloc(&q, bytes));
+    bufs.push_back(q);
+    return q;
+  };
+  auto weights = [&](size_t n, int K, unsigned seed) {
+    bf16* w = static_cast<bf16*>(alloc(n * 2));
+    fill_kernel<<<2048, 256, 0, st>>>(w, n, K > 0 ? std::sqrt(3.0f / float(K)) : 1.0f, seed);
+    return w;
+  };
+  Params p{};
+  p.wqkv = weights(n_qkv, kH, 11);
+  p.wo = weights(n_o, kQ, 23);
+  p.wgu = weights(n_gu, kH, 37);
+  p.wd = weights(n_d, kI, 41);
+  p.kc = weights(n_kv, 0, 53);
+  p.vc = weights(n_kv, 0, 59);
+  p.h = static_cast<float*>(alloc((L + 1) * kH * 4));
+  p.qkv = static_cast<float*>(alloc(L * kQkv * 4));
+  p.part = static_cast<float*>(alloc(L * kKvHeads * kParts * kGroup * kPartFloats * 4));
+  p.attn = static_cast<bf16*>(alloc(L * kQ * 2));
+  p.o = static_cast<float*>(alloc(L * kORows * 4));
+  p.gu = static_cast<float*>(alloc(L * kTopK * kGu * 4));
+  p.ids = static_cast<int*>(alloc(L * kTopK * 4));
+  p.wts = static_cast<float*>(alloc(L * kTopK * 4));
+  p.cnt = static_cast<unsigned*>(alloc(L * kStages * 4));
+  p.clocks = static_cast<unsigned long long*>(alloc(size_t(sms) * L * kStages * 2 * 8));
+  MS_CUDA_CHECK(cudaMemsetAsync(p.clocks, 0, size_t(sms) * L * kStages * 2 * 8, st));
+  MS_CUDA_CHECK(cudaMemsetAsync(p.cnt, 0, L * kStages * 4, st));
+  {
+    std::vector<float> h0(static_cast<size_t>(kH));
+    for (int k = 0; k < kH; ++k) h0[size_t(k)] = std::sin(0.37f * float(k) + 1.0f) * 2.0f;
+    MS_CUDA_CHECK(cudaMemcpyAsync(p.h, h0.data(), kH * 4, cudaMemcpyHostToDevice, st));
+  }
+  MS_CUDA_CHECK(cudaStreamSynchronize(st));
+  p.layers = layers, p.d_slots = d_slots, p.e_slots = e_slots, p.no_deps = no_deps, p.hint = hint;
+  p.interleave = interleave;
+  if (no_deps) check = false;  // the stages then read inputs not yet written
+
+  const size_t smem = size_t(d_slots + e_slots) * kSlot + kXsElems * 2 + (kGroup * kDim + 2 * kDim) * 4;
+  MS_CHECK(mc::raise_dynamic_smem(reinterpret_cast<const void*>(layer_kernel), smem),
+           "{} + {} slots of 8 KB do not fit in shared memory", d_slots, e_slots);
+  int per_sm = 0;
+  MS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, layer_kernel, kThreads, smem));
+  MS_CHECK(per_sm >= 1, "the kernel does not fit an SM with {} bytes of shared memory", smem);
+  auto once = [&] {
+    ++p.epoch;
+    void* args[] = {&p};
+    MS_CUDA_CHECK(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(layer_kernel), dim3(unsigned(sms)),
+                                              dim3(kThreads), args, smem, st));
+  };
+  // Bytes a step reads: q/k/v, o (+ router stand-in), the 8 experts' gate/up and down rows, the keys and values.
+  const double bytes =
+      double(layers) * 2.0 * (double(kQkv) * kH + double(kORows) * kQ + kTopK * (double(kGu) * kH + double(kH) * kI) +
+                              2.0 * kKvHeads * kCtx * kDim);
+  const double floor_s = bytes / (kReadTBs * 1e12);
+  moeserve::bench::GpuTimer t;
+  const double s = t.best(reps, once, st);
+  std::printf("%s, %d SMs: %d layers, D ring %d x 8 KB, E ring %d x 8 KB (%zu bytes of shared memory)%s%s%s\n",
+              prop.name, sms, layers, d_slots, e_slots, smem, no_deps ? ", no dependencies" : "",
+              hint ? "" : ", no L2 hint", interleave ? ", interleaved slots" : "");
+  std::printf("step %.1f us, %.2f us a layer, %.1f MB read: %.3f TB/s, %.2f x the floor (%.1f us at %.1f TB/s)\n",
+              s * 1e6, s * 1e6 / layers, bytes * 1e-6, bytes / s * 1e-12, s / floor_s, floor_s * 1e6, kReadTBs);
+  {  // every CTA's stage starts and work-done times of the last run, layers 1.. (layer 0 starts cold)
+    const auto ck = down_load(p.clocks, size_t(sms) * L * kStages * 2);
+    auto at = [&](int cta, int l, int st2, int k) { return ck[((size_t(cta) * L + size_t(l)) * kStages + size_t(st2)) * 2 + size_t(k)]; };
+    const char* names[kStages] = {"qkv", "attn", "merge", "o", "route+gu", "down"};
+    std::printf("us a layer (mean over layers%s): stage, work (start -> done) mean / max over CTAs, then from the last "
+                "CTA's done to the mean start of the next stage\n", layers > 1 ? " 1.." : "");
+    for (int st2 = 0; st2 < kStages; ++st2) {
+      double work = 0, wmax = 0, gap = 0;
+      int n = 0, nl = 0;
+      for (int l = layers > 1 ? 1 : 0; l < layers; ++l) {
+        unsigned long long last_done = 0;
+        double next = 0;
+        int nn = 0;
+        for (int cta = 0; cta < sms; ++cta) {
+          const unsigned long long a = at(cta, l, st2, 0), d = at(cta, l, st2, 1);
+          if (a == 0 || d < a) continue;  // a stage this CTA has no part in
+          work += double(d - a) * 1e-3, wmax = std::max(wmax, double(d - a) * 1e-3), ++n;
+          last_done = std::max(last_done, d);
+        }
+        const int nst = st2 + 1 < kStages ? st2 + 1 : 0, nlay = st2 + 1 < kStages ? l : l + 1;
+        if (nlay >= layers) continue;
+        for (int cta = 0; cta < sms; ++cta)
+          if (const unsigned long long a = at(cta, nlay, nst, 0); a != 0) next += double(a), ++nn;
+        if (nn) gap += (next / nn - double(last_done)) * 1e-3, ++nl;
+      }
+      std::printf("  %-9s work %6.2f / %6.2f   to the next stage %6.2f\n", names[st2], n ? work / n : 0.0, wmax,
+                  nl ? gap / nl : 0.0);
+    }
+  }
+  int failures = 0;
+  if (check) {
+    Checker ck;
+    const auto h_all = down_load(p.h, (L + 1) * kH);
+    const auto qkv_all = down_load(p.qkv, L * kQkv);
+    const auto attn_all = down_load(reinterpret_cast<const uint16_t*>(p.attn), L * kQ);
+    const auto o_all = down_load(p.o, L * kORows);
+    const auto gu_all = down_load(p.gu, L * kTopK * kGu);
+    const auto ids = down_load(p.ids, L * kTopK);
+    const auto wts = down_load(p.wts, L * kTopK);
+    std::vector<double> y, mag;
+    for (int l = 0; l < layers; ++l) {
+      const std::vector<float> h(h_all.begin() + l * kH, h_all.begin() + (l + 1) * kH);
+      const float* qkv = qkv_all.data() + size_t(l) * kQkv;
+      const float* o = o_all.data() + size_t(l) * kORows;
+      // qkv
+      cpu_gemv(p.wqkv + size_t(l) * kQkv * kH, kQkv, kH, cpu_norm(h, nullptr), y, mag);
+      for (int n = 0; n < kQkv; ++n) ck.near("qkv", l, n, qkv[n], y[size_t(n)], mag[size_t(n)]);
+      // attention, from the GPU's q/k/v
+      const auto kc = down_load(reinterpret_cast<const uint16_t*>(p.kc) + size_t(l) * kKvHeads * kCtx * kDim,
+                                size_t(kKvHeads) * kCtx * kDim);
+      const auto vc = down_load(reinterpret_cast<const uint16_t*>(p.vc) + size_t(l) * kKvHeads * kCtx * kDim,
+                                size_t(kKvHeads) * kCtx * kDim);
+      for (int qh = 0; qh < kHeads; ++qh) {
+        const int hk = qh / kGroup;
+        std::vector<double> sc(static_cast<size_t>(kCtx));
+        double mx = -1e300;
+        for (int t2 = 0; t2 < kCtx; ++t2) {
+          double s2 = 0;
+          for (int d = 0; d < kDim; ++d) {
+            const double kd = t2 == kCtx - 1 ? qkv[kQ + hk * kDim + d]
+                                             : bf2f(kc[(size_t(hk) * kCtx + t2) * kDim + d]);
+            s2 += double(qkv[qh * kDim + d]) * kd;
+          }
+          sc[size_t(t2)] = s2 / std::sqrt(double(kDim));
+          mx = std::max(mx, sc[size_t(t2)]);
+        }
+        double sum = 0;
+        for (auto& v : sc) v = std::exp(v - mx), sum += v;
+        for (int d = 0; d < kDim; ++d) {
+          double a = 0, m = 0;
+          for (int t2 = 0; t2 < kCtx; ++t2) {
+            const double vd = t2 == kCtx - 1 ? qkv[kQ + kKvHeads * kDim + hk * kDim + d]
+                                             : bf2f(vc[(size_t(hk) * kCtx + t2) * kDim + d]);
+            a += sc[size_t(t2)] * vd, m += sc[size_t(t2)] * std::fabs(vd);
+          }
+          ck.near("attn", l, qh * kDim + d, bf2f(attn_all[size_t(l) * kQ + size_t(qh) * kDim + size_t(d)]), a / sum,
+                  m / sum);
+        }
+      }
+      // o, from the GPU's attention output
+      std::vector<float> a(static_cast<size_t>(kQ));
+      for (int k = 0; k < kQ; ++k) a[size_t(k)] = bf2f(attn_all[size_t(l) * kQ + size_t(k)]);
+      cpu_gemv(p.wo + size_t(l) * kORows * kQ, kORows, kQ, a, y, mag);
+      for (int n = 0; n < kORows; ++n) ck.near("o", l, n, o[n], y[size_t(n)], mag[size_t(n)]);
+      // routing, from the GPU's logits
+      std::vector<int> order(kExperts);
+      for (int e = 0; e < kExperts; ++e) order[size_t(e)] = e;
+      std::stable_sort(order.begin(), order.end(), [&](int x, int z) { return o[kH + x] > o[kH + z]; });
+      double den = 0;
+      for (int k = 0; k < kTopK; ++k) den += std::exp(double(o[kH + order[size_t(k)]]) - o[kH + order[0]]);
+      for (int k = 0; k < kTopK; ++k) {
+        ck.near("expert id", l, k, ids[size_t(l) * kTopK + size_t(k)], order[size_t(k)], 0.0);
+        ck.near("expert weight", l, k, wts[size_t(l) * kTopK + size_t(k)],
+                std::exp(double(o[kH + order[size_t(k)]]) - o[kH + order[0]]) / den, 0.0);
+      }
+      // gate/up of the GPU's experts, from h + o
+      const auto x2 = cpu_norm(h, o);
+      const float* gu = gu_all.data() + size_t(l) * kTopK * kGu;
+      std::vector<double> down_sum(size_t(kH), 0.0), down_mag(size_t(kH), 0.0);
+      for (int j = 0; j < kTopK; ++j) {
+        const int e = ids[size_t(l) * kTopK + size_t(j)];
+        cpu_gemv(p.wgu + (size_t(l) * kExperts + size_t(e)) * kGu * kH, kGu, kH, x2, y, mag);
+        for (int n = 0; n < kGu; ++n) ck.near("gate/up", l, j * kGu + n, gu[j * kGu + n], y[size_t(n)], mag[size_t(n)]);
+        std::vector<float> act(static_cast<size_t>(kI));
+        for (int k = 0; k < kI; ++k) {
+          const float g = gu[j * kGu + k], u = gu[j * kGu + kI + k];
+          act[size_t(k)] = bf16_round(g / (1.f + std::exp(-g)) * u);
+        }
+        cpu_gemv(p.wd + (size_t(l) * kExperts + size_t(e)) * kH * kI, kH, kI, act, y, mag);
+        const double wj = wts[size_t(l) * kTopK + size_t(j)];
+        for (int n = 0; n < kH; ++n) down_sum[size_t(n)] += wj * y[size_t(n)], down_mag[size_t(n)] += wj * mag[size_t(n)];
+      }
+      for (int n = 0; n < kH; ++n)
+        ck.near("h", l + 1, n, h_all[size_t(l + 1) * kH + size_t(n)], double(h[size_t(n)]) + o[n] + down_sum[size_t(n)],
+                std::fabs(h[size_t(n)]) + std::fabs(o[n]) + down_mag[size_t(n)]);
+    }
+    std::printf("check against the CPU: %d of %d values out of tolerance\n", ck.bad, ck.total);
+    failures += ck.bad > 0;
+  }
+  for (void* q : bufs) cudaFree(q);
+  cudaStreamDestroy(st);
+  if (failures) std::printf("FAILED\n");
+  return failures ? 1 : 0;
+}
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "gpu_layer_persistent: %s\n", e.what());
+    return 1;
+  }
+}
