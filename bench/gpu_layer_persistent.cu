@@ -24,8 +24,9 @@
 // --no-deps: no stage waits for the one before (wrong outputs, no check): the producer / consumer pipeline's own
 // streaming rate; --no-hint: the weight copies without the L2 evict_first policy; --interleave: slot t of an op
 // (its rows [t R, t R + R)) to CTA t % G, so that the CTAs stream one moving window of each matrix instead of G
-// ranges far apart.
-//   gpu_layer_persistent [--layers 8] [--reps 20] [--d-slots 8] [--e-slots 16] [--no-check] [--no-deps] [--no-hint] [--interleave]
+// ranges far apart; --no-compute: the consumers wait for each slot and release it without its products (the copy
+// side's own rate).
+//   gpu_layer_persistent [--layers 8] [--reps 20] [--d-slots 8] [--e-slots 16] [--no-check] [--no-deps] [--no-hint] [--interleave] [--no-compute]
 // Prints the step time, us a layer, TB/s over the bytes read, x the read floor (4.6 TB/s), the time from one stage's
 // start to the next on CTA 0, and checks every stage of every layer against the CPU (from the GPU's own inputs to
 // the stage). A benchmark, not a test: the figures go to docs/PERF.md.
@@ -88,6 +89,8 @@ struct Params {
   int layers, d_slots, e_slots;
   int no_deps;                                 // 1: nothing waits for the counters (the pipeline's raw rate)
   int interleave;                              // 1: slot t of an op to CTA t % G (else each CTA a contiguous range)
+  int no_compute;                              // 1: the consumers wait for each slot and release it, no products
+  unsigned long long* item_clocks;             // [2][kMaxE]: CTA 0's issue and landing time of layer 1's E items
   int hint;                                    // 1: weight copies with the L2 evict_first policy
   unsigned epoch;
 };
@@ -145,25 +148,38 @@ __device__ __forceinline__ float consumers_sum(float v, float* red) {
   return s;
 }
 
-// Rows [0, rows) of K bf16 weights each (a slot in shared memory) against x (bf16, shared memory), summed over the
+// Rows [0, rows) of K bf16 weights each (a slot in shared memory) against x (f32 in shared memory, staged once a
+// stage so that only the weights are converted: Hopper's integer rate is half its f32 FMA rate), summed over the
 // warp: one pass over x with an independent accumulator a row.
 template <int RMAX>
-__device__ __forceinline__ void rows_dot(const bf16* w, int rows, const bf16* x, int K, float (&y)[RMAX]) {
-  const uint4* x4 = reinterpret_cast<const uint4*>(x);
+__device__ __forceinline__ void rows_dot(const bf16* w, int rows, const float* x, int K, float (&y)[RMAX]) {
+  const float4* x4 = reinterpret_cast<const float4*>(x);
 #pragma unroll
   for (int r = 0; r < RMAX; ++r) y[r] = 0.f;
   for (int q = threadIdx.x % 32; q < K / 8; q += 32) {
-    const uint4 xv = x4[q];
+    const float4 xa = x4[2 * q], xb = x4[2 * q + 1];
 #pragma unroll
     for (int r = 0; r < RMAX; ++r)
-      if (r < rows) y[r] += dot8(reinterpret_cast<const uint4*>(w + size_t(r) * K)[q], xv);
+      if (r < rows) {
+        const uint4 wv = reinterpret_cast<const uint4*>(w + size_t(r) * K)[q];
+        float s2 = y[r];
+        s2 = fmaf(__uint_as_float(wv.x << 16), xa.x, s2);
+        s2 = fmaf(__uint_as_float(wv.x & 0xffff0000u), xa.y, s2);
+        s2 = fmaf(__uint_as_float(wv.y << 16), xa.z, s2);
+        s2 = fmaf(__uint_as_float(wv.y & 0xffff0000u), xa.w, s2);
+        s2 = fmaf(__uint_as_float(wv.z << 16), xb.x, s2);
+        s2 = fmaf(__uint_as_float(wv.z & 0xffff0000u), xb.y, s2);
+        s2 = fmaf(__uint_as_float(wv.w << 16), xb.z, s2);
+        s2 = fmaf(__uint_as_float(wv.w & 0xffff0000u), xb.w, s2);
+        y[r] = s2;
+      }
   }
 #pragma unroll
   for (int r = 0; r < RMAX; ++r) y[r] = warp_sum(y[r]);
 }
 
-// xs = bf16(v * rsqrt(mean(v^2) + eps)) for v = a (+ b), kH values from global memory.
-__device__ __forceinline__ void stage_norm(const float* a, const float* b, bf16* xs, float* red) {
+// xs = bf16(v * rsqrt(mean(v^2) + eps)) (kept as f32) for v = a (+ b), kH values from global memory.
+__device__ __forceinline__ void stage_norm(const float* a, const float* b, float* xs, float* red) {
   float v[kH / kConsumers], ss = 0.f;
 #pragma unroll
   for (int i = 0; i < kH / kConsumers; ++i) {
@@ -173,7 +189,7 @@ __device__ __forceinline__ void stage_norm(const float* a, const float* b, bf16*
   }
   const float r = rsqrtf(consumers_sum(ss, red) / kH + 1e-6f);
 #pragma unroll
-  for (int i = 0; i < kH / kConsumers; ++i) xs[threadIdx.x + kConsumers * i] = __float2bfloat16_rn(v[i] * r);
+  for (int i = 0; i < kH / kConsumers; ++i) xs[threadIdx.x + kConsumers * i] = __bfloat162float(__float2bfloat16_rn(v[i] * r));
   consumers_sync();
 }
 
@@ -187,8 +203,8 @@ __global__ void __launch_bounds__(kThreads, 1) layer_kernel(const __grid_constan
   __shared__ float wts_s[2][kTopK], red[kConsumerWarps], acc[kConsumerWarps][kOwnRowsMax];
   unsigned char* d_ring = smem;
   unsigned char* e_ring = smem + size_t(p.d_slots) * kSlot;
-  bf16* xs = reinterpret_cast<bf16*>(e_ring + size_t(p.e_slots) * kSlot);
-  float* q_s = reinterpret_cast<float*>(xs + kXsElems);  // [kGroup][kDim]
+  float* xs = reinterpret_cast<float*>(e_ring + size_t(p.e_slots) * kSlot);
+  float* q_s = xs;  // [kGroup][kDim]: the attention stage's, which stages nothing in xs
   float* newk = q_s + kGroup * kDim;
   float* newv = newk + kDim;
 
@@ -250,63 +266,56 @@ __global__ void __launch_bounds__(kThreads, 1) layer_kernel(const __grid_constan
   }
   __syncthreads();
 
-  if (warp == kConsumerWarps) {  // the producer
-    if (lane != 0) return;
+  if (warp == kConsumerWarps) {
+    // The producer warp: one lane a ring slot (E slots first, then D), lane s issuing items s, s + slots, ... of its
+    // ring, each once its slot is free (and, for E, once the item's layer has routed). One thread issuing every copy
+    // managed one every ~0.35 us, ~23 GB/s a CTA with the copies landing ~0.7 us after issue (session 31).
+    const bool is_e = lane < p.e_slots;
+    if (lane >= p.e_slots + p.d_slots) return;
+    const unsigned slot = is_e ? unsigned(lane) : unsigned(lane - p.e_slots);
+    const unsigned slots = is_e ? unsigned(p.e_slots) : unsigned(p.d_slots);
+    const unsigned per_layer = is_e ? unsigned(ne) : unsigned(nd), total = unsigned(L) * per_layer;
+    unsigned long long* empty = is_e ? &e_empty[slot] : &d_empty[slot];
+    const unsigned b = smem_addr(is_e ? &e_full[slot] : &d_full[slot]);
+    unsigned char* dst = (is_e ? e_ring : d_ring) + size_t(slot) * kSlot;
     const unsigned long long pol = moe_ptx::l2_evict_first_policy();
-    int dlay = 0, di = 0, elay = 0, ei = 0;
-    unsigned dn = 0, en = 0;
-    while (dlay < L || elay < L) {
-      bool progress = false;
-      if (elay < L && *reinterpret_cast<volatile int*>(&route_ready) > elay) {
-        const int s = int(en % unsigned(p.e_slots));
-        if (test_ring_barrier(&e_empty[s], ((en / unsigned(p.e_slots)) & 1u) ^ 1u)) {
-          __threadfence_block();
-          const SlotDesc d = el[ei];
-          const int e = ids_s[elay & 1][d.j];
-          const bf16* src;
-          unsigned bytes;
-          if (d.kind == kKindGu) {
-            src = p.wgu + ((size_t(elay) * kExperts + e) * kGu + d.row0) * kH;
-            bytes = unsigned(d.rows) * kH * 2;
-          } else {
-            src = p.wd + ((size_t(elay) * kExperts + e) * kH + d.row0) * kI;
-            bytes = unsigned(d.rows) * kI * 2;
-          }
-          const unsigned b = smem_addr(&e_full[s]);
-          arrive_expect_tx(b, bytes);
-          if (p.hint) bulk_copy_hint(e_ring + size_t(s) * kSlot, src, bytes, b, pol);
-          else bulk_copy(e_ring + size_t(s) * kSlot, src, bytes, b);
-          ++en;
-          if (++ei == ne) ei = 0, ++elay;
-          progress = true;
-        }
+    int routed = 0;  // layers whose expert ids this lane may read (one fence a layer)
+    for (unsigned n = slot; n < total;) {
+      const int lay = int(n / per_layer), idx = int(n % per_layer);
+      if (is_e && lay >= routed) {
+        if (*reinterpret_cast<volatile int*>(&route_ready) <= lay) continue;
+        __threadfence_block();
+        routed = lay + 1;
       }
-      if (!progress && dlay < L) {
-        const int s = int(dn % unsigned(p.d_slots));
-        if (test_ring_barrier(&d_empty[s], ((dn / unsigned(p.d_slots)) & 1u) ^ 1u)) {
-          const SlotDesc d = dl[di];
-          const unsigned b = smem_addr(&d_full[s]);
-          unsigned char* dst = d_ring + size_t(s) * kSlot;
-          if (d.kind == kKindKv) {
-            const int hk = c / kParts, part = c % kParts;
-            const size_t off = ((size_t(dlay) * kKvHeads + hk) * kCtx + part * kKeysPart) * kDim;
-            arrive_expect_tx(b, 2 * kKeysPart * kDim * 2);
-            bulk_copy(dst, p.kc + off, kKeysPart * kDim * 2, b);
-            bulk_copy(dst + kKeysPart * kDim * 2, p.vc + off, kKeysPart * kDim * 2, b);
-          } else {
-            const bool qkv = d.kind == kKindQkv;
-            const int K = qkv ? kH : kQ;
-            const bf16* src = qkv ? p.wqkv + (size_t(dlay) * kQkv + d.row0) * kH
-                                  : p.wo + (size_t(dlay) * kORows + d.row0) * kQ;
-            arrive_expect_tx(b, unsigned(d.rows) * K * 2);
-            if (p.hint) bulk_copy_hint(dst, src, unsigned(d.rows) * K * 2, b, pol);
-            else bulk_copy(dst, src, unsigned(d.rows) * K * 2, b);
-          }
-          ++dn;
-          if (++di == nd) di = 0, ++dlay;
-          progress = true;
-        }
+      if (!test_ring_barrier(empty, ((n / slots) & 1u) ^ 1u)) continue;
+      const SlotDesc d = is_e ? el[idx] : dl[idx];
+      const bf16* src;
+      unsigned bytes;
+      if (d.kind == kKindKv) {
+        const int hk = c / kParts, part = c % kParts;
+        const size_t off = ((size_t(lay) * kKvHeads + hk) * kCtx + part * kKeysPart) * kDim;
+        arrive_expect_tx(b, 2 * kKeysPart * kDim * 2);
+        bulk_copy(dst, p.kc + off, kKeysPart * kDim * 2, b);
+        bulk_copy(dst + kKeysPart * kDim * 2, p.vc + off, kKeysPart * kDim * 2, b);
+        n += slots;
+        continue;
       }
+      if (d.kind == kKindQkv) {
+        src = p.wqkv + (size_t(lay) * kQkv + d.row0) * kH, bytes = unsigned(d.rows) * kH * 2;
+      } else if (d.kind == kKindO) {
+        src = p.wo + (size_t(lay) * kORows + d.row0) * kQ, bytes = unsigned(d.rows) * kQ * 2;
+      } else if (d.kind == kKindGu) {
+        src = p.wgu + ((size_t(lay) * kExperts + ids_s[lay & 1][d.j]) * kGu + d.row0) * kH;
+        bytes = unsigned(d.rows) * kH * 2;
+      } else {
+        src = p.wd + ((size_t(lay) * kExperts + ids_s[lay & 1][d.j]) * kH + d.row0) * kI;
+        bytes = unsigned(d.rows) * kI * 2;
+      }
+      if (is_e && c == 0 && lay == min(1, L - 1)) p.item_clocks[idx] = global_ns();
+      arrive_expect_tx(b, bytes);
+      if (p.hint) bulk_copy_hint(dst, src, bytes, b, pol);
+      else bulk_copy(dst, src, bytes, b);
+      n += slots;
     }
     return;
   }
@@ -327,6 +336,8 @@ __global__ void __launch_bounds__(kThreads, 1) layer_kernel(const __grid_constan
   auto e_wait = [&](unsigned i) -> const bf16* {
     const unsigned s = i % unsigned(p.e_slots);
     wait_ring_barrier(&e_full[s], (i / unsigned(p.e_slots)) & 1u);
+    if (c == 0 && lane == 0 && i / unsigned(ne) == unsigned(min(1, L - 1)))
+      p.item_clocks[kMaxE + i % unsigned(ne)] = global_ns();
     return reinterpret_cast<const bf16*>(e_ring + size_t(s) * kSlot);
   };
   auto e_release = [&](unsigned i) {
@@ -353,10 +364,14 @@ __global__ void __launch_bounds__(kThreads, 1) layer_kernel(const __grid_constan
     for (di = 0; di < nd && dl[di].kind == kKindQkv; ++di) {
       if (!mine(dbase + di)) continue;
       const SlotDesc d = dl[di];
-      float y[kRowsQkv];
-      rows_dot(d_wait(dbase + di), d.rows, xs, kH, y);
-      if (lane == 0)
-        for (int r = 0; r < d.rows; ++r) p.qkv[size_t(l) * kQkv + d.row0 + r] = y[r];
+      if (p.no_compute) {
+        d_wait(dbase + di);
+      } else {
+        float y[kRowsQkv];
+        rows_dot(d_wait(dbase + di), d.rows, xs, kH, y);
+        if (lane == 0)
+          for (int r = 0; r < d.rows; ++r) p.qkv[size_t(l) * kQkv + d.row0 + r] = y[r];
+      }
       d_release(dbase + di);
     }
     signal(cnt + kStQkv, clock_at(l, kStQkv) + 1);
@@ -446,16 +461,21 @@ __global__ void __launch_bounds__(kThreads, 1) layer_kernel(const __grid_constan
     // o
     wait_count(cnt + kStMerge, attn_all, p.no_deps);
     stamp(l, kStO);
-    for (int i = threadIdx.x; i < kQ / 8; i += kConsumers)
-      reinterpret_cast<uint4*>(xs)[i] = __ldcg(reinterpret_cast<const uint4*>(p.attn + size_t(l) * kQ) + i);
+    for (int i = threadIdx.x; i < kQ; i += kConsumers)
+      xs[i] = __uint_as_float(unsigned(__ldcg(reinterpret_cast<const unsigned short*>(p.attn) + size_t(l) * kQ + i))
+                              << 16);
     consumers_sync();
     for (; di < nd; ++di) {
       if (!mine(dbase + di)) continue;
       const SlotDesc d = dl[di];
-      float y[kRowsO];
-      rows_dot(d_wait(dbase + di), d.rows, xs, kQ, y);
-      if (lane == 0)
-        for (int r = 0; r < d.rows; ++r) p.o[size_t(l) * kORows + d.row0 + r] = y[r];
+      if (p.no_compute) {
+        d_wait(dbase + di);
+      } else {
+        float y[kRowsO];
+        rows_dot(d_wait(dbase + di), d.rows, xs, kQ, y);
+        if (lane == 0)
+          for (int r = 0; r < d.rows; ++r) p.o[size_t(l) * kORows + d.row0 + r] = y[r];
+      }
       d_release(dbase + di);
     }
     signal(cnt + kStO, clock_at(l, kStO) + 1);
@@ -501,10 +521,14 @@ __global__ void __launch_bounds__(kThreads, 1) layer_kernel(const __grid_constan
     for (ei = 0; ei < ne && el[ei].kind == kKindGu; ++ei) {
       if (!mine(ebase + ei)) continue;
       const SlotDesc d = el[ei];
-      float y[kRowsGu];
-      rows_dot(e_wait(ebase + ei), d.rows, xs, kH, y);
-      if (lane == 0)
-        for (int r = 0; r < d.rows; ++r) p.gu[(size_t(l) * kTopK + d.j) * kGu + d.row0 + r] = y[r];
+      if (p.no_compute) {
+        e_wait(ebase + ei);
+      } else {
+        float y[kRowsGu];
+        rows_dot(e_wait(ebase + ei), d.rows, xs, kH, y);
+        if (lane == 0)
+          for (int r = 0; r < d.rows; ++r) p.gu[(size_t(l) * kTopK + d.j) * kGu + d.row0 + r] = y[r];
+      }
       e_release(ebase + ei);
     }
     signal(cnt + kStGu, clock_at(l, kStGu) + 1);
@@ -515,17 +539,21 @@ __global__ void __launch_bounds__(kThreads, 1) layer_kernel(const __grid_constan
       const int j = i / kI, k = i % kI;
       const float g = __ldcg(p.gu + (size_t(l) * kTopK + j) * kGu + k);
       const float u = __ldcg(p.gu + (size_t(l) * kTopK + j) * kGu + kI + k);
-      xs[i] = __float2bfloat16_rn(g / (1.f + __expf(-g)) * u);
+      xs[i] = __bfloat162float(__float2bfloat16_rn(g / (1.f + __expf(-g)) * u));
     }
     if (threadIdx.x < kConsumerWarps * kOwnRowsMax) (&acc[0][0])[threadIdx.x] = 0.f;
     consumers_sync();
     for (; ei < ne; ++ei) {
       if (!mine(ebase + ei)) continue;
       const SlotDesc d = el[ei];
-      float y[kRowsDown];
-      rows_dot(e_wait(ebase + ei), d.rows, xs + d.j * kI, kI, y);
-      if (lane == 0)
-        for (int r = 0; r < d.rows; ++r) acc[warp][d.acc0 + r] += wts_s[l & 1][d.j] * y[r];
+      if (p.no_compute) {
+        e_wait(ebase + ei);
+      } else {
+        float y[kRowsDown];
+        rows_dot(e_wait(ebase + ei), d.rows, xs + d.j * kI, kI, y);
+        if (lane == 0)
+          for (int r = 0; r < d.rows; ++r) acc[warp][d.acc0 + r] += wts_s[l & 1][d.j] * y[r];
+      }
       e_release(ebase + ei);
     }
     consumers_sync();
@@ -611,7 +639,7 @@ std::vector<float> cpu_norm(const std::vector<float>& a, const float* b) {
 static int run(int argc, char** argv) {
   int layers = 8, reps = 20, d_slots = 8, e_slots = 16;
   bool check = true;
-  int no_deps = 0, hint = 1, interleave = 0;
+  int no_deps = 0, hint = 1, interleave = 0, no_compute = 0;
   for (int i = 1; i < argc; ++i) {
     const std::string s = argv[i];
     if (s == "--layers" && i + 1 < argc) layers = std::atoi(argv[++i]);
@@ -622,14 +650,16 @@ static int run(int argc, char** argv) {
     else if (s == "--no-deps") no_deps = 1;
     else if (s == "--no-hint") hint = 0;
     else if (s == "--interleave") interleave = 1;
+    else if (s == "--no-compute") no_compute = 1;
     else {
-      std::fprintf(stderr, "usage: gpu_layer_persistent [--layers 8] [--reps 20] [--d-slots 8] [--e-slots 16] [--no-check] [--no-deps] [--no-hint] [--interleave]\n");
+      std::fprintf(stderr, "usage: gpu_layer_persistent [--layers 8] [--reps 20] [--d-slots 8] [--e-slots 16] [--no-check] [--no-deps] [--no-hint] [--interleave] [--no-compute]\n");
       return 2;
     }
   }
   if (layers < 1 || layers > kMaxLayers || reps < 1 || d_slots < kConsumerWarps || d_slots > kMaxRing ||
-      d_slots % kConsumerWarps || e_slots < kConsumerWarps || e_slots > kMaxRing || e_slots % kConsumerWarps) {
-    std::fprintf(stderr, "--layers 1..%d, --reps >= 1, --d-slots / --e-slots multiples of 8 up to %d\n", kMaxLayers,
+      d_slots % kConsumerWarps || e_slots < kConsumerWarps || e_slots > kMaxRing || e_slots % kConsumerWarps ||
+      d_slots + e_slots > 32) {
+    std::fprintf(stderr, "--layers 1..%d, --reps >= 1, --d-slots / --e-slots multiples of 8 up to %d, 32 together\n", kMaxLayers,
                  kMaxRing);
     return 2;
   }
@@ -678,6 +708,8 @@ static int run(int argc, char** argv) {
   p.cnt = static_cast<unsigned*>(alloc(L * kStages * 4));
   p.clocks = static_cast<unsigned long long*>(alloc(size_t(sms) * L * kStages * 2 * 8));
   MS_CUDA_CHECK(cudaMemsetAsync(p.clocks, 0, size_t(sms) * L * kStages * 2 * 8, st));
+  p.item_clocks = static_cast<unsigned long long*>(alloc(2 * kMaxE * 8));
+  MS_CUDA_CHECK(cudaMemsetAsync(p.item_clocks, 0, 2 * kMaxE * 8, st));
   MS_CUDA_CHECK(cudaMemsetAsync(p.cnt, 0, L * kStages * 4, st));
   {
     std::vector<float> h0(static_cast<size_t>(kH));
@@ -686,10 +718,12 @@ static int run(int argc, char** argv) {
   }
   MS_CUDA_CHECK(cudaStreamSynchronize(st));
   p.layers = layers, p.d_slots = d_slots, p.e_slots = e_slots, p.no_deps = no_deps, p.hint = hint;
-  p.interleave = interleave;
+  p.interleave = interleave, p.no_compute = no_compute;
+  if (no_compute) check = false;
   if (no_deps) check = false;  // the stages then read inputs not yet written
 
-  const size_t smem = size_t(d_slots + e_slots) * kSlot + kXsElems * 2 + (kGroup * kDim + 2 * kDim) * 4;
+  const size_t smem = size_t(d_slots + e_slots) * kSlot + kXsElems * 4;
+  static_assert(kGroup * kDim + 2 * kDim <= kXsElems, "the attention's staging lives in xs");
   MS_CHECK(mc::raise_dynamic_smem(reinterpret_cast<const void*>(layer_kernel), smem),
            "{} + {} slots of 8 KB do not fit in shared memory", d_slots, e_slots);
   int per_sm = 0;
@@ -708,9 +742,9 @@ static int run(int argc, char** argv) {
   const double floor_s = bytes / (kReadTBs * 1e12);
   moeserve::bench::GpuTimer t;
   const double s = t.best(reps, once, st);
-  std::printf("%s, %d SMs: %d layers, D ring %d x 8 KB, E ring %d x 8 KB (%zu bytes of shared memory)%s%s%s\n",
+  std::printf("%s, %d SMs: %d layers, D ring %d x 8 KB, E ring %d x 8 KB (%zu bytes of shared memory)%s%s%s%s\n",
               prop.name, sms, layers, d_slots, e_slots, smem, no_deps ? ", no dependencies" : "",
-              hint ? "" : ", no L2 hint", interleave ? ", interleaved slots" : "");
+              hint ? "" : ", no L2 hint", interleave ? ", interleaved slots" : "", no_compute ? ", no products" : "");
   std::printf("step %.1f us, %.2f us a layer, %.1f MB read: %.3f TB/s, %.2f x the floor (%.1f us at %.1f TB/s)\n",
               s * 1e6, s * 1e6 / layers, bytes * 1e-6, bytes / s * 1e-12, s / floor_s, floor_s * 1e6, kReadTBs);
   {  // every CTA's stage starts and work-done times of the last run, layers 1.. (layer 0 starts cold)
@@ -741,6 +775,16 @@ static int run(int argc, char** argv) {
       std::printf("  %-9s work %6.2f / %6.2f   to the next stage %6.2f\n", names[st2], n ? work / n : 0.0, wmax,
                   nl ? gap / nl : 0.0);
     }
+  }
+  {  // CTA 0's expert items of layer 1: issue and landing times from the first issue (us)
+    const auto ic = down_load(p.item_clocks, size_t(2 * kMaxE));
+    const unsigned long long t0 = ic[0];
+    std::printf("CTA 0, layer %d's expert items, us from the first issue: issued / landed (latency)\n ",
+                std::min(1, layers - 1));
+    for (int i = 0; i < kMaxE && ic[size_t(i)] != 0; ++i)
+      std::printf(" %d:%.2f/%.2f(%.2f)", i, double(ic[size_t(i)] - t0) * 1e-3, double(ic[size_t(kMaxE + i)] - t0) * 1e-3,
+                  double(ic[size_t(kMaxE + i)] - ic[size_t(i)]) * 1e-3);
+    std::printf("\n");
   }
   int failures = 0;
   if (check) {

@@ -17,7 +17,7 @@
 //           four blocks an SM.
 //   kv      the decode attention's K / V loader (read_kv_kernel below), with the cache token- or head-major and with
 //           persistent blocks; --kv-only runs these rows alone.
-//   gpu_read_bw [--mib 2048] [--reps 10] [--kv-only]
+//   gpu_read_bw [--mib 2048] [--reps 10] [--kv-only] [--bulk-only]  (--bulk-only: the bulk rows alone, 4-32 KB copies)
 // Prints one line a configuration: method, blocks, bytes in flight a block, TB/s. A benchmark, not a test: the
 // figures go to docs/PERF.md.
 #include <cuda_runtime.h>
@@ -215,7 +215,7 @@ __global__ void __launch_bounds__(32) read_kv_bulk_kernel(const char* k, const c
 __global__ void __launch_bounds__(32) read_bulk_kernel(const char* src, size_t bytes, int S, unsigned C,
                                                        unsigned* sink) {
   extern __shared__ __align__(128) char ring[];
-  __shared__ __align__(8) unsigned long long bar[16];
+  __shared__ __align__(8) unsigned long long bar[32];
   if (threadIdx.x != 0) return;
   init_ring_barriers(bar, S);
   const size_t chunks = bytes / C, step = gridDim.x;
@@ -287,14 +287,15 @@ static void smem_ceiling(const void* kernel, size_t bytes) {
 static int run(int argc, char** argv) {
   size_t mib = 2048;
   int reps = 10;
-  bool kv_only = false;
+  bool kv_only = false, bulk_only = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--mib" && i + 1 < argc) mib = std::strtoull(argv[++i], nullptr, 10);
     else if (a == "--reps" && i + 1 < argc) reps = std::atoi(argv[++i]);
     else if (a == "--kv-only") kv_only = true;
+    else if (a == "--bulk-only") bulk_only = true;
     else {
-      std::fprintf(stderr, "usage: gpu_read_bw [--mib 2048] [--reps 10] [--kv-only]\n");
+      std::fprintf(stderr, "usage: gpu_read_bw [--mib 2048] [--reps 10] [--kv-only] [--bulk-only]\n");
       return 2;
     }
   }
@@ -373,31 +374,33 @@ static int run(int argc, char** argv) {
   // The copy, as docs/PERF.md's floor measures it (read + write).
   row("copy", 0, 0, t.best(reps, [&] { MS_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice)); }),
       2.0 * double(bytes));
-  const size_t n16 = bytes / 16;
-  for (int per_sm : {1, 2, 4, 8}) {
-    const int blocks = per_sm * sms;
-    row("ld x4", blocks, size_t(kThreads) * 4 * 16,
-        t.best(reps, [&] { read_ld_kernel<4><<<blocks, kThreads>>>(reinterpret_cast<const uint4*>(src), n16, sink); }),
-        double(bytes));
-    row("ld x8", blocks, size_t(kThreads) * 8 * 16,
-        t.best(reps, [&] { read_ld_kernel<8><<<blocks, kThreads>>>(reinterpret_cast<const uint4*>(src), n16, sink); }),
-        double(bytes));
-  }
-  constexpr int kSlice = 32 * 16 * 4;
-  for (int per_sm : {1, 2, 3}) {
-    const int blocks = per_sm * sms;
-    const size_t smem4 = size_t(kThreads / 32) * 4 * kSlice, smem8 = size_t(kThreads / 32) * 8 * kSlice;
-    smem_ceiling(reinterpret_cast<const void*>(read_cpasync_kernel<4>), smem4);
-    smem_ceiling(reinterpret_cast<const void*>(read_cpasync_kernel<8>), smem8);
-    row("cpasync4", blocks, smem4,
-        t.best(reps, [&] { read_cpasync_kernel<4><<<blocks, kThreads, smem4>>>(src, bytes, sink); }), double(bytes));
-    if (per_sm * smem8 <= size_t(prop.sharedMemPerMultiprocessor) - 2048)
-      row("cpasync8", blocks, smem8,
-          t.best(reps, [&] { read_cpasync_kernel<8><<<blocks, kThreads, smem8>>>(src, bytes, sink); }), double(bytes));
+  if (!bulk_only) {
+    const size_t n16 = bytes / 16;
+    for (int per_sm : {1, 2, 4, 8}) {
+      const int blocks = per_sm * sms;
+      row("ld x4", blocks, size_t(kThreads) * 4 * 16,
+          t.best(reps, [&] { read_ld_kernel<4><<<blocks, kThreads>>>(reinterpret_cast<const uint4*>(src), n16, sink); }),
+          double(bytes));
+      row("ld x8", blocks, size_t(kThreads) * 8 * 16,
+          t.best(reps, [&] { read_ld_kernel<8><<<blocks, kThreads>>>(reinterpret_cast<const uint4*>(src), n16, sink); }),
+          double(bytes));
+    }
+    constexpr int kSlice = 32 * 16 * 4;
+    for (int per_sm : {1, 2, 3}) {
+      const int blocks = per_sm * sms;
+      const size_t smem4 = size_t(kThreads / 32) * 4 * kSlice, smem8 = size_t(kThreads / 32) * 8 * kSlice;
+      smem_ceiling(reinterpret_cast<const void*>(read_cpasync_kernel<4>), smem4);
+      smem_ceiling(reinterpret_cast<const void*>(read_cpasync_kernel<8>), smem8);
+      row("cpasync4", blocks, smem4,
+          t.best(reps, [&] { read_cpasync_kernel<4><<<blocks, kThreads, smem4>>>(src, bytes, sink); }), double(bytes));
+      if (per_sm * smem8 <= size_t(prop.sharedMemPerMultiprocessor) - 2048)
+        row("cpasync8", blocks, smem8,
+            t.best(reps, [&] { read_cpasync_kernel<8><<<blocks, kThreads, smem8>>>(src, bytes, sink); }), double(bytes));
+    }
   }
   for (int per_sm : {1, 2, 4}) {
-    for (unsigned chunk : {16u << 10, 32u << 10}) {
-      for (int stages : {2, 4, 6}) {
+    for (unsigned chunk : {4u << 10, 8u << 10, 16u << 10, 32u << 10}) {
+      for (int stages : {2, 4, 6, 8, 16, 24}) {
         const size_t smem = size_t(stages) * chunk;
         if (per_sm * (smem + 1024) > size_t(prop.sharedMemPerMultiprocessor) - 1024 || smem > (227u << 10)) continue;
         const int blocks = per_sm * sms;
@@ -410,6 +413,7 @@ static int run(int argc, char** argv) {
       }
     }
   }
+  if (bulk_only) return 0;
   // The MoE GEMMs' weight pattern (tma): the gate/up weights' K (2,048) and the down weights' (768).
   for (int K : {2048, 768}) {
     const int64_t rows = int64_t(bytes / (size_t(K) * 2)) / 128 * 128;
