@@ -68,6 +68,7 @@ constexpr int kConsumerWarps = 8, kConsumers = kConsumerWarps * 32, kThreads = k
 constexpr int kMaxRing = 24, kMaxD = 48, kMaxE = 96, kMaxLayers = 48, kOwnRowsMax = 24;
 constexpr int kRowsQkv = kSlot / (kH * 2), kRowsO = kSlot / (kQ * 2), kRowsGu = kSlot / (kH * 2),
               kRowsDown = kSlot / (kI * 2);  // 2, 1, 2, 5 rows a slot
+constexpr int kRowsMax = kRowsDown;
 constexpr int kStages = 6;
 enum Stage { kStQkv, kStAttn, kStMerge, kStO, kStGu, kStDown };
 enum Kind : short { kKindQkv, kKindKv, kKindO, kKindGu, kKindDown };
@@ -197,7 +198,7 @@ __global__ void __launch_bounds__(kThreads, 1) layer_kernel(const __grid_constan
   extern __shared__ __align__(128) unsigned char smem[];
   __shared__ unsigned long long d_full[kMaxRing], d_empty[kMaxRing], e_full[kMaxRing], e_empty[kMaxRing];
   __shared__ SlotDesc dl[kMaxD], el[kMaxE];
-  __shared__ int nd, ne, n_own, route_ready;
+  __shared__ int nd, ne, nd_qkv, no_items, ne_gu, n_own, route_ready;
   __shared__ short own_row[kOwnRowsMax];
   __shared__ int ids_s[2][kTopK];
   __shared__ float wts_s[2][kTopK], red[kConsumerWarps], acc[kConsumerWarps][kOwnRowsMax];
@@ -258,6 +259,11 @@ __global__ void __launch_bounds__(kThreads, 1) layer_kernel(const __grid_constan
                      short(k * kRowsDown)};
     }
     ne = n;
+    // The stages' item ranges: D = qkv [0, nd_qkv), the K / V item (attention CTAs), o [nd - no_items, nd); E = gate/up
+    // [0, ne_gu), down [ne_gu, ne).
+    nd_qkv = no_items = ne_gu = 0;
+    for (int i = 0; i < nd; ++i) nd_qkv += dl[i].kind == kKindQkv, no_items += dl[i].kind == kKindO;
+    for (int i = 0; i < ne; ++i) ne_gu += el[i].kind == kKindGu;
     route_ready = 0;
     init_ring_barriers(d_full, p.d_slots, 1);
     init_ring_barriers(e_full, p.e_slots, 1);
@@ -345,14 +351,31 @@ __global__ void __launch_bounds__(kThreads, 1) layer_kernel(const __grid_constan
     if (lane == 0) arrive_ring_barrier(&e_empty[i % unsigned(p.e_slots)]);
   };
   auto mine = [&](unsigned i) { return int(i % kConsumerWarps) == warp; };
+  // This warp's items [from, to) of a ring's list for layer l: each slot's rows of K weights against x_of(slot),
+  // row r's sum to out(slot, r, y).
+  auto items = [&](bool e, int l, int from, int to, int K, auto x_of, auto out) {
+    for (int i = from; i < to; ++i) {
+      const unsigned item = unsigned(l) * unsigned(e ? ne : nd) + unsigned(i);
+      if (!mine(item)) continue;
+      const SlotDesc d = e ? el[i] : dl[i];
+      const bf16* w = e ? e_wait(item) : d_wait(item);
+      if (!p.no_compute) {
+        float y[kRowsMax];
+        rows_dot(w, d.rows, x_of(d), K, y);
+        if (lane == 0)
+          for (int r = 0; r < d.rows; ++r) out(d, r, y[r]);
+      }
+      if (e) e_release(item);
+      else d_release(item);
+    }
+  };
   auto clock_at = [&](int l, int s) { return p.clocks + ((size_t(c) * L + l) * kStages + s) * 2; };
   auto stamp = [&](int l, int s) {
     if (threadIdx.x == 0) *clock_at(l, s) = global_ns();
   };
   const unsigned all = p.epoch * unsigned(G), attn_all = p.epoch * unsigned(kAttnCtas);
-  int di = 0, ei = 0;
+  auto x_plain = [&](const SlotDesc&) -> const float* { return xs; };
   for (int l = 0; l < L; ++l) {
-    const unsigned dbase = unsigned(l) * unsigned(nd), ebase = unsigned(l) * unsigned(ne);
     unsigned* cnt = p.cnt + l * kStages;
     const float* h = p.h + size_t(l) * kH;
     const float* qkv = p.qkv + size_t(l) * kQkv;
@@ -361,19 +384,8 @@ __global__ void __launch_bounds__(kThreads, 1) layer_kernel(const __grid_constan
     if (l > 0) wait_count(p.cnt + (l - 1) * kStages + kStDown, all, p.no_deps);
     stamp(l, kStQkv);
     stage_norm(h, nullptr, xs, red);
-    for (di = 0; di < nd && dl[di].kind == kKindQkv; ++di) {
-      if (!mine(dbase + di)) continue;
-      const SlotDesc d = dl[di];
-      if (p.no_compute) {
-        d_wait(dbase + di);
-      } else {
-        float y[kRowsQkv];
-        rows_dot(d_wait(dbase + di), d.rows, xs, kH, y);
-        if (lane == 0)
-          for (int r = 0; r < d.rows; ++r) p.qkv[size_t(l) * kQkv + d.row0 + r] = y[r];
-      }
-      d_release(dbase + di);
-    }
+    items(false, l, 0, nd_qkv, kH, x_plain,
+          [&](const SlotDesc& d, int r, float y) { p.qkv[size_t(l) * kQkv + d.row0 + r] = y; });
     signal(cnt + kStQkv, clock_at(l, kStQkv) + 1);
     // attn: partial softmax over the CTA's 16 keys for its kv head's 8 query heads
     wait_count(cnt + kStQkv, all, p.no_deps);
@@ -388,7 +400,7 @@ __global__ void __launch_bounds__(kThreads, 1) layer_kernel(const __grid_constan
         newv[threadIdx.x] = __ldcg(qkv + kQ + kKvHeads * kDim + hk * kDim + threadIdx.x);
       }
       consumers_sync();
-      const unsigned kv_item = dbase + di++;
+      const unsigned kv_item = unsigned(l) * unsigned(nd) + unsigned(nd_qkv);
       const bf16* kv = d_wait(kv_item);
       const bf16* ks = kv;
       const bf16* vs = kv + kKeysPart * kDim;
@@ -465,19 +477,8 @@ __global__ void __launch_bounds__(kThreads, 1) layer_kernel(const __grid_constan
       xs[i] = __uint_as_float(unsigned(__ldcg(reinterpret_cast<const unsigned short*>(p.attn) + size_t(l) * kQ + i))
                               << 16);
     consumers_sync();
-    for (; di < nd; ++di) {
-      if (!mine(dbase + di)) continue;
-      const SlotDesc d = dl[di];
-      if (p.no_compute) {
-        d_wait(dbase + di);
-      } else {
-        float y[kRowsO];
-        rows_dot(d_wait(dbase + di), d.rows, xs, kQ, y);
-        if (lane == 0)
-          for (int r = 0; r < d.rows; ++r) p.o[size_t(l) * kORows + d.row0 + r] = y[r];
-      }
-      d_release(dbase + di);
-    }
+    items(false, l, nd - no_items, nd, kQ, x_plain,
+          [&](const SlotDesc& d, int r, float y) { p.o[size_t(l) * kORows + d.row0 + r] = y; });
     signal(cnt + kStO, clock_at(l, kStO) + 1);
     // gu: route first (the producer waits for it), then the normalized input
     wait_count(cnt + kStO, all, p.no_deps);
@@ -518,19 +519,8 @@ __global__ void __launch_bounds__(kThreads, 1) layer_kernel(const __grid_constan
       }
     }
     stage_norm(h, o, xs, red);
-    for (ei = 0; ei < ne && el[ei].kind == kKindGu; ++ei) {
-      if (!mine(ebase + ei)) continue;
-      const SlotDesc d = el[ei];
-      if (p.no_compute) {
-        e_wait(ebase + ei);
-      } else {
-        float y[kRowsGu];
-        rows_dot(e_wait(ebase + ei), d.rows, xs, kH, y);
-        if (lane == 0)
-          for (int r = 0; r < d.rows; ++r) p.gu[(size_t(l) * kTopK + d.j) * kGu + d.row0 + r] = y[r];
-      }
-      e_release(ebase + ei);
-    }
+    items(true, l, 0, ne_gu, kH, x_plain,
+          [&](const SlotDesc& d, int r, float y) { p.gu[(size_t(l) * kTopK + d.j) * kGu + d.row0 + r] = y; });
     signal(cnt + kStGu, clock_at(l, kStGu) + 1);
     // down
     wait_count(cnt + kStGu, all, p.no_deps);
@@ -543,19 +533,8 @@ __global__ void __launch_bounds__(kThreads, 1) layer_kernel(const __grid_constan
     }
     if (threadIdx.x < kConsumerWarps * kOwnRowsMax) (&acc[0][0])[threadIdx.x] = 0.f;
     consumers_sync();
-    for (; ei < ne; ++ei) {
-      if (!mine(ebase + ei)) continue;
-      const SlotDesc d = el[ei];
-      if (p.no_compute) {
-        e_wait(ebase + ei);
-      } else {
-        float y[kRowsDown];
-        rows_dot(e_wait(ebase + ei), d.rows, xs + d.j * kI, kI, y);
-        if (lane == 0)
-          for (int r = 0; r < d.rows; ++r) acc[warp][d.acc0 + r] += wts_s[l & 1][d.j] * y[r];
-      }
-      e_release(ebase + ei);
-    }
+    items(true, l, ne_gu, ne, kI, [&](const SlotDesc& d) -> const float* { return xs + d.j * kI; },
+          [&](const SlotDesc& d, int r, float y) { acc[warp][d.acc0 + r] += wts_s[l & 1][d.j] * y; });
     consumers_sync();
     for (int i = int(threadIdx.x); i < n_own; i += kConsumers) {
       float sum = 0.f;  // the warps' sums in a fixed order: the same bits every run
