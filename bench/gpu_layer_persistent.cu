@@ -25,8 +25,8 @@
 // streaming rate; --no-hint: the weight copies without the L2 evict_first policy; --interleave: slot t of an op
 // (its rows [t R, t R + R)) to CTA t % G, so that the CTAs stream one moving window of each matrix instead of G
 // ranges far apart; --no-compute: the consumers wait for each slot and release it without its products (the copy
-// side's own rate).
-//   gpu_layer_persistent [--layers 8] [--reps 20] [--d-slots 8] [--e-slots 16] [--no-check] [--no-deps] [--no-hint] [--interleave] [--no-compute]
+// side's own rate); --producer-sleep NS: a producer lane that cannot issue backs off NS ns instead of spinning.
+//   gpu_layer_persistent [--layers 8] [--reps 20] [--d-slots 8] [--e-slots 16] [--no-check] [--no-deps] [--no-hint] [--interleave] [--no-compute] [--producer-sleep NS]
 // Prints the step time, us a layer, TB/s over the bytes read, x the read floor (4.6 TB/s), the time from one stage's
 // start to the next on CTA 0, and checks every stage of every layer against the CPU (from the GPU's own inputs to
 // the stage). A benchmark, not a test: the figures go to docs/PERF.md.
@@ -91,6 +91,7 @@ struct Params {
   int no_deps;                                 // 1: nothing waits for the counters (the pipeline's raw rate)
   int interleave;                              // 1: slot t of an op to CTA t % G (else each CTA a contiguous range)
   int no_compute;                              // 1: the consumers wait for each slot and release it, no products
+  int producer_sleep;                          // ns a producer lane backs off when it cannot issue (0: spins)
   unsigned long long* item_clocks;             // [2][kMaxE]: CTA 0's issue and landing time of layer 1's E items
   int hint;                                    // 1: weight copies with the L2 evict_first policy
   unsigned epoch;
@@ -289,11 +290,17 @@ __global__ void __launch_bounds__(kThreads, 1) layer_kernel(const __grid_constan
     for (unsigned n = slot; n < total;) {
       const int lay = int(n / per_layer), idx = int(n % per_layer);
       if (is_e && lay >= routed) {
-        if (*reinterpret_cast<volatile int*>(&route_ready) <= lay) continue;
+        if (*reinterpret_cast<volatile int*>(&route_ready) <= lay) {
+          if (p.producer_sleep) __nanosleep(unsigned(p.producer_sleep));
+          continue;
+        }
         __threadfence_block();
         routed = lay + 1;
       }
-      if (!test_ring_barrier(empty, ((n / slots) & 1u) ^ 1u)) continue;
+      if (!test_ring_barrier(empty, ((n / slots) & 1u) ^ 1u)) {
+        if (p.producer_sleep) __nanosleep(unsigned(p.producer_sleep));  // leave the issue slots to the consumers
+        continue;
+      }
       const SlotDesc d = is_e ? el[idx] : dl[idx];
       const bf16* src;
       unsigned bytes;
@@ -618,7 +625,7 @@ std::vector<float> cpu_norm(const std::vector<float>& a, const float* b) {
 static int run(int argc, char** argv) {
   int layers = 8, reps = 20, d_slots = 8, e_slots = 16;
   bool check = true;
-  int no_deps = 0, hint = 1, interleave = 0, no_compute = 0;
+  int no_deps = 0, hint = 1, interleave = 0, no_compute = 0, producer_sleep = 0;
   for (int i = 1; i < argc; ++i) {
     const std::string s = argv[i];
     if (s == "--layers" && i + 1 < argc) layers = std::atoi(argv[++i]);
@@ -630,8 +637,9 @@ static int run(int argc, char** argv) {
     else if (s == "--no-hint") hint = 0;
     else if (s == "--interleave") interleave = 1;
     else if (s == "--no-compute") no_compute = 1;
+    else if (s == "--producer-sleep" && i + 1 < argc) producer_sleep = std::atoi(argv[++i]);
     else {
-      std::fprintf(stderr, "usage: gpu_layer_persistent [--layers 8] [--reps 20] [--d-slots 8] [--e-slots 16] [--no-check] [--no-deps] [--no-hint] [--interleave] [--no-compute]\n");
+      std::fprintf(stderr, "usage: gpu_layer_persistent [--layers 8] [--reps 20] [--d-slots 8] [--e-slots 16] [--no-check] [--no-deps] [--no-hint] [--interleave] [--no-compute] [--producer-sleep NS]\n");
       return 2;
     }
   }
@@ -697,7 +705,7 @@ static int run(int argc, char** argv) {
   }
   MS_CUDA_CHECK(cudaStreamSynchronize(st));
   p.layers = layers, p.d_slots = d_slots, p.e_slots = e_slots, p.no_deps = no_deps, p.hint = hint;
-  p.interleave = interleave, p.no_compute = no_compute;
+  p.interleave = interleave, p.no_compute = no_compute, p.producer_sleep = std::max(0, producer_sleep);
   if (no_compute) check = false;
   if (no_deps) check = false;  // the stages then read inputs not yet written
 
@@ -724,6 +732,7 @@ static int run(int argc, char** argv) {
   std::printf("%s, %d SMs: %d layers, D ring %d x 8 KB, E ring %d x 8 KB (%zu bytes of shared memory)%s%s%s%s\n",
               prop.name, sms, layers, d_slots, e_slots, smem, no_deps ? ", no dependencies" : "",
               hint ? "" : ", no L2 hint", interleave ? ", interleaved slots" : "", no_compute ? ", no products" : "");
+  if (producer_sleep > 0) std::printf("producer lanes back off %d ns when they cannot issue\n", producer_sleep);
   std::printf("step %.1f us, %.2f us a layer, %.1f MB read: %.3f TB/s, %.2f x the floor (%.1f us at %.1f TB/s)\n",
               s * 1e6, s * 1e6 / layers, bytes * 1e-6, bytes / s * 1e-12, s / floor_s, floor_s * 1e6, kReadTBs);
   {  // every CTA's stage starts and work-done times of the last run, layers 1.. (layer 0 starts cold)
