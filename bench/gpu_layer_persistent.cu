@@ -5,8 +5,9 @@
 // six-odd launches each pay a ramp, a drain and a dependency latency while HBM idles), and gpu_chain's persistent
 // form (session 22) gained only 8% because (1) each CTA streamed through a cp.async ring, ~26 GB/s a CTA, below the
 // HBM rate at one CTA an SM, and (2) its one FIFO ring stalled at every dependency. Here:
-//   - one CTA an SM (cooperative launch), 8 consumer warps and one producer thread that issues 1-D bulk copies
-//     (cp.async.bulk, L2 evict_first) of 8 KB slots, so the per-SM issue rate is not the limit;
+//   - one CTA an SM (cooperative launch), 8 consumer warps and a producer warp whose lanes issue 1-D bulk copies
+//     (cp.async.bulk, L2 evict_first) of 8 KB slots, one lane a ring slot (a single issuing thread managed only one
+//     copy every ~0.35 us);
 //   - two rings: D for what is known before the step (q/k/v and o_proj rows, the cached keys and values), E for the
 //     experts' rows, known only once the layer has routed. The producer fills E first whenever it may and D
 //     otherwise, so HBM keeps streaming the next layer's dense rows while the consumers wait at a dependency;
@@ -27,9 +28,12 @@
 // ranges far apart; --no-compute: the consumers wait for each slot and release it without its products (the copy
 // side's own rate); --producer-sleep NS: a producer lane that cannot issue backs off NS ns instead of spinning.
 //   gpu_layer_persistent [--layers 8] [--reps 20] [--d-slots 8] [--e-slots 16] [--no-check] [--no-deps] [--no-hint] [--interleave] [--no-compute] [--producer-sleep NS]
-// Prints the step time, us a layer, TB/s over the bytes read, x the read floor (4.6 TB/s), the time from one stage's
-// start to the next on CTA 0, and checks every stage of every layer against the CPU (from the GPU's own inputs to
-// the stage). A benchmark, not a test: the figures go to docs/PERF.md.
+// Prints the step time, us a layer, TB/s over the bytes read, x the read floor (4.6 TB/s), each stage's work (start
+// to done) over the CTAs, CTA 0's expert copies of layer 1 (issue, landing), and checks every stage of every layer
+// against the CPU (from the GPU's own inputs to the stage). A benchmark, not a test: the figures go to docs/PERF.md.
+// Session 31 on the H200: correct, 65.9-74.0 us a layer against the served launch chain's ~48.5 (a CTA's bulk
+// copies arrive at ~27 GB/s, the CUDA-core products cost 2-5 us a stage, and the attention / routing phases leave
+// HBM idle): the design as it stands does not pay; docs/PERF.md says what a next form would need.
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
