@@ -1,6 +1,6 @@
-// The PTX the benchmark programs' hand-written streams share (gpu_read_bw, gpu_chain, gpu_layer_persistent):
-// mbarrier rings filled by 1-D bulk copies, a gpu-scope acquire load for counters between CTAs, and the
-// CUDA-core bf16 dot product of the GEMV prototypes.
+// What the benchmark programs' hand-written kernels share (gpu_read_bw, gpu_chain, gpu_layer_persistent): mbarrier
+// rings filled by 1-D bulk copies, a gpu-scope acquire load for counters between CTAs, the CUDA-core bf16 dot product
+// of the GEMV prototypes, and the hashed fill of their random weights.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -78,6 +78,15 @@ __device__ __forceinline__ float dot8(uint4 w, uint4 x) {
     s = fmaf(fa.y, fb.y, s);
   }
   return s;
+}
+
+// p[i] = scale x a uniform value in [-1, 1) hashed from (i, seed): the same bytes on every run and every GPU.
+__global__ void fill_bf16_kernel(__nv_bfloat16* p, size_t n, float scale, unsigned seed) {
+  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    unsigned v = unsigned(i) * 2654435761u ^ seed ^ unsigned(i >> 32) * 40503u;
+    v ^= v >> 15, v *= 2246822519u, v ^= v >> 13, v *= 3266489917u, v ^= v >> 16;
+    p[i] = __float2bfloat16_rn((float(v) / 4294967296.0f * 2.0f - 1.0f) * scale);
+  }
 }
 
 }  // namespace bench_ptx

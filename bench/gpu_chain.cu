@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "core/dtype.h"
 #include "core/error.h"
 #include "cuda/common.h"
 #include "cuda/device.h"
@@ -44,6 +45,7 @@ using moe_ptx::cp_async16;
 using moe_ptx::cp_async_commit;
 using moe_ptx::cp_async_wait;
 using bench_ptx::dot8;
+using bench_ptx::fill_bf16_kernel;
 using bench_ptx::ld_acquire;
 using bf16 = __nv_bfloat16;
 
@@ -170,22 +172,9 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(const __grid_constant__
   cp_async_wait<0>();
 }
 
-__global__ void fill_kernel(bf16* p, size_t n, float scale, unsigned seed) {
-  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    unsigned v = unsigned(i) * 2654435761u ^ seed ^ unsigned(i >> 32) * 40503u;
-    v ^= v >> 15, v *= 2246822519u, v ^= v >> 13, v *= 3266489917u, v ^= v >> 16;
-    p[i] = __float2bfloat16_rn((float(v) / 4294967296.0f * 2.0f - 1.0f) * scale);
-  }
-}
-
 size_t smem_bytes(int S, int max_k) { return size_t(kWarps) * S * kSliceElems * 2 + size_t(max_k) * 2; }
 
-float bf2f(uint16_t b) {
-  uint32_t u = uint32_t(b) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
+float bf2f(uint16_t b) { return moeserve::bf16_to_f32(b); }
 
 }  // namespace
 
@@ -222,7 +211,7 @@ static int run(int argc, char** argv) {
   for (int j = 0; j < a.ops; ++j) {
     bf16* w = nullptr;
     MS_CUDA_CHECK(cudaMalloc(&w, size_t(a.N[j]) * a.K[j] * 2));
-    fill_kernel<<<1024, 256, 0, st>>>(w, size_t(a.N[j]) * a.K[j], std::sqrt(3.0f / float(a.K[j])), 977u * j + 1);
+    fill_bf16_kernel<<<1024, 256, 0, st>>>(w, size_t(a.N[j]) * a.K[j], std::sqrt(3.0f / float(a.K[j])), 977u * j + 1);
     a.W[j] = w;
     bufs.push_back(w);
   }
@@ -232,7 +221,7 @@ static int run(int argc, char** argv) {
     MS_CUDA_CHECK(cudaMemsetAsync(a.X[j], 0xff, size_t(n) * 2, st));  // NaN until written
     bufs.push_back(a.X[j]);
   }
-  fill_kernel<<<8, 256, 0, st>>>(a.X[0], size_t(a.K[0]), 1.0f, 12345u);
+  fill_bf16_kernel<<<8, 256, 0, st>>>(a.X[0], size_t(a.K[0]), 1.0f, 12345u);
   MS_CUDA_CHECK(cudaMalloc(&a.done, kMaxOps * sizeof(unsigned)));
   MS_CUDA_CHECK(cudaMemsetAsync(a.done, 0, kMaxOps * sizeof(unsigned), st));
   MS_CUDA_CHECK(cudaStreamSynchronize(st));

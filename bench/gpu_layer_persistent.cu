@@ -48,9 +48,11 @@
 #include <vector>
 
 #include "bench_ptx.cuh"
+#include "core/dtype.h"
 #include "core/error.h"
 #include "cuda/common.h"
 #include "cuda/device.h"
+#include "cuda/kernels/kernel_utils.cuh"
 #include "gpu_timer.h"
 
 namespace mc = moeserve::cuda;
@@ -59,6 +61,8 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 using namespace bench_ptx;
+using moeserve::cuda::detail::warp_max;
+using moeserve::cuda::detail::warp_sum;
 
 constexpr int kH = 2048, kHeads = 32, kKvHeads = 4, kDim = 128, kGroup = kHeads / kKvHeads;
 constexpr int kQ = kHeads * kDim, kQkv = kQ + 2 * kKvHeads * kDim;  // 4096, 5120
@@ -131,17 +135,6 @@ __device__ __forceinline__ void wait_count(const unsigned* cnt, unsigned target,
   consumers_sync();
 }
 
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-  for (int o = 16; o; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-
 // Sum over the 256 consumer threads (red: 8 floats of shared memory).
 __device__ __forceinline__ float consumers_sum(float v, float* red) {
   v = warp_sum(v);
@@ -203,7 +196,7 @@ __global__ void __launch_bounds__(kThreads, 1) layer_kernel(const __grid_constan
   extern __shared__ __align__(128) unsigned char smem[];
   __shared__ unsigned long long d_full[kMaxRing], d_empty[kMaxRing], e_full[kMaxRing], e_empty[kMaxRing];
   __shared__ SlotDesc dl[kMaxD], el[kMaxE];
-  __shared__ int nd, ne, nd_qkv, no_items, ne_gu, n_own, route_ready;
+  __shared__ int nd, ne, nd_qkv, nd_o, ne_gu, n_own, route_ready;  // nd_o: the first o item
   __shared__ short own_row[kOwnRowsMax];
   __shared__ int ids_s[2][kTopK];
   __shared__ float wts_s[2][kTopK], red[kConsumerWarps], acc[kConsumerWarps][kOwnRowsMax];
@@ -216,59 +209,44 @@ __global__ void __launch_bounds__(kThreads, 1) layer_kernel(const __grid_constan
 
   const int c = blockIdx.x, G = gridDim.x, L = p.layers;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  // Own rows of each stage.
-  const int q0 = split_lo(kQkv, c, G), q1 = split_lo(kQkv, c + 1, G);
-  const int o0 = split_lo(kORows, c, G), o1 = split_lo(kORows, c + 1, G);
-  const int v0 = split_lo(kTopK * kGu, c, G), v1 = split_lo(kTopK * kGu, c + 1, G);
-  const int r0 = split_lo(kH, c, G), r1 = split_lo(kH, c + 1, G);
   if (threadIdx.x == 0) {
-    int n = 0;
-    if (!p.interleave) {
-      for (int r = q0; r < q1; r += kRowsQkv) dl[n++] = {kKindQkv, 0, short(r), short(min(kRowsQkv, q1 - r)), 0};
-      if (c < kAttnCtas) dl[n++] = {kKindKv, 0, 0, 0, 0};
-      for (int r = o0; r < o1; r += kRowsO) dl[n++] = {kKindO, 0, short(r), short(min(kRowsO, o1 - r)), 0};
-      nd = n;
-      n = 0;
-      for (int v = v0; v < v1;) {
-        const int j = v / kGu, end = min(v1, (j + 1) * kGu), rows = min(kRowsGu, end - v);
-        el[n++] = {kKindGu, short(j), short(v - j * kGu), short(rows), 0};
+    // The CTA's slots of an op of n rows, R rows a slot never crossing a multiple of seg rows, in order: a
+    // contiguous range of the rows, or (interleave) slot t of the op to CTA t % G, so that the CTAs read one moving
+    // window (seg is then a multiple of R).
+    auto own_slots = [&](int n, int R, int seg, auto f) {
+      if (p.interleave) {
+        for (int t = c; t * R < n; t += G) f(t * R, min(R, n - t * R));
+        return;
+      }
+      const int hi = split_lo(n, c + 1, G);
+      for (int v = split_lo(n, c, G); v < hi;) {
+        const int rows = min(R, min(hi, (v / seg + 1) * seg) - v);
+        f(v, rows);
         v += rows;
       }
-      for (int j = 0; j < kTopK; ++j)
-        for (int r = r0; r < r1; r += kRowsDown)
-          el[n++] = {kKindDown, short(j), short(r), short(min(kRowsDown, r1 - r)), short(r - r0)};
-      for (int r = r0; r < r1; ++r) own_row[r - r0] = short(r);
-      n_own = r1 - r0;
-    } else {  // slot t of an op (kRows* rows, t * kRows* the first) to CTA t % G: the CTAs read one moving window
-      for (int t = c; t * kRowsQkv < kQkv; t += G)
-        dl[n++] = {kKindQkv, 0, short(t * kRowsQkv), short(min(kRowsQkv, kQkv - t * kRowsQkv)), 0};
-      if (c < kAttnCtas) dl[n++] = {kKindKv, 0, 0, 0, 0};
-      for (int t = c; t * kRowsO < kORows; t += G)
-        dl[n++] = {kKindO, 0, short(t * kRowsO), short(min(kRowsO, kORows - t * kRowsO)), 0};
-      nd = n;
-      n = 0;
-      for (int t = c; t * kRowsGu < kTopK * kGu; t += G) {  // kRowsGu divides kGu: a slot stays in one expert
-        const int v = t * kRowsGu, j = v / kGu;
-        el[n++] = {kKindGu, short(j), short(v - j * kGu), short(min(kRowsGu, (j + 1) * kGu - v)), 0};
-      }
+    };
+    int n = 0;
+    own_slots(kQkv, kRowsQkv, kQkv, [&](int v, int rows) { dl[n++] = {kKindQkv, 0, short(v), short(rows), 0}; });
+    nd_qkv = n;
+    if (c < kAttnCtas) dl[n++] = {kKindKv, 0, 0, 0, 0};
+    nd_o = n;
+    own_slots(kORows, kRowsO, kORows, [&](int v, int rows) { dl[n++] = {kKindO, 0, short(v), short(rows), 0}; });
+    nd = n;
+    n = 0;
+    own_slots(kTopK * kGu, kRowsGu, kGu, [&](int v, int rows) {
+      el[n++] = {kKindGu, short(v / kGu), short(v % kGu), short(rows), 0};
+    });
+    ne_gu = n;
+    for (int j = 0; j < kTopK; ++j) {  // the same own rows of every expert's down matrix
       int own = 0;
-      for (int t = c; t * kRowsDown < kH; t += G) {
-        const int rows = min(kRowsDown, kH - t * kRowsDown);
-        for (int r = 0; r < rows; ++r) own_row[own + r] = short(t * kRowsDown + r);
+      own_slots(kH, kRowsDown, kH, [&](int v, int rows) {
+        el[n++] = {kKindDown, short(j), short(v), short(rows), short(own)};
+        for (int r = 0; r < rows; ++r) own_row[own + r] = short(v + r);
         own += rows;
-      }
+      });
       n_own = own;
-      for (int j = 0; j < kTopK; ++j)
-        for (int t = c, k = 0; t * kRowsDown < kH; t += G, ++k)
-          el[n++] = {kKindDown, short(j), short(t * kRowsDown), short(min(kRowsDown, kH - t * kRowsDown)),
-                     short(k * kRowsDown)};
     }
     ne = n;
-    // The stages' item ranges: D = qkv [0, nd_qkv), the K / V item (attention CTAs), o [nd - no_items, nd); E = gate/up
-    // [0, ne_gu), down [ne_gu, ne).
-    nd_qkv = no_items = ne_gu = 0;
-    for (int i = 0; i < nd; ++i) nd_qkv += dl[i].kind == kKindQkv, no_items += dl[i].kind == kKindO;
-    for (int i = 0; i < ne; ++i) ne_gu += el[i].kind == kKindGu;
     route_ready = 0;
     init_ring_barriers(d_full, p.d_slots, 1);
     init_ring_barriers(e_full, p.e_slots, 1);
@@ -341,43 +319,40 @@ __global__ void __launch_bounds__(kThreads, 1) layer_kernel(const __grid_constan
   // i % slots and belongs to warp i % 8 (the slot counts are multiples of 8, so a warp owns its slots: it never waits
   // for a phase of a slot whose previous phase another warp may still be reading); the attention's K / V item is
   // read by every warp, after a consumer barrier, and released by its owner after another.
-  auto d_wait = [&](unsigned i) -> const bf16* {
-    const unsigned s = i % unsigned(p.d_slots);
-    wait_ring_barrier(&d_full[s], (i / unsigned(p.d_slots)) & 1u);
-    return reinterpret_cast<const bf16*>(d_ring + size_t(s) * kSlot);
+  struct Ring {
+    unsigned long long *full, *empty;
+    unsigned char* base;
+    unsigned slots, per_layer;
   };
-  auto d_release = [&](unsigned i) {
+  const Ring dr{d_full, d_empty, d_ring, unsigned(p.d_slots), unsigned(nd)},
+      er{e_full, e_empty, e_ring, unsigned(p.e_slots), unsigned(ne)};
+  auto ring_wait = [&](const Ring& r, unsigned i) -> const bf16* {
+    const unsigned s = i % r.slots;
+    wait_ring_barrier(&r.full[s], (i / r.slots) & 1u);
+    return reinterpret_cast<const bf16*>(r.base + size_t(s) * kSlot);
+  };
+  auto ring_release = [&](const Ring& r, unsigned i) {
     __syncwarp();
-    if (lane == 0) arrive_ring_barrier(&d_empty[i % unsigned(p.d_slots)]);
-  };
-  auto e_wait = [&](unsigned i) -> const bf16* {
-    const unsigned s = i % unsigned(p.e_slots);
-    wait_ring_barrier(&e_full[s], (i / unsigned(p.e_slots)) & 1u);
-    if (c == 0 && lane == 0 && i / unsigned(ne) == unsigned(min(1, L - 1)))
-      p.item_clocks[kMaxE + i % unsigned(ne)] = global_ns();
-    return reinterpret_cast<const bf16*>(e_ring + size_t(s) * kSlot);
-  };
-  auto e_release = [&](unsigned i) {
-    __syncwarp();
-    if (lane == 0) arrive_ring_barrier(&e_empty[i % unsigned(p.e_slots)]);
+    if (lane == 0) arrive_ring_barrier(&r.empty[i % r.slots]);
   };
   auto mine = [&](unsigned i) { return int(i % kConsumerWarps) == warp; };
   // This warp's items [from, to) of a ring's list for layer l: each slot's rows of K weights against x_of(slot),
   // row r's sum to out(slot, r, y).
   auto items = [&](bool e, int l, int from, int to, int K, auto x_of, auto out) {
+    const Ring& ring = e ? er : dr;
     for (int i = from; i < to; ++i) {
-      const unsigned item = unsigned(l) * unsigned(e ? ne : nd) + unsigned(i);
+      const unsigned item = unsigned(l) * ring.per_layer + unsigned(i);
       if (!mine(item)) continue;
       const SlotDesc d = e ? el[i] : dl[i];
-      const bf16* w = e ? e_wait(item) : d_wait(item);
+      const bf16* w = ring_wait(ring, item);
+      if (e && c == 0 && lane == 0 && l == min(1, L - 1)) p.item_clocks[kMaxE + i] = global_ns();
       if (!p.no_compute) {
         float y[kRowsMax];
         rows_dot(w, d.rows, x_of(d), K, y);
         if (lane == 0)
           for (int r = 0; r < d.rows; ++r) out(d, r, y[r]);
       }
-      if (e) e_release(item);
-      else d_release(item);
+      ring_release(ring, item);
     }
   };
   auto clock_at = [&](int l, int s) { return p.clocks + ((size_t(c) * L + l) * kStages + s) * 2; };
@@ -412,7 +387,7 @@ __global__ void __launch_bounds__(kThreads, 1) layer_kernel(const __grid_constan
       }
       consumers_sync();
       const unsigned kv_item = unsigned(l) * unsigned(nd) + unsigned(nd_qkv);
-      const bf16* kv = d_wait(kv_item);
+      const bf16* kv = ring_wait(dr, kv_item);
       const bf16* ks = kv;
       const bf16* vs = kv + kKeysPart * kDim;
       const bool last = part == kParts - 1;  // its key 15 is the new token's
@@ -458,7 +433,7 @@ __global__ void __launch_bounds__(kThreads, 1) layer_kernel(const __grid_constan
 #pragma unroll
       for (int i = 0; i < 4; ++i) out[2 + 4 * lane + i] = ov[i];
       consumers_sync();
-      if (mine(kv_item)) d_release(kv_item);
+      if (mine(kv_item)) ring_release(dr, kv_item);
       signal(cnt + kStAttn, clock_at(l, kStAttn) + 1);
     }
     // merge: 32 dims of query head c / 4 from the 32 parts
@@ -488,7 +463,7 @@ __global__ void __launch_bounds__(kThreads, 1) layer_kernel(const __grid_constan
       xs[i] = __uint_as_float(unsigned(__ldcg(reinterpret_cast<const unsigned short*>(p.attn) + size_t(l) * kQ + i))
                               << 16);
     consumers_sync();
-    items(false, l, nd - no_items, nd, kQ, x_plain,
+    items(false, l, nd_o, nd, kQ, x_plain,
           [&](const SlotDesc& d, int r, float y) { p.o[size_t(l) * kORows + d.row0 + r] = y; });
     signal(cnt + kStO, clock_at(l, kStO) + 1);
     // gu: route first (the producer waits for it), then the normalized input
@@ -558,28 +533,8 @@ __global__ void __launch_bounds__(kThreads, 1) layer_kernel(const __grid_constan
   }
 }
 
-__global__ void fill_kernel(bf16* p, size_t n, float scale, unsigned seed) {
-  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    unsigned v = unsigned(i) * 2654435761u ^ seed ^ unsigned(i >> 32) * 40503u;
-    v ^= v >> 15, v *= 2246822519u, v ^= v >> 13, v *= 3266489917u, v ^= v >> 16;
-    p[i] = __float2bfloat16_rn((float(v) / 4294967296.0f * 2.0f - 1.0f) * scale);
-  }
-}
-
-float bf2f(uint16_t b) {
-  uint32_t u = uint32_t(b) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-float bf16_round(float x) {  // round to nearest even, as __float2bfloat16_rn (finite inputs)
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
+float bf2f(uint16_t b) { return moeserve::bf16_to_f32(b); }
+float bf16_round(float x) { return moeserve::bf16_to_f32(moeserve::f32_to_bf16(x)); }  // as __float2bfloat16_rn
 
 template <typename T>
 std::vector<T> down_load(const T* src, size_t n) {
@@ -678,7 +633,7 @@ static int run(int argc, char** argv) {
   };
   auto weights = [&](size_t n, int K, unsigned seed) {
     bf16* w = static_cast<bf16*>(alloc(n * 2));
-    fill_kernel<<<2048, 256, 0, st>>>(w, n, K > 0 ? std::sqrt(3.0f / float(K)) : 1.0f, seed);
+    fill_bf16_kernel<<<2048, 256, 0, st>>>(w, n, K > 0 ? std::sqrt(3.0f / float(K)) : 1.0f, seed);
     return w;
   };
   Params p{};
