@@ -107,6 +107,11 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
       reinterpret_cast<unsigned long long*>(cs + EPI_GROUPS * TP * LDC);  // full[STAGES], empty[STAGES]
   float* row_wt = reinterpret_cast<float*>(bars + 2 * STAGES);  // [EPI_GROUPS][BN] the down tile's routing weights
   const unsigned full0 = smem_addr(bars), empty0 = full0 + STAGES * 8;
+  // PP: order[w], warpgroup w may start its next main loop (one arrival: the other warpgroup has passed the `full`
+  // waits of its unit's last slice). The main loops then alternate strictly, so that a warpgroup never waits on a
+  // stage whose barrier is two phases behind its slice (the other warpgroup's slices in between not yet landed:
+  // the parity wait would pass on the older phase).
+  const unsigned order0 = smem_addr(row_wt + EPI_GROUPS * BN);
   // Weight tiles by the producers' cp.async (Cfg::WEIGHTS_CP_ASYNC): A_ITERS 16-byte chunks a producer thread a
   // slice, rows tid / CPR + k RPP as for the token rows.
   constexpr bool kCpW = Cfg::WEIGHTS_CP_ASYNC;
@@ -122,6 +127,10 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
     for (int s = 0; s < STAGES; ++s) {
       ws::mbar_init(full0 + s * 8, 128 * NP + (kCpW ? 0 : 1));  // + the TMA issuer's expect_tx arrival
       ws::mbar_init(empty0 + s * 8, PP ? 1 : 2);  // one arrival a consumer warpgroup reading the stage
+    }
+    if (PP) {
+      ws::mbar_init(order0, 1);
+      ws::mbar_init(order0 + 8, 1);
     }
   }
   __syncthreads();
@@ -275,17 +284,19 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
   float* my_cs = cs + (PP ? cw * TP * LDC : 0);
   float* my_row_wt = row_wt + (PP ? cw * BN : 0);
   const unsigned as_addr = smem_addr(As) + unsigned(PP ? 0 : cw * (BM / 2) * BK * 2), bs_addr = smem_addr(Bs);
-  int slice = 0, seq = 0;  // seq (PP): units with slices so far, the owner alternating
+  int slice = 0, seq = 0, turns = 0;  // PP: seq units with slices so far (the owner alternating), turns waited
   for (int u = blockIdx.x; u < units; u += gridDim.x) {
     const int bx = u % gx;
     const Tile tile = p.tiles[u / gx];
     if constexpr (PP) {
       const int nk = tile.rows > 0 ? KT : pre_slices(u);
       if (nk == 0) continue;
-      if ((seq++ & 1) != cw) {  // the other warpgroup's unit: skip its slices
+      const int q = seq++;
+      if ((q & 1) != cw) {  // the other warpgroup's unit: skip its slices
         slice += nk;
         continue;
       }
+      if (q > 0) ws::mbar_wait(order0 + cw * 8, (turns++) & 1);  // the unit before (the other's) passed its waits
     }
     if (tile.rows <= 0) {  // drain the slices issued for it before the wait (static slots), if any
       for (int kt = pre_slices(u); kt > 0; --kt, ++slice) {
@@ -327,6 +338,7 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
       wgmma_wait<1>();  // the slice before this one is read: release its stage
       if (kt > 0 && (ctid & 127) == 0) ws::mbar_arrive(empty0 + ((slice - 1) % STAGES) * 8);
     }
+    if (PP && (ctid & 127) == 0) ws::mbar_arrive(order0 + (cw ^ 1) * 8);  // the other warpgroup's turn
     wgmma_wait<0>();
     if ((ctid & 127) == 0) ws::mbar_arrive(empty0 + ((slice - 1) % STAGES) * 8);
     if (MODE == kDown && KT == 1 && my_pair >= 0) my_wt = p.topk_weights[my_pair];

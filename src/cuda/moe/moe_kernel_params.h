@@ -186,7 +186,7 @@ struct GemmConfig {
   static constexpr int EPI_BYTES =
       PINGPONG ? 2 * (BN / kPingPongParts) * (BM + 4) * 4 : (WGMMA == 3 ? BN / (BM / 64) : BN) * (BM + 4) * 4;
   static constexpr int SMEM_BYTES =
-      WGMMA == 3 ? PIPE_BYTES + EPI_BYTES + 16 * STAGES + (PINGPONG ? 8 : 4) * BN + 1024
+      WGMMA == 3 ? PIPE_BYTES + EPI_BYTES + 16 * STAGES + (PINGPONG ? 8 * BN + 16 : 4 * BN) + 1024
                  : (PIPE_BYTES > EPI_BYTES ? PIPE_BYTES : EPI_BYTES) + (WGMMA > 0 ? 1024 : 0);
 };
 
