@@ -70,10 +70,6 @@ run test_cuda_moe_ws0 ok env MOESERVE_MOE_WS=0 "$BUILD/tests/test_cuda_moe" --gt
 run test_cuda_moe_ws_decode9 ok env MOESERVE_MOE_WS_DECODE=9 "$BUILD/tests/test_cuda_moe" --gtest_brief=1
 run test_gpu_model_ws_decode9 ok env MOESERVE_MOE_WS_DECODE=9 "$BUILD/tests/test_gpu_model" --gtest_brief=1
 run test_cuda_moe_ws_decode11 ok env MOESERVE_MOE_WS_DECODE=11 "$BUILD/tests/test_cuda_moe" --gtest_brief=1
-# Prefill's warp-specialized tiles with ping-pong consumers (configuration 14, opt-in) at 40-256 and above 256
-# tokens an expert, where 8 and 10 are the defaults.
-run test_cuda_moe_ws14 ok env MOESERVE_MOE_WS_PREFILL=14 MOESERVE_MOE_WS_MID=14 "$BUILD/tests/test_cuda_moe" --gtest_brief=1
-run test_gpu_model_ws14 ok env MOESERVE_MOE_WS_PREFILL=14 MOESERVE_MOE_WS_MID=14 "$BUILD/tests/test_gpu_model" --gtest_brief=1
 # The 1-token down GEMM with its last-CTA combine (MOESERVE_MOE_DOWN_GEMV=0; the default is the down GEMV + combine
 # launch) against the CPU reference: the direct-mode tests.
 run test_cuda_moe_down_gemm ok env MOESERVE_MOE_DOWN_GEMV=0 "$BUILD/tests/test_cuda_moe" --gtest_brief=1 \

@@ -77,8 +77,7 @@ int moe_wgmma_level() {
 // of q30b shapes alone (jit): 128 tokens (~8 an expert) configuration 9 299.8 us against 309.4 for configuration
 // 1; 2,048 tokens configuration 8 517.5 against 524.5 for 6; 8,192 tokens configuration 10 1,411 against 1,587
 // for 6 (8: 1,596). MOESERVE_MOE_WS=0 turns them off (A/B); MOESERVE_MOE_WS_PREFILL picks the configuration above
-// MOESERVE_MOE_WS_PREFILL_MIN (default 256) tokens an expert (6, 8, 10, the default, or 14 / 15: ping-pong
-// consumers), MOESERVE_MOE_WS_MID the one at 40-256 (8, the default, 14 or 15).
+// MOESERVE_MOE_WS_PREFILL_MIN (default 256) tokens an expert (6, 8 or 10, the default).
 bool moe_ws_enabled() {
   static const bool on = env_int("MOESERVE_MOE_WS", 1, 0, 1) != 0;
   return on;
@@ -90,15 +89,8 @@ double moe_ws_prefill_min() {
 }
 int moe_ws_prefill_config() {
   static const int c = [] {
-    const int v = int(env_int("MOESERVE_MOE_WS_PREFILL", 10, 6, 15));
-    return v == 6 || v == 8 || v == 14 || v == 15 ? v : 10;
-  }();
-  return c;
-}
-int moe_ws_mid_config() {
-  static const int c = [] {
-    const int v = int(env_int("MOESERVE_MOE_WS_MID", 8, 8, 15));
-    return v == 14 || v == 15 ? v : 8;
+    const int v = int(env_int("MOESERVE_MOE_WS_PREFILL", 10, 6, 10));
+    return v == 6 || v == 8 ? v : 10;
   }();
   return c;
 }
@@ -135,7 +127,7 @@ int fused_config_for(const MoeShape& s, int T, bool wgmma) {
   if (per_expert <= moe_small_tile_max()) return 0;
   if (per_expert <= 12) return ws ? moe_ws_decode_config() : 1;
   if (per_expert <= 40) return level >= 2 ? 5 : 2;
-  if (ws) return per_expert <= moe_ws_prefill_min() ? moe_ws_mid_config() : moe_ws_prefill_config();
+  if (ws) return per_expert <= moe_ws_prefill_min() ? 8 : moe_ws_prefill_config();
   return level >= 3 ? 6 : level >= 1 ? 4 : 3;
 }
 

@@ -814,10 +814,6 @@ MOE_JIT_GEMM(12, kGateUp, gu)
 MOE_JIT_GEMM(12, kDown, dn)
 MOE_JIT_GEMM(13, kGateUp, gu)
 MOE_JIT_GEMM(13, kDown, dn)
-MOE_JIT_GEMM(14, kGateUp, gu)
-MOE_JIT_GEMM(14, kDown, dn)
-MOE_JIT_GEMM(15, kGateUp, gu)
-MOE_JIT_GEMM(15, kDown, dn)
 #undef MOE_JIT_GEMM
 
 #else
@@ -880,10 +876,6 @@ inline KernelTable kernel_table() {
   t.gemm[12][kDown] = reinterpret_cast<const void*>(&moe_gemm_kernel<GemmCfg12, kDown>);
   t.gemm[13][kGateUp] = reinterpret_cast<const void*>(&moe_gemm_kernel<GemmCfg13, kGateUp>);
   t.gemm[13][kDown] = reinterpret_cast<const void*>(&moe_gemm_kernel<GemmCfg13, kDown>);
-  t.gemm[14][kGateUp] = reinterpret_cast<const void*>(&moe_gemm_kernel<GemmCfg14, kGateUp>);
-  t.gemm[14][kDown] = reinterpret_cast<const void*>(&moe_gemm_kernel<GemmCfg14, kDown>);
-  t.gemm[15][kGateUp] = reinterpret_cast<const void*>(&moe_gemm_kernel<GemmCfg15, kGateUp>);
-  t.gemm[15][kDown] = reinterpret_cast<const void*>(&moe_gemm_kernel<GemmCfg15, kDown>);
 #ifdef MOE_TABLE_WGMMA
   t.wgmma = MOE_TABLE_WGMMA;
 #endif

@@ -1,6 +1,5 @@
 // Warp-specialized, persistent GEMM of the fused MoE path (sm_90a wgmma builds only; included by
-// moe_gemm_kernels.cuh): configurations 8-14 (moe_kernel_params.h); 12 and 13 copy their weight tiles with cp.async,
-// 14 has ping-pong consumers (each MMA warpgroup a whole unit, the two alternating).
+// moe_gemm_kernels.cuh): configurations 8-12 (moe_kernel_params.h); 12 copies its weight tiles with cp.async.
 //
 // Why: ncu at 8,192 tokens had the wgmma tiles of configuration 6 at ~60% of L2 and ~60% of SM throughput with 7
 // cycles per issued instruction: every k slice waits on cp.async groups and two block-wide barriers. Here the
@@ -22,6 +21,12 @@
 // configuration 6 - the producer's issue rate was the limit (long-scoreboard stalls, tensor pipe 37% busy); a
 // second producer warpgroup took 128-token tiles from 366 to 304 us, TMA for the weights brought 128 x 128 tiles to
 // parity with configuration 6, and 256 x 128 tiles beat it by 11%.
+// Ping-pong consumers (each MMA warpgroup a whole 128 x 128 unit, the two alternating so that one's epilogue runs
+// during the other's main loop; order mbarriers between the main loops) were measured against configuration 10 in
+// session 32 (1564477 / 380d5f0, reverted): correct, but the layer at 8,192 tokens 1,428-1,517 us against 1,183 -
+// ncu: gate/up 1,020 us at 62% tensor-pipe activity against 808 at 79%, down 581 at 54% against 498 at 64%; a single
+// warpgroup's 128 x 128 stream, fed by twice the token gathers a flop, keeps the pipe less busy than the epilogue
+// it hides costs.
 // Same tile layout and swizzle as gemm_body (swap AB: weight rows = M, tokens = N; BK = 64, 128-byte rows): the
 // TMA's 128-byte swizzle is the pattern of swz() on 1024-byte aligned stages.
 #pragma once
@@ -72,8 +77,6 @@ __device__ __forceinline__ void tma_load_2d(unsigned dst, const void* map, int c
 }
 // Barrier among the two consumer warpgroups only (the 256 threads after the producers).
 __device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
-// Barrier among one consumer warpgroup (ping-pong: 2 + the warpgroup, 128 threads).
-__device__ __forceinline__ void warpgroup_sync(int cw) { asm volatile("bar.sync %0, 128;\n" ::"r"(2 + cw) : "memory"); }
 }  // namespace ws
 
 template <class Cfg, int MODE, int FIXED_H, int FIXED_I>
@@ -85,15 +88,9 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
   static_assert(((BM == 128 && (BN == 128 || BN == 64 || BN == 32)) || (BM == 256 && BN == 128)) && BK == 64 &&
                     NP >= 1,
                 "ws tiles: 128 weight rows x 32, 64 or 128 tokens, or 256 x 128");
-  // Ping-pong (Cfg::PINGPONG): each consumer warpgroup owns every other unit with rows of the walk, all BM rows of
-  // it; else (cooperative) both warpgroups share every unit, BM / 2 rows each.
-  constexpr bool PP = Cfg::PINGPONG;
-  static_assert(!PP || (BM == 128 && !Cfg::WEIGHTS_CP_ASYNC), "ping-pong: 128-row units, TMA weight tiles");
-  constexpr int MW = PP ? BM / 64 : BM / 128;  // m64 blocks of each consumer warpgroup
-  constexpr int PARTS = PP ? kPingPongParts : BM / 64;  // the epilogue stores the tile in PARTS parts of TP tokens
+  constexpr int MW = BM / 128;      // m64 blocks of each consumer warpgroup (BM / 2 weight rows)
+  constexpr int PARTS = BM / 64;    // the epilogue stores the tile in PARTS parts of TP tokens
   constexpr int TP = BN / PARTS;
-  constexpr int EPI_GROUPS = PP ? 2 : 1;  // epilogue tiles (and routing-weight rows): one a warpgroup in ping-pong
-  constexpr int EPI_THREADS = PP ? 128 : 256;
   static_assert(STAGES >= 3, "at least 3 stages");
   constexpr int CPR = BK / 8;                // 16-byte chunks per smem row
   constexpr int RPP = 128 * NP / CPR;        // rows one pass of the producer threads covers
@@ -102,16 +99,10 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
   smem = align_smem(smem, 1024);
   unsigned short* As = reinterpret_cast<unsigned short*>(smem);  // [STAGES][BM][BK]
   unsigned short* Bs = As + STAGES * BM * BK;                    // [STAGES][BN][BK]
-  float* cs = reinterpret_cast<float*>(Bs + STAGES * BN * BK);   // [EPI_GROUPS][TP][LDC] the epilogue tile
-  unsigned long long* bars =
-      reinterpret_cast<unsigned long long*>(cs + EPI_GROUPS * TP * LDC);  // full[STAGES], empty[STAGES]
-  float* row_wt = reinterpret_cast<float*>(bars + 2 * STAGES);  // [EPI_GROUPS][BN] the down tile's routing weights
+  float* cs = reinterpret_cast<float*>(Bs + STAGES * BN * BK);   // [TP][LDC] the epilogue tile
+  unsigned long long* bars = reinterpret_cast<unsigned long long*>(cs + TP * LDC);  // full[STAGES], empty[STAGES]
+  float* row_wt = reinterpret_cast<float*>(bars + 2 * STAGES);  // [BN] the down tile's routing weights
   const unsigned full0 = smem_addr(bars), empty0 = full0 + STAGES * 8;
-  // PP: order[w], warpgroup w may start its next main loop (one arrival: the other warpgroup has passed the `full`
-  // waits of its unit's last slice). The main loops then alternate strictly, so that a warpgroup never waits on a
-  // stage whose barrier is two phases behind its slice (the other warpgroup's slices in between not yet landed:
-  // the parity wait would pass on the older phase).
-  const unsigned order0 = smem_addr(row_wt + EPI_GROUPS * BN);
   // Weight tiles by the producers' cp.async (Cfg::WEIGHTS_CP_ASYNC): A_ITERS 16-byte chunks a producer thread a
   // slice, rows tid / CPR + k RPP as for the token rows.
   constexpr bool kCpW = Cfg::WEIGHTS_CP_ASYNC;
@@ -126,11 +117,7 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
   if (tid == 0) {
     for (int s = 0; s < STAGES; ++s) {
       ws::mbar_init(full0 + s * 8, 128 * NP + (kCpW ? 0 : 1));  // + the TMA issuer's expect_tx arrival
-      ws::mbar_init(empty0 + s * 8, PP ? 1 : 2);  // one arrival a consumer warpgroup reading the stage
-    }
-    if (PP) {
-      ws::mbar_init(order0, 1);
-      ws::mbar_init(order0 + 8, 1);
+      ws::mbar_init(empty0 + s * 8, 2);
     }
   }
   __syncthreads();
@@ -277,27 +264,13 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
   }
 
   if constexpr (kConsumerRegs > 0) ws::setmaxnreg_inc<kConsumerRegs>();
-  // ---- consumers: warpgroup cw (0 or 1) owns weight rows [BM / 2 cw, BM / 2 cw + BM / 2) of every tile, or (PP)
-  // all rows of every other unit.
+  // ---- consumers: warpgroup cw (0 or 1) owns weight rows [64 cw, 64 cw + 64) of the tile.
   const int cw = (warp - 4 * NP) / 4, ctid = tid - 128 * NP;
-  const int etid = PP ? ctid & 127 : ctid;  // the thread among the EPI_THREADS that store its tiles
-  float* my_cs = cs + (PP ? cw * TP * LDC : 0);
-  float* my_row_wt = row_wt + (PP ? cw * BN : 0);
-  const unsigned as_addr = smem_addr(As) + unsigned(PP ? 0 : cw * (BM / 2) * BK * 2), bs_addr = smem_addr(Bs);
-  int slice = 0, seq = 0, turns = 0;  // PP: seq units with slices so far (the owner alternating), turns waited
+  const unsigned as_addr = smem_addr(As) + unsigned(cw * (BM / 2) * BK * 2), bs_addr = smem_addr(Bs);
+  int slice = 0;
   for (int u = blockIdx.x; u < units; u += gridDim.x) {
     const int bx = u % gx;
     const Tile tile = p.tiles[u / gx];
-    if constexpr (PP) {
-      const int nk = tile.rows > 0 ? KT : pre_slices(u);
-      if (nk == 0) continue;
-      const int q = seq++;
-      if ((q & 1) != cw) {  // the other warpgroup's unit: skip its slices
-        slice += nk;
-        continue;
-      }
-      if (q > 0) ws::mbar_wait(order0 + cw * 8, (turns++) & 1);  // the unit before (the other's) passed its waits
-    }
     if (tile.rows <= 0) {  // drain the slices issued for it before the wait (static slots), if any
       for (int kt = pre_slices(u); kt > 0; --kt, ++slice) {
         const int stage = slice % STAGES;
@@ -319,7 +292,7 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
     // (fence, atomics, the token's pair positions) cost ~2 us a unit and the bs 64 step +104 us (session 29).
     int my_pair = -1;
     float my_wt = 0.0f;
-    if (MODE == kDown && etid < BN && etid < tile.rows) my_pair = p.perm_pair[tile.row0 + etid];
+    if (MODE == kDown && ctid < BN && ctid < tile.rows) my_pair = p.perm_pair[tile.row0 + ctid];
     for (int kt = 0; kt < KT; ++kt, ++slice) {
       if (MODE == kDown && kt == 1 && my_pair >= 0) my_wt = p.topk_weights[my_pair];
       const int stage = slice % STAGES;
@@ -338,7 +311,6 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
       wgmma_wait<1>();  // the slice before this one is read: release its stage
       if (kt > 0 && (ctid & 127) == 0) ws::mbar_arrive(empty0 + ((slice - 1) % STAGES) * 8);
     }
-    if (PP && (ctid & 127) == 0) ws::mbar_arrive(order0 + (cw ^ 1) * 8);  // the other warpgroup's turn
     wgmma_wait<0>();
     if ((ctid & 127) == 0) ws::mbar_arrive(empty0 + ((slice - 1) % STAGES) * 8);
     if (MODE == kDown && KT == 1 && my_pair >= 0) my_wt = p.topk_weights[my_pair];
@@ -349,29 +321,27 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
       // Every part stays compile-time (fully unrolled) so that d keeps to registers: a runtime jn range would
       // index d dynamically and move the wgmma accumulators to local memory.
       if (h > 0 && tile.rows <= h * TP) continue;  // uniform over the consumers
-      // the previous part (or unit) has finished reading the epilogue tile (and the routing weights)
-      if constexpr (PP) ws::warpgroup_sync(cw); else ws::consumers_sync();
-      if (MODE == kDown && h == 0 && etid < BN) my_row_wt[etid] = my_wt;
+      ws::consumers_sync();  // the previous part (or unit) has finished reading cs (and row_wt)
+      if (MODE == kDown && h == 0 && ctid < BN) row_wt[ctid] = my_wt;
       const int g = lane >> 2, tig = lane & 3;
 #pragma unroll
       for (int j = 0; j < MW; ++j) {
-        const int m = (PP ? 0 : cw * (BM / 2)) + j * 64 + (warp & 3) * 16 + g;
+        const int m = cw * (BM / 2) + j * 64 + (warp & 3) * 16 + g;
 #pragma unroll
         for (int jn = 0; jn < BN / 8; ++jn) {
           if (jn / (TP / 8) != h) continue;
           const int n = jn * 8 + tig * 2 - h * TP;
-          my_cs[n * LDC + m] = d[j][4 * jn];
-          my_cs[(n + 1) * LDC + m] = d[j][4 * jn + 1];
-          my_cs[n * LDC + m + 8] = d[j][4 * jn + 2];
-          my_cs[(n + 1) * LDC + m + 8] = d[j][4 * jn + 3];
+          cs[n * LDC + m] = d[j][4 * jn];
+          cs[(n + 1) * LDC + m] = d[j][4 * jn + 1];
+          cs[n * LDC + m + 8] = d[j][4 * jn + 2];
+          cs[(n + 1) * LDC + m + 8] = d[j][4 * jn + 3];
         }
       }
-      if constexpr (PP) ws::warpgroup_sync(cw); else ws::consumers_sync();
+      ws::consumers_sync();
       Tile part = tile;
       part.row0 += h * TP;
       part.rows -= h * TP;
-      store_tile<BM, TP, MODE>(p, my_cs, part, bx, H, I, false, etid, EPI_THREADS,
-                               MODE == kDown ? my_row_wt + h * TP : nullptr);
+      store_tile<BM, TP, MODE>(p, cs, part, bx, H, I, false, ctid, 256, MODE == kDown ? row_wt + h * TP : nullptr);
     }
   }
 #else

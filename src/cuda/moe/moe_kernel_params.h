@@ -167,26 +167,19 @@ constexpr int kCombineNormChunks = 4;  // 8-element chunks a thread keeps for th
 // behind mbarriers, one CTA an SM walking the ordinary grid; sm_90a tables only).
 // CPW (WGMMA 3 only): the producer warpgroups copy the weight tiles with cp.async (16-byte chunks, the same
 // 128-byte swizzle) instead of one thread's TMA boxes.
-// PP (WGMMA 3 only): ping-pong consumers - each MMA warpgroup owns every other unit of the CTA's walk (all BM weight
-// rows x BN tokens), so that one warpgroup's epilogue runs while the other's main loop keeps the tensor pipe busy;
-// each warpgroup has its own epilogue tile (stored in kPingPongParts parts) and routing weights.
-constexpr int kPingPongParts = 8;
-template <int BM_, int BN_, int WM_, int WN_, int BK_, int STAGES_, int MINB_, int WGMMA_ = 0, int CPW_ = 0,
-          int PP_ = 0>
+template <int BM_, int BN_, int WM_, int WN_, int BK_, int STAGES_, int MINB_, int WGMMA_ = 0, int CPW_ = 0>
 struct GemmConfig {
   static constexpr int BM = BM_, BN = BN_, WM = WM_, WN = WN_, BK = BK_, STAGES = STAGES_, MINB = MINB_;
   static constexpr int WGMMA = WGMMA_;
   static constexpr bool WEIGHTS_CP_ASYNC = CPW_ != 0;
-  static constexpr bool PINGPONG = PP_ != 0;
   static constexpr int THREADS = WM * WN * 32;
   static constexpr int PIPE_BYTES = STAGES * (BM + BN) * BK * 2;
   // f32 accumulator tile, padded against bank conflicts; WGMMA 3 keeps it apart from the ring (the producer
   // refills the ring during the epilogue) and stores the tile in BM / 64 parts, plus 2 x STAGES mbarriers and the
   // down tile's BN routing weights.
-  static constexpr int EPI_BYTES =
-      PINGPONG ? 2 * (BN / kPingPongParts) * (BM + 4) * 4 : (WGMMA == 3 ? BN / (BM / 64) : BN) * (BM + 4) * 4;
+  static constexpr int EPI_BYTES = (WGMMA == 3 ? BN / (BM / 64) : BN) * (BM + 4) * 4;
   static constexpr int SMEM_BYTES =
-      WGMMA == 3 ? PIPE_BYTES + EPI_BYTES + 16 * STAGES + (PINGPONG ? 8 * BN + 16 : 4 * BN) + 1024
+      WGMMA == 3 ? PIPE_BYTES + EPI_BYTES + 16 * STAGES + 4 * BN + 1024
                  : (PIPE_BYTES > EPI_BYTES ? PIPE_BYTES : EPI_BYTES) + (WGMMA > 0 ? 1024 : 0);
 };
 
@@ -228,17 +221,7 @@ using GemmCfg11 = GemmConfig<128, 32, 4, 4, 64, 4, 2, 3>;
 using GemmCfg12 = GemmConfig<128, 32, 4, 4, 64, 4, 2, 3, 1>;
 // Configuration 9 with cp.async weight tiles (experiment, MOESERVE_MOE_WS_DECODE=13).
 using GemmCfg13 = GemmConfig<128, 64, 4, 4, 64, 8, 1, 3, 1>;
-// Prefill with ping-pong consumers (experiment, MOESERVE_MOE_WS_PREFILL=14 above 256 tokens an expert,
-// MOESERVE_MOE_WS_MID=14 at 40-256): configuration 8's 128 x 128 units, two producer warpgroups (TMA weights, cp.async
-// tokens) and a 6-deep ring (192 KB), each MMA warpgroup a whole unit (128 accumulators a thread, 200 registers after
-// setmaxnreg) and its own 16-token epilogue tile. Why: ncu (session 23) had both MMA warpgroups of configuration 10
-// in the epilogue 22% (gate/up) and 30% (down) of their time with the tensor pipe idle; the price is a third more
-// bytes through L2 per flop than 256 x 128.
-using GemmCfg14 = GemmConfig<128, 128, 4, 4, 64, 6, 1, 3, 0, 1>;
-// 14 with one producer warpgroup (384 threads, no register rebalancing: ~156 a thread as configuration 10)
-// (experiment, MOESERVE_MOE_WS_PREFILL=15 / MOESERVE_MOE_WS_MID=15).
-using GemmCfg15 = GemmConfig<128, 128, 3, 4, 64, 6, 1, 3, 0, 1>;
-constexpr int kNumGemmConfigs = 16;
+constexpr int kNumGemmConfigs = 14;
 
 #ifndef __CUDACC_RTC__  // host-side helper; NVRTC treats unannotated functions as host code and rejects them
 struct GemmConfigInfo {
@@ -266,9 +249,7 @@ constexpr GemmConfigInfo gemm_config_info(int i) {
          : i == 10 ? gemm_config_info_of<GemmCfg10>()
          : i == 11 ? gemm_config_info_of<GemmCfg11>()
          : i == 12 ? gemm_config_info_of<GemmCfg12>()
-         : i == 13 ? gemm_config_info_of<GemmCfg13>()
-         : i == 14 ? gemm_config_info_of<GemmCfg14>()
-                   : gemm_config_info_of<GemmCfg15>();
+                   : gemm_config_info_of<GemmCfg13>();
 }
 #endif
 
