@@ -35,6 +35,9 @@ struct alignas(16) U4 {
 struct alignas(16) F4 {
   float x, y, z, w;
 };
+struct alignas(8) F2 {
+  float x, y;
+};
 
 // Element offset of 16-byte chunk `chunk` of row `row` in a [rows][BK] bf16 tile. XOR with the row's low three
 // bits: the eight rows an ldmatrix phase reads land in eight different bank groups.

@@ -77,7 +77,147 @@ __device__ __forceinline__ void tma_load_2d(unsigned dst, const void* map, int c
 }
 // Barrier among the two consumer warpgroups only (the 256 threads after the producers).
 __device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
+// TMA tensor store: the box of `map` at (c0 = inner element, c1 = row) from shared memory at src, in this thread's
+// current bulk group.
+__device__ __forceinline__ void tma_store_2d(const void* map, unsigned src, int c0, int c1) {
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n" ::"l"(map), "r"(src),
+               "r"(c0), "r"(c1)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// This thread's bulk groups have finished reading their shared memory (it may be rewritten).
+__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+// This thread's bulk groups are complete (their global writes done).
+__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+__device__ __forceinline__ U4 lds128(unsigned smem_byte_addr) {
+  U4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(smem_byte_addr)
+               : "memory");
+  return v;
+}
+// Byte offset of 16-byte chunk c (0-7) of row r in a staged box of 128-byte rows with the 128-byte swizzle.
+__device__ __forceinline__ unsigned swz128(int r, int c) { return unsigned(r * 128 + ((c ^ (r & 7)) << 4)); }
 }  // namespace ws
+
+#if MOE_HAVE_WGMMA
+// The epilogue of the 256 x 128 tile (GemmConfig::STM_EPI), the accumulators of MMA warpgroup cw (d[j]: m64 block j
+// of its 128 weight rows x 128 tokens) staged as bf16 by stmatrix.trans into token-major boxes of 64 columns x 128-byte
+// rows (the TMA's 128-byte swizzle), then stored: by TMA tensor stores (p.tma_store, the tile's token rows all its
+// own; consumer thread 0 issues them and waits for their reads before the buffer is rewritten) or by the consumers'
+// 16-byte stores. Why: the f32 tile of the other epilogue took 128 shared stores a thread and a store loop of ~900
+// instructions a down unit (ncu, session 32: the epilogue instruction-bound, global stores 2% of its samples).
+//  kGateUp: the weight tile's row blocks are gate 0-63, up 0-63, gate 64-127, up 64-127 (issue_weights), so d[0] and
+//    d[1] are the gate and up values of the same (act column, token): act = silu(gate) * up in registers, one staged
+//    tile [128 tokens][128 columns] (two boxes); 2 consumer barriers a unit against the f32 tile's 8.
+//  kDown: y = routing weight * d in registers (row_wt: the tile's weights, written before the first barrier), staged
+//    in two halves [64 tokens][256 rows] (four boxes each); 4 barriers a unit.
+// Barrier discipline: the staged tile is rewritten only after a consumer barrier that follows every thread's reads
+// of it (and thread 0's bulk_wait_read, for the TMA's reads); row_wt likewise.
+template <int BM, int BN, int MODE>
+__device__ __forceinline__ void epilogue_stm(const GemmParams& p, const float (&d)[2][BN / 2], unsigned st,
+                                             float* row_wt, float my_wt, const Tile& tile, int bx, int H, int I,
+                                             int cw, int ctid) {
+  using namespace moe_ptx;
+  const int lane = ctid & 31, w4 = (ctid >> 5) & 3, tig = lane & 3;
+  // stmatrix x4 of token pair-block m (tokens 16m .. 16m + 15): matrix q = lane / 8 holds tokens 16m + 8 (q / 2) + r
+  // (r = lane % 8, this lane's memory row) x the 8 weight rows 16 w4 + 8 (q % 2) of the warp's 16 rows of block j.
+  const int q = lane >> 3, r8 = lane & 7;
+  const unsigned lane_off = ws::swz128(8 * (q >> 1) + r8, 2 * w4 + (q & 1));  // + m 2,048 (16 rows of 128 bytes)
+  const bool tma = p.tma_store != 0;
+  if constexpr (MODE == kGateUp) {
+    constexpr int BOX = BN * 128;  // bytes of one 64-column box of BN token rows
+    if (ctid == 0) ws::bulk_wait_read();
+    ws::consumers_sync();  // the previous unit's staged tile has been read
+    const unsigned base = st + unsigned(cw * BOX) + lane_off;  // box cw: act columns 64 cw .. 64 cw + 63
+#pragma unroll
+    for (int m = 0; m < BN / 16; ++m) {
+      unsigned r[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const int x = 4 * (2 * m + (k >> 1)) + 2 * (k & 1);  // jn = 2m + k / 2; rows + 8 for odd k
+        r[k] = pack_bf16x2(silu(d[0][x]) * d[1][x], silu(d[0][x + 1]) * d[1][x + 1]);
+      }
+      stsm_x4_trans(base + unsigned(m * 2048), r[0], r[1], r[2], r[3]);
+    }
+    if (tma && tile.rows >= BN) {
+      fence_proxy_async_smem();  // the stmatrix writes (generic proxy) before the TMA's reads (async proxy)
+      ws::consumers_sync();
+      if (ctid == 0) {
+#pragma unroll
+        for (int b = 0; b < BM / 128; ++b)
+          ws::tma_store_2d(&p.dmap, st + unsigned(b * BOX), bx * (BM / 2) + b * 64, tile.row0);
+        ws::bulk_commit();
+      }
+      return;
+    }
+    ws::consumers_sync();
+    // Thread ctid stores 16-byte chunk c of tokens n0 + 16 k: 16 chunks a token row of 128 columns.
+    const int c = ctid & 15, n0 = ctid >> 4;
+    const int i = bx * (BM / 2) + c * 8;
+    if (i >= I) return;
+    const unsigned src = st + unsigned((c >> 3) * BOX) + ws::swz128(n0, c & 7);  // + k 2,048 (16 rows)
+    unsigned short* dst = p.dst + (long long)(tile.row0 + n0) * I + i;
+#pragma unroll
+    for (int k = 0; k < BN / 16; ++k)
+      if (n0 + 16 * k < tile.rows)
+        *reinterpret_cast<U4*>(dst + (long long)16 * k * I) = ws::lds128(src + unsigned(k * 2048));
+  } else {
+    constexpr int HT = BN / 2;        // tokens a half
+    constexpr int BOX = HT * 128;     // bytes of one 64-row box of HT token rows
+    if (ctid < BN) row_wt[ctid] = my_wt;
+    if (ctid == 0) ws::bulk_wait_read();
+    ws::consumers_sync();  // the previous unit's staged half has been read; row_wt written
+    const unsigned base = st + unsigned(cw * 2 * BOX) + lane_off;  // boxes 2 cw + j: rows 128 cw + 64 j ..
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      if (hf == 1) {
+        if (tile.rows <= HT) break;  // uniform over the consumers
+        if (ctid == 0) ws::bulk_wait_read();
+        ws::consumers_sync();  // half 0 has been read
+      }
+#pragma unroll
+      for (int m = 0; m < HT / 16; ++m) {
+        const int jn0 = 8 * hf + 2 * m;  // n8 blocks jn0 and jn0 + 1 of the accumulators
+        const F2 w0 = *reinterpret_cast<const F2*>(row_wt + 8 * jn0 + 2 * tig);
+        const F2 w1 = *reinterpret_cast<const F2*>(row_wt + 8 * jn0 + 8 + 2 * tig);
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const int x = 4 * jn0;
+          stsm_x4_trans(base + unsigned(j * BOX + m * 2048), pack_bf16x2(d[j][x] * w0.x, d[j][x + 1] * w0.y),
+                        pack_bf16x2(d[j][x + 2] * w0.x, d[j][x + 3] * w0.y),
+                        pack_bf16x2(d[j][x + 4] * w1.x, d[j][x + 5] * w1.y),
+                        pack_bf16x2(d[j][x + 6] * w1.x, d[j][x + 7] * w1.y));
+        }
+      }
+      if (tma && tile.rows >= HT * (hf + 1)) {
+        fence_proxy_async_smem();
+        ws::consumers_sync();
+        if (ctid == 0) {
+#pragma unroll
+          for (int b = 0; b < BM / 64; ++b)
+            ws::tma_store_2d(&p.dmap, st + unsigned(b * BOX), bx * BM + b * 64, tile.row0 + hf * HT);
+          ws::bulk_commit();
+        }
+        continue;
+      }
+      ws::consumers_sync();
+      // Thread ctid stores 16-byte chunk c of tokens n0 + 8 k of the half: 32 chunks a token row of 256 rows.
+      const int c = ctid & 31, n0 = ctid >> 5;
+      const int h = bx * BM + c * 8;
+      if (h < H) {
+        const unsigned src = st + unsigned((c >> 3) * BOX) + ws::swz128(n0, c & 7);  // + k 1,024 (8 rows)
+        unsigned short* dst = p.dst + (long long)(tile.row0 + hf * HT + n0) * H + h;
+#pragma unroll
+        for (int k = 0; k < HT / 8; ++k)
+          if (hf * HT + n0 + 8 * k < tile.rows)
+            *reinterpret_cast<U4*>(dst + (long long)8 * k * H) = ws::lds128(src + unsigned(k * 1024));
+      }
+    }
+  }
+}
+#endif
 
 template <class Cfg, int MODE, int FIXED_H, int FIXED_I>
 __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
@@ -96,6 +236,9 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
   constexpr int RPP = 128 * NP / CPR;        // rows one pass of the producer threads covers
   constexpr int B_ITERS = BN / RPP;
   constexpr int LDC = BM + 4;
+  constexpr bool kStm = Cfg::STM_EPI;  // the bf16 stmatrix epilogue (BM 256, MW 2; epilogue_stm below)
+  static_assert(!kStm || (BM == 256 && BN == 128 && !Cfg::WEIGHTS_CP_ASYNC),
+                "the stmatrix epilogue: 256 x 128 tiles with TMA weight boxes (64 rows for gate/up: gate_up_box_rows)");
   smem = align_smem(smem, 1024);
   unsigned short* As = reinterpret_cast<unsigned short*>(smem);  // [STAGES][BM][BK]
   unsigned short* Bs = As + STAGES * BM * BK;                    // [STAGES][BN][BK]
@@ -137,8 +280,17 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
     const unsigned as = smem_addr(As + stage * BM * BK);
     const int wrow = MODE == kGateUp ? tile.expert * 2 * I + bx * (BM / 2) : tile.expert * H + bx * BM;
     ws::mbar_arrive_expect_tx(full0 + stage * 8, BM * BK * 2);
-    ws::tma_load_2d(as, &p.wmap, kt * BK, wrow, full0 + stage * 8);
-    if (MODE == kGateUp) ws::tma_load_2d(as + BM / 2 * BK * 2, &p.wmap, kt * BK, wrow + I, full0 + stage * 8);
+    if constexpr (MODE == kGateUp && kStm) {
+      // 64-row boxes in the order gate 0-63, up 0-63, gate 64-127, up 64-127 of the tile's 128 act columns: MMA
+      // warpgroup cw's two m64 blocks are then the gate and the up rows of the same 64 columns.
+#pragma unroll
+      for (int q = 0; q < 4; ++q)
+        ws::tma_load_2d(as + q * 64 * BK * 2, &p.wmap, kt * BK, wrow + (q >> 1) * 64 + (q & 1) * I,
+                        full0 + stage * 8);
+    } else {
+      ws::tma_load_2d(as, &p.wmap, kt * BK, wrow, full0 + stage * 8);
+      if (MODE == kGateUp) ws::tma_load_2d(as + BM / 2 * BK * 2, &p.wmap, kt * BK, wrow + I, full0 + stage * 8);
+    }
   };
   // kCpW: producer thread tid's chunks of the weight tile of global slice `slice` (its part of the stage's
   // `full` arrival is the thread's cp_async_arrive_noinc after its token rows). Rows past the expert's rows are
@@ -315,6 +467,9 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
     if ((ctid & 127) == 0) ws::mbar_arrive(empty0 + ((slice - 1) % STAGES) * 8);
     if (MODE == kDown && KT == 1 && my_pair >= 0) my_wt = p.topk_weights[my_pair];
 
+    if constexpr (kStm) {
+      epilogue_stm<BM, BN, MODE>(p, d, smem_addr(cs), row_wt, my_wt, tile, bx, H, I, cw, ctid);
+    } else {
     // The epilogue in PARTS parts of TP tokens through the part-size tile cs.
 #pragma unroll
     for (int h = 0; h < PARTS; ++h) {
@@ -343,7 +498,10 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
       part.rows -= h * TP;
       store_tile<BM, TP, MODE>(p, cs, part, bx, H, I, false, ctid, 256, MODE == kDown ? row_wt + h * TP : nullptr);
     }
+    }
   }
+  // The TMA stores complete before the grid does (the next kernel reads dst after its programmatic wait).
+  if (kStm && ctid == 0) ws::bulk_wait_all();
 #else
   (void)p;
   (void)smem;  // never launched: the host picks this configuration only for tables with wgmma (KernelTable)

@@ -136,6 +136,12 @@ struct GemmParams {
   // the slices issued for it without MMAs. The value is how many slices go out before the wait (at most the ring's
   // depth; 0: none, the prep's ordinary layout).
   int static_slots;
+  // The 256-row warp-specialized tile (GemmConfig::STM_EPI) when tma_store != 0: the TMA descriptor of dst (2D bf16
+  // [P, I] for gate/up, [P, H] for down, 128-byte swizzle, boxes of 64 x BN (gate/up) or 64 x BN / 2 (down)
+  // elements); a staged tile whose token rows are all the tile's goes out as TMA tensor stores, a partial one by the
+  // consumers' 16-byte stores.
+  TmaDesc dmap;
+  int tma_store;
 };
 
 // out[t, :] = bf16(sum over j < top_k of y[pair_pos[t * top_k + j], :]), slots in order (deterministic).
@@ -174,14 +180,20 @@ struct GemmConfig {
   static constexpr bool WEIGHTS_CP_ASYNC = CPW_ != 0;
   static constexpr int THREADS = WM * WN * 32;
   static constexpr int PIPE_BYTES = STAGES * (BM + BN) * BK * 2;
+  // The warp-specialized 256-row tile (configuration 10) stages its epilogue as bf16 through stmatrix
+  // (moe_gemm_ws.cuh): gate/up's act tile [BN tokens][BM / 2] whole, down's y tile [BN / 2 tokens][BM] in two halves,
+  // in 128-byte rows with the 128-byte swizzle (the TMA store's layout). Its gate/up weight tile interleaves 64-row
+  // blocks of gate and up rows (gate_up_box_rows) so that each MMA warpgroup holds both halves of its act values.
+  static constexpr bool STM_EPI = WGMMA == 3 && BM == 256;
   // f32 accumulator tile, padded against bank conflicts; WGMMA 3 keeps it apart from the ring (the producer
   // refills the ring during the epilogue) and stores the tile in BM / 64 parts, plus 2 x STAGES mbarriers and the
   // down tile's BN routing weights.
-  static constexpr int EPI_BYTES = (WGMMA == 3 ? BN / (BM / 64) : BN) * (BM + 4) * 4;
+  static constexpr int EPI_BYTES = STM_EPI ? BN * BM : (WGMMA == 3 ? BN / (BM / 64) : BN) * (BM + 4) * 4;
   static constexpr int SMEM_BYTES =
       WGMMA == 3 ? PIPE_BYTES + EPI_BYTES + 16 * STAGES + 4 * BN + 1024
                  : (PIPE_BYTES > EPI_BYTES ? PIPE_BYTES : EPI_BYTES) + (WGMMA > 0 ? 1024 : 0);
 };
+
 
 // Chosen by the average tokens per expert (T * top_k / E) so that one tile usually holds all of an expert's
 // tokens (each weight byte read once) while decode still launches enough CTAs to cover every SM.
@@ -229,12 +241,16 @@ struct GemmConfigInfo {
   bool persistent;  // warp-specialized (WGMMA 3): MINB CTAs an SM walk the grid, launched with MINB x the SM count
   int ctas_per_sm;
   bool weights_cp_async;  // persistent, weight tiles by the producers' cp.async (GemmParams::static_slots applies)
+  bool stm_epilogue;      // GemmConfig::STM_EPI (GemmParams::tma_store applies)
 };
 template <class C>
 constexpr GemmConfigInfo gemm_config_info_of() {
   return GemmConfigInfo{C::BM, C::BN, C::THREADS, C::SMEM_BYTES, C::WGMMA == 3, C::MINB,
-                        C::WGMMA == 3 && C::WEIGHTS_CP_ASYNC};
+                        C::WGMMA == 3 && C::WEIGHTS_CP_ASYNC, C::STM_EPI};
 }
+// Rows of the gate/up weight TMA box of a warp-specialized tile of bm rows: the gate and the up half of the tile as
+// one box each, or (the 256-row tile, GemmConfig::STM_EPI) four 64-row boxes, gate and up blocks alternating.
+constexpr int gate_up_box_rows(int bm) { return bm == 256 ? 64 : bm / 2; }
 constexpr GemmConfigInfo gemm_config_info(int i) {
   return i == 0   ? gemm_config_info_of<GemmCfg0>()
          : i == 1 ? gemm_config_info_of<GemmCfg1>()

@@ -118,6 +118,15 @@ __device__ __forceinline__ void wgmma_wait() {
 // Makes this thread's shared-memory writes (cp.async lands through the generic proxy) visible to wgmma's reads
 // (async proxy); a barrier after it covers the other threads' writes.
 __device__ __forceinline__ void fence_proxy_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// Four 8x8 b16 matrices stored transposed (sm_90): register i of each lane holds elements (lane / 4, 2 (lane % 4))
+// and (lane / 4, 2 (lane % 4) + 1) of matrix i (the mma / wgmma accumulator fragment, packed); lanes 8i..8i+7 give
+// the addresses of matrix i's 16-byte memory rows, and memory row c receives the matrix's column c.
+__device__ __forceinline__ void stsm_x4_trans(unsigned smem_byte_addr, unsigned r0, unsigned r1, unsigned r2,
+                                              unsigned r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(smem_byte_addr),
+               "r"(r0), "r"(r1), "r"(r2), "r"(r3)
+               : "memory");
+}
 // d (64 x N f32, the warpgroup's accumulator: warp w holds rows 16w + lane/4 (+8), columns 8j + 2(lane%4) (+1) in
 // d[4j .. 4j+3]) += A (64 x 16, K-major, descriptor) * B (N x 16, K-major, descriptor)^T, for N = 128, 64, 32, 16.
 __device__ __forceinline__ void wgmma_m64nk16_bf16(float (&d)[64], unsigned long long a_desc,
