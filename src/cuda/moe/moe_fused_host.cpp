@@ -46,13 +46,6 @@ void encode_weight_map(TmaDesc& out, const void* w, int64_t rows, int K, int box
 // (2,856.6-2,857.5 against 2,861.7-2,862.3; call 1: 2,888.6-2,891.7 against 2,890.9-2,897.0), bs 48 -4 to -6, bs 128
 // -4 to -10; 1 slice between the two. Fewer slices queue less in front of the prep's loads (session 27's trace: the
 // prep +18 us a step with 4).
-// The 256-row prefill tile's staged epilogue (GemmConfig::STM_EPI) stores its full tiles by TMA tensor stores
-// (GemmParams::tma_store) with MOESERVE_MOE_TMA_STORE=1, else by the consumers' 16-byte stores.
-bool moe_tma_store() {
-  static const bool on = env_int("MOESERVE_MOE_TMA_STORE", 0, 0, 1) != 0;
-  return on;
-}
-
 int moe_gu_prewait_slices() {
   static const int n = int(env_int("MOESERVE_MOE_GU_PREWAIT", 2, 0, 64));
   return n;
@@ -370,10 +363,6 @@ void fused_run(const KernelTable& k, const MoeShape& s, const bf16* x, int T, co
   if (gu_cfg.persistent)
     encode_weight_map(gu.wmap, w.gate_up, int64_t(s.num_experts) * 2 * s.inter, s.hidden,
                       gate_up_box_rows(gu_cfg.bm));
-  if (gu_cfg.stm_epilogue && moe_tma_store()) {
-    gu.tma_store = 1;
-    encode_bf16_tma_2d(&gu.dmap, act, int64_t(T) * s.top_k, s.inter, gu_cfg.bn);
-  }
   launch(k.gemm[gu_config][kGateUp], grid_of(gu_cfg, ceil_div(s.inter, gu_cfg.bm / 2)), dim3(gu_cfg.threads),
          size_t(gu_cfg.smem_bytes), &gu, stream, "moe gate/up GEMM launch", pdl);
 
@@ -391,10 +380,6 @@ void fused_run(const KernelTable& k, const MoeShape& s, const bf16* x, int T, co
     return;
   }
   if (cfg.persistent) encode_weight_map(dn.wmap, w.down, int64_t(s.num_experts) * s.hidden, s.inter, cfg.bm);
-  if (cfg.stm_epilogue && moe_tma_store()) {
-    dn.tma_store = 1;
-    encode_bf16_tma_2d(&dn.dmap, y, int64_t(T) * s.top_k, s.hidden, cfg.bn / 2);
-  }
   launch(k.gemm[l.config][kDown], grid_of(cfg, ceil_div(s.hidden, cfg.bm)), dim3(cfg.threads),
          size_t(cfg.smem_bytes), &dn, stream, "moe down GEMM launch", pdl);
   if (fused_combine) return;

@@ -15,7 +15,7 @@
 //   the CTA is persistent: it walks units u = blockIdx.x, blockIdx.x + gridDim.x, ... of the grid_x x num_slots
 //     grid the ordinary kernel would launch, so the producers already fill the ring for the next unit while the
 //     consumers store this unit in BM / 64 parts through a separate f32 tile (`cs`), synchronized among the
-//     consumers by named barrier 1 only.
+//     consumers by named barrier 1 only (the 256 x 128 tile stages it as bf16 by stmatrix instead: epilogue_stm).
 // What the H200 taught (session 9): with publishing by cp.async.wait_group + arrive (a producer thread waiting on
 // its own copies) and one producer warpgroup issuing every copy, 8,192 tokens took 2,726 us against 1,599 for
 // configuration 6 - the producer's issue rate was the limit (long-scoreboard stalls, tensor pipe 37% busy); a
@@ -77,18 +77,6 @@ __device__ __forceinline__ void tma_load_2d(unsigned dst, const void* map, int c
 }
 // Barrier among the two consumer warpgroups only (the 256 threads after the producers).
 __device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
-// TMA tensor store: the box of `map` at (c0 = inner element, c1 = row) from shared memory at src, in this thread's
-// current bulk group.
-__device__ __forceinline__ void tma_store_2d(const void* map, unsigned src, int c0, int c1) {
-  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n" ::"l"(map), "r"(src),
-               "r"(c0), "r"(c1)
-               : "memory");
-}
-__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
-// This thread's bulk groups have finished reading their shared memory (it may be rewritten).
-__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
-// This thread's bulk groups are complete (their global writes done).
-__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 __device__ __forceinline__ U4 lds128(unsigned smem_byte_addr) {
   U4 v;
   asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
@@ -104,17 +92,19 @@ __device__ __forceinline__ unsigned swz128(int r, int c) { return unsigned(r * 1
 #if MOE_HAVE_WGMMA
 // The epilogue of the 256 x 128 tile (GemmConfig::STM_EPI), the accumulators of MMA warpgroup cw (d[j]: m64 block j
 // of its 128 weight rows x 128 tokens) staged as bf16 by stmatrix.trans into token-major boxes of 64 columns x 128-byte
-// rows (the TMA's 128-byte swizzle), then stored: by TMA tensor stores (p.tma_store, the tile's token rows all its
-// own; consumer thread 0 issues them and waits for their reads before the buffer is rewritten) or by the consumers'
-// 16-byte stores. Why: the f32 tile of the other epilogue took 128 shared stores a thread and a store loop of ~900
-// instructions a down unit (ncu, session 32: the epilogue instruction-bound, global stores 2% of its samples).
+// rows (XOR-swizzled by the row's low bits, conflict-free for the stmatrix rows and the 16-byte reads), then stored by
+// the consumers' 16-byte stores. Why: the f32 tile of the other epilogue took 128 shared stores a thread and a store
+// loop of ~900 instructions a down unit (ncu, session 32: the epilogue instruction-bound, global stores 2% of its
+// samples). H200, session 33 (same call, two rounds): the MoE layer at 8,192 tokens 1,162.6 us against 1,203.7,
+// the 16 x 512 prefill step's experts 10,046 against 10,436; TMA tensor stores of the staged boxes for full tiles were
+// no faster (layer 1,168.7 against 1,167.2, one round) and were removed.
 //  kGateUp: the weight tile's row blocks are gate 0-63, up 0-63, gate 64-127, up 64-127 (issue_weights), so d[0] and
 //    d[1] are the gate and up values of the same (act column, token): act = silu(gate) * up in registers, one staged
 //    tile [128 tokens][128 columns] (two boxes); 2 consumer barriers a unit against the f32 tile's 8.
 //  kDown: y = routing weight * d in registers (row_wt: the tile's weights, written before the first barrier), staged
 //    in two halves [64 tokens][256 rows] (four boxes each); 4 barriers a unit.
-// Barrier discipline: the staged tile is rewritten only after a consumer barrier that follows every thread's reads
-// of it (and thread 0's bulk_wait_read, for the TMA's reads); row_wt likewise.
+// Barrier discipline: the staged tile and row_wt are rewritten only after a consumer barrier that follows every
+// thread's reads of them.
 template <int BM, int BN, int MODE>
 __device__ __forceinline__ void epilogue_stm(const GemmParams& p, const float (&d)[2][BN / 2], unsigned st,
                                              float* row_wt, float my_wt, const Tile& tile, int bx, int H, int I,
@@ -125,10 +115,8 @@ __device__ __forceinline__ void epilogue_stm(const GemmParams& p, const float (&
   // (r = lane % 8, this lane's memory row) x the 8 weight rows 16 w4 + 8 (q % 2) of the warp's 16 rows of block j.
   const int q = lane >> 3, r8 = lane & 7;
   const unsigned lane_off = ws::swz128(8 * (q >> 1) + r8, 2 * w4 + (q & 1));  // + m 2,048 (16 rows of 128 bytes)
-  const bool tma = p.tma_store != 0;
   if constexpr (MODE == kGateUp) {
     constexpr int BOX = BN * 128;  // bytes of one 64-column box of BN token rows
-    if (ctid == 0) ws::bulk_wait_read();
     ws::consumers_sync();  // the previous unit's staged tile has been read
     const unsigned base = st + unsigned(cw * BOX) + lane_off;  // box cw: act columns 64 cw .. 64 cw + 63
 #pragma unroll
@@ -140,17 +128,6 @@ __device__ __forceinline__ void epilogue_stm(const GemmParams& p, const float (&
         r[k] = pack_bf16x2(silu(d[0][x]) * d[1][x], silu(d[0][x + 1]) * d[1][x + 1]);
       }
       stsm_x4_trans(base + unsigned(m * 2048), r[0], r[1], r[2], r[3]);
-    }
-    if (tma && tile.rows >= BN) {
-      fence_proxy_async_smem();  // the stmatrix writes (generic proxy) before the TMA's reads (async proxy)
-      ws::consumers_sync();
-      if (ctid == 0) {
-#pragma unroll
-        for (int b = 0; b < BM / 128; ++b)
-          ws::tma_store_2d(&p.dmap, st + unsigned(b * BOX), bx * (BM / 2) + b * 64, tile.row0);
-        ws::bulk_commit();
-      }
-      return;
     }
     ws::consumers_sync();
     // Thread ctid stores 16-byte chunk c of tokens n0 + 16 k: 16 chunks a token row of 128 columns.
@@ -167,14 +144,12 @@ __device__ __forceinline__ void epilogue_stm(const GemmParams& p, const float (&
     constexpr int HT = BN / 2;        // tokens a half
     constexpr int BOX = HT * 128;     // bytes of one 64-row box of HT token rows
     if (ctid < BN) row_wt[ctid] = my_wt;
-    if (ctid == 0) ws::bulk_wait_read();
     ws::consumers_sync();  // the previous unit's staged half has been read; row_wt written
     const unsigned base = st + unsigned(cw * 2 * BOX) + lane_off;  // boxes 2 cw + j: rows 128 cw + 64 j ..
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
       if (hf == 1) {
         if (tile.rows <= HT) break;  // uniform over the consumers
-        if (ctid == 0) ws::bulk_wait_read();
         ws::consumers_sync();  // half 0 has been read
       }
 #pragma unroll
@@ -190,17 +165,6 @@ __device__ __forceinline__ void epilogue_stm(const GemmParams& p, const float (&
                         pack_bf16x2(d[j][x + 4] * w1.x, d[j][x + 5] * w1.y),
                         pack_bf16x2(d[j][x + 6] * w1.x, d[j][x + 7] * w1.y));
         }
-      }
-      if (tma && tile.rows >= HT * (hf + 1)) {
-        fence_proxy_async_smem();
-        ws::consumers_sync();
-        if (ctid == 0) {
-#pragma unroll
-          for (int b = 0; b < BM / 64; ++b)
-            ws::tma_store_2d(&p.dmap, st + unsigned(b * BOX), bx * BM + b * 64, tile.row0 + hf * HT);
-          ws::bulk_commit();
-        }
-        continue;
       }
       ws::consumers_sync();
       // Thread ctid stores 16-byte chunk c of tokens n0 + 8 k of the half: 32 chunks a token row of 256 rows.
@@ -500,8 +464,6 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
     }
     }
   }
-  // The TMA stores complete before the grid does (the next kernel reads dst after its programmatic wait).
-  if (kStm && ctid == 0) ws::bulk_wait_all();
 #else
   (void)p;
   (void)smem;  // never launched: the host picks this configuration only for tables with wgmma (KernelTable)

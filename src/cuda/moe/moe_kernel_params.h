@@ -136,12 +136,6 @@ struct GemmParams {
   // the slices issued for it without MMAs. The value is how many slices go out before the wait (at most the ring's
   // depth; 0: none, the prep's ordinary layout).
   int static_slots;
-  // The 256-row warp-specialized tile (GemmConfig::STM_EPI) when tma_store != 0: the TMA descriptor of dst (2D bf16
-  // [P, I] for gate/up, [P, H] for down, 128-byte swizzle, boxes of 64 x BN (gate/up) or 64 x BN / 2 (down)
-  // elements); a staged tile whose token rows are all the tile's goes out as TMA tensor stores, a partial one by the
-  // consumers' 16-byte stores.
-  TmaDesc dmap;
-  int tma_store;
 };
 
 // out[t, :] = bf16(sum over j < top_k of y[pair_pos[t * top_k + j], :]), slots in order (deterministic).
@@ -182,8 +176,8 @@ struct GemmConfig {
   static constexpr int PIPE_BYTES = STAGES * (BM + BN) * BK * 2;
   // The warp-specialized 256-row tile (configuration 10) stages its epilogue as bf16 through stmatrix
   // (moe_gemm_ws.cuh): gate/up's act tile [BN tokens][BM / 2] whole, down's y tile [BN / 2 tokens][BM] in two halves,
-  // in 128-byte rows with the 128-byte swizzle (the TMA store's layout). Its gate/up weight tile interleaves 64-row
-  // blocks of gate and up rows (gate_up_box_rows) so that each MMA warpgroup holds both halves of its act values.
+  // in 128-byte rows with the 128-byte swizzle. Its gate/up weight tile interleaves 64-row blocks of gate and up rows
+  // (gate_up_box_rows) so that each MMA warpgroup holds both halves of its act values.
   static constexpr bool STM_EPI = WGMMA == 3 && BM == 256;
   // f32 accumulator tile, padded against bank conflicts; WGMMA 3 keeps it apart from the ring (the producer
   // refills the ring during the epilogue) and stores the tile in BM / 64 parts, plus 2 x STAGES mbarriers and the
@@ -241,12 +235,11 @@ struct GemmConfigInfo {
   bool persistent;  // warp-specialized (WGMMA 3): MINB CTAs an SM walk the grid, launched with MINB x the SM count
   int ctas_per_sm;
   bool weights_cp_async;  // persistent, weight tiles by the producers' cp.async (GemmParams::static_slots applies)
-  bool stm_epilogue;      // GemmConfig::STM_EPI (GemmParams::tma_store applies)
 };
 template <class C>
 constexpr GemmConfigInfo gemm_config_info_of() {
   return GemmConfigInfo{C::BM, C::BN, C::THREADS, C::SMEM_BYTES, C::WGMMA == 3, C::MINB,
-                        C::WGMMA == 3 && C::WEIGHTS_CP_ASYNC, C::STM_EPI};
+                        C::WGMMA == 3 && C::WEIGHTS_CP_ASYNC};
 }
 // Rows of the gate/up weight TMA box of a warp-specialized tile of bm rows: the gate and the up half of the tile as
 // one box each, or (the 256-row tile, GemmConfig::STM_EPI) four 64-row boxes, gate and up blocks alternating.
