@@ -237,8 +237,9 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
   const int units = gx * p.num_slots;
   // The weight tile of global slice `slice` (stage slice % STAGES) of unit (tile, bx): one arrival that expects its
   // bytes, then the TMA loads. Weight rows of a unit in the [experts x rows, K] view of the TMA descriptor: gate/up
-  // loads the gate rows i and the up rows I + i of i in [bx BM/2, bx BM/2 + BM/2) as two boxes, down BM rows as one
-  // (rows past the expert's end belong to the next expert or the zero fill, and the epilogue drops them).
+  // loads the gate rows i and the up rows I + i of i in [bx BM/2, bx BM/2 + BM/2) as two boxes (the 256-row tile:
+  // four 64-row boxes, gate and up alternating), down BM rows as one (rows past the expert's end belong to the next
+  // expert or the zero fill, and the epilogue drops them).
   auto issue_weights = [&](int slice, const Tile& tile, int bx, int kt) {
     const int stage = slice % STAGES;
     const unsigned as = smem_addr(As + stage * BM * BK);
