@@ -361,8 +361,7 @@ void fused_run(const KernelTable& k, const MoeShape& s, const bf16* x, int T, co
                         : dim3(unsigned(gx), slots);
   };
   if (gu_cfg.persistent)
-    encode_weight_map(gu.wmap, w.gate_up, int64_t(s.num_experts) * 2 * s.inter, s.hidden,
-                      gate_up_box_rows(gu_cfg.bm));
+    encode_weight_map(gu.wmap, w.gate_up, int64_t(s.num_experts) * 2 * s.inter, s.hidden, gu_cfg.bm / 2);
   launch(k.gemm[gu_config][kGateUp], grid_of(gu_cfg, ceil_div(s.inter, gu_cfg.bm / 2)), dim3(gu_cfg.threads),
          size_t(gu_cfg.smem_bytes), &gu, stream, "moe gate/up GEMM launch", pdl);
 

@@ -98,9 +98,10 @@ __device__ __forceinline__ unsigned swz128(int r, int c) { return unsigned(r * 1
 // samples). H200, session 33 (same call, two rounds): the MoE layer at 8,192 tokens 1,162.6 us against 1,203.7,
 // the 16 x 512 prefill step's experts 10,046 against 10,436; TMA tensor stores of the staged boxes for full tiles were
 // no faster (layer 1,168.7 against 1,167.2, one round) and were removed.
-//  kGateUp: the weight tile's row blocks are gate 0-63, up 0-63, gate 64-127, up 64-127 (issue_weights), so d[0] and
-//    d[1] are the gate and up values of the same (act column, token): act = silu(gate) * up in registers, one staged
-//    tile [128 tokens][128 columns] (two boxes); 2 consumer barriers a unit against the f32 tile's 8.
+//  kGateUp: MMA warpgroup cw's m64 blocks are the gate rows and the up rows of act columns 64 cw .. 64 cw + 63 (the
+//    consumers' A addresses), so d[0] and d[1] are the gate and up values of the same (act column, token):
+//    act = silu(gate) * up in registers, one staged tile [128 tokens][128 columns] (two boxes); 2 consumer barriers a
+//    unit against the f32 tile's 8.
 //  kDown: y = routing weight * d in registers (row_wt: the tile's weights, written before the first barrier), staged
 //    in two halves [64 tokens][256 rows] (four boxes each); 4 barriers a unit.
 // Barrier discipline: the staged tile and row_wt are rewritten only after a consumer barrier that follows every
@@ -202,7 +203,7 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
   constexpr int LDC = BM + 4;
   constexpr bool kStm = Cfg::STM_EPI;  // the bf16 stmatrix epilogue (BM 256, MW 2; epilogue_stm below)
   static_assert(!kStm || (BM == 256 && BN == 128 && !Cfg::WEIGHTS_CP_ASYNC),
-                "the stmatrix epilogue: 256 x 128 tiles with TMA weight boxes (64 rows for gate/up: gate_up_box_rows)");
+                "the stmatrix epilogue: 256 x 128 tiles with TMA weight boxes");
   smem = align_smem(smem, 1024);
   unsigned short* As = reinterpret_cast<unsigned short*>(smem);  // [STAGES][BM][BK]
   unsigned short* Bs = As + STAGES * BM * BK;                    // [STAGES][BN][BK]
@@ -237,25 +238,15 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
   const int units = gx * p.num_slots;
   // The weight tile of global slice `slice` (stage slice % STAGES) of unit (tile, bx): one arrival that expects its
   // bytes, then the TMA loads. Weight rows of a unit in the [experts x rows, K] view of the TMA descriptor: gate/up
-  // loads the gate rows i and the up rows I + i of i in [bx BM/2, bx BM/2 + BM/2) as two boxes (the 256-row tile:
-  // four 64-row boxes, gate and up alternating), down BM rows as one (rows past the expert's end belong to the next
-  // expert or the zero fill, and the epilogue drops them).
+  // loads the gate rows i and the up rows I + i of i in [bx BM/2, bx BM/2 + BM/2) as two boxes, down BM rows as one
+  // (rows past the expert's end belong to the next expert or the zero fill, and the epilogue drops them).
   auto issue_weights = [&](int slice, const Tile& tile, int bx, int kt) {
     const int stage = slice % STAGES;
     const unsigned as = smem_addr(As + stage * BM * BK);
     const int wrow = MODE == kGateUp ? tile.expert * 2 * I + bx * (BM / 2) : tile.expert * H + bx * BM;
     ws::mbar_arrive_expect_tx(full0 + stage * 8, BM * BK * 2);
-    if constexpr (MODE == kGateUp && kStm) {
-      // 64-row boxes in the order gate 0-63, up 0-63, gate 64-127, up 64-127 of the tile's 128 act columns: MMA
-      // warpgroup cw's two m64 blocks are then the gate and the up rows of the same 64 columns.
-#pragma unroll
-      for (int q = 0; q < 4; ++q)
-        ws::tma_load_2d(as + q * 64 * BK * 2, &p.wmap, kt * BK, wrow + (q >> 1) * 64 + (q & 1) * I,
-                        full0 + stage * 8);
-    } else {
-      ws::tma_load_2d(as, &p.wmap, kt * BK, wrow, full0 + stage * 8);
-      if (MODE == kGateUp) ws::tma_load_2d(as + BM / 2 * BK * 2, &p.wmap, kt * BK, wrow + I, full0 + stage * 8);
-    }
+    ws::tma_load_2d(as, &p.wmap, kt * BK, wrow, full0 + stage * 8);
+    if (MODE == kGateUp) ws::tma_load_2d(as + BM / 2 * BK * 2, &p.wmap, kt * BK, wrow + I, full0 + stage * 8);
   };
   // kCpW: producer thread tid's chunks of the weight tile of global slice `slice` (its part of the stage's
   // `full` arrival is the thread's cp_async_arrive_noinc after its token rows). Rows past the expert's rows are
@@ -383,7 +374,13 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
   if constexpr (kConsumerRegs > 0) ws::setmaxnreg_inc<kConsumerRegs>();
   // ---- consumers: warpgroup cw (0 or 1) owns weight rows [64 cw, 64 cw + 64) of the tile.
   const int cw = (warp - 4 * NP) / 4, ctid = tid - 128 * NP;
-  const unsigned as_addr = smem_addr(As) + unsigned(cw * (BM / 2) * BK * 2), bs_addr = smem_addr(Bs);
+  // MMA warpgroup cw's m64 block j: weight rows cw BM / 2 + 64 j of the tile; the 256-row gate/up tile (kStm)
+  // instead takes the gate rows 64 cw (j = 0) and the up rows BM / 2 + 64 cw (j = 1) of the same 64 act columns, so
+  // that its epilogue has both halves of each act value in registers.
+  constexpr bool kGateUpPairs = kStm && MODE == kGateUp;
+  const unsigned as_addr = smem_addr(As) + unsigned(cw * (kGateUpPairs ? 64 : BM / 2) * BK * 2),
+                 bs_addr = smem_addr(Bs);
+  constexpr int kBlockRows = kGateUpPairs ? BM / 2 : 64;  // weight rows from block j to block j + 1
   int slice = 0;
   for (int u = blockIdx.x; u < units; u += gridDim.x) {
     const int bx = u % gx;
@@ -422,7 +419,7 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
       for (int kk = 0; kk < BK / 16; ++kk)
 #pragma unroll
         for (int j = 0; j < MW; ++j)
-          wgmma_m64nk16_bf16(d[j], wgmma_desc_sw128(a_st + j * 64 * BK * 2 + kk * 32),
+          wgmma_m64nk16_bf16(d[j], wgmma_desc_sw128(a_st + j * kBlockRows * BK * 2 + kk * 32),
                              wgmma_desc_sw128(b_st + kk * 32));
       wgmma_commit();
       wgmma_wait<1>();  // the slice before this one is read: release its stage

@@ -176,8 +176,8 @@ struct GemmConfig {
   static constexpr int PIPE_BYTES = STAGES * (BM + BN) * BK * 2;
   // The warp-specialized 256-row tile (configuration 10) stages its epilogue as bf16 through stmatrix
   // (moe_gemm_ws.cuh): gate/up's act tile [BN tokens][BM / 2] whole, down's y tile [BN / 2 tokens][BM] in two halves,
-  // in 128-byte rows with the 128-byte swizzle. Its gate/up weight tile interleaves 64-row blocks of gate and up rows
-  // (gate_up_box_rows) so that each MMA warpgroup holds both halves of its act values.
+  // in 128-byte rows with the 128-byte swizzle. Its gate/up MMA warpgroups each take the gate and the up rows of 64
+  // act columns, so that each holds both halves of its act values.
   static constexpr bool STM_EPI = WGMMA == 3 && BM == 256;
   // f32 accumulator tile, padded against bank conflicts; WGMMA 3 keeps it apart from the ring (the producer
   // refills the ring during the epilogue) and stores the tile in BM / 64 parts, plus 2 x STAGES mbarriers and the
@@ -241,9 +241,6 @@ constexpr GemmConfigInfo gemm_config_info_of() {
   return GemmConfigInfo{C::BM, C::BN, C::THREADS, C::SMEM_BYTES, C::WGMMA == 3, C::MINB,
                         C::WGMMA == 3 && C::WEIGHTS_CP_ASYNC};
 }
-// Rows of the gate/up weight TMA box of a warp-specialized tile of bm rows: the gate and the up half of the tile as
-// one box each, or (the 256-row tile, GemmConfig::STM_EPI) four 64-row boxes, gate and up blocks alternating.
-constexpr int gate_up_box_rows(int bm) { return bm == 256 ? 64 : bm / 2; }
 constexpr GemmConfigInfo gemm_config_info(int i) {
   return i == 0   ? gemm_config_info_of<GemmCfg0>()
          : i == 1 ? gemm_config_info_of<GemmCfg1>()
