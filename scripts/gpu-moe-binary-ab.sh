@@ -7,7 +7,8 @@
 # gpu_profile's 16 x 512 prefill step; the overlapped decode step at bs 64 and 128. Then one table of medians.
 # A variant may add environment settings after commas (NAME=DIR,VAR=VALUE,...): the same build with a switch.
 #   scripts/gpu-moe-binary-ab.sh MODEL_DIR old=/tmp/ab/old new=build ws11=build,MOESERVE_MOE_WS_PREFILL=11
-# Env: ROUNDS (default 3), TOKENS (default "8192 2048"), OUT (per-run logs; default a temp dir).
+# Env: ROUNDS (default 3), TOKENS (default "8192 2048"), OUT (per-run logs; default a temp dir). Prints a table of
+# medians, then every round's value.
 set -uo pipefail
 MODEL=${1:?usage: gpu-moe-binary-ab.sh MODEL_DIR NAME=DIR...}
 shift
@@ -61,4 +62,10 @@ for v in "$@"; do
   for m in "${measures[@]}"; do printf ' %16s' "$(median "$LOGS/$name.$m.vals")"; done
   printf '\n'
 done
-echo "every value: $LOGS/*.vals"
+# Every round's value beside the median (a device call brings back only a few of the .vals files): the spread says
+# whether a difference between medians is more than the machine's noise.
+echo "every value (rounds in order; files: $LOGS/*.vals):"
+for v in "$@"; do
+  name=${v%%=*}
+  for m in "${measures[@]}"; do printf '  %-12s %-16s %s\n' "$name" "$m" "$(tr '\n' ' ' <"$LOGS/$name.$m.vals")"; done
+done
