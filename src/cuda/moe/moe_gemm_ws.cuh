@@ -85,14 +85,12 @@ __device__ __forceinline__ U4 lds128(unsigned smem_byte_addr) {
                : "memory");
   return v;
 }
-// Byte offset of 16-byte chunk c (0-7) of row r in a staged box of 128-byte rows with the 128-byte swizzle.
-__device__ __forceinline__ unsigned swz128(int r, int c) { return unsigned(r * 128 + ((c ^ (r & 7)) << 4)); }
 }  // namespace ws
 
 #if MOE_HAVE_WGMMA
 // The epilogue of the 256 x 128 tile (GemmConfig::STM_EPI), the accumulators of MMA warpgroup cw (d[j]: m64 block j
 // of its 128 weight rows x 128 tokens) staged as bf16 by stmatrix.trans into token-major boxes of 64 columns x 128-byte
-// rows (XOR-swizzled by the row's low bits, conflict-free for the stmatrix rows and the 16-byte reads), then stored by
+// rows (the ring's swizzle, swz<64>: conflict-free for the stmatrix rows and the 16-byte reads), then stored by
 // the consumers' 16-byte stores. Why: the f32 tile of the other epilogue took 128 shared stores a thread and a store
 // loop of ~900 instructions a down unit (ncu, session 32: the epilogue instruction-bound, global stores 2% of its
 // samples). H200, session 33 (same call, two rounds): the MoE layer at 8,192 tokens 1,162.6 us against 1,203.7,
@@ -106,6 +104,8 @@ __device__ __forceinline__ unsigned swz128(int r, int c) { return unsigned(r * 1
 //    in two halves [64 tokens][256 rows] (four boxes each); 4 barriers a unit.
 // Barrier discipline: the staged tile and row_wt are rewritten only after a consumer barrier that follows every
 // thread's reads of them.
+// Byte offset of 16-byte chunk c (0-7) of row r in a box of 128-byte rows: the ring's swizzle (swz) in bytes.
+__device__ __forceinline__ unsigned swz_bytes(int r, int c) { return unsigned(r * 128 + ((c ^ (r & 7)) << 4)); }
 template <int BM, int BN, int MODE>
 __device__ __forceinline__ void epilogue_stm(const GemmParams& p, const float (&d)[2][BN / 2], unsigned st,
                                              float* row_wt, float my_wt, const Tile& tile, int bx, int H, int I,
@@ -115,7 +115,7 @@ __device__ __forceinline__ void epilogue_stm(const GemmParams& p, const float (&
   // stmatrix x4 of token pair-block m (tokens 16m .. 16m + 15): matrix q = lane / 8 holds tokens 16m + 8 (q / 2) + r
   // (r = lane % 8, this lane's memory row) x the 8 weight rows 16 w4 + 8 (q % 2) of the warp's 16 rows of block j.
   const int q = lane >> 3, r8 = lane & 7;
-  const unsigned lane_off = ws::swz128(8 * (q >> 1) + r8, 2 * w4 + (q & 1));  // + m 2,048 (16 rows of 128 bytes)
+  const unsigned lane_off = swz_bytes(8 * (q >> 1) + r8, 2 * w4 + (q & 1));  // + m 2,048 (16 rows of 128 bytes)
   if constexpr (MODE == kGateUp) {
     constexpr int BOX = BN * 128;  // bytes of one 64-column box of BN token rows
     ws::consumers_sync();  // the previous unit's staged tile has been read
@@ -135,7 +135,7 @@ __device__ __forceinline__ void epilogue_stm(const GemmParams& p, const float (&
     const int c = ctid & 15, n0 = ctid >> 4;
     const int i = bx * (BM / 2) + c * 8;
     if (i >= I) return;
-    const unsigned src = st + unsigned((c >> 3) * BOX) + ws::swz128(n0, c & 7);  // + k 2,048 (16 rows)
+    const unsigned src = st + unsigned((c >> 3) * BOX) + swz_bytes(n0, c & 7);  // + k 2,048 (16 rows)
     unsigned short* dst = p.dst + (long long)(tile.row0 + n0) * I + i;
 #pragma unroll
     for (int k = 0; k < BN / 16; ++k)
@@ -172,7 +172,7 @@ __device__ __forceinline__ void epilogue_stm(const GemmParams& p, const float (&
       const int c = ctid & 31, n0 = ctid >> 5;
       const int h = bx * BM + c * 8;
       if (h < H) {
-        const unsigned src = st + unsigned((c >> 3) * BOX) + ws::swz128(n0, c & 7);  // + k 1,024 (8 rows)
+        const unsigned src = st + unsigned((c >> 3) * BOX) + swz_bytes(n0, c & 7);  // + k 1,024 (8 rows)
         unsigned short* dst = p.dst + (long long)(tile.row0 + hf * HT + n0) * H + h;
 #pragma unroll
         for (int k = 0; k < HT / 8; ++k)
@@ -432,34 +432,35 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
     if constexpr (kStm) {
       epilogue_stm<BM, BN, MODE>(p, d, smem_addr(cs), row_wt, my_wt, tile, bx, H, I, cw, ctid);
     } else {
-    // The epilogue in PARTS parts of TP tokens through the part-size tile cs.
+      // The epilogue in PARTS parts of TP tokens through the part-size tile cs.
 #pragma unroll
-    for (int h = 0; h < PARTS; ++h) {
-      // Every part stays compile-time (fully unrolled) so that d keeps to registers: a runtime jn range would
-      // index d dynamically and move the wgmma accumulators to local memory.
-      if (h > 0 && tile.rows <= h * TP) continue;  // uniform over the consumers
-      ws::consumers_sync();  // the previous part (or unit) has finished reading cs (and row_wt)
-      if (MODE == kDown && h == 0 && ctid < BN) row_wt[ctid] = my_wt;
-      const int g = lane >> 2, tig = lane & 3;
+      for (int h = 0; h < PARTS; ++h) {
+        // Every part stays compile-time (fully unrolled) so that d keeps to registers: a runtime jn range would
+        // index d dynamically and move the wgmma accumulators to local memory.
+        if (h > 0 && tile.rows <= h * TP) continue;  // uniform over the consumers
+        ws::consumers_sync();  // the previous part (or unit) has finished reading cs (and row_wt)
+        if (MODE == kDown && h == 0 && ctid < BN) row_wt[ctid] = my_wt;
+        const int g = lane >> 2, tig = lane & 3;
 #pragma unroll
-      for (int j = 0; j < MW; ++j) {
-        const int m = cw * (BM / 2) + j * 64 + (warp & 3) * 16 + g;
+        for (int j = 0; j < MW; ++j) {
+          const int m = cw * (BM / 2) + j * 64 + (warp & 3) * 16 + g;
 #pragma unroll
-        for (int jn = 0; jn < BN / 8; ++jn) {
-          if (jn / (TP / 8) != h) continue;
-          const int n = jn * 8 + tig * 2 - h * TP;
-          cs[n * LDC + m] = d[j][4 * jn];
-          cs[(n + 1) * LDC + m] = d[j][4 * jn + 1];
-          cs[n * LDC + m + 8] = d[j][4 * jn + 2];
-          cs[(n + 1) * LDC + m + 8] = d[j][4 * jn + 3];
+          for (int jn = 0; jn < BN / 8; ++jn) {
+            if (jn / (TP / 8) != h) continue;
+            const int n = jn * 8 + tig * 2 - h * TP;
+            cs[n * LDC + m] = d[j][4 * jn];
+            cs[(n + 1) * LDC + m] = d[j][4 * jn + 1];
+            cs[n * LDC + m + 8] = d[j][4 * jn + 2];
+            cs[(n + 1) * LDC + m + 8] = d[j][4 * jn + 3];
+          }
         }
+        ws::consumers_sync();
+        Tile part = tile;
+        part.row0 += h * TP;
+        part.rows -= h * TP;
+        store_tile<BM, TP, MODE>(p, cs, part, bx, H, I, false, ctid, 256,
+                                 MODE == kDown ? row_wt + h * TP : nullptr);
       }
-      ws::consumers_sync();
-      Tile part = tile;
-      part.row0 += h * TP;
-      part.rows -= h * TP;
-      store_tile<BM, TP, MODE>(p, cs, part, bx, H, I, false, ctid, 256, MODE == kDown ? row_wt + h * TP : nullptr);
-    }
     }
   }
 #else

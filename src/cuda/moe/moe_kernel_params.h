@@ -188,7 +188,6 @@ struct GemmConfig {
                  : (PIPE_BYTES > EPI_BYTES ? PIPE_BYTES : EPI_BYTES) + (WGMMA > 0 ? 1024 : 0);
 };
 
-
 // Chosen by the average tokens per expert (T * top_k / E) so that one tile usually holds all of an expert's
 // tokens (each weight byte read once) while decode still launches enough CTAs to cover every SM.
 using GemmCfg0 = GemmConfig<32, 16, 2, 1, 128, 4, 4>;    // decode: <= ~5 tokens per expert
