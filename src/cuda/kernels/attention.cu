@@ -1,6 +1,7 @@
 // Paged attention launchers: prefill (flash-attention tiles over the new tokens) and decode (split-KV over the
 // cached keys, then a launch that merges the parts). Both run the tensor-core kernel of attention_mma.cuh; see there for the tiling.
-// Prefill at head_dim 128 on an sm_90 GPU runs the wgmma tiles of attention_wgmma.cuh instead.
+// Prefill at head_dim 128 on an sm_90 GPU runs the warp-specialized wgmma tiles of attention_wgmma_ws.cuh instead
+// (MOESERVE_ATTN_PREFILL_WS=0: the two-CTA tiles of attention_wgmma.cuh).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -10,6 +11,7 @@
 #include "cuda/kernels/attention_decode_gqa.cuh"
 #include "cuda/kernels/attention_mma.cuh"
 #include "cuda/kernels/attention_wgmma.cuh"
+#include "cuda/kernels/attention_wgmma_ws.cuh"
 #include "cuda/kernels/kernel_utils.cuh"
 #include "cuda/kernels/ops.h"
 #include "cuda/launch.h"
@@ -123,7 +125,26 @@ bool prefill_wgmma_usable(int head_dim) {
   return on && head_dim == detail::kWgDim;
 }
 
+// The warp-specialized persistent form (attention_wgmma_ws.cuh) unless MOESERVE_ATTN_PREFILL_WS=0 (the two-CTA
+// tiles of attention_wgmma.cuh).
+bool prefill_ws_on() {
+  static const bool on = env_flag("MOESERVE_ATTN_PREFILL_WS", true);
+  return on;
+}
+
 void launch_prefill_wgmma(const AttnParams& p, int max_new_lens, int kv_heads, int num_seqs, cudaStream_t stream) {
+  if (prefill_ws_on()) {
+    auto kernel = detail::paged_attention_prefill_ws_kernel;
+    MS_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(detail::kWsSmemBytes)));
+    const int m_tiles = int(ceil_div(int64_t(max_new_lens) * p.group, detail::kWgRows));
+    const int64_t items = int64_t(m_tiles) * kv_heads * num_seqs;
+    MS_CHECK(items <= std::numeric_limits<int32_t>::max(), "paged_attention_prefill: {} work items", items);
+    static const int sms = current_device_multiprocessors();
+    const unsigned grid = unsigned(std::min<int64_t>(items, sms));
+    launch_pdl(kernel, dim3(grid), dim3(detail::kWsThreads), detail::kWsSmemBytes, stream, p, m_tiles, num_seqs);
+    return;
+  }
   auto kernel = detail::paged_attention_prefill_wgmma_kernel;
   MS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(detail::kWgSmemBytes)));
   const int64_t rows = int64_t(max_new_lens) * p.group;

@@ -34,34 +34,14 @@
 namespace moe_kernels {
 
 namespace ws {
-__device__ __forceinline__ void mbar_init(unsigned addr, unsigned count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(addr), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(unsigned addr) {
-  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(addr) : "memory");
-}
-// Waits until the phase of the barrier with this parity has completed (acquire, CTA scope).
-__device__ __forceinline__ void mbar_wait(unsigned addr, unsigned parity) {
-  asm volatile(
-      "{\n.reg .pred done;\nWAIT_%=:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT_%=;\n}\n" ::"r"(addr),
-      "r"(parity)
-      : "memory");
-}
-// Arrives on the barrier once all of this thread's earlier cp.async copies have completed; .noinc: the arrival is
-// one of the barrier's expected count.
-__device__ __forceinline__ void cp_async_arrive_noinc(unsigned addr) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(addr) : "memory");
-}
-template <int N>
-__device__ __forceinline__ void setmaxnreg_dec() {
-  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
-}
-template <int N>
-__device__ __forceinline__ void setmaxnreg_inc() {
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
-}
+#if MOE_HAVE_WGMMA
+using moe_ptx::cp_async_arrive_noinc;
+using moe_ptx::mbar_arrive;
+using moe_ptx::mbar_init;
+using moe_ptx::mbar_wait;
+using moe_ptx::setmaxnreg_dec;
+using moe_ptx::setmaxnreg_inc;
+#endif
 // One arrival that also raises the barrier's expected transaction bytes (the TMA loads count them down).
 __device__ __forceinline__ void mbar_arrive_expect_tx(unsigned addr, unsigned bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(addr), "r"(bytes) : "memory");
