@@ -63,6 +63,30 @@ __device__ __forceinline__ void wgmma_m64n128k16_rs_tb(float (&d)[64], const uns
 }
 #endif
 
+// The epilogue of a warpgroup's 64 rows: the quads' row sums reduced, O normalized and stored as bf16 (this
+// thread's rows wr0 + lane / 4 and + 8; rows at or past rows_total are not stored). Row r of the tile is token r / G,
+// head kvh G + r % G.
+__device__ __forceinline__ void wg_store_rows(const AttnParams& p, const float (&o)[64], float (&l_r)[2], int wr0,
+                                              int lane, int rows_total, int G, int kvh, int q_row_base) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    l_r[i] += __shfl_xor_sync(0xffffffffu, l_r[i], 1);
+    l_r[i] += __shfl_xor_sync(0xffffffffu, l_r[i], 2);
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int row = wr0 + (lane >> 2) + 8 * i;
+    if (row >= rows_total) continue;
+    const float inv = l_r[i] > 0.0f ? 1.0f / l_r[i] : 0.0f;
+    const int tok = row / G, h = kvh * G + (row - tok * G);
+    bf16* dst = p.out + int64_t(q_row_base + tok) * p.out_stride + int64_t(h) * kWgDim + ((lane & 3) << 1);
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+      *reinterpret_cast<__nv_bfloat162*>(dst + 8 * j) =
+          __floats2bfloat162_rn(o[4 * j + 2 * i] * inv, o[4 * j + 2 * i + 1] * inv);
+  }
+}
+
 // 256 threads held to 128 registers: two CTAs an SM (H200, AttentionTiming 16 x 512 at head_dim 128: 201.9 us,
 // against 292.8 with one CTA an SM at 137 registers, 256.4 with three warpgroups a CTA, 280.9 for the mma.sync
 // tiles).
@@ -210,24 +234,7 @@ __global__ void __launch_bounds__(256, 2) paged_attention_prefill_wgmma_kernel(c
     __syncthreads();  // the stage read here is overwritten by the next iteration's loads
   }
   moe_ptx::cp_async_wait<0>();
-
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    l_r[i] += __shfl_xor_sync(0xffffffffu, l_r[i], 1);
-    l_r[i] += __shfl_xor_sync(0xffffffffu, l_r[i], 2);
-  }
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int row = wr0 + (lane >> 2) + 8 * i;
-    if (row >= rows_total) continue;
-    const float inv = l_r[i] > 0.0f ? 1.0f / l_r[i] : 0.0f;
-    const int tok = row / G, h = kvh * G + (row - tok * G);
-    bf16* dst = p.out + int64_t(q_row_base + tok) * p.out_stride + int64_t(h) * D + ((lane & 3) << 1);
-#pragma unroll
-    for (int j = 0; j < 16; ++j)
-      *reinterpret_cast<__nv_bfloat162*>(dst + 8 * j) =
-          __floats2bfloat162_rn(o[4 * j + 2 * i] * inv, o[4 * j + 2 * i + 1] * inv);
-  }
+  wg_store_rows(p, o, l_r, wr0, lane, rows_total, G, kvh, q_row_base);
 #else
   (void)p;
 #endif

@@ -312,24 +312,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     kv_count += t.n_tiles;
     ++q_count;
 
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      l_r[i] += __shfl_xor_sync(0xffffffffu, l_r[i], 1);
-      l_r[i] += __shfl_xor_sync(0xffffffffu, l_r[i], 2);
-    }
-    const int q_row_base = p.q_rows[t.s];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int row = wr0 + (lane >> 2) + 8 * i;
-      if (row >= t.rows_total) continue;
-      const float inv = l_r[i] > 0.0f ? 1.0f / l_r[i] : 0.0f;
-      const int tok = row / G, h = t.kvh * G + (row - tok * G);
-      bf16* dst = p.out + int64_t(q_row_base + tok) * p.out_stride + int64_t(h) * D + ((lane & 3) << 1);
-#pragma unroll
-      for (int j = 0; j < 16; ++j)
-        *reinterpret_cast<__nv_bfloat162*>(dst + 8 * j) =
-            __floats2bfloat162_rn(o[4 * j + 2 * i] * inv, o[4 * j + 2 * i + 1] * inv);
-    }
+    wg_store_rows(p, o, l_r, wr0, lane, t.rows_total, G, t.kvh, p.q_rows[t.s]);
   }
 #else
   (void)p;
