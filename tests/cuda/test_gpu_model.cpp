@@ -13,6 +13,7 @@
 #include "kernels/sampling/sampling.h"
 #include "launch/launch.h"
 #include "model/gen_model.h"
+#include "temp_dir.h"
 
 using namespace moeserve;
 namespace fs = std::filesystem;
@@ -20,9 +21,10 @@ namespace fs = std::filesystem;
 namespace {
 
 std::string make_model() {
+  static const test_util::TempDir d("gpu_model");  // removed at exit
   static std::string dir;
   if (!dir.empty()) return dir;
-  dir = (fs::temp_directory_path() / ("moeserve_gpu_model_" + std::to_string(::getpid()))).string();
+  dir = d.string();
   GenModelSpec s;
   s.vocab_size = 4096;
   s.hidden_size = 512;

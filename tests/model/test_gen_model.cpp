@@ -10,6 +10,7 @@
 #include "executor/model_runner.h"
 #include "model/gen_model.h"
 #include "model/safetensors.h"
+#include "temp_dir.h"
 
 using namespace moeserve;
 namespace fs = std::filesystem;
@@ -20,11 +21,6 @@ std::string slurp(const fs::path& p) {
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
-}
-fs::path fresh(const std::string& tag) {
-  fs::path p = fs::temp_directory_path() / ("moeserve_gen_" + tag + "_" + std::to_string(::getpid()));
-  fs::remove_all(p);
-  return p;
 }
 GenerateResult greedy(const std::string& dir, std::vector<int32_t> prompt) {
   ModelRunner r(load_model(dir), RunnerOptions{256, 16, 512, 2});
@@ -39,7 +35,7 @@ GenerateResult greedy(const std::string& dir, std::vector<int32_t> prompt) {
 
 TEST(GenModel, DeterministicFromSeedWhateverTheThreads) {
   GenModelSpec s = gen_model_preset("tiny-moe");
-  fs::path a = fresh("a"), b = fresh("b"), c = fresh("c");
+  const test_util::TempDir a("gen_a"), b("gen_b"), c("gen_c");
   ThreadPool one(1), two(2);
   write_gen_model(s, a.string(), one);
   write_gen_model(s, b.string(), two);
@@ -57,7 +53,7 @@ TEST(GenModel, EveryPresetShapeLoadsAndRuns) {
       GenModelSpec s = gen_model_preset(preset);
       s.fused_experts = fused;
       s.max_shard_bytes = 100 << 10;  // several shards + index
-      fs::path d = fresh(preset + (fused ? "_fused" : ""));
+      const test_util::TempDir d("gen_" + preset + (fused ? "_fused" : ""));
       ThreadPool pool(2);
       write_gen_model(s, d.string(), pool);
       EXPECT_TRUE(fs::exists(d / "model.safetensors.index.json"));
@@ -93,7 +89,7 @@ TEST(GenModel, RefusesACheckpointLargerThanTheFreeSpace) {
   for (int64_t hidden : {int64_t(1000000000), int64_t(4000000000000000000)}) {
     GenModelSpec s = gen_model_preset("tiny-moe");
     s.hidden_size = hidden;
-    const fs::path d = fresh("huge");
+    const test_util::TempDir d("gen_huge");
     try {
       write_gen_model(s, d.string(), pool);
       FAIL() << "hidden " << hidden << " was written";
@@ -101,6 +97,5 @@ TEST(GenModel, RefusesACheckpointLargerThanTheFreeSpace) {
       EXPECT_NE(std::string(e.what()).find("GiB free"), std::string::npos) << e.what();
     }
     EXPECT_FALSE(fs::exists(d / "model.safetensors"));
-    fs::remove_all(d);
   }
 }

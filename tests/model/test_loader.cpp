@@ -13,6 +13,7 @@
 #include "model/model.h"
 #include "model/safetensors.h"
 #include "model/weights.h"
+#include "temp_dir.h"
 
 using namespace moeserve;
 using nlohmann::json;
@@ -20,12 +21,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-fs::path temp_dir(const std::string& name) {
-  fs::path p = fs::temp_directory_path() / ("moeserve_test_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(p);
-  fs::create_directories(p);
-  return p;
-}
 
 void write_raw(const fs::path& p, const std::string& header, const std::string& data, int64_t header_len = -1) {
   std::ofstream out(p, std::ios::binary);
@@ -55,7 +50,7 @@ std::string user_error(F&& f) {
 }  // namespace
 
 TEST(Safetensors, RoundTripIsExactAndZeroCopy) {
-  fs::path d = temp_dir("roundtrip");
+  const test_util::TempDir d("test_roundtrip");
   ThreadPool pool(2);
   std::vector<TensorSpec> specs;
   specs.push_back({"a.f32", DType::F32, {3, 5}, [](void* dst, int64_t first, int64_t n) {
@@ -84,7 +79,7 @@ TEST(Safetensors, RoundTripIsExactAndZeroCopy) {
 }
 
 TEST(Safetensors, ShardedCheckpointWithIndex) {
-  fs::path d = temp_dir("sharded");
+  const test_util::TempDir d("test_sharded");
   ThreadPool pool(2);
   std::vector<TensorSpec> specs;
   for (int i = 0; i < 5; ++i)
@@ -104,7 +99,7 @@ TEST(Safetensors, ShardedCheckpointWithIndex) {
 }
 
 TEST(Safetensors, CorruptFilesAreClearErrors) {
-  fs::path d = temp_dir("corrupt");
+  const test_util::TempDir d("test_corrupt");
   fs::path p = d / "x.safetensors";
   std::string ok_header = R"({"w":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]}})";
 
@@ -154,11 +149,9 @@ TEST(Safetensors, CorruptFilesAreClearErrors) {
   EXPECT_USER_ERROR(Checkpoint::open((d / "empty").string()), "model.safetensors");
 }
 
-// Copies a parity checkpoint so a test can damage it.
-static fs::path copy_fixture(const std::string& name, const std::string& tag) {
-  fs::path d = temp_dir(tag);
-  fs::copy(fs::path(MOESERVE_TEST_DATA) / "parity" / name, d, fs::copy_options::recursive);
-  return d;
+// Copies a parity checkpoint into d so a test can damage it.
+static void copy_fixture(const std::string& name, const test_util::TempDir& d) {
+  fs::copy(fs::path(MOESERVE_TEST_DATA) / "parity" / name, d.path(), fs::copy_options::recursive);
 }
 
 static json read_json(const fs::path& p) {
@@ -169,7 +162,8 @@ static json read_json(const fs::path& p) {
 static void write_json(const fs::path& p, const json& j) { std::ofstream(p) << j.dump(2); }
 
 TEST(Loader, MissingTensorNamesTheTensor) {
-  fs::path d = copy_fixture("qwen3_basic", "missing_tensor");
+  const test_util::TempDir d("test_missing_tensor");
+  copy_fixture("qwen3_basic", d);
   auto f = SafetensorsFile::open((d / "model.safetensors").string());
   ThreadPool pool(1);
   std::vector<TensorSpec> keep;
@@ -187,7 +181,8 @@ TEST(Loader, MissingTensorNamesTheTensor) {
 }
 
 TEST(Loader, ShapeMismatchNamesTensorAndShapes) {
-  fs::path d = copy_fixture("moe_basic", "shape_mismatch");
+  const test_util::TempDir d("test_shape_mismatch");
+  copy_fixture("moe_basic", d);
   json c = read_json(d / "config.json");
   c["moe_intermediate_size"] = 48;  // the file holds 40
   write_json(d / "config.json", c);
@@ -195,7 +190,8 @@ TEST(Loader, ShapeMismatchNamesTensorAndShapes) {
 }
 
 TEST(Loader, UnsupportedArchitectureIsRefused) {
-  fs::path d = copy_fixture("qwen3_basic", "bad_arch");
+  const test_util::TempDir d("test_bad_arch");
+  copy_fixture("qwen3_basic", d);
   json c = read_json(d / "config.json");
   c["architectures"] = {"LlamaForCausalLM"};
   c["model_type"] = "llama";
@@ -204,14 +200,15 @@ TEST(Loader, UnsupportedArchitectureIsRefused) {
 }
 
 TEST(Loader, TruncatedShardIsCaughtAtOpen) {
-  fs::path d = copy_fixture("moe_basic", "truncated");
+  const test_util::TempDir d("test_truncated");
+  copy_fixture("moe_basic", d);
   fs::path shard = d / "model-00003-of-00010.safetensors";
   fs::resize_file(shard, fs::file_size(shard) - 10);
   EXPECT_USER_ERROR(load_model(d.string()), "model-00003-of-00010.safetensors", "past the end");
 }
 
 TEST(Loader, UnknownTensorsAreReportedNotFatal) {
-  fs::path d = temp_dir("unknown");
+  const test_util::TempDir d("test_unknown");
   ThreadPool pool(1);
   std::vector<TensorSpec> specs = {
       {"known", DType::F32, {2}, [](void* dst, int64_t, int64_t n) { std::memset(dst, 0, n * 4); }},
@@ -226,7 +223,7 @@ TEST(Loader, UnknownTensorsAreReportedNotFatal) {
 }
 
 TEST(Loader, Fp8TensorIsNotMistakenForBf16) {
-  fs::path d = temp_dir("fp8");
+  const test_util::TempDir d("test_fp8");
   ThreadPool pool(1);
   std::vector<TensorSpec> specs = {
       {"w", DType::F8E4M3, {4, 4}, [](void* dst, int64_t, int64_t n) { std::memset(dst, 0x38, n); }}};

@@ -15,6 +15,7 @@
 #include "core/threadpool.h"
 #include "model/gen_model.h"
 #include "scheduler/engine.h"
+#include "temp_dir.h"
 
 using namespace moeserve;
 namespace fs = std::filesystem;
@@ -22,8 +23,8 @@ namespace fs = std::filesystem;
 namespace {
 
 const std::string& tiny_model() {
+  static const test_util::TempDir d("sched");  // removed at exit
   static std::string dir = [] {
-    fs::path d = fs::temp_directory_path() / ("moeserve_sched_" + std::to_string(::getpid()));
     GenModelSpec s = gen_model_preset("tiny-moe");
     s.dtype = "float32";
     s.vocab_size = 512;
