@@ -97,6 +97,7 @@ for m in $MODELS; do
   if [[ -n $trace && -s $trace ]]; then  # run 0 is the server's own warm-up request; then the scenarios in order
     echo "$m step trace ($trace):" >>"$LOGS/step-traces.txt"
     python3 "$ROOT/tools/step_trace_summary.py" --brief "$trace" >>"$LOGS/step-traces.txt" 2>&1
+    python3 "$ROOT/tools/step_trace_summary.py" --waves "$trace" >>"$LOGS/step-waves.txt" 2>&1  # in logs.tgz
   fi
   [[ $m == q30b && ${KEEP_Q30B:-0} != 1 ]] && rm -rf "$path"  # the disk back for whatever follows in this call
 done

@@ -9,7 +9,11 @@ from the later of its launch and the previous step's collection to its own colle
 to two steps in flight). Runs separated by an idle gap (default 0.25 s) are reported apart, e.g. the scenarios of one
 gpu-bench server.
 
-  tools/step_trace_summary.py steps.csv [--gap 0.25] [--steps | --brief]
+  tools/step_trace_summary.py steps.csv [--gap 0.25] [--steps | --brief | --waves]
+
+--waves splits each run where prompt steps start again after a stretch of decode-only steps (the waves of a
+closed-loop benchmark such as 64 concurrent requests) and prints one line a wave: its length, its prompt / mixed
+steps and their time, its decode-only steps and their time, and its sampled tokens a second.
 
 --brief prints one line a run (steps, length, the longest host launch, host-bound launches): what scripts/gpu-bench.sh
 shows after each model, so that a launch that blocks (e.g. a library kernel's first launch, session 19) is visible.
@@ -89,12 +93,41 @@ def brief(run, index, out):
     out.write(line + "\n")
 
 
+def waves(run, index, out, min_decode_steps=8):
+    """One line a wave: a wave starts at a step with prompt tokens after at least min_decode_steps decode-only
+    steps (or at the run's start) and ends where the next one starts."""
+    starts, plain = [0], 0
+    for i, r in enumerate(run):
+        if kind(r) == "decode":
+            plain += 1
+        else:
+            if plain >= min_decode_steps and i > 0:
+                starts.append(i)
+            plain = 0
+    starts.append(len(run))
+    out.write(f"run {index}: {len(starts) - 1} waves\n")
+    for w, (a, b) in enumerate(zip(starts, starts[1:])):
+        seg = run[a:b]
+        # A wave's time: from the end of the step before it (or its own launch) to its last collection.
+        t0 = run[a - 1]["collected_s"] if a > 0 else seg[0]["launched_s"]
+        span = seg[-1]["collected_s"] - t0
+        pm = [r for r in seg if kind(r) != "decode"]
+        dec = [r for r in seg if kind(r) == "decode"]
+        full = max((int(r["decodes"]) for r in dec), default=0)
+        out.write(f"  wave {w}: {span * 1e3:7.1f} ms, {sum(r['sampled'] for r in seg) / span if span > 0 else 0:8.0f} "
+                  f"tok/s; prompt/mixed {len(pm):2d} steps {sum(r['device_s'] for r in pm) * 1e3:6.1f} ms "
+                  f"({sum(r['prompt_tokens'] for r in pm):.0f} prompt tokens, {sum(r['decodes'] for r in pm):.0f} "
+                  f"decodes); decode {len(dec):3d} steps {sum(r['device_s'] for r in dec) * 1e3:6.1f} ms "
+                  f"({sum(1 for r in dec if int(r['decodes']) == full)} of {full})\n")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("trace")
     ap.add_argument("--gap", type=float, default=0.25, help="idle seconds that separate two runs")
     ap.add_argument("--steps", action="store_true", help="also list every non-decode step and partial decode batch")
     ap.add_argument("--brief", action="store_true", help="one line a run")
+    ap.add_argument("--waves", action="store_true", help="one line a wave of a closed-loop benchmark")
     a = ap.parse_args()
     rows = load(a.trace)
     if not rows:
@@ -102,6 +135,9 @@ def main():
     for i, run in enumerate(split_runs(rows, a.gap)):
         if a.brief:
             brief(run, i, sys.stdout)
+            continue
+        if a.waves:
+            waves(run, i, sys.stdout)
             continue
         summarise(run, i, sys.stdout)
         if a.steps:
