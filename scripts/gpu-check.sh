@@ -85,6 +85,9 @@ run test_cuda_kernels_stages3 ok env MOESERVE_ATTN_GQA_CLUSTER_STAGES=3 "$BUILD/
 # the fused input stage in the 16-row tiles where the keys-as-M tiles would take it (MOESERVE_ATTN_GQA_FUSED_IN=0).
 run test_cuda_kernels_merge_launch ok env MOESERVE_ATTN_CLUSTER_MERGE=0 MOESERVE_ATTN_GQA_FUSED_IN=0 \
   "$BUILD/tests/test_cuda_kernels" --gtest_brief=1
+# The two-CTA wgmma prefill attention tiles (MOESERVE_ATTN_PREFILL_WS=0; the default is the warp-specialized form).
+run test_cuda_kernels_prefill_2cta ok env MOESERVE_ATTN_PREFILL_WS=0 "$BUILD/tests/test_cuda_kernels" --gtest_brief=1 \
+  --gtest_filter='*Prefill*:*Graph*'
 # The other norm paths: the residual fusion and the GEMV ring off (MOESERVE_RESIDUAL_FUSION=0 MOESERVE_GEMV_RING=0:
 # norm launches and register-streaming GEMVs), and the opt-in combine-norm fusion (MOESERVE_MOE_COMBINE_NORM=1 at
 # every step whose MoE ends in a combine launch): the model on the GPU, and the parity against transformers with
