@@ -580,6 +580,25 @@ TEST(CudaKernels, PagedAttentionPrefillMatchesCpu) {
   }
 }
 
+// Qwen3's head_dim 128 and group of 8 (the wgmma prefill tiles, whose K / V producer steps page and slot per key)
+// over page sizes that split a 64-key tile unevenly, with a cached prefix and chunked prompts.
+TEST(CudaKernels, PagedAttentionPrefillOddPageSizes) {
+  REQUIRE_GPU();
+  Stream st;
+  const std::vector<SeqSpec> seqs = {{0, 37}, {100, 1}, {0, 130}, {61, 67}, {5, 0}, {0, 1}, {250, 200}};
+  uint32_t seed = 150;
+  for (int page : {1, 5, 24}) {
+    PagedScenario sc = build_scenario({32, 4, 128, page}, seqs, seed++);
+    auto want = attention_reference(sc);
+    DeviceScenario dev(sc);
+    dev.out.poison();
+    cuda::paged_attention_prefill(dev.q.bf(), sc.q_stride, dev.k.bf(), dev.v.bf(), dev.meta, dev.shape, max_new(sc),
+                                  dev.out.bf(), sc.out_stride, st.get());
+    st.sync();
+    compare_attention(sc, want, dev.out.download(), "prefill");
+  }
+}
+
 TEST(CudaKernels, PagedAttentionPrefillSmallBatches) {
   REQUIRE_GPU();
   Stream st;
