@@ -560,6 +560,19 @@ const std::vector<AttnConfig> kAttnConfigs = {
     {40, 2, 64, 16},   // group of 20: more than one 16-row tile per kv head in decode
 };
 
+// Runs paged_attention_prefill on a fresh device copy of the scenario (output poisoned first) and compares it with
+// the CPU reference.
+void check_prefill(const AttnConfig& c, const std::vector<SeqSpec>& seqs, uint32_t seed, Stream& st) {
+  PagedScenario sc = build_scenario(c, seqs, seed);
+  auto want = attention_reference(sc);
+  DeviceScenario dev(sc);
+  dev.out.poison();
+  cuda::paged_attention_prefill(dev.q.bf(), sc.q_stride, dev.k.bf(), dev.v.bf(), dev.meta, dev.shape,
+                                std::max(max_new(sc), 1), dev.out.bf(), sc.out_stride, st.get());
+  st.sync();
+  compare_attention(sc, want, dev.out.download(), "prefill");
+}
+
 TEST(CudaKernels, PagedAttentionPrefillMatchesCpu) {
   REQUIRE_GPU();
   Stream st;
@@ -568,16 +581,7 @@ TEST(CudaKernels, PagedAttentionPrefillMatchesCpu) {
   const std::vector<SeqSpec> seqs = {{0, 37},   {100, 1}, {5, 0},      {0, 48}, {1200, 300},
                                      {0, 1500}, {33, 7},  {47, 1},     {0, 1},  {64, 128}};
   uint32_t seed = 100;
-  for (const auto& c : kAttnConfigs) {
-    PagedScenario sc = build_scenario(c, seqs, seed++);
-    auto want = attention_reference(sc);
-    DeviceScenario dev(sc);
-    dev.out.poison();
-    cuda::paged_attention_prefill(dev.q.bf(), sc.q_stride, dev.k.bf(), dev.v.bf(), dev.meta, dev.shape, max_new(sc),
-                                  dev.out.bf(), sc.out_stride, st.get());
-    st.sync();
-    compare_attention(sc, want, dev.out.download(), "prefill");
-  }
+  for (const auto& c : kAttnConfigs) check_prefill(c, seqs, seed++, st);
 }
 
 // Qwen3's head_dim 128 and group of 8 (the wgmma prefill tiles, whose K / V producer steps page and slot per key)
@@ -587,16 +591,7 @@ TEST(CudaKernels, PagedAttentionPrefillOddPageSizes) {
   Stream st;
   const std::vector<SeqSpec> seqs = {{0, 37}, {100, 1}, {0, 130}, {61, 67}, {5, 0}, {0, 1}, {250, 200}};
   uint32_t seed = 150;
-  for (int page : {1, 5, 24}) {
-    PagedScenario sc = build_scenario({32, 4, 128, page}, seqs, seed++);
-    auto want = attention_reference(sc);
-    DeviceScenario dev(sc);
-    dev.out.poison();
-    cuda::paged_attention_prefill(dev.q.bf(), sc.q_stride, dev.k.bf(), dev.v.bf(), dev.meta, dev.shape, max_new(sc),
-                                  dev.out.bf(), sc.out_stride, st.get());
-    st.sync();
-    compare_attention(sc, want, dev.out.download(), "prefill");
-  }
+  for (int page : {1, 5, 24}) check_prefill({32, 4, 128, page}, seqs, seed++, st);
 }
 
 TEST(CudaKernels, PagedAttentionPrefillSmallBatches) {
@@ -607,16 +602,7 @@ TEST(CudaKernels, PagedAttentionPrefillSmallBatches) {
       {{0, 1}}, {{0, 2}}, {{15, 1}}, {{16, 16}}, {{0, 65}}, {{3, 61}}, {{1, 1}, {2, 1}, {700, 1}, {0, 0}}};
   uint32_t seed = 200;
   for (const auto& c : kAttnConfigs)
-    for (const auto& b : batches) {
-      PagedScenario sc = build_scenario(c, b, seed++);
-      auto want = attention_reference(sc);
-      DeviceScenario dev(sc);
-      dev.out.poison();
-      cuda::paged_attention_prefill(dev.q.bf(), sc.q_stride, dev.k.bf(), dev.v.bf(), dev.meta, dev.shape,
-                                    std::max(max_new(sc), 1), dev.out.bf(), sc.out_stride, st.get());
-      st.sync();
-      compare_attention(sc, want, dev.out.download(), "prefill");
-    }
+    for (const auto& b : batches) check_prefill(c, b, seed++, st);
 }
 
 const std::vector<SeqSpec> kDecodeSeqs = {{0, 1},    {1, 1},   {14, 1},  {15, 1},  {16, 1}, {99, 1},
