@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "template/jinja.h"
+#include "temp_dir.h"
 #include "test_util.h"
 
 namespace moeserve::tpl {
@@ -16,50 +17,30 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::ordered_json;
 
-class TempDir {
- public:
-  TempDir() {
-    path_ = fs::temp_directory_path() / ("moeserve_tpl_" + std::to_string(::getpid()) + "_" + std::to_string(counter_++));
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string path() const { return path_.string(); }
-  void write(const std::string& name, const std::string& content) const {
-    std::ofstream(path_ / name, std::ios::binary) << content;
-  }
-
- private:
-  fs::path path_;
-  static inline int counter_ = 0;
-};
-
 TEST(LoadChatTemplate, PrefersOverrideThenJinjaFileThenTokenizerConfig) {
-  TempDir dir;
+  test_util::TempDir dir("tpl");
   dir.write("tokenizer_config.json", R"({"chat_template": "from config"})");
-  EXPECT_EQ(load_chat_template(dir.path(), "", false), "from config");
+  EXPECT_EQ(load_chat_template(dir.string(), "", false), "from config");
   dir.write("chat_template.jinja", "from jinja file");
-  EXPECT_EQ(load_chat_template(dir.path(), "", false), "from jinja file");
+  EXPECT_EQ(load_chat_template(dir.string(), "", false), "from jinja file");
   dir.write("override.jinja", "from override");
-  EXPECT_EQ(load_chat_template(dir.path(), dir.path() + "/override.jinja", false), "from override");
-  EXPECT_THROW(load_chat_template(dir.path(), dir.path() + "/missing.jinja", false), UserError);
+  EXPECT_EQ(load_chat_template(dir.string(), dir.string() + "/override.jinja", false), "from override");
+  EXPECT_THROW(load_chat_template(dir.string(), dir.string() + "/missing.jinja", false), UserError);
 }
 
 TEST(LoadChatTemplate, NamedTemplates) {
-  TempDir dir;
+  test_util::TempDir dir("tpl");
   dir.write("tokenizer_config.json",
             R"({"chat_template": [{"name": "default", "template": "D"}, {"name": "tool_use", "template": "T"},
                                   {"name": "rag", "template": "R"}]})");
-  EXPECT_EQ(load_chat_template(dir.path(), "", false), "D");
-  EXPECT_EQ(load_chat_template(dir.path(), "", true), "T");
+  EXPECT_EQ(load_chat_template(dir.string(), "", false), "D");
+  EXPECT_EQ(load_chat_template(dir.string(), "", true), "T");
   dir.write("tokenizer_config.json", R"({"chat_template": [{"name": "default", "template": "D"}]})");
-  EXPECT_EQ(load_chat_template(dir.path(), "", true), "D");
+  EXPECT_EQ(load_chat_template(dir.string(), "", true), "D");
   dir.write("tokenizer_config.json", R"({"chat_template": [{"name": "tool_use", "template": "T"}]})");
-  EXPECT_EQ(load_chat_template(dir.path(), "", true), "T");
+  EXPECT_EQ(load_chat_template(dir.string(), "", true), "T");
   try {
-    load_chat_template(dir.path(), "", false);
+    load_chat_template(dir.string(), "", false);
     FAIL();
   } catch (const UserError& e) {
     EXPECT_NE(std::string(e.what()).find("tool_use"), std::string::npos) << e.what();
@@ -67,28 +48,28 @@ TEST(LoadChatTemplate, NamedTemplates) {
 }
 
 TEST(LoadChatTemplate, MissingTemplateIsActionable) {
-  TempDir dir;
+  test_util::TempDir dir("tpl");
   try {
-    load_chat_template(dir.path(), "", false);
+    load_chat_template(dir.string(), "", false);
     FAIL();
   } catch (const UserError& e) {
     EXPECT_NE(std::string(e.what()).find("--chat-template"), std::string::npos) << e.what();
   }
   dir.write("tokenizer_config.json", R"({"eos_token": "x"})");
-  EXPECT_THROW(load_chat_template(dir.path(), "", false), UserError);
+  EXPECT_THROW(load_chat_template(dir.string(), "", false), UserError);
   dir.write("tokenizer_config.json", "{not json");
-  EXPECT_THROW(load_chat_template(dir.path(), "", false), UserError);
+  EXPECT_THROW(load_chat_template(dir.string(), "", false), UserError);
 }
 
 TEST(SpecialTokens, AddedTokenDictsAndNulls) {
-  TempDir dir;
+  test_util::TempDir dir("tpl");
   dir.write("tokenizer_config.json", R"({
     "bos_token": {"__type": "AddedToken", "content": "<｜begin▁of▁sentence｜>", "lstrip": false},
     "eos_token": "<|im_end|>", "pad_token": null, "unk_token": "", "add_bos_token": true})");
-  const ordered_json t = special_tokens_from_tokenizer_config(dir.path());
+  const ordered_json t = special_tokens_from_tokenizer_config(dir.string());
   EXPECT_EQ(t, ordered_json({{"bos_token", "<｜begin▁of▁sentence｜>"}, {"eos_token", "<|im_end|>"}}));
-  TempDir empty;
-  EXPECT_EQ(special_tokens_from_tokenizer_config(empty.path()), ordered_json::object());
+  test_util::TempDir empty("tpl");
+  EXPECT_EQ(special_tokens_from_tokenizer_config(empty.string()), ordered_json::object());
 }
 
 TEST(RenderChat, BuildsHuggingFaceContext) {

@@ -33,15 +33,7 @@
 
 namespace moe_kernels {
 
-namespace ws {
-#if MOE_HAVE_WGMMA
-using moe_ptx::cp_async_arrive_noinc;
-using moe_ptx::mbar_arrive;
-using moe_ptx::mbar_init;
-using moe_ptx::mbar_wait;
-using moe_ptx::setmaxnreg_dec;
-using moe_ptx::setmaxnreg_inc;
-#endif
+namespace ws {  // the rest of the ring's PTX (mbar_init / _arrive / _wait, setmaxnreg): moe_ptx.cuh
 // One arrival that also raises the barrier's expected transaction bytes (the TMA loads count them down).
 __device__ __forceinline__ void mbar_arrive_expect_tx(unsigned addr, unsigned bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(addr), "r"(bytes) : "memory");
@@ -204,8 +196,8 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   if (tid == 0) {
     for (int s = 0; s < STAGES; ++s) {
-      ws::mbar_init(full0 + s * 8, 128 * NP + (kCpW ? 0 : 1));  // + the TMA issuer's expect_tx arrival
-      ws::mbar_init(empty0 + s * 8, 2);
+      mbar_init(full0 + s * 8, 128 * NP + (kCpW ? 0 : 1));  // + the TMA issuer's expect_tx arrival
+      mbar_init(empty0 + s * 8, 2);
     }
   }
   __syncthreads();
@@ -302,7 +294,7 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
   // producers drop to 56, the MMA warpgroups rise to what is left (the 128-token tiles need ~146).
   constexpr int kConsumerRegs = NP == 2 && BN == 128 ? 200 : 0;
   if (warp < 4 * NP) {
-    if constexpr (kConsumerRegs > 0) ws::setmaxnreg_dec<56>();
+    if constexpr (kConsumerRegs > 0) setmaxnreg_dec<56>();
     // ---- producer: thread tid copies chunk (tid % CPR) of rows tid / CPR + k RPP of every slice.
     const int ch = tid % CPR;
     int slice = 0;  // slices issued so far (over all units)
@@ -327,7 +319,7 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
         const int stage = slice % STAGES;
         // The consumers released this stage (the first pass over the ring waits on the phase before the first,
         // which counts as complete).
-        ws::mbar_wait(empty0 + stage * 8, ((slice / STAGES) & 1) ^ 1);
+        mbar_wait(empty0 + stage * 8, ((slice / STAGES) & 1) ^ 1);
         const int k0 = kt * BK;
         const bool k_ok = k0 + ch * 8 < K;
         unsigned short* bs = Bs + stage * BN * BK;
@@ -344,14 +336,14 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
         }
         // The stage's `full` barrier completes when every producer thread's copies of it have landed (one
         // asynchronous arrival a thread, counted by the barrier's init count: .noinc).
-        ws::cp_async_arrive_noinc(full0 + stage * 8);
+        cp_async_arrive_noinc(full0 + stage * 8);
       }
     }
     cp_async_wait<0>();
     return;
   }
 
-  if constexpr (kConsumerRegs > 0) ws::setmaxnreg_inc<kConsumerRegs>();
+  if constexpr (kConsumerRegs > 0) setmaxnreg_inc<kConsumerRegs>();
   // ---- consumers: warpgroup cw (0 or 1) owns weight rows [64 cw, 64 cw + 64) of the tile.
   const int cw = (warp - 4 * NP) / 4, ctid = tid - 128 * NP;
   // MMA warpgroup cw's m64 block j: weight rows cw BM / 2 + 64 j of the tile; the 256-row gate/up tile (kStm)
@@ -368,8 +360,8 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
     if (tile.rows <= 0) {  // drain the slices issued for it before the wait (static slots), if any
       for (int kt = pre_slices(u); kt > 0; --kt, ++slice) {
         const int stage = slice % STAGES;
-        ws::mbar_wait(full0 + stage * 8, (slice / STAGES) & 1);
-        if ((ctid & 127) == 0) ws::mbar_arrive(empty0 + stage * 8);
+        mbar_wait(full0 + stage * 8, (slice / STAGES) & 1);
+        if ((ctid & 127) == 0) mbar_arrive(empty0 + stage * 8);
       }
       continue;
     }
@@ -390,7 +382,7 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
     for (int kt = 0; kt < KT; ++kt, ++slice) {
       if (MODE == kDown && kt == 1 && my_pair >= 0) my_wt = p.topk_weights[my_pair];
       const int stage = slice % STAGES;
-      ws::mbar_wait(full0 + stage * 8, (slice / STAGES) & 1);
+      mbar_wait(full0 + stage * 8, (slice / STAGES) & 1);
       fence_proxy_async_smem();  // the producers' cp.async writes (generic proxy) before this thread's wgmma reads
       const unsigned a_st = as_addr + unsigned(stage * BM * BK * 2);
       const unsigned b_st = bs_addr + unsigned(stage * BN * BK * 2);
@@ -403,10 +395,10 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
                              wgmma_desc_sw128(b_st + kk * 32));
       wgmma_commit();
       wgmma_wait<1>();  // the slice before this one is read: release its stage
-      if (kt > 0 && (ctid & 127) == 0) ws::mbar_arrive(empty0 + ((slice - 1) % STAGES) * 8);
+      if (kt > 0 && (ctid & 127) == 0) mbar_arrive(empty0 + ((slice - 1) % STAGES) * 8);
     }
     wgmma_wait<0>();
-    if ((ctid & 127) == 0) ws::mbar_arrive(empty0 + ((slice - 1) % STAGES) * 8);
+    if ((ctid & 127) == 0) mbar_arrive(empty0 + ((slice - 1) % STAGES) * 8);
     if (MODE == kDown && KT == 1 && my_pair >= 0) my_wt = p.topk_weights[my_pair];
 
     if constexpr (kStm) {
