@@ -22,14 +22,21 @@ namespace {
 
 using detail::AttnParams;
 
+// The kernel's dynamic shared-memory ceiling raised to `bytes` the first time a launch needs it (device.cu's
+// raise_dynamic_smem remembers it), not by cudaFuncSetAttribute before every launch.
+void raise_smem_or_throw(const void* kernel, size_t bytes) {
+  MS_CHECK(raise_dynamic_smem(kernel, bytes), "paged attention: the device refuses {} bytes of shared memory a block",
+           bytes);
+}
+
 template <int D, int WARPS_M, int WARPS_N, int BLOCK_N, int STAGES, bool DECODE, bool SPLIT, bool FUSED_IN = false>
 void launch_attention(dim3 grid, const AttnParams& p, cudaStream_t stream) {
   constexpr size_t smem = detail::attn_smem_bytes<D, WARPS_M, WARPS_N, BLOCK_N, STAGES>();
   // sm_90 allows 227 KB of dynamic shared memory per block.
   static_assert(smem <= 227 * 1024, "attention tile does not fit in shared memory");
   auto kernel = detail::paged_attention_mma_kernel<D, WARPS_M, WARPS_N, BLOCK_N, STAGES, DECODE, SPLIT, FUSED_IN>;
-  // A host-side attribute, not a stream operation: allowed while a graph is being captured.
-  MS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  // A host-side attribute, not a stream operation: allowed while a graph is being captured (raised once a process).
+  raise_smem_or_throw(reinterpret_cast<const void*>(kernel), smem);
   launch_pdl(kernel, grid, dim3(128), smem, stream, p);
 }
 
@@ -135,8 +142,7 @@ bool prefill_ws_on() {
 void launch_prefill_wgmma(const AttnParams& p, int max_new_lens, int kv_heads, int num_seqs, cudaStream_t stream) {
   if (prefill_ws_on()) {
     auto kernel = detail::paged_attention_prefill_ws_kernel;
-    MS_CUDA_CHECK(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(detail::kWsSmemBytes)));
+    raise_smem_or_throw(reinterpret_cast<const void*>(kernel), detail::kWsSmemBytes);
     const int m_tiles = int(ceil_div(int64_t(max_new_lens) * p.group, detail::kWgRows));
     const int64_t items = int64_t(m_tiles) * kv_heads * num_seqs;
     MS_CHECK(items <= std::numeric_limits<int32_t>::max(), "paged_attention_prefill: {} work items", items);
@@ -146,7 +152,7 @@ void launch_prefill_wgmma(const AttnParams& p, int max_new_lens, int kv_heads, i
     return;
   }
   auto kernel = detail::paged_attention_prefill_wgmma_kernel;
-  MS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(detail::kWgSmemBytes)));
+  raise_smem_or_throw(reinterpret_cast<const void*>(kernel), detail::kWgSmemBytes);
   const int64_t rows = int64_t(max_new_lens) * p.group;
   const dim3 grid(unsigned(ceil_div(rows, detail::kWgRows)), unsigned(kv_heads), unsigned(num_seqs));
   launch_pdl(kernel, grid, dim3(256), detail::kWgSmemBytes, stream, p);
@@ -241,7 +247,7 @@ bool cluster_fits(int splits) {
   if (fits[splits] == 0) {
     constexpr size_t smem = detail::gqa_smem_bytes<128, STAGES>();
     auto kernel = detail::paged_attention_decode_gqa_kernel<128, true, true, FUSED_IN, STAGES>;
-    MS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    raise_smem_or_throw(reinterpret_cast<const void*>(kernel), smem);
     MS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = dim3(unsigned(splits), 1, 1);
@@ -320,7 +326,7 @@ void launch_decode_gqa(AttnParams p, dim3 grid, bool split, cudaStream_t stream)
   }
   auto kernel = split ? detail::paged_attention_decode_gqa_kernel<128, true, false, FUSED_IN>
                       : detail::paged_attention_decode_gqa_kernel<128, false, false, FUSED_IN>;
-  MS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  raise_smem_or_throw(reinterpret_cast<const void*>(kernel), smem);
   launch_pdl(kernel, grid, dim3(128), smem, stream, p);
   if (split) launch_pdl(detail::split_merge_kernel<128>, dim3(1, grid.y, grid.z), dim3(128), 0, stream, p);
 }
