@@ -46,6 +46,25 @@ Batch make_batch(ModelRunner& r, int seqs, int64_t ctx, int64_t new_tokens) {
   return b;
 }
 
+// `decodes` sequences decoding one token at context `ctx`, then prompt sequences of up to 512 new tokens (no cache)
+// holding `prompt_tokens` in all: the mixed step a continuous-batching scheduler builds when prompt chunks ride
+// with the running decodes.
+Batch make_mixed_batch(ModelRunner& r, int decodes, int64_t ctx, int64_t prompt_tokens) {
+  Batch b = make_batch(r, decodes, ctx, 1);
+  for (int64_t left = prompt_tokens, s = 0; left > 0; ++s) {
+    const int64_t n = std::min<int64_t>(left, 512);
+    Batch p = make_batch(r, 1, 0, n);
+    const int64_t row = int64_t(b.fb.tokens.size());
+    b.fb.tokens.insert(b.fb.tokens.end(), p.fb.tokens.begin(), p.fb.tokens.end());
+    b.fb.positions.insert(b.fb.positions.end(), p.fb.positions.begin(), p.fb.positions.end());
+    b.pages.push_back(std::move(p.pages[0]));
+    b.fb.seqs.push_back({b.pages.back().data(), 0, n, row});
+    b.fb.logit_rows.push_back(row + n - 1);
+    left -= n;
+  }
+  return b;
+}
+
 void release(ModelRunner& r, Batch& b) {
   for (auto& p : b.pages) r.kv().allocator().free(p);
 }
@@ -116,6 +135,11 @@ int main(int argc, char** argv) {
   f.add_int_list("batch-sizes", &batch_sizes, "decode batch sizes to profile (default 1,64,128)");
   bool prefill = true;
   f.add_bool("prefill", &prefill, "also profile prefill steps");
+  std::vector<int64_t> mixed;
+  f.add_int_list("mixed", &mixed,
+                 "prompt tokens to add to each decode batch size (e.g. 0,256,512,1024): the served step of the mixed "
+                 "batch (eager, as served) and its per-op table, or its kernel timeline with --trace; no plain decode "
+                 "or prefill profile then");
   bool trace = false;
   f.add_bool("trace", &trace, "decode steps as a CUPTI kernel timeline instead of per-op events (no prefill)");
   std::string gemm_backend = "auto";
@@ -145,6 +169,26 @@ int main(int argc, char** argv) {
     auto runner = make_runner(lo);
     ModelRunner& r = *runner;
     for (int64_t bs : batch_sizes) {
+      for (int64_t P : mixed) {
+        Batch b = make_mixed_batch(r, int(bs), ctx, P);
+        const double us = served_step_us(r, b.fb, trace ? 3 : 20);
+        if (trace) {
+          tracer.take();
+          constexpr int kSteps = 5;
+          served_step_us(r, b.fb, kSteps);
+          std::vector<bench::KernelRecord> recs = tracer.take();
+          std::printf("\n== mixed, %lld decodes + %lld prompt tokens: kernel timeline (CUPTI) ==\n%s", (long long)bs,
+                      (long long)P, bench::format_timeline(bench::step_timeline(recs, kWarmupSteps + kSteps)).c_str());
+        } else {
+          r.executor().profile_step(b.fb);  // warm-up
+          std::printf("\n== mixed, %lld decodes + %lld prompt tokens ==\n%s", (long long)bs, (long long)P,
+                      r.executor().profile_step(b.fb).c_str());
+        }
+        std::printf("mixed step %lld decodes + %lld prompt tokens, served: %.1f us\n", (long long)bs, (long long)P,
+                    us);
+        release(r, b);
+      }
+      if (!mixed.empty()) continue;
       Batch b = make_batch(r, int(bs), ctx, 1);
       if (trace) {
         constexpr int kSteps = 20;
@@ -173,7 +217,7 @@ int main(int argc, char** argv) {
       release(r, b);
     }
     for (int seqs : {1, 16}) {
-      if (!prefill || trace) break;
+      if (!prefill || trace || !mixed.empty()) break;
       Batch b = make_batch(r, seqs, 0, 512);
       r.executor().profile_step(b.fb);
       std::printf("\n== prefill, %d x 512 tokens ==\n%s", seqs, r.executor().profile_step(b.fb).c_str());
