@@ -120,13 +120,28 @@ int moe_ws_decode_config() {
   return c;
 }
 
+// The configuration between batched decode and prefill (12-40 tokens an expert: a 512-token prompt, mixed steps of
+// decodes and prompt chunks) on an sm_90a table: 8 (the warp-specialized 128 x 128 tiles, one tile an expert), or
+// with MOESERVE_MOE_WS_MID (A/B) 5 (128 x 64 tiles on wgmma, not warp-specialized, the default before session 35),
+// 13 (64-token tiles, cp.async weights) or 9 (its TMA twin). H200, session 35, q30b8l steps (gpu_profile, in a CUDA
+// graph, experts of 8 layers): a 512-token prompt 2,121-2,137 us against 2,262-2,273 with 5 (9: +1%, 13: +15% of the
+// step); 64 decodes + 512 prompt tokens 2,887 against 3,008; served decode1 TTFT p50 3.5-3.6 ms against 3.7-3.8, 64
+// concurrent and prefill even.
+int moe_ws_mid_config() {
+  static const int c = [] {
+    const int v = int(env_int("MOESERVE_MOE_WS_MID", 8, 5, 13));
+    return v == 5 || v == 9 || v == 13 ? v : 8;
+  }();
+  return c;
+}
+
 int fused_config_for(const MoeShape& s, int T, bool wgmma) {
   const double per_expert = double(T) * s.top_k / std::max(1, s.num_experts);
   const int level = moe_wgmma_level();
   const bool ws = wgmma && level >= 3 && moe_ws_enabled();
   if (per_expert <= moe_small_tile_max()) return 0;
   if (per_expert <= 12) return ws ? moe_ws_decode_config() : 1;
-  if (per_expert <= 40) return level >= 2 ? 5 : 2;
+  if (per_expert <= 40) return ws && moe_ws_mid_config() != 5 ? moe_ws_mid_config() : level >= 2 ? 5 : 2;
   if (ws) return per_expert <= moe_ws_prefill_min() ? 8 : moe_ws_prefill_config();
   return level >= 3 ? 6 : level >= 1 ? 4 : 3;
 }
