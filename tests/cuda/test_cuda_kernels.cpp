@@ -605,6 +605,24 @@ TEST(CudaKernels, PagedAttentionPrefillSmallBatches) {
     for (const auto& b : batches) check_prefill(c, b, seed++, st);
 }
 
+// Steps whose items the warp-specialized prefill kernel hands out from its work list (attention_wgmma_ws.cuh): 64
+// decode-like rows riding with two 512-token prompts (66 sequences: the composition whose grid order put every
+// prompt row on 8 of 132 CTAs), 33 sequences, and more sequences than the list takes (kWsMaxSeqs: the grid order).
+TEST(CudaKernels, PagedAttentionPrefillMixedBatches) {
+  REQUIRE_GPU();
+  Stream st;
+  std::vector<SeqSpec> mixed;
+  for (int i = 0; i < 64; ++i) mixed.push_back({300 + 7 * i, 1});
+  mixed.push_back({0, 512});
+  mixed.push_back({40, 512});
+  std::vector<SeqSpec> thirty_three;
+  for (int i = 0; i < 33; ++i) thirty_three.push_back(i % 3 == 0 ? SeqSpec{i, 96 + i} : SeqSpec{200 + i, 1});
+  std::vector<SeqSpec> many(1030, SeqSpec{3, 1});
+  many[5] = {0, 70};
+  uint32_t seed = 250;
+  for (const auto* b : {&mixed, &thirty_three, &many}) check_prefill(kAttnConfigs[0], *b, seed++, st);
+}
+
 const std::vector<SeqSpec> kDecodeSeqs = {{0, 1},    {1, 1},   {14, 1},  {15, 1},  {16, 1}, {99, 1},
                                           {50, 0},   {1499, 1}, {776, 1}, {191, 1}, {2, 0}, {47, 1}};
 
@@ -815,16 +833,19 @@ TEST(CudaKernelsBench, DISABLED_AttentionTiming) {
   struct Case {
     const char* name;
     int seqs, start, new_len, splits;
+    int seqs2 = 0, start2 = 0, new_len2 = 0;  // a second group of sequences after the first (mixed steps)
   };
   const Case cases[] = {{"decode bs1 ctx512", 1, 511, 1, 16},   {"decode bs64 ctx512", 64, 511, 1, 1},
                         {"decode bs128 ctx512", 128, 511, 1, 1}, {"prefill 1x512", 1, 0, 512, 0},
-                        {"prefill 16x512", 16, 0, 512, 0}};
+                        {"prefill 16x512", 16, 0, 512, 0},       {"mixed 64x1 + 1x512", 64, 511, 1, 0, 1, 0, 512},
+                        {"mixed 64x1 + 2x512", 64, 511, 1, 0, 2, 0, 512}, {"mixed 17x1 + 16x512", 17, 511, 1, 0, 16, 0, 512}};
   cudaEvent_t e0{}, e1{};
   ck(cudaEventCreate(&e0), "event");
   ck(cudaEventCreate(&e1), "event");
   for (const Case& c : cases) {
-    PagedScenario sc = build_scenario(kAttnConfigs[0], std::vector<SeqSpec>(size_t(c.seqs), SeqSpec{c.start, c.new_len}),
-                                      900);
+    std::vector<SeqSpec> specs(size_t(c.seqs), SeqSpec{c.start, c.new_len});
+    specs.insert(specs.end(), size_t(c.seqs2), SeqSpec{c.start2, c.new_len2});
+    PagedScenario sc = build_scenario(kAttnConfigs[0], specs, 900);
     DeviceScenario dev(sc);
     const size_t ws_bytes =
         c.splits > 0 ? cuda::decode_workspace_bytes(dev.meta.num_seqs, sc.c.heads, sc.c.head_dim, c.splits) : 0;
@@ -836,7 +857,7 @@ TEST(CudaKernelsBench, DISABLED_AttentionTiming) {
                                      ws.get(), ws_bytes, dev.out.bf(), sc.out_stride, st.get());
       else
         cuda::paged_attention_prefill(dev.q.bf(), sc.q_stride, dev.k.bf(), dev.v.bf(), dev.meta, dev.shape,
-                                      c.new_len, dev.out.bf(), sc.out_stride, st.get());
+                                      std::max(c.new_len, c.new_len2), dev.out.bf(), sc.out_stride, st.get());
     };
     for (int i = 0; i < 5; ++i) launch();
     constexpr int kIters = 50;

@@ -148,7 +148,9 @@ void launch_prefill_wgmma(const AttnParams& p, int max_new_lens, int kv_heads, i
     MS_CHECK(items <= std::numeric_limits<int32_t>::max(), "paged_attention_prefill: {} work items", items);
     static const int sms = current_device_multiprocessors();
     const unsigned grid = unsigned(std::min<int64_t>(items, sms));
-    launch_pdl(kernel, dim3(grid), dim3(detail::kWsThreads), detail::kWsSmemBytes, stream, p, m_tiles, num_seqs);
+    static const bool use_list = env_flag("MOESERVE_ATTN_WS_ORDER", true);  // A/B: 0 walks the grid order
+    launch_pdl(kernel, dim3(grid), dim3(detail::kWsThreads), detail::kWsSmemBytes, stream, p, m_tiles, num_seqs,
+               use_list ? 1 : 0);
     return;
   }
   auto kernel = detail::paged_attention_prefill_wgmma_kernel;
