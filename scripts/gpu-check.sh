@@ -65,6 +65,9 @@ done
 # The fused MoE kernels once more without the warp-specialized configurations (configurations 1 and 6 are what
 # the default picks where the kernel table has no sm_90a code).
 run test_cuda_moe_ws0 ok env MOESERVE_MOE_WS=0 "$BUILD/tests/test_cuda_moe" --gtest_brief=1
+# 12-40 tokens an expert on the non-warp-specialized wgmma tiles (configuration 5) with the others warp-specialized.
+run test_cuda_moe_mid5 ok env MOESERVE_MOE_WS_MID=5 "$BUILD/tests/test_cuda_moe" --gtest_brief=1 \
+  --gtest_filter='*Shapes*:*CapturedGraph*:*Skewed*:*SelfTest*'
 # Batched decode's warp-specialized tiles as configuration 9 (one CTA an SM, 64-token tiles, TMA weights) and 11
 # (12's shape with TMA weights; the default is 12, cp.async weights).
 run test_cuda_moe_ws_decode9 ok env MOESERVE_MOE_WS_DECODE=9 "$BUILD/tests/test_cuda_moe" --gtest_brief=1
@@ -88,6 +91,9 @@ run test_cuda_kernels_merge_launch ok env MOESERVE_ATTN_CLUSTER_MERGE=0 MOESERVE
 # The two-CTA wgmma prefill attention tiles (MOESERVE_ATTN_PREFILL_WS=0; the default is the warp-specialized form).
 run test_cuda_kernels_prefill_2cta ok env MOESERVE_ATTN_PREFILL_WS=0 "$BUILD/tests/test_cuda_kernels" --gtest_brief=1 \
   --gtest_filter='*Prefill*:*Graph*'
+# The warp-specialized form walking the grid order instead of its work list (MOESERVE_ATTN_WS_ORDER=0).
+run test_cuda_kernels_prefill_grid_order ok env MOESERVE_ATTN_WS_ORDER=0 "$BUILD/tests/test_cuda_kernels" \
+  --gtest_brief=1 --gtest_filter='*Prefill*'
 # The other norm paths: the residual fusion and the GEMV ring off (MOESERVE_RESIDUAL_FUSION=0 MOESERVE_GEMV_RING=0:
 # norm launches and register-streaming GEMVs), and the opt-in combine-norm fusion (MOESERVE_MOE_COMBINE_NORM=1 at
 # every step whose MoE ends in a combine launch): the model on the GPU, and the parity against transformers with
