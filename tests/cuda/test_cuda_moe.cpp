@@ -797,6 +797,31 @@ TEST(CudaMoe, JitSourceCompilesForSm90aWithoutAGpu) {
     EXPECT_NE(cubin.find(name), std::string::npos) << name;
 }
 
+// The fused backend's tile configuration by tokens an expert (no GPU needed) at Qwen3-30B-A3B's 128 experts / top-8
+// (T x 8 / 128 tokens an expert), for a kernel table with sm_90a code (warp-specialized configurations allowed) and
+// one without, under the default switches (the A/B runs of scripts/gpu-check.sh set some: skipped then).
+TEST(CudaMoe, TileConfigurationBands) {
+  for (const char* v : {"MOESERVE_MOE_WS", "MOESERVE_MOE_WS_MID", "MOESERVE_MOE_WS_DECODE", "MOESERVE_MOE_WS_PREFILL",
+                        "MOESERVE_MOE_WS_PREFILL_MIN", "MOESERVE_MOE_SMALL_TILE_MAX", "MOESERVE_MOE_WGMMA"})
+    if (std::getenv(v) != nullptr) GTEST_SKIP() << v << " is set";
+  MoeShape s;
+  s.num_experts = 128;
+  s.top_k = 8;
+  s.hidden = 2048;
+  s.inter = 768;
+  s.max_tokens = 8192;
+  struct Row {
+    int T, sm90a, other;
+  };
+  // Tokens an expert: 1 token direct; 1 (at most 2: the 32 x 16 tiles); 4, 8 (batched decode); 12.5, 32 (12-40: a
+  // 512-token prompt); 64, 256 (40-256); 512 (an 8,192-token prompt step).
+  for (const Row r : {Row{1, 0, 0}, Row{16, 0, 0}, Row{64, 12, 1}, Row{128, 12, 1}, Row{200, 8, 5}, Row{512, 8, 5},
+                      Row{1024, 8, 6}, Row{4096, 8, 6}, Row{8192, 10, 6}}) {
+    EXPECT_EQ(fused_layout(s, r.T, true).config, r.sm90a) << r.T << " tokens, sm_90a table";
+    EXPECT_EQ(fused_layout(s, r.T, false).config, r.other) << r.T << " tokens, no sm_90a code";
+  }
+}
+
 // The 1-token down GEMV's ring depth by shape (no GPU needed): the default 8 stages (143,872 B a CTA at inter 768:
 // one CTA an SM of 228 KiB) where hidden / 16 CTAs fit one wave, else the 4-stage ring (78,336 B: two an SM), which
 // keeps hidden 4,096's 256 CTAs one wave on 132 SMs; a forced depth as it is.
