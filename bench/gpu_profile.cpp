@@ -47,13 +47,15 @@ Batch make_batch(ModelRunner& r, int seqs, int64_t ctx, int64_t new_tokens) {
 }
 
 // `decodes` sequences decoding one token at context `ctx`, then prompt sequences of up to 512 new tokens (no cache)
-// holding `prompt_tokens` in all: the mixed step a continuous-batching scheduler builds when prompt chunks ride
-// with the running decodes.
+// holding `prompt_tokens` in all, each with tokens of its own: the mixed step a continuous-batching scheduler builds
+// when prompt chunks ride with the running decodes.
 Batch make_mixed_batch(ModelRunner& r, int decodes, int64_t ctx, int64_t prompt_tokens) {
   Batch b = make_batch(r, decodes, ctx, 1);
-  for (int64_t left = prompt_tokens, s = 0; left > 0; ++s) {
+  for (int64_t left = prompt_tokens, s = decodes; left > 0; ++s) {
     const int64_t n = std::min<int64_t>(left, 512);
     Batch p = make_batch(r, 1, 0, n);
+    for (int64_t i = 0; i < n; ++i)  // make_batch's pattern, as sequence s of the batch
+      p.fb.tokens[size_t(i)] = int32_t((s * 977 + i * 131) % r.config().vocab_size);
     const int64_t row = int64_t(b.fb.tokens.size());
     b.fb.tokens.insert(b.fb.tokens.end(), p.fb.tokens.begin(), p.fb.tokens.end());
     b.fb.positions.insert(b.fb.positions.end(), p.fb.positions.begin(), p.fb.positions.end());
