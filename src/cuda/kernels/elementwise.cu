@@ -211,6 +211,7 @@ void embedding(const int32_t* ids, const bf16* table, int T, int H, float* resid
   if (T == 0) return;
   if (vec8) {
     const int threads = H / 8 >= 256 ? 256 : int(ceil_div(H / 8, 32) * 32);
+    prefer_max_shared_carveout(reinterpret_cast<const void*>(embedding_vec8_kernel));
     embedding_vec8_kernel<<<T, threads, 0, stream>>>(ids, prev_rows, prev_ids, table, H, residual, partials);
   } else {
     embedding_scalar_kernel<<<T, 256, 0, stream>>>(ids, prev_rows, prev_ids, table, H, residual);
