@@ -28,42 +28,34 @@ struct Batch {
   std::vector<std::vector<int32_t>> pages;
 };
 
-// `seqs` sequences of `ctx` cached tokens each (their KV pages hold whatever is there: timing only), each
-// computing `new_tokens` tokens this step.
-Batch make_batch(ModelRunner& r, int seqs, int64_t ctx, int64_t new_tokens) {
-  Batch b;
-  b.pages.resize(size_t(seqs));
-  for (int s = 0; s < seqs; ++s) {
-    b.pages[size_t(s)] = r.kv().allocator().allocate(r.kv().pages_for(ctx + new_tokens));
-    const int64_t row = int64_t(b.fb.tokens.size());
+// Appends `seqs` sequences of `ctx` cached tokens each (their KV pages hold whatever is there: timing only), each
+// computing `new_tokens` tokens this step; sequence s of the batch gets tokens (977 s + 131 i) mod vocab. (Moving a
+// page vector keeps its buffer, so the seqs' page pointers survive b.pages growing.)
+void append_seqs(ModelRunner& r, Batch& b, int seqs, int64_t ctx, int64_t new_tokens) {
+  for (int k = 0; k < seqs; ++k) {
+    const int64_t s = int64_t(b.fb.seqs.size()), row = int64_t(b.fb.tokens.size());
+    b.pages.push_back(r.kv().allocator().allocate(r.kv().pages_for(ctx + new_tokens)));
     for (int64_t i = 0; i < new_tokens; ++i) {
       b.fb.tokens.push_back(int32_t((s * 977 + i * 131) % r.config().vocab_size));
       b.fb.positions.push_back(ctx + i);
     }
-    b.fb.seqs.push_back({b.pages[size_t(s)].data(), ctx, new_tokens, row});
+    b.fb.seqs.push_back({b.pages.back().data(), ctx, new_tokens, row});
     b.fb.logit_rows.push_back(row + new_tokens - 1);
   }
+}
+
+Batch make_batch(ModelRunner& r, int seqs, int64_t ctx, int64_t new_tokens) {
+  Batch b;
+  append_seqs(r, b, seqs, ctx, new_tokens);
   return b;
 }
 
 // `decodes` sequences decoding one token at context `ctx`, then prompt sequences of up to 512 new tokens (no cache)
-// holding `prompt_tokens` in all, each with tokens of its own: the mixed step a continuous-batching scheduler builds
-// when prompt chunks ride with the running decodes.
+// holding `prompt_tokens` in all: the mixed step a continuous-batching scheduler builds when prompt chunks ride with
+// the running decodes.
 Batch make_mixed_batch(ModelRunner& r, int decodes, int64_t ctx, int64_t prompt_tokens) {
   Batch b = make_batch(r, decodes, ctx, 1);
-  for (int64_t left = prompt_tokens, s = decodes; left > 0; ++s) {
-    const int64_t n = std::min<int64_t>(left, 512);
-    Batch p = make_batch(r, 1, 0, n);
-    for (int64_t i = 0; i < n; ++i)  // make_batch's pattern, as sequence s of the batch
-      p.fb.tokens[size_t(i)] = int32_t((s * 977 + i * 131) % r.config().vocab_size);
-    const int64_t row = int64_t(b.fb.tokens.size());
-    b.fb.tokens.insert(b.fb.tokens.end(), p.fb.tokens.begin(), p.fb.tokens.end());
-    b.fb.positions.insert(b.fb.positions.end(), p.fb.positions.begin(), p.fb.positions.end());
-    b.pages.push_back(std::move(p.pages[0]));
-    b.fb.seqs.push_back({b.pages.back().data(), 0, n, row});
-    b.fb.logit_rows.push_back(row + n - 1);
-    left -= n;
-  }
+  for (int64_t left = prompt_tokens; left > 0; left -= 512) append_seqs(r, b, 1, 0, std::min<int64_t>(left, 512));
   return b;
 }
 

@@ -142,7 +142,7 @@ int fused_config_for(const MoeShape& s, int T, bool wgmma) {
   const bool ws = wgmma && level >= 3 && moe_ws_enabled();
   if (per_expert <= moe_small_tile_max()) return 0;
   if (per_expert <= 12) return ws ? moe_ws_decode_config() : 1;
-  if (per_expert <= 40) return ws && moe_ws_mid_config() != 5 ? moe_ws_mid_config() : level >= 2 ? 5 : 2;
+  if (per_expert <= 40) return ws ? moe_ws_mid_config() : level >= 2 ? 5 : 2;
   if (ws) return per_expert <= moe_ws_prefill_min() ? 8 : moe_ws_prefill_config();
   return level >= 3 ? 6 : level >= 1 ? 4 : 3;
 }
