@@ -17,22 +17,6 @@
 
 namespace moeserve::cuda {
 
-// Experiment (off; written in session 35, not yet run on a GPU): layer 0's q/k/v GEMV of a decode step starts 2.4
-// us after the embedding ends however it is launched; if that is the SMs' L1 / shared-memory split being changed for
-// the GEMV's ~200 KB an SM after the small kernels ran with a small one, every kernel preferring the largest
-// shared-memory carveout would remove it. MOESERVE_SMEM_CARVEOUT_MAX=1 turns it on.
-void prefer_max_shared_carveout(const void* kernel) {
-  static const bool on = env_flag("MOESERVE_SMEM_CARVEOUT_MAX", false);
-  if (!on) return;
-  static std::mutex mu;
-  static std::set<const void*> done;
-  std::lock_guard<std::mutex> lock(mu);
-  if (!done.insert(kernel).second) return;
-  if (cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared) !=
-      cudaSuccess)
-    (void)cudaGetLastError();  // a hint only: the launch goes on without it
-}
-
 bool pdl_enabled() {
   static const bool enabled = [] {
     if (!env_flag("MOESERVE_PDL", true)) return false;

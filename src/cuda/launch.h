@@ -26,8 +26,6 @@ namespace moeserve::cuda {
 // Whether launches use the PDL attribute: sm >= 90 on the current device and MOESERVE_PDL != "0". Decided
 // once per process (the first call), so a captured graph and its eager twin launch the same way.
 bool pdl_enabled();
-// MOESERVE_SMEM_CARVEOUT_MAX=1 (experiment, off): the kernel prefers the largest shared-memory carveout (device.cu).
-void prefer_max_shared_carveout(const void* kernel);
 
 // A launch configuration with the PDL attribute when `programmatic` and pdl_enabled(); `attr` must outlive it.
 inline cudaLaunchConfig_t pdl_config(dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
@@ -48,7 +46,6 @@ inline cudaLaunchConfig_t pdl_config(dim3 grid, dim3 block, size_t smem, cudaStr
 template <typename... Params, typename... Args>
 void launch_pdl_cluster(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
                         unsigned cluster_x, Args&&... args) {
-  prefer_max_shared_carveout(reinterpret_cast<const void*>(kernel));
   cudaLaunchAttribute attrs[2];
   cudaLaunchConfig_t cfg = pdl_config(grid, block, smem, stream, attrs[0]);
   attrs[cfg.numAttrs].id = cudaLaunchAttributeClusterDimension;
@@ -63,7 +60,6 @@ void launch_pdl_cluster(void (*kernel)(Params...), dim3 grid, dim3 block, size_t
 template <typename... Params, typename... Args>
 void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
                 Args&&... args) {
-  prefer_max_shared_carveout(reinterpret_cast<const void*>(kernel));
   cudaLaunchAttribute attr;
   const cudaLaunchConfig_t cfg = pdl_config(grid, block, smem, stream, attr);
   MS_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));

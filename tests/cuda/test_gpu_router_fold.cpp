@@ -17,6 +17,7 @@
 #include "cuda/device.h"
 #include "cuda_test_util.h"
 #include "cuda/gemm/gemm.h"
+#include "cuda/kernels/ops.h"
 #include "cuda/model/model_kernels.h"
 #include "cuda/moe/moe.h"
 #include "kernels/moe/moe.h"
@@ -157,6 +158,117 @@ TEST(GpuRouterFold, LogitsTopkAndExpertInputMatchTheResidualStreamsRouter) {
         const auto wts = d_w.download();
         for (size_t i = 0; i < want_w.size(); ++i) EXPECT_FLOAT_EQ(wts[i], want_w[i]) << where << " weight " << i;
       }
+    }
+  cudaStreamDestroy(st);
+}
+
+// Decode steps beyond the residual fusion's few tokens (gpu_model.cpp, ModelBackends::folded_mid_route): the input
+// norm leaves its RMS factors, u1 and u2 are bf16 GEMM outputs over the folded rows (u2 in the columns after o_proj's
+// output, as the served step lays them out), and moe_add_norm_route does the post-attention add + RMSNorm (bitwise
+// add_rmsnorm's) and routes from them, recomputing the leading candidates' logits exactly. Against add_rmsnorm and
+// the router of the residual stream computed on the host (W_r times the bf16 expert input): the same experts and
+// weights as that router's top-k, fresh random inputs, 9-128 tokens.
+TEST(GpuRouterFold, MidSizedStepsRouteFromTheSideProducts) {
+  SKIP_WITHOUT_GPU();
+  if (!skinny_gemm_supported(list_devices().at(0))) GTEST_SKIP() << "no sm_90a wgmma here (the skinny GEMM)";
+  cudaStream_t st = nullptr;
+  MS_CUDA_CHECK(cudaStreamCreate(&st));
+  std::mt19937 g(91);
+  struct Shape {
+    int E, k, H, QD;  // experts, top-k, hidden, attention width
+  };
+  const float eps = 1e-6f;
+  for (const Shape sh : {Shape{128, 8, 2048, 4096}, Shape{16, 4, 256, 512}, Shape{60, 3, 128, 192}})
+    for (int T : {9, 37, 128}) {
+      const std::string where = fmt::format("E{} k{} H{} QD{} T{}", sh.E, sh.k, sh.H, sh.QD, T);
+      const auto w_r = random_bf16(size_t(sh.E) * sh.H, -3.0f / std::sqrt(float(sh.H)), 3.0f / std::sqrt(float(sh.H)), g);
+      const auto w_o = random_bf16(size_t(sh.H) * sh.QD, -1.7f / std::sqrt(float(sh.QD)), 1.7f / std::sqrt(float(sh.QD)), g);
+      auto g_in = random_bf16(size_t(sh.H), 0.5f, 1.5f, g), g_post = random_bf16(size_t(sh.H), 0.5f, 1.5f, g);
+      for (size_t i = 0; i < g_in.size(); i += 7) g_in[i] = f32_to_bf16(-bf16_to_f32(g_in[i]));
+      const auto a = random_bf16(size_t(T) * sh.QD, -1.0f, 1.0f, g);
+      std::vector<float> h(size_t(T) * sh.H);
+      std::normal_distribution<float> nd(0, 1.5f);
+      for (auto& v : h) v = nd(g);
+      // o = bf16(W_o a), o_proj's output, on the host, in rows of H + E (u2 goes after it).
+      const int ldo = sh.H + sh.E;
+      std::vector<uint16_t> o(size_t(T) * ldo, f32_to_bf16(0.0f));
+      for (int t = 0; t < T; ++t)
+        for (int n = 0; n < sh.H; ++n) {
+          float s = 0;
+          for (int i = 0; i < sh.QD; ++i)
+            s += bf16_to_f32(w_o[size_t(n) * sh.QD + i]) * bf16_to_f32(a[size_t(t) * sh.QD + i]);
+          o[size_t(t) * ldo + n] = f32_to_bf16(s);
+        }
+      Dev<uint16_t> d_wr(w_r), d_gin(g_in), d_gpost(g_post), d_wo(w_o), d_a(a), d_o(o);
+      Dev<uint16_t> d_w1(size_t(sh.E) * sh.H), d_w2(size_t(sh.E) * sh.QD);
+      fold_router_weights(bf(d_wr), bf(d_gin), bf(d_gpost), bf(d_wo), sh.E, sh.H, sh.QD, bf(d_w1), bf(d_w2), st);
+      // The input norm with its factors, then the two products as the side stream computes them.
+      Dev<float> d_h(h), d_inv{size_t(T)};
+      Dev<uint16_t> d_xin(size_t(T) * sh.H), d_u1(size_t(T) * sh.E);
+      d_inv.poison(), d_u1.poison(), d_xin.poison();
+      rmsnorm(d_h.p, bf(d_gin), eps, T, sh.H, bf(d_xin), st, d_inv.p);
+      skinny_gemm(bf(d_xin), sh.H, T, sh.H, bf(d_w1), sh.E, d_u1.p, sh.E, OutType::BF16, st);
+      skinny_gemm(bf(d_a), sh.QD, T, sh.QD, bf(d_w2), sh.E, bf(d_o) + sh.H, ldo, OutType::BF16, st);
+      // The route, and add_rmsnorm on a copy of the residual.
+      Dev<float> d_res(h), d_res_ref(h), d_logits(size_t(T) * sh.E), d_w(size_t(T) * sh.k);
+      Dev<uint16_t> d_xn(size_t(T) * sh.H), d_xn_ref(size_t(T) * sh.H);
+      Dev<int32_t> d_ids(size_t(T) * sh.k);
+      d_xn.poison(), d_xn_ref.poison(), d_logits.poison(), d_ids.poison(), d_w.poison();
+      FoldedMidRoute f;
+      f.router = bf(d_wr), f.u1 = bf(d_u1), f.ld_u1 = sh.E, f.u2 = bf(d_o) + sh.H, f.ld_u2 = ldo, f.inv_h = d_inv.p;
+      f.logits_out = d_logits.p;
+      moe_add_norm_route(d_res.p, bf(d_o), ldo, bf(d_gpost), eps, T, sh.H, f, sh.E, sh.k, true, bf(d_xn), d_ids.p,
+                         d_w.p, st);
+      // add_rmsnorm takes contiguous rows: o_proj's part of each row.
+      std::vector<uint16_t> o_rows(size_t(T) * sh.H);
+      for (int t = 0; t < T; ++t)
+        std::copy(o.begin() + size_t(t) * ldo, o.begin() + size_t(t) * ldo + sh.H, o_rows.begin() + size_t(t) * sh.H);
+      Dev<uint16_t> d_o_rows(o_rows);
+      add_rmsnorm(d_res_ref.p, bf(d_o_rows), bf(d_gpost), eps, T, sh.H, bf(d_xn_ref), st);
+      MS_CUDA_CHECK(cudaStreamSynchronize(st));
+      const auto xn = d_xn.download();
+      ASSERT_EQ(xn, d_xn_ref.download()) << where << ": the expert input differs from add_rmsnorm's";
+      ASSERT_EQ(d_res.download(), d_res_ref.download()) << where << ": the residual differs from add_rmsnorm's";
+      const auto inv = d_inv.download();
+      const auto logits = d_logits.download();
+      const auto ids = d_ids.download();
+      const auto wts = d_w.download();
+      std::vector<float> ref_all(size_t(T) * sh.E);
+      for (int t = 0; t < T; ++t) {
+        double ss = 0;
+        for (int i = 0; i < sh.H; ++i) ss += double(h[size_t(t) * sh.H + i]) * h[size_t(t) * sh.H + i];
+        ASSERT_NEAR(inv[t], 1.0 / std::sqrt(ss / sh.H + eps), 1e-5 / std::sqrt(ss / sh.H + eps)) << where << " t " << t;
+        std::vector<double> ref(sh.E);
+        double rms = 0;
+        for (int e = 0; e < sh.E; ++e) {
+          double s = 0;
+          for (int i = 0; i < sh.H; ++i)
+            s += double(bf16_to_f32(w_r[size_t(e) * sh.H + i])) * bf16_to_f32(xn[size_t(t) * sh.H + i]);
+          ref[e] = s;
+          ref_all[size_t(t) * sh.E + e] = float(s);
+          rms += s * s;
+        }
+        rms = std::sqrt(rms / sh.E);
+        for (int e = 0; e < sh.E; ++e) {
+          const float got = logits[size_t(t) * sh.E + e];
+          ASSERT_TRUE(std::isfinite(got)) << where;
+          // The folded logits: two bf16 approximations of W_r (g_post x inv_x), ~2% of the logits' scale apart at
+          // worst (u1 and u2 rounded to bf16 too); the recomputed candidates, the chosen experts among them, f32 sums
+          // of the same products as the reference.
+          EXPECT_NEAR(got, ref[e], 0.03 * rms) << where << " t " << t << " e " << e;
+        }
+        for (int j = 0; j < sh.k; ++j) {
+          const int e = ids[size_t(t) * sh.k + j];
+          ASSERT_TRUE(e >= 0 && e < sh.E) << where;
+          EXPECT_NEAR(logits[size_t(t) * sh.E + e], ref[e], 1e-5 * rms) << where << " chosen expert " << e;
+        }
+      }
+      // The same experts in the same order, and the same weights, as the route of the reference logits.
+      std::vector<int32_t> want_ids(size_t(T) * sh.k);
+      std::vector<float> want_w(size_t(T) * sh.k);
+      kernels::route_topk(ref_all.data(), T, sh.E, sh.k, true, want_ids.data(), want_w.data());
+      EXPECT_EQ(ids, want_ids) << where;
+      for (size_t i = 0; i < want_w.size(); ++i) EXPECT_NEAR(wts[i], want_w[i], 1e-5) << where << " weight " << i;
     }
   cudaStreamDestroy(st);
 }

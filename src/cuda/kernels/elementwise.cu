@@ -66,7 +66,8 @@ __global__ void embedding_scalar_kernel(const int32_t* ids, const int32_t* prev_
 
 template <int NV, bool ADD>
 __global__ void __launch_bounds__(1024) rmsnorm_vec4_kernel(const float* in, float* residual, const bf16* xadd,
-                                                             const bf16* w, float eps, int dim, bf16* out) {
+                                                             const bf16* w, float eps, int dim, bf16* out,
+                                                             float* inv_out) {
   __shared__ float scratch[33];
   const int64_t base = int64_t(blockIdx.x) * dim;
   const int nvec = dim >> 2;
@@ -100,6 +101,7 @@ __global__ void __launch_bounds__(1024) rmsnorm_vec4_kernel(const float* in, flo
     }
   }
   const float inv = rsqrtf(detail::block_sum(ss, scratch) / float(dim) + eps);
+  if (inv_out != nullptr && threadIdx.x == 0) inv_out[blockIdx.x] = inv;
 #pragma unroll
   for (int k = 0; k < NV; ++k) {
     const int i = threadIdx.x + k * blockDim.x;
@@ -114,7 +116,7 @@ __global__ void __launch_bounds__(1024) rmsnorm_vec4_kernel(const float* in, flo
 // Any dim and alignment: two passes over the row (the second mostly from L1/L2).
 template <bool ADD>
 __global__ void rmsnorm_scalar_kernel(const float* in, float* residual, const bf16* xadd, const bf16* w, float eps,
-                                      int dim, bf16* out) {
+                                      int dim, bf16* out, float* inv_out) {
   pdl_enter();
   __shared__ float scratch[33];
   const int64_t base = int64_t(blockIdx.x) * dim;
@@ -130,6 +132,7 @@ __global__ void rmsnorm_scalar_kernel(const float* in, float* residual, const bf
     ss += a * a;
   }
   const float inv = rsqrtf(detail::block_sum(ss, scratch) / float(dim) + eps);
+  if (inv_out != nullptr && threadIdx.x == 0) inv_out[blockIdx.x] = inv;
   const float* src = ADD ? residual : in;
   for (int i = threadIdx.x; i < dim; i += blockDim.x)
     out[base + i] = __float2bfloat16(__bfloat162float(w[i]) * (src[base + i] * inv));
@@ -137,7 +140,7 @@ __global__ void rmsnorm_scalar_kernel(const float* in, float* residual, const bf
 
 template <bool ADD>
 void launch_rmsnorm(const float* in, float* residual, const bf16* xadd, const bf16* w, float eps, int rows, int dim,
-                    bf16* out, cudaStream_t stream) {
+                    bf16* out, cudaStream_t stream, float* inv_out) {
   MS_CHECK(rows >= 0 && dim > 0, "rmsnorm: rows {} dim {}", rows, dim);
   if (rows == 0) return;
   const float* src = ADD ? residual : in;
@@ -153,11 +156,11 @@ void launch_rmsnorm(const float* in, float* residual, const bf16* xadd, const bf
                   : nv == 2 ? rmsnorm_vec4_kernel<2, ADD>
                   : nv == 4 ? rmsnorm_vec4_kernel<4, ADD>
                             : rmsnorm_vec4_kernel<8, ADD>;
-    launch_pdl(kernel, dim3(rows), dim3(threads), 0, stream, in, residual, xadd, w, eps, dim, out);
+    launch_pdl(kernel, dim3(rows), dim3(threads), 0, stream, in, residual, xadd, w, eps, dim, out, inv_out);
   } else {
     int threads = dim <= 256 ? int(ceil_div(dim, 32) * 32) : dim <= 4096 ? 256 : 1024;
     launch_pdl(rmsnorm_scalar_kernel<ADD>, dim3(rows), dim3(threads), 0, stream, in, residual, xadd, w, eps, dim,
-               out);
+               out, inv_out);
   }
   MS_CUDA_LAUNCH_CHECK();
 }
@@ -211,7 +214,6 @@ void embedding(const int32_t* ids, const bf16* table, int T, int H, float* resid
   if (T == 0) return;
   if (vec8) {
     const int threads = H / 8 >= 256 ? 256 : int(ceil_div(H / 8, 32) * 32);
-    prefer_max_shared_carveout(reinterpret_cast<const void*>(embedding_vec8_kernel));
     embedding_vec8_kernel<<<T, threads, 0, stream>>>(ids, prev_rows, prev_ids, table, H, residual, partials);
   } else {
     embedding_scalar_kernel<<<T, 256, 0, stream>>>(ids, prev_rows, prev_ids, table, H, residual);
@@ -219,13 +221,14 @@ void embedding(const int32_t* ids, const bf16* table, int T, int H, float* resid
   MS_CUDA_LAUNCH_CHECK();
 }
 
-void rmsnorm(const float* x, const bf16* w, float eps, int rows, int dim, bf16* out, cudaStream_t stream) {
-  launch_rmsnorm<false>(x, nullptr, nullptr, w, eps, rows, dim, out, stream);
+void rmsnorm(const float* x, const bf16* w, float eps, int rows, int dim, bf16* out, cudaStream_t stream,
+             float* inv_out) {
+  launch_rmsnorm<false>(x, nullptr, nullptr, w, eps, rows, dim, out, stream, inv_out);
 }
 
 void add_rmsnorm(float* residual, const bf16* x, const bf16* w, float eps, int rows, int dim, bf16* out,
-                 cudaStream_t stream) {
-  launch_rmsnorm<true>(nullptr, residual, x, w, eps, rows, dim, out, stream);
+                 cudaStream_t stream, float* inv_out) {
+  launch_rmsnorm<true>(nullptr, residual, x, w, eps, rows, dim, out, stream, inv_out);
 }
 
 void silu_mul(const bf16* gate_up, int T, int I, bf16* out, cudaStream_t stream) {

@@ -14,13 +14,15 @@ namespace moeserve::cuda {
 void embedding(const int32_t* ids, const bf16* table, int T, int H, float* residual, cudaStream_t stream,
                const int32_t* prev_rows = nullptr, const int32_t* prev_ids = nullptr, float* partials = nullptr);
 
-// out[r, :] = bf16(x[r, :] * rsqrt(mean(x[r]^2) + eps) * w), the norm computed in f32.
-void rmsnorm(const float* x, const bf16* w, float eps, int rows, int dim, bf16* out, cudaStream_t stream);
+// out[r, :] = bf16(x[r, :] * rsqrt(mean(x[r]^2) + eps) * w), the norm computed in f32. inv_out (optional, [rows]):
+// each row's factor rsqrt(mean(x[r]^2) + eps) (the folded router of mid-sized decode steps divides by it).
+void rmsnorm(const float* x, const bf16* w, float eps, int rows, int dim, bf16* out, cudaStream_t stream,
+             float* inv_out = nullptr);
 
 // Fused residual add then norm: residual[r] += float(x[r]); out[r] = bf16(rmsnorm(residual[r]) * w).
-// x may be bf16 (the o_proj / MoE outputs).
+// x may be bf16 (the o_proj / MoE outputs). inv_out as for rmsnorm.
 void add_rmsnorm(float* residual, const bf16* x, const bf16* w, float eps, int rows, int dim, bf16* out,
-                 cudaStream_t stream);
+                 cudaStream_t stream, float* inv_out = nullptr);
 
 // SwiGLU for dense MLPs: out[t, i] = bf16(silu(g) * u) with g = gate_up[t, i], u = gate_up[t, I + i].
 void silu_mul(const bf16* gate_up, int T, int I, bf16* out, cudaStream_t stream);

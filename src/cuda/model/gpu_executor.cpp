@@ -199,6 +199,10 @@ GpuExecutor::GpuExecutor(const std::string& model_dir, const GpuOptions& opts) :
   mb.fused_attention_input = env_flag("MOESERVE_ATTN_FUSED_IN", true);
   mb.residual_fusion = env_flag("MOESERVE_RESIDUAL_FUSION", true);
   mb.moe_combine_norm = env_flag("MOESERVE_MOE_COMBINE_NORM", false);
+  // Opt-in (MOESERVE_ROUTER_FOLD_MID=1): on the H200 the exact candidates cost what the router launches did (served
+  // q30b8l bs 64 +8 to +17 us, 64 concurrent -0.4%; without them -32 us, +0.7%, but routing flips: docs/PERF.md
+  // session 36).
+  mb.folded_mid_route = env_flag("MOESERVE_ROUTER_FOLD_MID", false);
   if (const char* v = std::getenv("MOESERVE_PROFILE_SKIP_OPS"); v != nullptr && *v != 0) {
     mb.skip_ops = parse_skip_ops(v);
     if (mb.skip_ops != 0)

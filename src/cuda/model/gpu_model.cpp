@@ -163,15 +163,22 @@ void GpuQwen3::plan_workspace(int max_tokens, int max_rows, int max_seqs, int ma
   const std::string part = "activations";
   residual_ = DeviceArray<float>(alloc_, T * H, part);
   xn_ = DeviceArray<bf16>(alloc_, T * H, part);
-  qkv_ = DeviceArray<bf16>(alloc_, T * QKV, part);
+  // folded_mid_route: q/k/v and o_proj outputs of up to kFoldedMidMaxTokens rows carry E columns more (u1, u2).
+  const size_t E_mid = c.is_moe() && b.folded_mid_route ? size_t(c.num_experts) : 0;
+  const size_t mid = std::min(T, size_t(kFoldedMidMaxTokens));
+  qkv_ = DeviceArray<bf16>(alloc_, std::max(T * QKV, mid * (QKV + E_mid)), part);
   attn_ = DeviceArray<bf16>(alloc_, T * QD, part);
-  o_ = DeviceArray<bf16>(alloc_, T * H, part);
+  o_ = DeviceArray<bf16>(alloc_, std::max(T * H, mid * (H + E_mid)), part);
   final_rows_ = DeviceArray<bf16>(alloc_, size_t(max_rows) * H, part);
   logits_ = DeviceArray<float>(alloc_, size_t(max_rows) * size_t(c.vocab_size), part);
   if (c.is_moe()) {
     router_logits_ = DeviceArray<float>(alloc_, T * size_t(c.num_experts), part);
     router_u1_ = DeviceArray<float>(alloc_, size_t(kResidualGemvMaxM) * size_t(c.num_experts), part);
     router_u2_ = DeviceArray<float>(alloc_, size_t(kResidualGemvMaxM) * size_t(c.num_experts), part);
+    if (b.folded_mid_route) {
+      inv_h_ = DeviceArray<float>(alloc_, size_t(kFoldedMidMaxTokens), part);
+      MS_CUDA_CHECK(cudaMemset(inv_h_.get(), 0, inv_h_.bytes()));
+    }
     topk_ids_ = DeviceArray<int32_t>(alloc_, T * size_t(c.num_experts_per_tok), part);
     topk_w_ = DeviceArray<float>(alloc_, T * size_t(c.num_experts_per_tok), part);
 
@@ -270,6 +277,12 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
   const bool cnorm = be_.moe_combine_norm && !resfuse && skip == 0 && all_moe_ && be_.moe != nullptr &&
                      be_.moe->combine_norm_supported(T);
   const bool fuse_qkv_norm = !resfuse && !cnorm && be_.fused_small_steps && norm_gemv_fits(T, H);
+  // The folded route of decode steps beyond the residual fusion (ModelBackends::folded_mid_route): in the layers with
+  // folded rows, the q/k/v and o_proj GEMMs run over them too (u1 and u2 in E extra output columns) and
+  // moe_add_norm_route replaces add_rmsnorm + the router GEMM + the top-k.
+  const bool fold_mid = be_.folded_mid_route && !resfuse && !cnorm && !fuse_qkv_norm && skip == 0 && in.decode &&
+                        T > kResidualGemvMaxM && T <= kFoldedMidMaxTokens && (QKV + E) % 8 == 0 && (H + E) % 8 == 0 &&
+                        moe_add_norm_route_fits(H, E, K);
   // Decode steps of up to 64 sequences, in models with RoPE over the whole head: the input stage runs inside
   // the attention launch. (H200, q30b8l served step: batch 1 -5 to -10 us, 64 even, 128 +16 us: there the
   // attention runs two waves of blocks, and each block's input stage lengthens both.)
@@ -292,6 +305,9 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
     // The folded router's first product rides in this layer's q/k/v GEMV, its second in o_proj (GpuLayer).
     const bool norm_in = resfuse && (l > 0 || embed_parts);
     const bool folded = norm_in && L.router_folded;
+    const bool lfold = fold_mid && L.router_folded;  // (router_folded: an MoE layer with its folded rows)
+    float* inv_h = lfold ? inv_h_.get() : nullptr;
+    const int ldq = lfold ? QKV + E : QKV, ldo = lfold ? H + E : H;  // q/k/v's and o_proj's output strides
     if (norm_in) {  // the previous layer's MoE (or the embedding) updated the residual and left its partial sums
       gemv_norm_in(residual_.get(), part_moe_.get(), res_parts, L.input_norm.get(), eps, T, H, L.qkv.get(), QKV,
                    qkv_.get(), QKV, OutType::BF16, nullptr, s,
@@ -304,34 +320,34 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
     } else {
       if (!run_op(kSkipNorm) || (cnorm && l > 0)) {  // (cnorm: the previous layer's MoE wrote xn_)
       } else if (l == 0) {
-        rmsnorm(residual_.get(), L.input_norm.get(), eps, T, H, xn_.get(), s);
+        rmsnorm(residual_.get(), L.input_norm.get(), eps, T, H, xn_.get(), s, inv_h);
       } else {
-        add_rmsnorm(residual_.get(), o_.get(), L.input_norm.get(), eps, T, H, xn_.get(), s);
+        add_rmsnorm(residual_.get(), o_.get(), L.input_norm.get(), eps, T, H, xn_.get(), s, inv_h);
       }
       mark("add_rmsnorm", act * 12, 0);
-      if (run_op(kSkipQkv)) gemm.run(xn_.get(), H, T, H, L.qkv.get(), QKV, qkv_.get(), QKV, OutType::BF16, s);
+      if (run_op(kSkipQkv)) gemm.run(xn_.get(), H, T, H, L.qkv.get(), ldq, qkv_.get(), ldq, OutType::BF16, s);
       mark("gemm qkv", g1.first, g1.second);
     }
     bf16* kc = kv_.get() + l * 2 * layer_elems;
     bf16* vc = kc + layer_elems;
     if (!run_op(kSkipAttention)) {
     } else if (!fused_input) {
-      qk_norm_rope_store_kv(qkv_.get(), QKV, T, Hq, Hkv, D, L.q_norm.get(), L.k_norm.get(), eps, in.positions,
+      qk_norm_rope_store_kv(qkv_.get(), ldq, T, Hq, Hkv, D, L.q_norm.get(), L.k_norm.get(), eps, in.positions,
                             rope_, in.slots, kc, vc, s);
       mark("qk_norm_rope_kv", 4.0 * T * QKV, 0);
     }
     if (!run_op(kSkipAttention)) {
     } else if (be_.reference_attention) {
-      paged_attention_reference(qkv_.get(), QKV, kc, vc, in.attn, ash, in.decode ? 1 : in.max_new, attn_.get(), QD, s);
+      paged_attention_reference(qkv_.get(), ldq, kc, vc, in.attn, ash, in.decode ? 1 : in.max_new, attn_.get(), QD, s);
     } else if (fused_input) {
       const AttnInputStage stage{L.q_norm.get(), L.k_norm.get(), eps, in.positions, rope_, in.slots};
-      paged_attention_decode_fused_input(qkv_.get(), QKV, kc, vc, in.attn, ash, stage, in.decode_splits,
+      paged_attention_decode_fused_input(qkv_.get(), ldq, kc, vc, in.attn, ash, stage, in.decode_splits,
                                          decode_ws_.get(), decode_ws_.bytes(), attn_.get(), QD, s);
     } else if (in.decode) {
-      paged_attention_decode(qkv_.get(), QKV, kc, vc, in.attn, ash, in.decode_splits, decode_ws_.get(),
+      paged_attention_decode(qkv_.get(), ldq, kc, vc, in.attn, ash, in.decode_splits, decode_ws_.get(),
                              decode_ws_.bytes(), attn_.get(), QD, s);
     } else {
-      paged_attention_prefill(qkv_.get(), QKV, kc, vc, in.attn, ash, in.max_new, attn_.get(), QD, s);
+      paged_attention_prefill(qkv_.get(), ldq, kc, vc, in.attn, ash, in.max_new, attn_.get(), QD, s);
     }
     mark(fused_input ? "attention decode+qk_norm_rope_kv" : in.decode ? "attention decode" : "attention prefill",
          double(in.kv_tokens) * Hkv * D * 4 + 4.0 * T * QD, 4.0 * double(in.attn_pairs) * Hq * D);
@@ -339,13 +355,13 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
       gemv_residual_out(attn_.get(), QD, T, QD, L.o.get(), H, o_.get(), H, residual_.get(), part_attn_.get(), s,
                         folded ? GemvExtraRows{E, router_u2_.get(), E} : GemvExtraRows{});
     } else if (run_op(kSkipOproj)) {
-      gemm.run(attn_.get(), QD, T, QD, L.o.get(), H, o_.get(), H, OutType::BF16, s);
+      gemm.run(attn_.get(), QD, T, QD, L.o.get(), ldo, o_.get(), ldo, OutType::BF16, s);
     }
     auto g2 = gemm_cost(T, H, QD, 2);
     mark("gemm o_proj", g2.first, g2.second);
     const bool fuse_router_norm =
         !resfuse && L.is_moe && be_.fused_small_steps && moe_norm_router_topk_fits(T, H, E, K);
-    if (!resfuse && !fuse_router_norm && run_op(kSkipNorm)) {
+    if (!resfuse && !fuse_router_norm && !lfold && run_op(kSkipNorm)) {
       add_rmsnorm(residual_.get(), o_.get(), L.post_norm.get(), eps, T, H, xn_.get(), s);
       mark("add_rmsnorm", act * 12, 0);
     }
@@ -359,6 +375,13 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
         f.residual = residual_.get(), f.post_norm = L.post_norm.get(), f.eps = eps, f.H = H, f.xn_out = xn_.get();
         moe_route_folded(f, T, E, K, c.norm_topk_prob, topk_ids_.get(), topk_w_.get(), s);
         mark("moe route_folded", act * 8, 0);
+      } else if (lfold) {  // add + RMSNorm and the route from the GEMMs' extra columns
+        FoldedMidRoute f;
+        f.router = L.router.get(), f.u1 = qkv_.get() + QKV, f.ld_u1 = ldq, f.u2 = o_.get() + H, f.ld_u2 = ldo;
+        f.inv_h = inv_h;
+        moe_add_norm_route(residual_.get(), o_.get(), ldo, L.post_norm.get(), eps, T, H, f, E, K, c.norm_topk_prob,
+                           xn_.get(), topk_ids_.get(), topk_w_.get(), s);
+        mark("add_rmsnorm + folded route", act * 12 + 8.0 * T * E, 0);
       } else if (resfuse) {  // the post-attention norm inside the router GEMV, which also writes xn_ for the experts
         gemv_norm_in(residual_.get(), part_attn_.get(), res_parts, L.post_norm.get(), eps, T, H, L.router.get(), E,
                      router_logits_.get(), E, OutType::F32, xn_.get(), s);
@@ -461,6 +484,13 @@ int GpuQwen3::warm_up_gemms(cudaStream_t s) {
       const int I = int(c.intermediate_size);
       gemm.run(xn_.get(), H, M, H, dense_layer->gate_up.get(), 2 * I, mlp_.get(), 2 * I, OutType::BF16, s);
       gemm.run(mlp_act_.get(), I, M, I, dense_layer->down.get(), H, o_.get(), H, OutType::BF16, s);
+      runs += 2;
+    }
+    // Decode steps with the folded route: q/k/v and o_proj with their extra columns.
+    if (be_.folded_mid_route && moe_layer != nullptr && moe_layer->router_folded && M > kResidualGemvMaxM &&
+        M <= kFoldedMidMaxTokens && (QKV + E) % 8 == 0 && (H + E) % 8 == 0) {
+      gemm.run(xn_.get(), H, M, H, moe_layer->qkv.get(), QKV + E, qkv_.get(), QKV + E, OutType::BF16, s);
+      gemm.run(attn_.get(), QD, M, QD, moe_layer->o.get(), H + E, o_.get(), H + E, OutType::BF16, s);
       runs += 2;
     }
     // lm_head: its rows are xn_ or the gathered final_rows_, both allocator blocks (256-byte aligned, cuBLASLt's

@@ -62,6 +62,9 @@ class StepProfile {
   std::vector<Op> ops_;
 };
 
+// Decode steps of kResidualGemvMaxM + 1 to this many tokens take the folded route (ModelBackends::folded_mid_route).
+constexpr int kFoldedMidMaxTokens = 128;
+
 struct ModelBackends {
   GemmBackend* gemm = nullptr;
   MoeBackend* moe = nullptr;
@@ -80,6 +83,11 @@ struct ModelBackends {
   // Steps whose MoE ends in a combine launch (not the direct path) fold the next residual add + RMSNorm into it
   // (MoeBackend::run_combine_norm), where every layer is MoE: MOESERVE_MOE_COMBINE_NORM=1 (A/B, off).
   bool moe_combine_norm = false;
+  // Decode steps of 9-128 tokens route through the folded router too: its two products ride as E extra output
+  // columns of the q/k/v and o_proj GEMMs (the folded rows of GpuLayer), and the post-attention add + RMSNorm launch
+  // also routes (moe_add_norm_route), so the router GEMM and the top-k leave the chain. Opt-in,
+  // MOESERVE_ROUTER_FOLD_MID=1 (measured slower, gpu_executor.cpp).
+  bool folded_mid_route = false;
   // Timing only (MOESERVE_PROFILE_SKIP_OPS, see skip_ops_from_env): ops left out of every step, so that a step's
   // time with and without an op gives that op's marginal cost in the chain of programmatic launches. The
   // outputs are then wrong; never set in serving.
@@ -148,6 +156,7 @@ class GpuQwen3 {
   // next layer's q/k/v); [kResidualGemvMaxM][hidden / 16] each.
   DeviceArray<float> part_attn_, part_moe_;
   DeviceArray<float> router_u1_, router_u2_;  // the folded router's products [kResidualGemvMaxM, E]
+  DeviceArray<float> inv_h_;  // folded_mid_route: the input norm's RMS factors [kFoldedMidMaxTokens]
   DeviceArray<uint8_t> moe_ws_, decode_ws_;
 };
 

@@ -77,6 +77,29 @@ void moe_route_folded(const FoldedRouterInputs& f, int T, int E, int k, bool ren
 void moe_router_topk(const bf16* x, const bf16* router, int T, int H, int E, int k, bool renormalize,
                      float* logits, int* counter, int32_t* ids, float* weights, cudaStream_t stream);
 
+// The folded route of decode steps beyond the residual fusion's few tokens (gpu_model.cpp, 9-128 tokens): the
+// post-attention residual add + RMSNorm exactly as add_rmsnorm computes them (residual += delta; xn_out =
+// bf16(rmsnorm(residual) * norm_w), the same bits), then each token's router logits from the two folded products
+// that rode as extra output columns of the q/k/v and o_proj GEMMs - u1 = (W_r diag(g_post / g_in)) xn_in and u2 =
+// (W_r diag(g_post) W_o) a, [T, E] bf16 - and the input norm's RMS factor inv_h [T] (rmsnorm's inv_out): logits =
+// (u1 / inv_h + u2) inv_x, as moe_route_folded; the experts those rank in the top k + 4 get their logits recomputed
+// exactly from the router weights and the expert input (so the top-k and its weights are the unfolded router's);
+// then the top-k. One launch in place of add_rmsnorm, the router GEMM and the top-k.
+struct FoldedMidRoute {
+  const bf16* router = nullptr;  // W_r [E, H]
+  const bf16* u1 = nullptr;
+  int64_t ld_u1 = 0;
+  const bf16* u2 = nullptr;
+  int64_t ld_u2 = 0;
+  const float* inv_h = nullptr;  // [T]
+  float* logits_out = nullptr;   // [T, E] or null: the logits routed (exact for the candidates; tests)
+};
+bool moe_add_norm_route_fits(int H, int E, int k);
+// delta: [T] rows of H with stride ld_delta (o_proj's output with u2 beside it).
+void moe_add_norm_route(float* residual, const bf16* delta, int64_t ld_delta, const bf16* norm_w, float eps, int T,
+                        int H, const FoldedMidRoute& f, int E, int k, bool renormalize, bf16* xn_out, int32_t* ids,
+                        float* weights, cudaStream_t stream);
+
 // The same with the post-attention residual add + RMSNorm in front (decode steps of T <= 4 tokens): x =
 // bf16(rmsnorm(residual + delta) * norm_w) is computed by every block, written to xn_out (the experts' input)
 // and routed; residual += delta. Replaces add_rmsnorm + moe_router_topk: one launch instead of two.

@@ -56,7 +56,6 @@ void launch(const void* kernel, dim3 grid, dim3 block, size_t smem, void* params
   // Programmatic dependent launch: this grid may start while the previous kernel on the stream still runs; the
   // kernel calls griddepcontrol.wait before touching anything that kernel writes (see moe_gemm_kernels.cuh).
   void* args[] = {params};
-  prefer_max_shared_carveout(kernel);
   cudaLaunchAttribute attr;
   const cudaLaunchConfig_t cfg = pdl_config(grid, block, smem, stream, attr, programmatic);
   if (cudaError_t e = cudaLaunchKernelExC(&cfg, kernel, args); e != cudaSuccess)
