@@ -49,6 +49,22 @@ std::vector<float> part_sums(const std::vector<float>& x, int T, int H) {
   return p;
 }
 
+// The unfolded router's logits of token t, W_r times the bf16 expert input xn (summed in double), and their RMS
+// over the experts.
+std::vector<double> router_logits(const std::vector<uint16_t>& w_r, const std::vector<uint16_t>& xn, int t, int E,
+                                  int H, double& rms) {
+  std::vector<double> ref(E);
+  rms = 0;
+  for (int e = 0; e < E; ++e) {
+    double s = 0;
+    for (int i = 0; i < H; ++i) s += double(bf16_to_f32(w_r[size_t(e) * H + i])) * bf16_to_f32(xn[size_t(t) * H + i]);
+    ref[e] = s;
+    rms += s * s;
+  }
+  rms = std::sqrt(rms / E);
+  return ref;
+}
+
 }  // namespace
 
 TEST(GpuRouterFold, LogitsTopkAndExpertInputMatchTheResidualStreamsRouter) {
@@ -131,16 +147,8 @@ TEST(GpuRouterFold, LogitsTopkAndExpertInputMatchTheResidualStreamsRouter) {
             ASSERT_NEAR(got, xn_ref[i], std::fabs(xn_ref[i]) / 128 + 1e-6) << where << " xn t " << t << " i " << i;
           }
           // The unfolded router: W_r times the bf16 expert input, summed in f32 or better.
-          std::vector<double> ref(sh.E);
           double rms = 0;
-          for (int e = 0; e < sh.E; ++e) {
-            double s = 0;
-            for (int i = 0; i < sh.H; ++i)
-              s += double(bf16_to_f32(w_r[size_t(e) * sh.H + i])) * bf16_to_f32(xn[size_t(t) * sh.H + i]);
-            ref[e] = s;
-            rms += s * s;
-          }
-          rms = std::sqrt(rms / sh.E);
+          const std::vector<double> ref = router_logits(w_r, xn, t, sh.E, sh.H, rms);
           for (int e = 0; e < sh.E; ++e) {
             const float got = logits[size_t(t) * sh.E + e];
             ASSERT_TRUE(std::isfinite(got)) << where;
@@ -238,17 +246,9 @@ TEST(GpuRouterFold, MidSizedStepsRouteFromTheSideProducts) {
         double ss = 0;
         for (int i = 0; i < sh.H; ++i) ss += double(h[size_t(t) * sh.H + i]) * h[size_t(t) * sh.H + i];
         ASSERT_NEAR(inv[t], 1.0 / std::sqrt(ss / sh.H + eps), 1e-5 / std::sqrt(ss / sh.H + eps)) << where << " t " << t;
-        std::vector<double> ref(sh.E);
         double rms = 0;
-        for (int e = 0; e < sh.E; ++e) {
-          double s = 0;
-          for (int i = 0; i < sh.H; ++i)
-            s += double(bf16_to_f32(w_r[size_t(e) * sh.H + i])) * bf16_to_f32(xn[size_t(t) * sh.H + i]);
-          ref[e] = s;
-          ref_all[size_t(t) * sh.E + e] = float(s);
-          rms += s * s;
-        }
-        rms = std::sqrt(rms / sh.E);
+        const std::vector<double> ref = router_logits(w_r, xn, t, sh.E, sh.H, rms);
+        for (int e = 0; e < sh.E; ++e) ref_all[size_t(t) * sh.E + e] = float(ref[e]);
         for (int e = 0; e < sh.E; ++e) {
           const float got = logits[size_t(t) * sh.E + e];
           ASSERT_TRUE(std::isfinite(got)) << where;

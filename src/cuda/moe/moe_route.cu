@@ -108,21 +108,10 @@ __global__ void __launch_bounds__(kMidRouteThreads)
       lg[i] = e < E ? u1[i] / inv_h + u2[i] : -INFINITY;
       key[i] = e < E ? ordered_key(lg[i]) : 0u;
     }
-    // The C highest, the lowest expert among equals first (one redux max and a ballot a slot a round).
+    // The C highest, the lowest expert among equals first.
     for (int c = 0; c < C; ++c) {
-      unsigned best = 0;
-#pragma unroll
-      for (int i = 0; i < SLOTS; ++i) best = max(best, key[i]);
-      best = __reduce_max_sync(0xffffffffu, best);
-      int be = -1;
-#pragma unroll
-      for (int i = 0; i < SLOTS; ++i) {
-        const unsigned holders = __ballot_sync(0xffffffffu, key[i] == best);
-        if (be < 0 && holders != 0) be = 32 * i + __ffs(int(holders)) - 1;
-      }
-#pragma unroll
-      for (int i = 0; i < SLOTS; ++i)
-        if (lane + 32 * i == be) key[i] = 0u;
+      unsigned best;
+      const int be = take_largest_key(key, lane, best);
       if (lane == 0) cand[c] = be;
     }
   }

@@ -13,6 +13,28 @@ namespace moeserve::cuda::route_dev {
 constexpr int kRouteMaxPerLane = 16;  // experts per lane: E <= 512
 constexpr int kRouteMaxTopK = 16;
 
+// One round of a warp's top-k over keys held as lane + 32 i (larger is better, 0: absent or taken): the largest key
+// (one warp-wide max reduction, redux.sync) and the lowest expert holding it (one ballot a slot, lowest slot and lane
+// first; five dependent shuffle pairs a round before); every lane gets both, and the winner's key is cleared.
+template <int SLOTS>
+__device__ __forceinline__ int take_largest_key(unsigned (&key)[SLOTS], int lane, unsigned& best_out) {
+  unsigned best = 0;
+#pragma unroll
+  for (int i = 0; i < SLOTS; ++i) best = max(best, key[i]);
+  best = __reduce_max_sync(0xffffffffu, best);
+  int be = -1;
+#pragma unroll
+  for (int i = 0; i < SLOTS; ++i) {
+    const unsigned holders = __ballot_sync(0xffffffffu, key[i] == best);
+    if (be < 0 && holders != 0) be = 32 * i + __ffs(int(holders)) - 1;
+  }
+#pragma unroll
+  for (int i = 0; i < SLOTS; ++i)
+    if (lane + 32 * i == be) key[i] = 0u;
+  best_out = best;
+  return be;
+}
+
 // One warp routes token t from its logits row l: lane l holds experts l, l + 32, ... (SLOTS of them: the
 // dispatcher below picks the fewest that cover E, since every slot costs the whole warp a double exp and a
 // compare in each of the k rounds). The row may have been written by other blocks of the same grid (the fused
@@ -37,32 +59,18 @@ __device__ __forceinline__ void route_token_values(const float (&v)[SLOTS], int 
   for (int d = 16; d > 0; d >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, d);
   float p[SLOTS];
 #pragma unroll
-  for (int i = 0; i < SLOTS; ++i) p[i] = lane + 32 * i < E ? float(ex[i] / sum) : -1.0f;  // -1: absent or taken
+  for (int i = 0; i < SLOTS; ++i) p[i] = lane + 32 * i < E ? float(ex[i] / sum) : -1.0f;  // -1: absent
 
   // Each round takes the largest remaining probability, the lowest expert index among equals (torch.topk's
-  // order). Probabilities are >= 0, so their f32 bits order as unsigned integers: key = bits + 1, 0 for absent or
-  // taken. One warp-wide max reduction (redux.sync) finds the winning key; one ballot a slot, lowest slot and lane
-  // first, finds the lowest expert holding it (five dependent shuffle pairs a round before).
+  // order). Probabilities are >= 0, so their f32 bits order as unsigned integers: key = bits + 1, 0 for absent.
+  unsigned key[SLOTS];
+#pragma unroll
+  for (int i = 0; i < SLOTS; ++i) key[i] = p[i] >= 0.0f ? __float_as_uint(p[i]) + 1u : 0u;
   float chosen_p = 0, total = 0;
   for (int j = 0; j < k; ++j) {
-    unsigned key[SLOTS], best = 0;
-#pragma unroll
-    for (int i = 0; i < SLOTS; ++i) {
-      key[i] = p[i] >= 0.0f ? __float_as_uint(p[i]) + 1u : 0u;
-      best = max(best, key[i]);
-    }
-    best = __reduce_max_sync(0xffffffffu, best);
-    int be = -1;
-#pragma unroll
-    for (int i = 0; i < SLOTS; ++i) {
-      const unsigned holders = __ballot_sync(0xffffffffu, key[i] == best);
-      if (be < 0 && holders != 0) be = 32 * i + __ffs(int(holders)) - 1;
-    }
+    unsigned best;
+    const int be = take_largest_key(key, lane, best);  // every lane now holds the same winner
     const float bp = __uint_as_float(best - 1u);
-    // Every lane now holds the same winner.
-#pragma unroll
-    for (int i = 0; i < SLOTS; ++i)
-      if (lane + 32 * i == be) p[i] = -1.0f;
     total += bp;  // in selection order, as the CPU sums
     if (lane == j) chosen_p = bp, ids[size_t(t) * k + j] = be;
   }
