@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <random>
 
@@ -189,6 +190,56 @@ TEST(GpuModel, GraphDecodeStepsMatchCpu) {
   std::printf("[ info ] graph decode: largest |logprob| difference from the CPU %.4f\n", worst);
   release(cpu);
   release(gpu);
+}
+
+// MOESERVE_KV_L2_PREFETCH_STRIDE (an experiment): each layer's cached keys and values are prefetched towards L2 on a
+// side stream during decode steps. Prefetches are hints, so every token and logprob must be bitwise those of the
+// same steps without them, in graph replay and eagerly.
+TEST(GpuModel, KvL2PrefetchLeavesDecodeStepsBitwise) {
+  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  for (bool graphs : {true, false}) {
+    Runner base = make("cuda", graphs);
+    setenv("MOESERVE_KV_L2_PREFETCH_STRIDE", "1", 1);
+    Runner pf = make("cuda", graphs);
+    unsetenv("MOESERVE_KV_L2_PREFETCH_STRIDE");
+    const int64_t V = base.r->config().vocab_size;
+    std::mt19937 g(13);
+    std::vector<std::vector<int32_t>> seqs;
+    for (int s = 0; s < 13; ++s) {
+      std::vector<int32_t> p(size_t(20 + s * 5));  // 2-6 pages of 16 tokens each
+      for (auto& t : p) t = int32_t(g() % uint32_t(V));
+      seqs.push_back(p);
+    }
+    prefill(base, seqs);
+    prefill(pf, seqs);
+    for (int step = 0; step < 4; ++step) {
+      std::vector<Sampled> out[2];
+      Runner* rs[2] = {&base, &pf};
+      for (int v = 0; v < 2; ++v) {
+        ForwardBatch fb;
+        std::vector<SampleSpec> specs(seqs.size());
+        std::mt19937_64 rng(1);
+        for (size_t s = 0; s < seqs.size(); ++s) {
+          const int64_t pos = int64_t(seqs[s].size());
+          fb.tokens.push_back(int32_t((s * 131 + size_t(step) * 17) % size_t(V)));
+          fb.positions.push_back(pos);
+          fb.seqs.push_back({rs[v]->pages[s].data(), pos, 1, int64_t(s)});
+          fb.logit_rows.push_back(int64_t(s));
+          specs[s].sampler.temperature = 0;
+          specs[s].rng = &rng;
+          specs[s].logprob = true;
+        }
+        rs[v]->r->step(fb, specs, out[v]);
+      }
+      for (size_t s = 0; s < seqs.size(); ++s) {
+        EXPECT_EQ(out[1][s].token, out[0][s].token) << "graphs " << graphs << " step " << step << " sequence " << s;
+        EXPECT_EQ(out[1][s].logprob, out[0][s].logprob) << "graphs " << graphs << " step " << step << " sequence " << s;
+        seqs[s].push_back(int32_t((s * 131 + size_t(step) * 17) % size_t(V)));
+      }
+    }
+    release(base);
+    release(pf);
+  }
 }
 
 // The overlap schedule's launches: step n + 1 is launched before step n is collected, its tokens the samples step n
