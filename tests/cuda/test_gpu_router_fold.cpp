@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <random>
+#include <string>
 #include <vector>
 
 #include <fmt/format.h>
@@ -65,6 +66,22 @@ std::vector<double> router_logits(const std::vector<uint16_t>& w_r, const std::v
   }
   rms = std::sqrt(rms / E);
   return ref;
+}
+
+// Token t's logits against the unfolded router's: both are bf16 approximations of W_r (g_post x inv_x) - the folded
+// one rounds the two folded weights and the q/k/v input (and, as extra GEMM columns, its products), the unfolded one
+// its input; each is ~2^-8 of the logits' scale, so they differ by up to ~2% of it (a wrong scale or product would
+// be off by ~100%). Leaves the reference logits in row t of ref_all and their RMS in rms.
+void expect_near_router(const std::vector<float>& logits, const std::vector<uint16_t>& w_r,
+                        const std::vector<uint16_t>& xn, int t, int E, int H, std::vector<float>& ref_all, double& rms,
+                        const std::string& where) {
+  const std::vector<double> ref = router_logits(w_r, xn, t, E, H, rms);
+  for (int e = 0; e < E; ++e) {
+    ref_all[size_t(t) * E + e] = float(ref[e]);
+    const float got = logits[size_t(t) * E + e];
+    EXPECT_TRUE(std::isfinite(got)) << where;
+    EXPECT_NEAR(got, ref[e], 0.03 * rms) << where << " t " << t << " e " << e;
+  }
 }
 
 }  // namespace
@@ -155,16 +172,7 @@ TEST(GpuRouterFold, LogitsTopkAndExpertInputMatchTheResidualStreamsRouter) {
           }
           // The unfolded router: W_r times the bf16 expert input, summed in f32 or better.
           double rms = 0;
-          const std::vector<double> ref = router_logits(w_r, xn, t, sh.E, sh.H, rms);
-          for (int e = 0; e < sh.E; ++e) ref_all[size_t(t) * sh.E + e] = float(ref[e]);
-          for (int e = 0; e < sh.E; ++e) {
-            const float got = logits[size_t(t) * sh.E + e];
-            ASSERT_TRUE(std::isfinite(got)) << where;
-            // Both are bf16 approximations of W_r (g_post x inv_x): the folded one rounds the two folded weights
-            // and the q/k/v input (and takes W_o a unrounded), the unfolded one its input; each is ~2^-8 of the
-            // logits' scale, so they differ by up to ~2% of it (a wrong scale or product would be off by ~100%).
-            EXPECT_NEAR(got, ref[e], 0.03 * rms) << where << " t " << t << " e " << e;
-          }
+          expect_near_router(logits, w_r, xn, t, sh.E, sh.H, ref_all, rms, where);
         }
         // The top-k is the route of the logits the kernel computed.
         std::vector<int32_t> want_ids(size_t(T) * sh.k);
@@ -269,21 +277,15 @@ TEST(GpuRouterFold, MidSizedStepsRouteFromTheSideProducts) {
         double ss = 0;
         for (int i = 0; i < sh.H; ++i) ss += double(h[size_t(t) * sh.H + i]) * h[size_t(t) * sh.H + i];
         ASSERT_NEAR(inv[t], 1.0 / std::sqrt(ss / sh.H + eps), 1e-5 / std::sqrt(ss / sh.H + eps)) << where << " t " << t;
+        // The folded logits within the bound; the recomputed candidates (the chosen experts among them) f32 sums of
+        // the reference's products.
         double rms = 0;
-        const std::vector<double> ref = router_logits(w_r, xn, t, sh.E, sh.H, rms);
-        for (int e = 0; e < sh.E; ++e) ref_all[size_t(t) * sh.E + e] = float(ref[e]);
-        for (int e = 0; e < sh.E; ++e) {
-          const float got = logits[size_t(t) * sh.E + e];
-          ASSERT_TRUE(std::isfinite(got)) << where;
-          // The folded logits: two bf16 approximations of W_r (g_post x inv_x), ~2% of the logits' scale apart at
-          // worst (u1 and u2 rounded to bf16 too); the recomputed candidates, the chosen experts among them, f32 sums
-          // of the same products as the reference.
-          EXPECT_NEAR(got, ref[e], 0.03 * rms) << where << " t " << t << " e " << e;
-        }
+        expect_near_router(logits, w_r, xn, t, sh.E, sh.H, ref_all, rms, where);
         for (int j = 0; j < sh.k; ++j) {
           const int e = ids[size_t(t) * sh.k + j];
           ASSERT_TRUE(e >= 0 && e < sh.E) << where;
-          EXPECT_NEAR(logits[size_t(t) * sh.E + e], ref[e], 1e-5 * rms) << where << " chosen expert " << e;
+          EXPECT_NEAR(logits[size_t(t) * sh.E + e], ref_all[size_t(t) * sh.E + e], 1e-5 * rms)
+              << where << " chosen expert " << e;
         }
       }
       // The same experts in the same order, and the same weights, as the route of the reference logits.
