@@ -97,6 +97,24 @@ std::vector<float> prefill(Runner& R, const std::vector<std::vector<int32_t>>& p
   return logits;
 }
 
+// One decode step of every sequence (in R's pages) with a fixed next token, greedy with logprobs; specs draw from rng.
+ForwardBatch fixed_token_step(const Runner& R, const std::vector<std::vector<int32_t>>& seqs, int step, int64_t V,
+                              std::mt19937_64& rng, std::vector<SampleSpec>& specs) {
+  ForwardBatch fb;
+  specs.assign(seqs.size(), SampleSpec{});
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    const int64_t pos = int64_t(seqs[s].size());
+    fb.tokens.push_back(int32_t((s * 131 + size_t(step) * 17) % size_t(V)));  // a fixed next token
+    fb.positions.push_back(pos);
+    fb.seqs.push_back({R.pages[s].data(), pos, 1, int64_t(s)});
+    fb.logit_rows.push_back(int64_t(s));
+    specs[s].sampler.temperature = 0;
+    specs[s].rng = &rng;
+    specs[s].logprob = true;
+  }
+  return fb;
+}
+
 void release(Runner& R) {
   for (auto& p : R.pages) R.r->kv().allocator().free(p);
   R.pages.clear();
@@ -155,20 +173,10 @@ TEST(GpuModel, GraphDecodeStepsMatchCpu) {
   prefill(gpu, seqs);
   double worst = 0;
   for (int step = 0; step < 6; ++step) {
-    ForwardBatch fb;
-    std::vector<SampleSpec> specs(seqs.size());
+    std::vector<SampleSpec> specs;
     std::mt19937_64 rng(1);
-    for (size_t s = 0; s < seqs.size(); ++s) {
-      const int64_t pos = int64_t(seqs[s].size());
-      fb.tokens.push_back(int32_t((s * 131 + size_t(step) * 17) % size_t(V)));  // a fixed next token
-      fb.positions.push_back(pos);
-      fb.seqs.push_back({gpu.pages[s].data(), pos, 1, int64_t(s)});
-      fb.logit_rows.push_back(int64_t(s));
-      specs[s].sampler.temperature = 0;
-      specs[s].rng = &rng;
-      specs[s].logprob = true;
-      specs[s].top_logprobs = 3;
-    }
+    ForwardBatch fb = fixed_token_step(gpu, seqs, step, V, rng, specs);
+    for (SampleSpec& sp : specs) sp.top_logprobs = 3;
     // The GPU step (graph replay: plain greedy decode) against CPU logits of the same step.
     std::vector<Sampled> out;
     gpu.r->step(fb, specs, out);
@@ -215,26 +223,17 @@ TEST(GpuModel, KvL2PrefetchLeavesDecodeStepsBitwise) {
     for (int step = 0; step < 4; ++step) {
       std::vector<Sampled> out[2];
       Runner* rs[2] = {&base, &pf};
+      ForwardBatch fb;
       for (int v = 0; v < 2; ++v) {
-        ForwardBatch fb;
-        std::vector<SampleSpec> specs(seqs.size());
+        std::vector<SampleSpec> specs;
         std::mt19937_64 rng(1);
-        for (size_t s = 0; s < seqs.size(); ++s) {
-          const int64_t pos = int64_t(seqs[s].size());
-          fb.tokens.push_back(int32_t((s * 131 + size_t(step) * 17) % size_t(V)));
-          fb.positions.push_back(pos);
-          fb.seqs.push_back({rs[v]->pages[s].data(), pos, 1, int64_t(s)});
-          fb.logit_rows.push_back(int64_t(s));
-          specs[s].sampler.temperature = 0;
-          specs[s].rng = &rng;
-          specs[s].logprob = true;
-        }
+        fb = fixed_token_step(*rs[v], seqs, step, V, rng, specs);
         rs[v]->r->step(fb, specs, out[v]);
       }
       for (size_t s = 0; s < seqs.size(); ++s) {
         EXPECT_EQ(out[1][s].token, out[0][s].token) << "graphs " << graphs << " step " << step << " sequence " << s;
         EXPECT_EQ(out[1][s].logprob, out[0][s].logprob) << "graphs " << graphs << " step " << step << " sequence " << s;
-        seqs[s].push_back(int32_t((s * 131 + size_t(step) * 17) % size_t(V)));
+        seqs[s].push_back(fb.tokens[s]);
       }
     }
     release(base);

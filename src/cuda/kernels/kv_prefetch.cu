@@ -1,5 +1,5 @@
 // kv_l2_prefetch (ops.h): a layer's cached keys and values pulled towards L2 ahead of its decode attention.
-// Experiment, off by default (gpu_model.cpp, MOESERVE_KV_L2_PREFETCH_PERMILLE). Why: at 64 decodes the attention
+// Experiment, off by default (gpu_model.cpp, MOESERVE_KV_L2_PREFETCH_STRIDE). Why: at 64 decodes the attention
 // reads its 75.5 MB of keys and values at ~3.4 TB/s, a ceiling of the read structure itself (short streams, one wave;
 // docs/PERF.md session 30), while the q/k/v GEMM before it, a library kernel that does not release its dependents
 // early, moves its 21 MB at ~2.3 TB/s: HBM has room for ~20 MB more during it. Launched on a side stream beside the

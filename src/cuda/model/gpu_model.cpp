@@ -169,8 +169,12 @@ void GpuQwen3::plan_workspace(int max_tokens, int max_rows, int max_seqs, int ma
   const std::string part = "activations";
   residual_ = DeviceArray<float>(alloc_, T * H, part);
   xn_ = DeviceArray<bf16>(alloc_, T * H, part);
-  // folded_mid_route: q/k/v and o_proj outputs of up to kFoldedMidMaxTokens rows carry E columns more (u1, u2).
-  const size_t E_mid = c.is_moe() && b.folded_mid_route ? size_t(c.num_experts) : 0;
+  // folded_mid_route, where the model's shapes take it: q/k/v and o_proj outputs of up to kFoldedMidMaxTokens rows
+  // carry E columns more (u1, u2), in rows whose strides keep 16-byte vectors.
+  const int E_fold = c.is_moe() ? int(c.num_experts) : 0;
+  fold_mid_ok_ = b.folded_mid_route && c.is_moe() && (QKV + E_fold) % 8 == 0 && (H + E_fold) % 8 == 0 &&
+                 moe_add_norm_route_fits(int(H), E_fold, int(c.num_experts_per_tok));
+  const size_t E_mid = fold_mid_ok_ ? size_t(E_fold) : 0;
   const size_t mid = std::min(T, size_t(kFoldedMidMaxTokens));
   qkv_ = DeviceArray<bf16>(alloc_, std::max(T * QKV, mid * (QKV + E_mid)), part);
   attn_ = DeviceArray<bf16>(alloc_, T * QD, part);
@@ -181,7 +185,7 @@ void GpuQwen3::plan_workspace(int max_tokens, int max_rows, int max_seqs, int ma
     router_logits_ = DeviceArray<float>(alloc_, T * size_t(c.num_experts), part);
     router_u1_ = DeviceArray<float>(alloc_, size_t(kResidualGemvMaxM) * size_t(c.num_experts), part);
     router_u2_ = DeviceArray<float>(alloc_, size_t(kResidualGemvMaxM) * size_t(c.num_experts), part);
-    if (b.folded_mid_route) {
+    if (fold_mid_ok_) {
       inv_h_ = DeviceArray<float>(alloc_, size_t(kFoldedMidMaxTokens), part);
       MS_CUDA_CHECK(cudaMemset(inv_h_.get(), 0, inv_h_.bytes()));
     }
@@ -292,9 +296,8 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
   // The folded route of decode steps beyond the residual fusion (ModelBackends::folded_mid_route): in the layers with
   // folded rows, the q/k/v and o_proj GEMMs run over them too (u1 and u2 in E extra output columns) and
   // moe_add_norm_route replaces add_rmsnorm + the router GEMM + the top-k.
-  const bool fold_mid = be_.folded_mid_route && !resfuse && !cnorm && !fuse_qkv_norm && skip == 0 && in.decode &&
-                        T > kResidualGemvMaxM && T <= kFoldedMidMaxTokens && (QKV + E) % 8 == 0 && (H + E) % 8 == 0 &&
-                        moe_add_norm_route_fits(H, E, K);
+  const bool fold_mid = fold_mid_ok_ && !resfuse && !cnorm && !fuse_qkv_norm && skip == 0 && in.decode &&
+                        T > kResidualGemvMaxM && T <= kFoldedMidMaxTokens;
   // Decode steps of up to 64 sequences, in models with RoPE over the whole head: the input stage runs inside
   // the attention launch. (H200, q30b8l served step: batch 1 -5 to -10 us, 64 even, 128 +16 us: there the
   // attention runs two waves of blocks, and each block's input stage lengthens both.)
@@ -315,11 +318,12 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
   for (size_t l = 0; l < layers_.size(); ++l) {
     GpuLayer& L = layers_[l];
     auto g1 = gemm_cost(T, QKV, H, 2);
+    bf16* kc = kv_.get() + l * 2 * layer_elems;
+    bf16* vc = kc + layer_elems;
     if (kv_prefetch) {  // this layer's cached keys and values towards L2 while its q/k/v runs (hints only)
       MS_CUDA_CHECK(cudaEventRecord(kv_side_.fork, s));
       MS_CUDA_CHECK(cudaStreamWaitEvent(kv_side_.stream, kv_side_.fork, 0));
-      const bf16* k_layer = kv_.get() + l * 2 * layer_elems;
-      kv_l2_prefetch(k_layer, k_layer + layer_elems, in.attn, ash, kv_prefetch_stride_, kv_side_.stream);
+      kv_l2_prefetch(kc, vc, in.attn, ash, kv_prefetch_stride_, kv_side_.stream);
     }
     // The folded router's first product rides in this layer's q/k/v GEMV, its second in o_proj (GpuLayer).
     const bool norm_in = resfuse && (l > 0 || embed_parts);
@@ -347,8 +351,6 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
       if (run_op(kSkipQkv)) gemm.run(xn_.get(), H, T, H, L.qkv.get(), ldq, qkv_.get(), ldq, OutType::BF16, s);
       mark("gemm qkv", g1.first, g1.second);
     }
-    bf16* kc = kv_.get() + l * 2 * layer_elems;
-    bf16* vc = kc + layer_elems;
     if (!run_op(kSkipAttention)) {
     } else if (!fused_input) {
       qk_norm_rope_store_kv(qkv_.get(), ldq, T, Hq, Hkv, D, L.q_norm.get(), L.k_norm.get(), eps, in.positions,
@@ -510,8 +512,8 @@ int GpuQwen3::warm_up_gemms(cudaStream_t s) {
       runs += 2;
     }
     // Decode steps with the folded route: q/k/v and o_proj with their extra columns.
-    if (be_.folded_mid_route && moe_layer != nullptr && moe_layer->router_folded && M > kResidualGemvMaxM &&
-        M <= kFoldedMidMaxTokens && (QKV + E) % 8 == 0 && (H + E) % 8 == 0) {
+    if (fold_mid_ok_ && moe_layer != nullptr && moe_layer->router_folded && M > kResidualGemvMaxM &&
+        M <= kFoldedMidMaxTokens) {
       gemm.run(xn_.get(), H, M, H, moe_layer->qkv.get(), QKV + E, qkv_.get(), QKV + E, OutType::BF16, s);
       gemm.run(attn_.get(), QD, M, QD, moe_layer->o.get(), H + E, o_.get(), H + E, OutType::BF16, s);
       runs += 2;
