@@ -200,47 +200,6 @@ TEST(GpuModel, GraphDecodeStepsMatchCpu) {
   release(gpu);
 }
 
-// MOESERVE_KV_L2_PREFETCH_STRIDE (an experiment): each layer's cached keys and values are prefetched towards L2 on a
-// side stream during decode steps. Prefetches are hints, so every token and logprob must be bitwise those of the
-// same steps without them, in graph replay and eagerly.
-TEST(GpuModel, KvL2PrefetchLeavesDecodeStepsBitwise) {
-  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
-  for (bool graphs : {true, false}) {
-    Runner base = make("cuda", graphs);
-    setenv("MOESERVE_KV_L2_PREFETCH_STRIDE", "1", 1);
-    Runner pf = make("cuda", graphs);
-    unsetenv("MOESERVE_KV_L2_PREFETCH_STRIDE");
-    const int64_t V = base.r->config().vocab_size;
-    std::mt19937 g(13);
-    std::vector<std::vector<int32_t>> seqs;
-    for (int s = 0; s < 13; ++s) {
-      std::vector<int32_t> p(size_t(20 + s * 5));  // 2-6 pages of 16 tokens each
-      for (auto& t : p) t = int32_t(g() % uint32_t(V));
-      seqs.push_back(p);
-    }
-    prefill(base, seqs);
-    prefill(pf, seqs);
-    for (int step = 0; step < 4; ++step) {
-      std::vector<Sampled> out[2];
-      Runner* rs[2] = {&base, &pf};
-      ForwardBatch fb;
-      for (int v = 0; v < 2; ++v) {
-        std::vector<SampleSpec> specs;
-        std::mt19937_64 rng(1);
-        fb = fixed_token_step(*rs[v], seqs, step, V, rng, specs);
-        rs[v]->r->step(fb, specs, out[v]);
-      }
-      for (size_t s = 0; s < seqs.size(); ++s) {
-        EXPECT_EQ(out[1][s].token, out[0][s].token) << "graphs " << graphs << " step " << step << " sequence " << s;
-        EXPECT_EQ(out[1][s].logprob, out[0][s].logprob) << "graphs " << graphs << " step " << step << " sequence " << s;
-        seqs[s].push_back(fb.tokens[s]);
-      }
-    }
-    release(base);
-    release(pf);
-  }
-}
-
 // The overlap schedule's launches: step n + 1 is launched before step n is collected, its tokens the samples step n
 // leaves on the device (previous_samples), its metadata uploaded and step n's samples copied back on side streams.
 // Graph-replayed greedy steps, graph steps with the general sampler (top logprobs), and eager steps (graphs off)

@@ -73,11 +73,6 @@ struct AttnShape {
   float scale = 1.0f;
 };
 
-// Bulk L2 prefetches of every stride-th page of each sequence's cached keys and values (one layer's caches), for a
-// side stream beside the work before the attention (kv_prefetch.cu; an experiment, off by default). Hints only.
-void kv_l2_prefetch(const bf16* k_cache, const bf16* v_cache, const AttnMeta& meta, const AttnShape& shape,
-                    int stride, cudaStream_t stream);
-
 // Prefill / chunked prefill / mixed batches: flash-attention style over query tiles. max_new_lens: an upper
 // bound of new_lens (host-known; sets the grid).
 void paged_attention_prefill(const bf16* q, int64_t q_stride, const bf16* k_cache, const bf16* v_cache,

@@ -152,12 +152,6 @@ void GpuQwen3::upload(const Qwen3Model& cpu, cudaStream_t stream, ThreadPool& po
   rope_.attention_scaling = rt.attention_scaling;
 }
 
-GpuQwen3::SideStream::~SideStream() {
-  if (fork != nullptr) (void)cudaEventDestroy(fork);
-  if (join != nullptr) (void)cudaEventDestroy(join);
-  if (stream != nullptr) (void)cudaStreamDestroy(stream);
-}
-
 void GpuQwen3::plan_workspace(int max_tokens, int max_rows, int max_seqs, int max_decode_splits,
                               const ModelBackends& b) {
   const ModelConfig& c = cfg_;
@@ -195,12 +189,6 @@ void GpuQwen3::plan_workspace(int max_tokens, int max_rows, int max_seqs, int ma
     MoeShape ms{int(c.num_experts), int(H), int(c.moe_intermediate_size), int(c.num_experts_per_tok),
                 WeightFormat::BF16, max_tokens};
     moe_ws_ = DeviceArray<uint8_t>(alloc_, std::max<size_t>(b.moe->workspace_bytes(ms), 256), part);
-  }
-  kv_prefetch_stride_ = int(env_int("MOESERVE_KV_L2_PREFETCH_STRIDE", 0, 0, 1 << 20));
-  if (kv_prefetch_stride_ > 0 && kv_side_.stream == nullptr) {
-    MS_CUDA_CHECK(cudaStreamCreateWithFlags(&kv_side_.stream, cudaStreamNonBlocking));
-    MS_CUDA_CHECK(cudaEventCreateWithFlags(&kv_side_.fork, cudaEventDisableTiming));
-    MS_CUDA_CHECK(cudaEventCreateWithFlags(&kv_side_.join, cudaEventDisableTiming));
   }
   grid_counter_ = DeviceArray<int>(alloc_, kRouterTopkMaxGroups, part);  // (moe_router_topk: one a token group)
   MS_CUDA_CHECK(cudaMemset(grid_counter_.get(), 0, grid_counter_.bytes()));
@@ -314,17 +302,11 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
   embedding(in.tokens, embed_.get(), T, H, residual_.get(), s, in.prev_rows, in.prev_ids,
             embed_parts ? part_moe_.get() : nullptr);
   mark("embedding", act * 6, 0);
-  const bool kv_prefetch = kv_prefetch_stride_ > 0 && in.decode && kv_side_.stream != nullptr;
   for (size_t l = 0; l < layers_.size(); ++l) {
     GpuLayer& L = layers_[l];
     auto g1 = gemm_cost(T, QKV, H, 2);
     bf16* kc = kv_.get() + l * 2 * layer_elems;
     bf16* vc = kc + layer_elems;
-    if (kv_prefetch) {  // this layer's cached keys and values towards L2 while its q/k/v runs (hints only)
-      MS_CUDA_CHECK(cudaEventRecord(kv_side_.fork, s));
-      MS_CUDA_CHECK(cudaStreamWaitEvent(kv_side_.stream, kv_side_.fork, 0));
-      kv_l2_prefetch(kc, vc, in.attn, ash, kv_prefetch_stride_, kv_side_.stream);
-    }
     // The folded router's first product rides in this layer's q/k/v GEMV, its second in o_proj (GpuLayer).
     const bool norm_in = resfuse && (l > 0 || embed_parts);
     const bool folded = norm_in && L.router_folded;
@@ -449,10 +431,6 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
       gemm.run(mlp_act_.get(), I, T, I, L.down.get(), H, o_.get(), H, OutType::BF16, s);
       mark("dense mlp", 6.0 * H * I + act * 4, 6.0 * T * H * I);
     }
-  }
-  if (kv_prefetch) {  // the side stream rejoins the step (a captured graph must end on its origin stream)
-    MS_CUDA_CHECK(cudaEventRecord(kv_side_.join, kv_side_.stream));
-    MS_CUDA_CHECK(cudaStreamWaitEvent(s, kv_side_.join, 0));
   }
   const bf16* head = c.tie_word_embeddings ? embed_.get() : lm_head_.get();
   // With the residual fusion at up to 8 tokens, all of them logit rows, the final norm can run inside the streaming

@@ -158,19 +158,6 @@ class GpuQwen3 {
   DeviceArray<float> router_u1_, router_u2_;  // the folded router's products [kResidualGemvMaxM, E]
   bool fold_mid_ok_ = false;  // ModelBackends::folded_mid_route asked and this model's shapes take it
   DeviceArray<float> inv_h_;  // fold_mid_ok_: the input norm's RMS factors [kFoldedMidMaxTokens]
-  // MOESERVE_KV_L2_PREFETCH_STRIDE=N (experiment, off): at the start of each layer of a decode step a side stream
-  // issues L2 prefetches of every N-th page of the layer's cached keys and values (kv_l2_prefetch), beside the q/k/v
-  // GEMM; joined back after the last layer. Created by plan_workspace when the switch is set.
-  struct SideStream {
-    cudaStream_t stream = nullptr;
-    cudaEvent_t fork = nullptr, join = nullptr;
-    SideStream() = default;
-    SideStream(const SideStream&) = delete;
-    SideStream& operator=(const SideStream&) = delete;
-    ~SideStream();
-  };
-  int kv_prefetch_stride_ = 0;
-  SideStream kv_side_;
   DeviceArray<uint8_t> moe_ws_, decode_ws_;
 };
 
