@@ -62,6 +62,11 @@ for t in "$BUILD"/tests/test_cuda* "$BUILD"/tests/test_gpu_*; do
   [[ -x $t ]] || continue
   run "$(basename "$t")" ok "$t" --gtest_brief=1
 done
+# The prefill tiles of configuration 10 (the default before session 37; 14 has the tokens as the MMAs' M), from 40
+# tokens an expert so that the odd shapes take them too; and 14 there.
+run test_cuda_moe_prefill10 ok env MOESERVE_MOE_WS_PREFILL=10 MOESERVE_MOE_WS_PREFILL_MIN=40 "$BUILD/tests/test_cuda_moe" \
+  --gtest_brief=1
+run test_cuda_moe_prefill14_min40 ok env MOESERVE_MOE_WS_PREFILL_MIN=40 "$BUILD/tests/test_cuda_moe" --gtest_brief=1
 # The fused MoE kernels once more without the warp-specialized configurations (configurations 1 and 6 are what
 # the default picks where the kernel table has no sm_90a code).
 run test_cuda_moe_ws0 ok env MOESERVE_MOE_WS=0 "$BUILD/tests/test_cuda_moe" --gtest_brief=1

@@ -793,7 +793,8 @@ TEST(CudaMoe, JitSourceCompilesForSm90aWithoutAGpu) {
   EXPECT_GT(cubin.size(), size_t(10000));
   // Every kernel the JIT table looks up is in it.
   for (const char* name : {"moe_prep", "moe_combine", "moe_down_gemv", "moe_down_gemv_s2", "moe_down_gemv_s3",
-                           "moe_down_gemv_s4", "moe_gemm_0_gu", "moe_gemm_0_dn", "moe_gemm_10_dn"})
+                           "moe_down_gemv_s4", "moe_gemm_0_gu", "moe_gemm_0_dn", "moe_gemm_10_dn",
+                           "moe_gemm_14_gu", "moe_gemm_14_dn"})
     EXPECT_NE(cubin.find(name), std::string::npos) << name;
 }
 
@@ -816,7 +817,7 @@ TEST(CudaMoe, TileConfigurationBands) {
   // Tokens an expert: 1 token direct; 1 (at most 2: the 32 x 16 tiles); 4, 8 (batched decode); 12.5, 32 (12-40: a
   // 512-token prompt); 64, 256 (40-256); 512 (an 8,192-token prompt step).
   for (const Row r : {Row{1, 0, 0}, Row{16, 0, 0}, Row{64, 12, 1}, Row{128, 12, 1}, Row{200, 8, 5}, Row{512, 8, 5},
-                      Row{1024, 8, 6}, Row{4096, 8, 6}, Row{8192, 10, 6}}) {
+                      Row{1024, 8, 6}, Row{4096, 8, 6}, Row{8192, 14, 6}}) {
     EXPECT_EQ(fused_layout(s, r.T, true).config, r.sm90a) << r.T << " tokens, sm_90a table";
     EXPECT_EQ(fused_layout(s, r.T, false).config, r.other) << r.T << " tokens, no sm_90a code";
   }

@@ -77,7 +77,10 @@ int moe_wgmma_level() {
 // of q30b shapes alone (jit): 128 tokens (~8 an expert) configuration 9 299.8 us against 309.4 for configuration
 // 1; 2,048 tokens configuration 8 517.5 against 524.5 for 6; 8,192 tokens configuration 10 1,411 against 1,587
 // for 6 (8: 1,596). MOESERVE_MOE_WS=0 turns them off (A/B); MOESERVE_MOE_WS_PREFILL picks the configuration above
-// MOESERVE_MOE_WS_PREFILL_MIN (default 256) tokens an expert (6, 8 or 10, the default).
+// MOESERVE_MOE_WS_PREFILL_MIN (default 256) tokens an expert: 14 (the default since session 37: 10's tile with the
+// tokens as the MMAs' M; H200, same call, three rounds: the layer at 8,192 tokens 1,084.8-1,085.2 us against
+// 1,170.0-1,187.3 for 10 in the fused_sm90 build, 1,106.0-1,113.7 against 1,245.7-1,266.8 in the JIT one), or 6, 8
+// or 10 (A/B).
 bool moe_ws_enabled() {
   static const bool on = env_int("MOESERVE_MOE_WS", 1, 0, 1) != 0;
   return on;
@@ -89,8 +92,8 @@ double moe_ws_prefill_min() {
 }
 int moe_ws_prefill_config() {
   static const int c = [] {
-    const int v = int(env_int("MOESERVE_MOE_WS_PREFILL", 10, 6, 10));
-    return v == 6 || v == 8 ? v : 10;
+    const int v = int(env_int("MOESERVE_MOE_WS_PREFILL", 14, 6, 14));
+    return v == 6 || v == 8 || v == 10 ? v : 14;
   }();
   return c;
 }

@@ -817,6 +817,8 @@ MOE_JIT_GEMM(12, kGateUp, gu)
 MOE_JIT_GEMM(12, kDown, dn)
 MOE_JIT_GEMM(13, kGateUp, gu)
 MOE_JIT_GEMM(13, kDown, dn)
+MOE_JIT_GEMM(14, kGateUp, gu)
+MOE_JIT_GEMM(14, kDown, dn)
 #undef MOE_JIT_GEMM
 
 #else
@@ -879,6 +881,8 @@ inline KernelTable kernel_table() {
   t.gemm[12][kDown] = reinterpret_cast<const void*>(&moe_gemm_kernel<GemmCfg12, kDown>);
   t.gemm[13][kGateUp] = reinterpret_cast<const void*>(&moe_gemm_kernel<GemmCfg13, kGateUp>);
   t.gemm[13][kDown] = reinterpret_cast<const void*>(&moe_gemm_kernel<GemmCfg13, kDown>);
+  t.gemm[14][kGateUp] = reinterpret_cast<const void*>(&moe_gemm_kernel<GemmCfg14, kGateUp>);
+  t.gemm[14][kDown] = reinterpret_cast<const void*>(&moe_gemm_kernel<GemmCfg14, kDown>);
 #ifdef MOE_TABLE_WGMMA
   t.wgmma = MOE_TABLE_WGMMA;
 #endif

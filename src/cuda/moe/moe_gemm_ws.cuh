@@ -49,6 +49,8 @@ __device__ __forceinline__ void tma_load_2d(unsigned dst, const void* map, int c
 }
 // Barrier among the two consumer warpgroups only (the 256 threads after the producers).
 __device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
+// Barrier among one consumer warpgroup's 128 threads (named barrier 2 + the warpgroup).
+__device__ __forceinline__ void warpgroup_sync(unsigned id) { asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory"); }
 __device__ __forceinline__ U4 lds128(unsigned smem_byte_addr) {
   U4 v;
   asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
@@ -151,6 +153,57 @@ __device__ __forceinline__ void epilogue_stm(const GemmParams& p, const float (&
           if (hf * HT + n0 + 8 * k < tile.rows)
             *reinterpret_cast<U4*>(dst + (long long)8 * k * H) = ws::lds128(src + unsigned(k * 1024));
       }
+    }
+  }
+}
+
+// The epilogue of configuration 14 (GemmConfig::TOKENS_AS_M): MMA warpgroup cw's accumulator d holds its 64 tokens
+// (rows 16 (warp % 4) + lane / 4, + 8) x the tile's 256 weight rows (columns 8 j + 2 (lane % 4), + 1 in d[4 j ..]):
+//  kGateUp: columns j < 16 are the gate rows, j + 16 the up rows of the same 128 act columns: act = silu(gate) x up
+//    in registers, staged [64 tokens][128 columns] as bf16 by stmatrix (no transpose: the rows are tokens already);
+//  kDown: y = the token's routing weight (wt0 / wt1 for its two rows) x d, staged in two passes of 128 columns.
+// The staging tile (16 KB a warpgroup, 256-byte rows, 16-byte chunk c of row r at c ^ (r % 8): conflict-free for the
+// stmatrix rows and the 16-byte reads) is the warpgroup's own, so only its 128 threads meet at barriers.
+__device__ __forceinline__ unsigned swz_row256(int r, int c) { return unsigned(r * 256 + ((c ^ (r & 7)) << 4)); }
+template <int MODE>
+__device__ __forceinline__ void epilogue_tokens_as_m(const GemmParams& p, const float (&d)[128], unsigned st,
+                                                     unsigned bar_id, const Tile& tile, int bx, int H, int I, int cw,
+                                                     int ctid, float wt0, float wt1) {
+  using namespace moe_ptx;
+  const int wtid = ctid & 127, lane = ctid & 31, w4 = wtid >> 5, q = lane >> 3;
+  // stmatrix x4 of column blocks 2m and 2m + 1 x the warp's 16 token rows: matrix q holds rows 8 (q % 2) + lane % 8
+  // of block 2m + q / 2; this lane gives the address of that row.
+  const int srow = 16 * w4 + 8 * (q & 1) + (lane & 7);
+  constexpr int PASSES = MODE == kGateUp ? 1 : 2;
+  const int ncol = MODE == kGateUp ? I : H;
+#pragma unroll
+  for (int h = 0; h < PASSES; ++h) {
+    ws::warpgroup_sync(bar_id);  // the previous pass's (or unit's) staged rows have been read
+#pragma unroll
+    for (int m = 0; m < 8; ++m) {
+      unsigned r[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const int x = 4 * (16 * h + 2 * m + (k >> 1)) + 2 * (k & 1);  // block 16h + 2m + k / 2, row + 8 for odd k
+        if constexpr (MODE == kGateUp) {
+          r[k] = pack_bf16x2(silu(d[x]) * d[x + 64], silu(d[x + 1]) * d[x + 65]);
+        } else {
+          const float wt = (k & 1) ? wt1 : wt0;
+          r[k] = pack_bf16x2(d[x] * wt, d[x + 1] * wt);
+        }
+      }
+      stsm_x4(st + swz_row256(srow, 2 * m + (q >> 1)), r[0], r[1], r[2], r[3]);
+    }
+    ws::warpgroup_sync(bar_id);
+    // Thread wtid stores 16-byte chunk c of staged rows n0 + 8 k: 16 chunks (128 columns) a row.
+    const int c = wtid & 15, n0 = wtid >> 4;
+    const int col = MODE == kGateUp ? bx * 128 + 8 * c : bx * 256 + 128 * h + 8 * c;
+    if (col < ncol) {
+      unsigned short* dst = p.dst + (long long)(tile.row0 + cw * 64 + n0) * ncol + col;
+#pragma unroll
+      for (int k = 0; k < 8; ++k)
+        if (cw * 64 + n0 + 8 * k < tile.rows)
+          *reinterpret_cast<U4*>(dst + (long long)8 * k * ncol) = ws::lds128(st + swz_row256(n0 + 8 * k, c));
     }
   }
 }
@@ -346,6 +399,56 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
   if constexpr (kConsumerRegs > 0) setmaxnreg_inc<kConsumerRegs>();
   // ---- consumers: warpgroup cw (0 or 1) owns weight rows [64 cw, 64 cw + 64) of the tile.
   const int cw = (warp - 4 * NP) / 4, ctid = tid - 128 * NP;
+  if constexpr (Cfg::TOKENS_AS_M) {
+    // Configuration 14: warpgroup cw takes tokens [64 cw, 64 cw + 64) of the tile x all 256 weight rows, one
+    // m64n256k16 a k step (A: its token rows of the stage, B: the weight tile), the ring protocol as below.
+    static_assert(BM == 256 && BN == 128 && BK == 64 && !kCpW, "tokens as M: configuration 10's tile");
+    const unsigned a_base = smem_addr(Bs) + unsigned(cw * 64 * BK * 2), b_base = smem_addr(As);
+    const unsigned st = smem_addr(cs) + unsigned(cw * 64 * 256);  // its staging tile, 64 rows of 256 bytes
+    const int tok0 = cw * 64 + 16 * ((ctid >> 5) & 3) + ((ctid & 31) >> 2);  // this thread's rows tok0, tok0 + 8
+    int slice = 0;
+    for (int u = blockIdx.x; u < units; u += gridDim.x) {
+      const int bx = u % gx;
+      const Tile tile = p.tiles[u / gx];
+      if (tile.rows <= 0) continue;
+      float d[128];
+#pragma unroll
+      for (int i = 0; i < 128; ++i) d[i] = 0.0f;
+      // The down epilogue's routing weights of the thread's two rows: the pairs now, the weights after a slice.
+      int pair0 = -1, pair1 = -1;
+      float wt0 = 0.0f, wt1 = 0.0f;
+      if (MODE == kDown) {
+        if (tok0 < tile.rows) pair0 = p.perm_pair[tile.row0 + tok0];
+        if (tok0 + 8 < tile.rows) pair1 = p.perm_pair[tile.row0 + tok0 + 8];
+      }
+      for (int kt = 0; kt < KT; ++kt, ++slice) {
+        if (MODE == kDown && kt == 1) {
+          if (pair0 >= 0) wt0 = p.topk_weights[pair0];
+          if (pair1 >= 0) wt1 = p.topk_weights[pair1];
+        }
+        const int stage = slice % STAGES;
+        mbar_wait(full0 + stage * 8, (slice / STAGES) & 1);
+        fence_proxy_async_smem();  // the producers' cp.async writes (generic proxy) before this thread's wgmma reads
+        const unsigned a_st = a_base + unsigned(stage * BN * BK * 2);
+        const unsigned b_st = b_base + unsigned(stage * BM * BK * 2);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BK / 16; ++kk)
+          wgmma_m64nk16_bf16(d, wgmma_desc_sw128(a_st + kk * 32), wgmma_desc_sw128(b_st + kk * 32));
+        wgmma_commit();
+        wgmma_wait<1>();  // the slice before this one is read: release its stage
+        if (kt > 0 && (ctid & 127) == 0) mbar_arrive(empty0 + ((slice - 1) % STAGES) * 8);
+      }
+      wgmma_wait<0>();
+      if ((ctid & 127) == 0) mbar_arrive(empty0 + ((slice - 1) % STAGES) * 8);
+      if (MODE == kDown && KT == 1) {
+        if (pair0 >= 0) wt0 = p.topk_weights[pair0];
+        if (pair1 >= 0) wt1 = p.topk_weights[pair1];
+      }
+      epilogue_tokens_as_m<MODE>(p, d, st, 2u + unsigned(cw), tile, bx, H, I, cw, ctid, wt0, wt1);
+    }
+    return;
+  }
   // MMA warpgroup cw's m64 block j: weight rows cw BM / 2 + 64 j of the tile; the 256-row gate/up tile (kStm)
   // instead takes the gate rows 64 cw (j = 0) and the up rows BM / 2 + 64 cw (j = 1) of the same 64 act columns, so
   // that its epilogue has both halves of each act value in registers.

@@ -167,11 +167,15 @@ constexpr int kCombineNormChunks = 4;  // 8-element chunks a thread keeps for th
 // behind mbarriers, one CTA an SM walking the ordinary grid; sm_90a tables only).
 // CPW (WGMMA 3 only): the producer warpgroups copy the weight tiles with cp.async (16-byte chunks, the same
 // 128-byte swizzle) instead of one thread's TMA boxes.
-template <int BM_, int BN_, int WM_, int WN_, int BK_, int STAGES_, int MINB_, int WGMMA_ = 0, int CPW_ = 0>
+// TOKM (WGMMA 3, 256 x 128 tiles only): the MMAs with the tokens as M - each MMA warpgroup 64 tokens x all 256
+// weight rows (m64n256k16; moe_gemm_ws.cuh) instead of 128 weight rows x 128 tokens (two m64n128k16 a k step).
+template <int BM_, int BN_, int WM_, int WN_, int BK_, int STAGES_, int MINB_, int WGMMA_ = 0, int CPW_ = 0,
+          int TOKM_ = 0>
 struct GemmConfig {
   static constexpr int BM = BM_, BN = BN_, WM = WM_, WN = WN_, BK = BK_, STAGES = STAGES_, MINB = MINB_;
   static constexpr int WGMMA = WGMMA_;
   static constexpr bool WEIGHTS_CP_ASYNC = CPW_ != 0;
+  static constexpr bool TOKENS_AS_M = TOKM_ != 0;
   static constexpr int THREADS = WM * WN * 32;
   static constexpr int PIPE_BYTES = STAGES * (BM + BN) * BK * 2;
   // The warp-specialized 256-row tile (configuration 10) stages its epilogue as bf16 through stmatrix
@@ -209,9 +213,10 @@ using GemmCfg9 = GemmConfig<128, 64, 4, 4, 64, 8, 1, 3>;
 // Direct mode's gate/up GEMM with a 5-deep ring (MOESERVE_MOE_DIRECT_GU_CONFIG=7, experiment): the MoE layer
 // alone at 1 token 24.4-24.5 us (jit) against 26.9-27.2, but the served decode step 4-7 us slower (H200, session 8).
 using GemmCfg7 = GemmConfig<32, 16, 2, 1, 128, 5, 3>;
-// Prefill (> 256 tokens an expert): 256 weight rows x 128 tokens on the warp-specialized body, one producer
-// warpgroup (TMA weights, cp.async tokens), each MMA warpgroup 128 rows (154 registers), a 4-deep ring (192 KB):
-// a third fewer bytes through L2 per flop than 128 x 128 (8,192 tokens 1,411 us against 1,587 for configuration 6)
+// Prefill (> 256 tokens an expert) until session 37 (now 14, below): 256 weight rows x 128 tokens on the
+// warp-specialized body, one producer warpgroup (TMA weights, cp.async tokens), each MMA warpgroup 128 rows (154
+// registers), a 4-deep ring (192 KB): a third fewer bytes through L2 per flop than 128 x 128 (8,192 tokens 1,411 us
+// against 1,587 for configuration 6)
 using GemmCfg10 = GemmConfig<256, 128, 3, 4, 64, 4, 1, 3>;
 // Batched decode on the warp-specialized body with two CTAs an SM (MINB 2): 32-token tiles and a 4-deep ring each
 // (~92 KB, 64 registers), so that two independent weight streams share an SM. gpu_read_bw's tma rows (session 24):
@@ -226,7 +231,15 @@ using GemmCfg11 = GemmConfig<128, 32, 4, 4, 64, 4, 2, 3>;
 using GemmCfg12 = GemmConfig<128, 32, 4, 4, 64, 4, 2, 3, 1>;
 // Configuration 9 with cp.async weight tiles (experiment, MOESERVE_MOE_WS_DECODE=13).
 using GemmCfg13 = GemmConfig<128, 64, 4, 4, 64, 8, 1, 3, 1>;
-constexpr int kNumGemmConfigs = 14;
+// Prefill (> 256 tokens an expert; the default since session 37, MOESERVE_MOE_WS_PREFILL=10 for the former):
+// configuration 10 with the tokens as the MMAs' M, each MMA warpgroup 64 tokens x the 256 weight rows by one
+// m64n256k16 a k step. Its k step reads 20 KB of shared memory a CTA instead of 24 (each of 10's m64n128 blocks
+// re-reads the 128-token tile), and its epilogue stages each warpgroup's token-major rows by stmatrix without a
+// transpose, behind the warpgroup's own barriers instead of the 256-thread ones. H200 (session 37, same call): the
+// layer at 8,192 tokens -8% (fused_sm90) / -11% (JIT); ncu: gate/up 759.8 against 786.1 us, down 438.6 against 460.5,
+// shared-memory wavefronts 57% of peak against 66%, the tensor pipe 83.6 / 72.9% active against 82.8 / 70.2.
+using GemmCfg14 = GemmConfig<256, 128, 3, 4, 64, 4, 1, 3, 0, 1>;
+constexpr int kNumGemmConfigs = 15;
 
 #ifndef __CUDACC_RTC__  // host-side helper; NVRTC treats unannotated functions as host code and rejects them
 struct GemmConfigInfo {
@@ -254,7 +267,8 @@ constexpr GemmConfigInfo gemm_config_info(int i) {
          : i == 10 ? gemm_config_info_of<GemmCfg10>()
          : i == 11 ? gemm_config_info_of<GemmCfg11>()
          : i == 12 ? gemm_config_info_of<GemmCfg12>()
-                   : gemm_config_info_of<GemmCfg13>();
+         : i == 13 ? gemm_config_info_of<GemmCfg13>()
+                   : gemm_config_info_of<GemmCfg14>();
 }
 #endif
 
