@@ -863,8 +863,11 @@ TEST(CudaMoe, JitCompileFailureReturnsTheNvrtcLog) {
 }  // namespace
 
 // Not a test: a timing report for the Qwen3-30B-A3B MoE layer (E 128, top-8, hidden 2048, inter 768), printed
-// for docs/PERF.md. Run with --gtest_also_run_disabled_tests --gtest_filter='*TimingReport*'. Weight values
-// do not affect speed, so weights are memset; eight layers' weights cycle so that L2 (60 MB) cannot hold them.
+// for docs/PERF.md. Run with --gtest_also_run_disabled_tests --gtest_filter='*TimingReport*'. Eight layers' weights
+// cycle so that L2 (60 MB) cannot hold them. The weights are random (one layer's, copied to the others): with
+// constant weights (a memset, as before session 37) the tensor cores draw less power, and the compute-bound steps
+// (prompts of thousands of tokens) ran faster than in a model - configuration 14's gain over 10 at 8,192 tokens
+// was 8-11% here and ~2% in gpu_profile's prefill step (session 37). MOESERVE_TIMING_MEMSET=1: the memset form.
 TEST(CudaMoe, DISABLED_TimingReport) {
   if (moeserve::cuda::list_devices().empty()) GTEST_SKIP() << "no CUDA device";
   const Case c{128, 8, 2048, 768};
@@ -897,11 +900,21 @@ TEST(CudaMoe, DISABLED_TimingReport) {
   std::cout << fmt::format("[   info   ] measured device copy bandwidth {:.2f} TB/s (GUIDE.md: {:.2f})\n",
                            copy_bandwidth * 1e-12, kNominalCopyBandwidth * 1e-12);
   std::vector<std::unique_ptr<DevBuf<uint16_t>>> gu, dn;
+  const bool memset_weights = std::getenv("MOESERVE_TIMING_MEMSET") != nullptr;
   for (int l = 0; l < kLayers; ++l) {
     gu.push_back(std::make_unique<DevBuf<uint16_t>>(size_t(c.E) * 2 * c.I * c.H));
     dn.push_back(std::make_unique<DevBuf<uint16_t>>(size_t(c.E) * c.H * c.I));
-    MS_CUDA_CHECK(cudaMemset(gu.back()->p, 0x3c, gu.back()->n * 2));
-    MS_CUDA_CHECK(cudaMemset(dn.back()->p, 0x3c, dn.back()->n * 2));
+    if (memset_weights) {
+      MS_CUDA_CHECK(cudaMemset(gu.back()->p, 0x3c, gu.back()->n * 2));
+      MS_CUDA_CHECK(cudaMemset(dn.back()->p, 0x3c, dn.back()->n * 2));
+    } else if (l == 0) {  // the scale of a checkpoint's expert weights (~1 / sqrt(fan-in))
+      const std::vector<uint16_t> w = random_bf16(gu[0]->n, 0.03f, 1234);
+      MS_CUDA_CHECK(cudaMemcpy(gu[0]->p, w.data(), gu[0]->n * 2, cudaMemcpyHostToDevice));
+      MS_CUDA_CHECK(cudaMemcpy(dn[0]->p, w.data(), dn[0]->n * 2, cudaMemcpyHostToDevice));  // dn is the smaller
+    } else {
+      MS_CUDA_CHECK(cudaMemcpy(gu.back()->p, gu[0]->p, gu[0]->n * 2, cudaMemcpyDeviceToDevice));
+      MS_CUDA_CHECK(cudaMemcpy(dn.back()->p, dn[0]->p, dn[0]->n * 2, cudaMemcpyDeviceToDevice));
+    }
   }
   std::cout << "[   info   ] " << device().name << ", MoE layer E128 top-8 H2048 I768, bf16\n";
   // MOESERVE_TIMING_T=N times only T = N (for ncu).
