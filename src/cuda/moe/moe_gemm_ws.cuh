@@ -62,6 +62,25 @@ __device__ __forceinline__ U4 lds128(unsigned smem_byte_addr) {
 }  // namespace ws
 
 #if MOE_HAVE_WGMMA
+namespace ws {
+// One slice of an MMA warpgroup's main loop over the ring: waits for stage slice % STAGES to land, makes the
+// producers' cp.async writes (generic proxy) visible to this thread's wgmma reads (async proxy), lets `issue(stage)`
+// compute its addresses, fence and issue the slice's MMAs, commits them, keeps them in flight and releases the stage
+// of the slice before (kt > 0: one arrival a warpgroup on its `empty` barrier).
+template <int STAGES, class Issue>
+__device__ __forceinline__ void consume_slice(unsigned full0, unsigned empty0, int slice, int kt, int ctid,
+                                              Issue&& issue) {
+  using namespace moe_ptx;
+  const int stage = slice % STAGES;
+  mbar_wait(full0 + stage * 8, (slice / STAGES) & 1);
+  fence_proxy_async_smem();
+  issue(stage);
+  wgmma_commit();
+  wgmma_wait<1>();  // the slice before this one is read: release its stage
+  if (kt > 0 && (ctid & 127) == 0) mbar_arrive(empty0 + ((slice - 1) % STAGES) * 8);
+}
+}  // namespace ws
+
 // The epilogue of the 256 x 128 tile (GemmConfig::STM_EPI), the accumulators of MMA warpgroup cw (d[j]: m64 block j
 // of its 128 weight rows x 128 tokens) staged as bf16 by stmatrix.trans into token-major boxes of 64 columns x 128-byte
 // rows (the ring's swizzle, swz<64>: conflict-free for the stmatrix rows and the 16-byte reads), then stored by
@@ -426,18 +445,14 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
           if (pair0 >= 0) wt0 = p.topk_weights[pair0];
           if (pair1 >= 0) wt1 = p.topk_weights[pair1];
         }
-        const int stage = slice % STAGES;
-        mbar_wait(full0 + stage * 8, (slice / STAGES) & 1);
-        fence_proxy_async_smem();  // the producers' cp.async writes (generic proxy) before this thread's wgmma reads
-        const unsigned a_st = a_base + unsigned(stage * BN * BK * 2);
-        const unsigned b_st = b_base + unsigned(stage * BM * BK * 2);
-        wgmma_fence();
+        ws::consume_slice<STAGES>(full0, empty0, slice, kt, ctid, [&](int stage) {
+          const unsigned a_st = a_base + unsigned(stage * BN * BK * 2);
+          const unsigned b_st = b_base + unsigned(stage * BM * BK * 2);
+          wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < BK / 16; ++kk)
-          wgmma_m64nk16_bf16(d, wgmma_desc_sw128(a_st + kk * 32), wgmma_desc_sw128(b_st + kk * 32));
-        wgmma_commit();
-        wgmma_wait<1>();  // the slice before this one is read: release its stage
-        if (kt > 0 && (ctid & 127) == 0) mbar_arrive(empty0 + ((slice - 1) % STAGES) * 8);
+          for (int kk = 0; kk < BK / 16; ++kk)
+            wgmma_m64nk16_bf16(d, wgmma_desc_sw128(a_st + kk * 32), wgmma_desc_sw128(b_st + kk * 32));
+        });
       }
       wgmma_wait<0>();
       if ((ctid & 127) == 0) mbar_arrive(empty0 + ((slice - 1) % STAGES) * 8);
@@ -484,21 +499,17 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
     if (MODE == kDown && ctid < BN && ctid < tile.rows) my_pair = p.perm_pair[tile.row0 + ctid];
     for (int kt = 0; kt < KT; ++kt, ++slice) {
       if (MODE == kDown && kt == 1 && my_pair >= 0) my_wt = p.topk_weights[my_pair];
-      const int stage = slice % STAGES;
-      mbar_wait(full0 + stage * 8, (slice / STAGES) & 1);
-      fence_proxy_async_smem();  // the producers' cp.async writes (generic proxy) before this thread's wgmma reads
-      const unsigned a_st = as_addr + unsigned(stage * BM * BK * 2);
-      const unsigned b_st = bs_addr + unsigned(stage * BN * BK * 2);
-      wgmma_fence();
+      ws::consume_slice<STAGES>(full0, empty0, slice, kt, ctid, [&](int stage) {
+        const unsigned a_st = as_addr + unsigned(stage * BM * BK * 2);
+        const unsigned b_st = bs_addr + unsigned(stage * BN * BK * 2);
+        wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < BK / 16; ++kk)
+        for (int kk = 0; kk < BK / 16; ++kk)
 #pragma unroll
-        for (int j = 0; j < MW; ++j)
-          wgmma_m64nk16_bf16(d[j], wgmma_desc_sw128(a_st + j * kBlockRows * BK * 2 + kk * 32),
-                             wgmma_desc_sw128(b_st + kk * 32));
-      wgmma_commit();
-      wgmma_wait<1>();  // the slice before this one is read: release its stage
-      if (kt > 0 && (ctid & 127) == 0) mbar_arrive(empty0 + ((slice - 1) % STAGES) * 8);
+          for (int j = 0; j < MW; ++j)
+            wgmma_m64nk16_bf16(d[j], wgmma_desc_sw128(a_st + j * kBlockRows * BK * 2 + kk * 32),
+                               wgmma_desc_sw128(b_st + kk * 32));
+      });
     }
     wgmma_wait<0>();
     if ((ctid & 127) == 0) mbar_arrive(empty0 + ((slice - 1) % STAGES) * 8);
