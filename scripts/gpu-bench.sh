@@ -8,7 +8,10 @@
 # to disk fits beside it), BENCH_DIR (models; default /tmp/moeserve-bench), SERVE_ARGS (extra serve flags),
 # SCENARIOS (default "decode1 conc64 conc128 prefill": a subset for quick A/B), OUT (where logs.tgz goes),
 # STEP_TRACE (default 1: each server writes a step trace, MOESERVE_STEP_TRACE, unless the caller set that, and the
-# table is followed by one line a scenario run from tools/step_trace_summary.py --brief; 0: no trace).
+# table is followed by one line a scenario run from tools/step_trace_summary.py --brief; 0: no trace), GPU_SAMPLE
+# (default 1: nvidia-smi samples the SM clock and the power draw every 20 ms through each scenario, and one line a
+# scenario gives their spread over the busy samples - the prompt steps of a long prompt run at the 700 W limit and
+# throttle, session 37; 0: off).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${MOESERVE_BUILD:-$ROOT/build}
@@ -23,6 +26,27 @@ PORT=${PORT:-30123}
 mkdir -p "$LOGS" "$DIR"
 export MOESERVE_CACHE=${MOESERVE_CACHE:-/tmp/moeserve-cache}
 rows=()
+smi_pid=""
+
+# The GPU's SM clock and power draw through a scenario (GPU_SAMPLE): power.draw.instant where the driver has it (the
+# plain power.draw is a one-second average, too slow for steps of milliseconds).
+smi_fields=""
+if [[ ${GPU_SAMPLE:-1} != 0 ]] && command -v nvidia-smi >/dev/null; then
+  nvidia-smi --query-gpu=serial,name,clocks.max.sm,power.limit --format=csv,noheader >"$LOGS/gpu.txt" 2>&1
+  for f in power.draw.instant power.draw; do
+    if nvidia-smi --query-gpu="$f" --format=csv,noheader >/dev/null 2>&1; then smi_fields="clocks.sm,$f,utilization.gpu"; break; fi
+  done
+fi
+sample_start() {  # scenario tag
+  [[ -n $smi_fields ]] || return 0
+  nvidia-smi --query-gpu="$smi_fields" --format=csv,noheader,nounits -lms 20 >"$LOGS/smi-$1.csv" 2>/dev/null &
+  smi_pid=$!
+}
+sample_stop() {  # model scenario
+  [[ -n $smi_pid ]] || return 0
+  kill "$smi_pid" 2>/dev/null; wait "$smi_pid" 2>/dev/null; smi_pid=""
+  python3 "$ROOT/tools/gpu_samples.py" "$LOGS/smi-$1-$2.csv" "$1" "$2" >>"$LOGS/gpu-samples.txt" 2>&1
+}
 
 target() {  # model scenario -> target figure
   case "$1/$2" in
@@ -46,9 +70,11 @@ bench() {  # model name num_prompts concurrency in out field
   rm -f "$LOGS/$m-$name.json"
   local before
   before=$(engine_times)
+  sample_start "$m-$name"
   "$BIN" bench --port "$PORT" --dataset-name random-ids --num-prompts "$n" --max-concurrency "$c" \
     --random-input-len "$in" --random-output-len "$out" --random-range-ratio 1 --warmup-requests 2 \
     --flush-cache --disable-tqdm --output-file "$LOGS/$m-$name.json" >"$LOGS/$m-$name.log" 2>&1
+  sample_stop "$m" "$name"
   local v
   v=$(python3 -c "import json,sys; d=json.loads(open(sys.argv[1]).readline()); print(f\"{d['$field']:.0f} tok/s  (TTFT p50 {d.get('median_ttft_ms',0):.1f} ms, TPOT p50 {d.get('median_tpot_ms',0):.2f} ms, ok {d.get('completed',0)})\")" "$LOGS/$m-$name.json" 2>/dev/null || echo "failed (see $m-$name.log)")
   rows+=("$(printf '%-8s %-9s %-62s %s' "$m" "$name" "$v" "$(target "$m" "$name")")")
@@ -103,7 +129,9 @@ for m in $MODELS; do
 done
 mkdir -p "$(dirname "$ARCHIVE")" && tar czf "$ARCHIVE" -C "$LOGS" . 2>/dev/null && echo "logs: $ARCHIVE"
 echo
+cat "$LOGS/gpu.txt" 2>/dev/null
 cat "$LOGS/engine-times.txt" 2>/dev/null
+cat "$LOGS/gpu-samples.txt" 2>/dev/null
 cat "$LOGS/step-traces.txt" 2>/dev/null
 printf '%-8s %-9s %-62s %s\n' model scenario measured target
 printf '%s\n' "${rows[@]}"
