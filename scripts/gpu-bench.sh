@@ -37,9 +37,9 @@ if [[ ${GPU_SAMPLE:-1} != 0 ]] && command -v nvidia-smi >/dev/null; then
     if nvidia-smi --query-gpu="$f" --format=csv,noheader >/dev/null 2>&1; then smi_fields="clocks.sm,$f,utilization.gpu"; break; fi
   done
 fi
-sample_start() {  # scenario tag
+sample_start() {  # model scenario
   [[ -n $smi_fields ]] || return 0
-  nvidia-smi --query-gpu="$smi_fields" --format=csv,noheader,nounits -lms 20 >"$LOGS/smi-$1.csv" 2>/dev/null &
+  nvidia-smi --query-gpu="$smi_fields" --format=csv,noheader,nounits -lms 20 >"$LOGS/smi-$1-$2.csv" 2>/dev/null &
   smi_pid=$!
 }
 sample_stop() {  # model scenario
@@ -70,7 +70,7 @@ bench() {  # model name num_prompts concurrency in out field
   rm -f "$LOGS/$m-$name.json"
   local before
   before=$(engine_times)
-  sample_start "$m-$name"
+  sample_start "$m" "$name"
   "$BIN" bench --port "$PORT" --dataset-name random-ids --num-prompts "$n" --max-concurrency "$c" \
     --random-input-len "$in" --random-output-len "$out" --random-range-ratio 1 --warmup-requests 2 \
     --flush-cache --disable-tqdm --output-file "$LOGS/$m-$name.json" >"$LOGS/$m-$name.log" 2>&1

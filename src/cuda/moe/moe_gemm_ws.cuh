@@ -79,6 +79,12 @@ __device__ __forceinline__ void consume_slice(unsigned full0, unsigned empty0, i
   wgmma_wait<1>();  // the slice before this one is read: release its stage
   if (kt > 0 && (ctid & 127) == 0) mbar_arrive(empty0 + ((slice - 1) % STAGES) * 8);
 }
+// After a unit's last slice (slices: the count consumed so far): its MMAs complete and its stage is released.
+template <int STAGES>
+__device__ __forceinline__ void finish_unit(unsigned empty0, int slices, int ctid) {
+  moe_ptx::wgmma_wait<0>();
+  if ((ctid & 127) == 0) moe_ptx::mbar_arrive(empty0 + ((slices - 1) % STAGES) * 8);
+}
 }  // namespace ws
 
 // The epilogue of the 256 x 128 tile (GemmConfig::STM_EPI), the accumulators of MMA warpgroup cw (d[j]: m64 block j
@@ -440,11 +446,12 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
         if (tok0 < tile.rows) pair0 = p.perm_pair[tile.row0 + tok0];
         if (tok0 + 8 < tile.rows) pair1 = p.perm_pair[tile.row0 + tok0 + 8];
       }
+      auto load_weights = [&] {
+        if (pair0 >= 0) wt0 = p.topk_weights[pair0];
+        if (pair1 >= 0) wt1 = p.topk_weights[pair1];
+      };
       for (int kt = 0; kt < KT; ++kt, ++slice) {
-        if (MODE == kDown && kt == 1) {
-          if (pair0 >= 0) wt0 = p.topk_weights[pair0];
-          if (pair1 >= 0) wt1 = p.topk_weights[pair1];
-        }
+        if (MODE == kDown && kt == 1) load_weights();
         ws::consume_slice<STAGES>(full0, empty0, slice, kt, ctid, [&](int stage) {
           const unsigned a_st = a_base + unsigned(stage * BN * BK * 2);
           const unsigned b_st = b_base + unsigned(stage * BM * BK * 2);
@@ -454,12 +461,8 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
             wgmma_m64nk16_bf16(d, wgmma_desc_sw128(a_st + kk * 32), wgmma_desc_sw128(b_st + kk * 32));
         });
       }
-      wgmma_wait<0>();
-      if ((ctid & 127) == 0) mbar_arrive(empty0 + ((slice - 1) % STAGES) * 8);
-      if (MODE == kDown && KT == 1) {
-        if (pair0 >= 0) wt0 = p.topk_weights[pair0];
-        if (pair1 >= 0) wt1 = p.topk_weights[pair1];
-      }
+      ws::finish_unit<STAGES>(empty0, slice, ctid);
+      if (MODE == kDown && KT == 1) load_weights();
       epilogue_tokens_as_m<MODE>(p, d, st, 2u + unsigned(cw), tile, bx, H, I, cw, ctid, wt0, wt1);
     }
     return;
@@ -511,8 +514,7 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
                                wgmma_desc_sw128(b_st + kk * 32));
       });
     }
-    wgmma_wait<0>();
-    if ((ctid & 127) == 0) mbar_arrive(empty0 + ((slice - 1) % STAGES) * 8);
+    ws::finish_unit<STAGES>(empty0, slice, ctid);
     if (MODE == kDown && KT == 1 && my_pair >= 0) my_wt = p.topk_weights[my_pair];
 
     if constexpr (kStm) {

@@ -166,8 +166,8 @@ __device__ __forceinline__ void stsm_x4(unsigned smem_byte_addr, unsigned r0, un
                : "memory");
 }
 // d (64 x N f32, the warpgroup's accumulator: warp w holds rows 16w + lane/4 (+8), columns 8j + 2(lane%4) (+1) in
-// d[4j .. 4j+3]) += A (64 x 16, K-major, descriptor) * B (N x 16, K-major, descriptor)^T, for N = 128, 64, 32, 16.
-// The m64n256k16 form (d: 128 floats a thread, columns 8j + 2(lane%4) (+1) in d[4j .. 4j+3], j < 32).
+// d[4j .. 4j+3]) += A (64 x 16, K-major, descriptor) * B (N x 16, K-major, descriptor)^T, for N = 256, 128, 64, 32, 16
+// (N / 2 floats a thread).
 __device__ __forceinline__ void wgmma_m64nk16_bf16(float (&d)[128], unsigned long long a_desc,
                                                    unsigned long long b_desc) {
   asm volatile(
