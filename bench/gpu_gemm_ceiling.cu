@@ -6,15 +6,19 @@
 //   down     y[T, 2048] = a[T, 768]  . W[2048, 768]^T,  128 experts
 // each as cublasGemmStridedBatchedEx (equal counts), as cublasGemmGroupedBatchedEx (128 groups of one, the form
 // a MoE with uneven counts would take) and, for scale, as one dense GEMM of 128 T rows against one expert's
-// weights. BF16 in and out, f32 accumulation (as the MoE kernels). Inputs are memset (values do not change the
-// speed); weights of 8 layers cycle so that L2 holds none of them between runs.
-//   gpu_gemm_ceiling [--tokens 256,512,1024] [--reps 10]
+// weights. BF16 in and out, f32 accumulation (as the MoE kernels). Inputs are random (weights uniform in
+// +-sqrt(3 / k), activations in +-1.7, as test_cuda_moe's TimingReport): a tensor core's power follows its operands'
+// bit activity, and at the H200's 700 W limit constant operands run at full clock where a model's data throttles
+// (docs/PERF.md, session 37); --memset fills 0x3c3c everywhere, the form of sessions 22-37. Weights of 8 layers
+// cycle so that L2 holds none of them between runs.
+//   gpu_gemm_ceiling [--tokens 256,512,1024] [--reps 10] [--memset]
 // Prints one line a (form, GEMM, T): us a layer and TFLOP/s. A benchmark, not a test: the figures go to
 // docs/PERF.md.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -40,11 +44,25 @@ struct Gemm {
   int n, k;  // y[T, n] = x[T, k] . W[n, k]^T
 };
 
-template <typename T>
-T* dev_alloc(size_t n) {
-  T* p = nullptr;
-  MS_CUDA_CHECK(cudaMalloc(&p, n * sizeof(T)));
-  MS_CUDA_CHECK(cudaMemset(p, 0x3c, n * sizeof(T)));  // bf16 0x3c3c ~ 0.011: finite, never denormal
+// Uniform values in [-scale, scale) from a hash of the index and the seed.
+__global__ void fill_uniform(__nv_bfloat16* p, size_t n, float scale, unsigned seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    unsigned h = unsigned(i) * 0x9e3779b9u ^ unsigned(i >> 32) * 0x85ebca6bu ^ seed * 0xc2b2ae35u;
+    h ^= h >> 16, h *= 0x7feb352du, h ^= h >> 15, h *= 0x846ca68bu, h ^= h >> 16;
+    p[i] = __float2bfloat16((float(h >> 8) * (1.0f / 16777216.0f) * 2.0f - 1.0f) * scale);
+  }
+}
+
+// n values, random in +-scale (or all 0x3c3c ~ 0.011 with memset: finite, never denormal).
+__nv_bfloat16* dev_alloc(size_t n, bool memset, float scale, unsigned seed) {
+  __nv_bfloat16* p = nullptr;
+  MS_CUDA_CHECK(cudaMalloc(&p, n * sizeof(__nv_bfloat16)));
+  if (memset) {
+    MS_CUDA_CHECK(cudaMemset(p, 0x3c, n * sizeof(__nv_bfloat16)));
+  } else {
+    fill_uniform<<<1024, 256>>>(p, n, scale, seed);
+    MS_CUDA_CHECK(cudaGetLastError());
+  }
   return p;
 }
 
@@ -53,6 +71,7 @@ T* dev_alloc(size_t n) {
 static int run(int argc, char** argv) {
   std::vector<int> tokens = {256, 512, 1024};
   int reps = 10;
+  bool memset = false;
   for (int i = 1; i < argc; ++i) {
     const std::string s = argv[i];
     if (s == "--tokens" && i + 1 < argc) {
@@ -61,8 +80,10 @@ static int run(int argc, char** argv) {
       for (std::string t; std::getline(ss, t, ',');) tokens.push_back(std::atoi(t.c_str()));
     } else if (s == "--reps" && i + 1 < argc) {
       reps = std::atoi(argv[++i]);
+    } else if (s == "--memset") {
+      memset = true;
     } else {
-      std::fprintf(stderr, "usage: gpu_gemm_ceiling [--tokens 256,512,1024] [--reps 10]\n");
+      std::fprintf(stderr, "usage: gpu_gemm_ceiling [--tokens 256,512,1024] [--reps 10] [--memset]\n");
       return 2;
     }
   }
@@ -83,8 +104,9 @@ static int run(int argc, char** argv) {
   check(cublasSetWorkspace(h, ws, ws_bytes), "cublasSetWorkspace");
   cudaDeviceProp prop{};
   MS_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-  std::printf("%s: cuBLAS on the MoE layer's expert GEMMs (128 experts, hidden 2048, inter 768), BF16, best of %d\n",
-              prop.name, reps);
+  std::printf("%s: cuBLAS on the MoE layer's expert GEMMs (128 experts, hidden 2048, inter 768), BF16, %s inputs, "
+              "best of %d\n",
+              prop.name, memset ? "memset" : "random", reps);
   std::printf("%-10s %-8s %6s %10s %9s\n", "form", "gemm", "T", "us", "TFLOP/s");
 
   const Gemm gemms[2] = {{"gate/up", 2 * kInter, kHidden}, {"down", kHidden, kInter}};
@@ -94,9 +116,11 @@ static int run(int argc, char** argv) {
   const float alpha = 1.0f, beta = 0.0f;
   for (const Gemm& g : gemms) {
     std::vector<__nv_bfloat16*> w(kLayers);
-    for (auto& p : w) p = dev_alloc<__nv_bfloat16>(size_t(kExperts) * g.n * g.k);
-    __nv_bfloat16* x = dev_alloc<__nv_bfloat16>(size_t(kExperts) * max_t * g.k);
-    __nv_bfloat16* y = dev_alloc<__nv_bfloat16>(size_t(kExperts) * max_t * g.n);
+    unsigned seed = 1;
+    for (auto& p : w) p = dev_alloc(size_t(kExperts) * g.n * g.k, memset, std::sqrt(3.0f / g.k), seed++);
+    __nv_bfloat16* x = dev_alloc(size_t(kExperts) * max_t * g.k, memset, 1.7f, seed++);
+    __nv_bfloat16* y = dev_alloc(size_t(kExperts) * max_t * g.n, memset, 1.0f, seed++);
+    MS_CUDA_CHECK(cudaDeviceSynchronize());
     // Pointer arrays of the grouped form, one set a layer.
     std::vector<const void**> a_dev(kLayers), b_dev(kLayers);
     std::vector<void**> c_dev(kLayers);
