@@ -27,6 +27,11 @@
 // ncu: gate/up 1,020 us at 62% tensor-pipe activity against 808 at 79%, down 581 at 54% against 498 at 64%; a single
 // warpgroup's 128 x 128 stream, fed by twice the token gathers a flop, keeps the pipe less busy than the epilogue
 // it hides costs.
+// Also measured and not kept (session 38, docs/PERF.md): configuration 14 on 2-CTA clusters with each weight slice's
+// halves multicast by TMA into both CTAs (branch next/moe-cluster-multicast: the layer +2%, the served prompt step's
+// experts +6% - the pair padding and the paired rings' lockstep cancel the bytes saved; a cluster-scope release on
+// the per-slice remote arrivals made it +44%), and a tile's empty warpgroup skipping its MMAs (even: a unit's time
+// is its loads).
 // Same tile layout and swizzle as gemm_body (swap AB: weight rows = M, tokens = N; BK = 64, 128-byte rows): the
 // TMA's 128-byte swizzle is the pattern of swz() on 1024-byte aligned stages.
 #pragma once
