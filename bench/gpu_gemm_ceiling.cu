@@ -53,10 +53,15 @@ __global__ void fill_uniform(__nv_bfloat16* p, size_t n, float scale, unsigned s
   }
 }
 
-// n values, random in +-scale (or all 0x3c3c ~ 0.011 with memset: finite, never denormal).
-__nv_bfloat16* dev_alloc(size_t n, bool memset, float scale, unsigned seed) {
+__nv_bfloat16* dev_alloc(size_t n) {
   __nv_bfloat16* p = nullptr;
   MS_CUDA_CHECK(cudaMalloc(&p, n * sizeof(__nv_bfloat16)));
+  return p;
+}
+
+// An input of n values, random in +-scale (or all 0x3c3c ~ 0.011 with memset: finite, never denormal).
+__nv_bfloat16* dev_input(size_t n, bool memset, float scale, unsigned seed) {
+  __nv_bfloat16* p = dev_alloc(n);
   if (memset) {
     MS_CUDA_CHECK(cudaMemset(p, 0x3c, n * sizeof(__nv_bfloat16)));
   } else {
@@ -117,9 +122,9 @@ static int run(int argc, char** argv) {
   for (const Gemm& g : gemms) {
     std::vector<__nv_bfloat16*> w(kLayers);
     unsigned seed = 1;
-    for (auto& p : w) p = dev_alloc(size_t(kExperts) * g.n * g.k, memset, std::sqrt(3.0f / g.k), seed++);
-    __nv_bfloat16* x = dev_alloc(size_t(kExperts) * max_t * g.k, memset, 1.7f, seed++);
-    __nv_bfloat16* y = dev_alloc(size_t(kExperts) * max_t * g.n, memset, 1.0f, seed++);
+    for (auto& p : w) p = dev_input(size_t(kExperts) * g.n * g.k, memset, std::sqrt(3.0f / g.k), seed++);
+    __nv_bfloat16* x = dev_input(size_t(kExperts) * max_t * g.k, memset, 1.7f, seed++);
+    __nv_bfloat16* y = dev_alloc(size_t(kExperts) * max_t * g.n);  // written by every GEMM (beta 0)
     MS_CUDA_CHECK(cudaDeviceSynchronize());
     // Pointer arrays of the grouped form, one set a layer.
     std::vector<const void**> a_dev(kLayers), b_dev(kLayers);
