@@ -15,6 +15,13 @@
 //           wraps (the CTAs of a wave then read different columns at a time instead of the same 128-byte column of
 //           rows K * 2 bytes apart: on the H200 that is the slower one, 3.46 against 4.24 TB/s, session 24); one to
 //           four blocks an SM.
+//   tiled   the same units and rings over the weights stored tile-contiguous ([unit][slice][128 rows x 64 columns]: each
+//           16 KB slice one contiguous run), as a weight layout prepared at load time would store them: "tma ... R2"
+//           reads a slice by one 1-D bulk copy; "cpasync unit" rows stream the units through a 16-byte cp.async ring of
+//           S slices (128 threads a block, the decode MoE tiles' producer form) from either layout. Session 39: the
+//           tiled layout reads 4.55-4.59 TB/s where the row-major one reads 4.41-4.48 (K 2,048 / 768, 2 x 4 stages);
+//   ld      the row-major layout with padded row pitches (ld = K + 8 .. K + 256): session 39, none faster than ld = K
+//           (misaligned pitches much slower: a 128-byte row piece then spans two lines).
 //   kv      the decode attention's K / V loader (read_kv_kernel below), with the cache token- or head-major and with
 //           persistent blocks; --kv-only runs these rows alone.
 //   gpu_read_bw [--mib 2048] [--reps 10] [--kv-only] [--bulk-only]  (--bulk-only: the bulk rows alone, 4-32 KB copies)
@@ -28,6 +35,7 @@
 #include <cstring>
 #include <exception>
 #include <string>
+#include <type_traits>
 
 #include "core/error.h"
 #include "cuda/common.h"
@@ -240,7 +248,8 @@ __global__ void __launch_bounds__(32) read_bulk_kernel(const char* src, size_t b
 // One thread a block: the ring holds S / G stages of G slices (128 rows x 64 columns each, 16 KB); a stage's G
 // slices are loaded as G x (128 / BOX_ROWS) boxes completing on its mbarrier.
 __global__ void __launch_bounds__(32) read_tma_kernel(const __grid_constant__ moe_kernels::TmaDesc map, int units, int K,
-                                                      int box_rows, int S, int G, int R, unsigned* sink) {
+                                                      int box_rows, int S, int G, int R, unsigned* sink,
+                                                      const char* tiled) {
   extern __shared__ __align__(1024) char tring[];
   __shared__ __align__(8) unsigned long long bar[32];
   if (threadIdx.x != 0) return;
@@ -257,10 +266,16 @@ __global__ void __launch_bounds__(32) read_tma_kernel(const __grid_constant__ mo
     const int stage = int(q % stages);
     const int unit = int(blockIdx.x) + int(q / groups) * int(gridDim.x);
     int kt0 = int(q % groups) * G;
-    if (R) kt0 = (kt0 + (unit % groups) * G) % kt_count;
+    if (R == 1) kt0 = (kt0 + (unit % groups) * G) % kt_count;
     const unsigned b = smem_addr(&bar[stage]);
     const unsigned dst = smem_addr(tring + size_t(stage) * G * kSliceBytes);
     arrive_expect_tx(b, G * kSliceBytes);
+    if (R == 2) {  // tile-contiguous layout: slice kt of the unit is the 16 KB at (unit K / 64 + kt) x 16 KB
+      for (int g = 0; g < G; ++g)
+        bulk_copy(tring + size_t(stage) * G * kSliceBytes + size_t(g) * kSliceBytes,
+                  tiled + (size_t(unit) * kt_count + size_t(kt0 + g)) * kSliceBytes, kSliceBytes, b);
+      return;
+    }
     for (int g = 0; g < G; ++g)
       for (int r = 0; r < kUnitRows; r += box_rows)
         asm volatile(
@@ -275,6 +290,42 @@ __global__ void __launch_bounds__(32) read_tma_kernel(const __grid_constant__ mo
     issue(q + stages);
   }
   if (reinterpret_cast<const unsigned*>(tring)[0] == 0x9e3779b9u) sink[blockIdx.x] = 1;
+}
+
+// 128 threads a block walking units of 128 rows x K persistently (unit blockIdx.x, + gridDim.x, ...), each unit's 64-column
+// slices (16 KB) by 16-byte cp.async into a ring of S slices, 8 copies a thread a slice: row idx / 8, chunk idx % 8 of
+// the slice from the [rows, K] matrix (TILED false) or from the slice's contiguous 16 KB (TILED true).
+template <bool TILED, int S>
+__global__ void __launch_bounds__(128) read_unit_cpasync_kernel(const char* src, int units, int K, unsigned* sink,
+                                                                int ld = 0) {
+  extern __shared__ __align__(128) char uring[];
+  constexpr int kSliceBytes = 128 * 64 * 2;
+  const int kt_count = K / 64;
+  const long long my_units = units > int(blockIdx.x) ? (units - 1 - int(blockIdx.x)) / int(gridDim.x) + 1 : 0;
+  const long long total = my_units * kt_count;
+  auto issue = [&](long long q) {
+    const bool ok = q < total;
+    const int unit = int(blockIdx.x) + int((ok ? q : 0) / kt_count) * int(gridDim.x), kt = int((ok ? q : 0) % kt_count);
+    char* dst = uring + size_t(q % S) * kSliceBytes;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int idx = int(threadIdx.x) + 128 * i, r = idx / 8, ch = idx % 8;
+      const char* g = TILED ? src + (size_t(unit) * kt_count + kt) * kSliceBytes + size_t(idx) * 16
+                            : src + (size_t(unit) * 128 + r) * size_t(ld > 0 ? ld : K) * 2 + size_t(kt) * 128 + ch * 16;
+      cp_async16(dst + idx * 16, ok ? g : src, ok);
+    }
+    cp_async_commit();
+  };
+  for (int i = 0; i < S - 1; ++i) issue(i);
+  unsigned acc = 0;
+  for (long long q = 0; q < total; ++q) {
+    issue(q + S - 1);
+    cp_async_wait<S - 1>();
+    __syncthreads();  // everyone's copies of slice q landed; slice q - 1's stage may be refilled next iteration
+    acc ^= reinterpret_cast<const unsigned*>(uring + size_t(q % S) * kSliceBytes)[threadIdx.x];
+    __syncthreads();
+  }
+  if (acc == 0x9e3779b9u) sink[blockIdx.x] = acc;
 }
 
 }  // namespace
@@ -434,12 +485,79 @@ static int run(int argc, char** argv) {
               char name[40];
               std::snprintf(name, sizeof(name), "tma K%d b%d S%d G%d R%d", K, box_rows, S, G, R);
               row(name, per_sm * sms, smem - 1024, t.best(reps, [&] {
-                    read_tma_kernel<<<per_sm * sms, 32, smem>>>(map, units, K, box_rows, S, G, R, sink);
+                    read_tma_kernel<<<per_sm * sms, 32, smem>>>(map, units, K, box_rows, S, G, R, sink, src);
                   }), moved);
             }
           }
         }
       }
+    }
+    // The tile-contiguous layout (the same bytes read as units of contiguous 16 KB slices), same call: 1-D bulk
+    // copies in the TMA rows' ring (R2), then both layouts by the cp.async ring of the decode tiles' producers.
+    for (int per_sm : {1, 2, 3, 4}) {
+      for (int S : {4, 8, 12}) {
+        const size_t smem = size_t(S) * 128 * 64 * 2 + 1024;
+        if (per_sm * (smem + 1024) > size_t(prop.sharedMemPerMultiprocessor) || (per_sm == 1 && S < 8)) continue;
+        smem_ceiling(reinterpret_cast<const void*>(read_tma_kernel), smem);
+        char name[40];
+        std::snprintf(name, sizeof(name), "tiled bulk K%d S%d", K, S);
+        moe_kernels::TmaDesc map;
+        moeserve::cuda::encode_bf16_tma_2d(&map, src, rows, K, 128);
+        row(name, per_sm * sms, smem - 1024, t.best(reps, [&] {
+              read_tma_kernel<<<per_sm * sms, 32, smem>>>(map, units, K, 128, S, 1, 2, sink, src);
+            }), moved);
+      }
+    }
+    for (int per_sm : {1, 2, 3}) {
+      for (int S : {4, 6, 8}) {
+        const size_t smem = size_t(S) * 128 * 64 * 2;
+        if (per_sm * (smem + 1024) > size_t(prop.sharedMemPerMultiprocessor)) continue;
+        for (const bool tiled : {false, true}) {
+          auto go = [&](auto tiled_c, auto s_c) {
+            constexpr bool kT = decltype(tiled_c)::value;
+            constexpr int kS = decltype(s_c)::value;
+            smem_ceiling(reinterpret_cast<const void*>(read_unit_cpasync_kernel<kT, kS>), smem);
+            char name[40];
+            std::snprintf(name, sizeof(name), "cpasync unit%s K%d S%d", kT ? " tiled" : "", K, kS);
+            row(name, per_sm * sms, smem, t.best(reps, [&] {
+                  read_unit_cpasync_kernel<kT, kS><<<per_sm * sms, 128, smem>>>(src, units, K, sink);
+                }), moved);
+          };
+          auto with_s = [&](auto tiled_c) {
+            if (S == 4) go(tiled_c, std::integral_constant<int, 4>{});
+            else if (S == 6) go(tiled_c, std::integral_constant<int, 6>{});
+            else go(tiled_c, std::integral_constant<int, 8>{});
+          };
+          if (tiled) with_s(std::true_type{});
+          else with_s(std::false_type{});
+        }
+      }
+    }
+  }
+  // Padded row pitches (ld = K + pad elements) of the [rows, K] layout: the decode tiles' form (2 CTAs an SM, 4-deep
+  // cp.async rings) and the TMA rows' (2 x 4 stages, 128-row boxes).
+  for (int K : {2048, 768}) {
+    for (int pad : {0, 8, 32, 64, 128, 256}) {
+      const int64_t ld = K + pad;
+      const int64_t rows = int64_t(bytes / (size_t(ld) * 2)) / 128 * 128;
+      const int units = int(rows / 128);
+      const double moved = double(rows) * K * 2;
+      constexpr int kS = 4;
+      const size_t smem = size_t(kS) * 128 * 64 * 2;
+      smem_ceiling(reinterpret_cast<const void*>(read_unit_cpasync_kernel<false, kS>), smem);
+      char name[48];
+      std::snprintf(name, sizeof(name), "cpasync unit K%d ld%lld S4", K, (long long)ld);
+      row(name, 2 * sms, smem, t.best(reps, [&] {
+            read_unit_cpasync_kernel<false, kS><<<2 * sms, 128, smem>>>(src, units, K, sink, int(ld));
+          }), moved);
+      moe_kernels::TmaDesc map;
+      moeserve::cuda::encode_bf16_tma_2d(&map, src, rows, K, 128, ld);
+      const size_t tsmem = size_t(kS) * 128 * 64 * 2 + 1024;
+      smem_ceiling(reinterpret_cast<const void*>(read_tma_kernel), tsmem);
+      std::snprintf(name, sizeof(name), "tma K%d ld%lld b128 S4", K, (long long)ld);
+      row(name, 2 * sms, tsmem - 1024, t.best(reps, [&] {
+            read_tma_kernel<<<2 * sms, 32, tsmem>>>(map, units, K, 128, kS, 1, 0, sink, src);
+          }), moved);
     }
   }
   return 0;

@@ -10,7 +10,7 @@
 
 namespace moeserve::cuda {
 
-void encode_bf16_tma_2d(void* out, const void* base, int64_t rows, int K, int box_rows) {
+void encode_bf16_tma_2d(void* out, const void* base, int64_t rows, int K, int box_rows, int64_t ld) {
   static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
     void* f = nullptr;
     cudaDriverEntryPointQueryResult q{};
@@ -22,7 +22,7 @@ void encode_bf16_tma_2d(void* out, const void* base, int64_t rows, int K, int bo
   MS_CHECK(encode != nullptr, "the CUDA driver does not provide cuTensorMapEncodeTiled (TMA)");
   CUtensorMap m;
   const cuuint64_t dims[2] = {cuuint64_t(K), cuuint64_t(rows)};
-  const cuuint64_t strides[1] = {cuuint64_t(K) * 2};
+  const cuuint64_t strides[1] = {cuuint64_t(ld > 0 ? ld : K) * 2};
   const cuuint32_t box[2] = {64, cuuint32_t(box_rows)};
   const cuuint32_t elem_strides[2] = {1, 1};
   const CUresult r = encode(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base), dims, strides, box,
