@@ -31,7 +31,11 @@
 // halves multicast by TMA into both CTAs (branch next/moe-cluster-multicast: the layer +2%, the served prompt step's
 // experts +6% - the pair padding and the paired rings' lockstep cancel the bytes saved; a cluster-scope release on
 // the per-slice remote arrivals made it +44%), and a tile's empty warpgroup skipping its MMAs (even: a unit's time
-// is its loads).
+// is its loads). Session 39: a 192 x 192 tile with three m64n192 MMA warpgroups and a 3-deep ring (branch
+// next/moe-prefill-192: the layer at 8,192 tokens +25%, the prompt step's experts +40%); the weights stored tiled
+// ([R/64][K/64][64][64], 4-D TMA boxes; branch next/moe-tiled-weights: correct, the decode steps even though the
+// layout reads 3% faster alone); mbarrier waits with a suspend-time hint (the same instruction count); each CTA's
+// next tile loaded one unit ahead (decode steps +0.8%).
 // Same tile layout and swizzle as gemm_body (swap AB: weight rows = M, tokens = N; BK = 64, 128-byte rows): the
 // TMA's 128-byte swizzle is the pattern of swz() on 1024-byte aligned stages.
 #pragma once
