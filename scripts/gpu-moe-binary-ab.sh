@@ -17,6 +17,7 @@ ROUNDS=${ROUNDS:-3}
 read -r -a tokens <<<"${TOKENS:-8192 2048}"
 LOGS=${OUT:-$(mktemp -d /tmp/moe-binary-ab.XXXXXX)}
 mkdir -p "$LOGS"
+rm -f "$LOGS"/*.vals  # a reused OUT (the same machine, a later call) must not mix an earlier run's values into the medians
 bin() {  # DIR NAME -> the binary's path
   local d=$1 n=$2 sub=tests
   [[ $n == gpu_profile ]] && sub=bench
