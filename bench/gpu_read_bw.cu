@@ -15,9 +15,10 @@
 //           wraps (the CTAs of a wave then read different columns at a time instead of the same 128-byte column of
 //           rows K * 2 bytes apart: on the H200 that is the slower one, 3.46 against 4.24 TB/s, session 24); one to
 //           four blocks an SM.
-//   tiled   the same units and rings over the weights stored tile-contiguous ([unit][slice][128 rows x 64 columns]: each
-//           16 KB slice one contiguous run), as a weight layout prepared at load time would store them: "tma ... R2"
-//           reads a slice by one 1-D bulk copy; "cpasync unit" rows stream the units through a 16-byte cp.async ring of
+//   tiled   the same units and rings over the weights stored tile-contiguous ([unit][slice][128 rows x 64 columns]:
+//           each 16 KB slice one contiguous run), as a weight layout prepared at load time would store them: the
+//           "tiled bulk" rows read a slice by one 1-D bulk copy (read_tma_kernel with R = 2), the "cpasync unit" rows
+//           stream the units through a 16-byte cp.async ring of
 //           S slices (128 threads a block, the decode MoE tiles' producer form) from either layout. Session 39: the
 //           tiled layout reads 4.55-4.59 TB/s where the row-major one reads 4.41-4.48 (K 2,048 / 768, 2 x 4 stages);
 //   ld      the row-major layout with padded row pitches (ld = K + 8 .. K + 256): session 39, none faster than ld = K
@@ -292,9 +293,10 @@ __global__ void __launch_bounds__(32) read_tma_kernel(const __grid_constant__ mo
   if (reinterpret_cast<const unsigned*>(tring)[0] == 0x9e3779b9u) sink[blockIdx.x] = 1;
 }
 
-// 128 threads a block walking units of 128 rows x K persistently (unit blockIdx.x, + gridDim.x, ...), each unit's 64-column
-// slices (16 KB) by 16-byte cp.async into a ring of S slices, 8 copies a thread a slice: row idx / 8, chunk idx % 8 of
-// the slice from the [rows, K] matrix (TILED false) or from the slice's contiguous 16 KB (TILED true).
+// 128 threads a block walking units of 128 rows x K persistently (unit blockIdx.x, + gridDim.x, ...), each unit's
+// 64-column slices (16 KB) by 16-byte cp.async into a ring of S slices, 8 copies a thread a slice: row idx / 8, chunk
+// idx % 8 of the slice from the [rows, K] matrix (TILED false, rows `ld` elements apart: K when 0) or from the
+// slice's contiguous 16 KB (TILED true).
 template <bool TILED, int S>
 __global__ void __launch_bounds__(128) read_unit_cpasync_kernel(const char* src, int units, int K, unsigned* sink,
                                                                 int ld = 0) {
