@@ -18,8 +18,8 @@
 //   tiled   the same units and rings over the weights stored tile-contiguous ([unit][slice][128 rows x 64 columns]:
 //           each 16 KB slice one contiguous run), as a weight layout prepared at load time would store them: the
 //           "tiled bulk" rows read a slice by one 1-D bulk copy (read_tma_kernel with R = 2), the "cpasync unit" rows
-//           stream the units through a 16-byte cp.async ring of
-//           S slices (128 threads a block, the decode MoE tiles' producer form) from either layout. Session 39: the
+//           stream the units through a 16-byte cp.async ring of S slices (128 threads a block, the decode MoE
+//           tiles' producer form) from either layout. Session 39: the
 //           tiled layout reads 4.55-4.59 TB/s where the row-major one reads 4.41-4.48 (K 2,048 / 768, 2 x 4 stages);
 //   ld      the row-major layout with padded row pitches (ld = K + 8 .. K + 256): session 39, none faster than ld = K
 //           (misaligned pitches much slower: a 128-byte row piece then spans two lines).
