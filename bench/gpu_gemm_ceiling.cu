@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_ptx.cuh"
 #include "core/error.h"
 #include "cuda/common.h"
 #include "gpu_timer.h"
@@ -44,15 +45,6 @@ struct Gemm {
   int n, k;  // y[T, n] = x[T, k] . W[n, k]^T
 };
 
-// Uniform values in [-scale, scale) from a hash of the index and the seed.
-__global__ void fill_uniform(__nv_bfloat16* p, size_t n, float scale, unsigned seed) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    unsigned h = unsigned(i) * 0x9e3779b9u ^ unsigned(i >> 32) * 0x85ebca6bu ^ seed * 0xc2b2ae35u;
-    h ^= h >> 16, h *= 0x7feb352du, h ^= h >> 15, h *= 0x846ca68bu, h ^= h >> 16;
-    p[i] = __float2bfloat16((float(h >> 8) * (1.0f / 16777216.0f) * 2.0f - 1.0f) * scale);
-  }
-}
-
 __nv_bfloat16* dev_alloc(size_t n) {
   __nv_bfloat16* p = nullptr;
   MS_CUDA_CHECK(cudaMalloc(&p, n * sizeof(__nv_bfloat16)));
@@ -65,7 +57,7 @@ __nv_bfloat16* dev_input(size_t n, bool memset, float scale, unsigned seed) {
   if (memset) {
     MS_CUDA_CHECK(cudaMemset(p, 0x3c, n * sizeof(__nv_bfloat16)));
   } else {
-    fill_uniform<<<1024, 256>>>(p, n, scale, seed);
+    bench_ptx::fill_bf16_kernel<<<1024, 256>>>(p, n, scale, seed);  // the benchmarks' hashed uniform fill
     MS_CUDA_CHECK(cudaGetLastError());
   }
   return p;
