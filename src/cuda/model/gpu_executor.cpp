@@ -16,6 +16,7 @@
 #include "cuda/model/gpu_model.h"
 #include "cuda/runtime/allocator.h"
 #include "cuda/sampling/greedy.h"
+#include "cuda/sampling/lmhead_argmax.h"
 #include "cuda/sampling/sampling.h"
 #include "model/arch/qwen3.h"
 
@@ -102,7 +103,12 @@ class GpuExecutor : public Executor {
   void run_sampling(int rows, bool with_penalties);
   // The step's sampler over `rows` logit rows into the current set's outputs: the all-greedy fast path or the
   // general one.
-  void sample_rows(int rows, bool greedy, bool with_penalties);
+  void sample_rows(int rows, bool greedy, bool with_penalties, bool head_argmax = false);
+  // Whether an all-greedy step of `rows` logit rows runs the lm_head inside the sampler (StepInputs::head_argmax):
+  // MOESERVE_LMHEAD_ARGMAX=1 (experiment, off by default) and a shape lmhead_argmax takes.
+  bool head_argmax_for(int rows) const {
+    return head_argmax_ws_.bytes() > 0 && lmhead_argmax_supported(rows, int(cfg_.hidden_size), int(cfg_.vocab_size));
+  }
   void capture_graphs();
   void record_decode(int bs, StepInputs& in, bool greedy);
   // Waits for everything queued on the compute and both copy streams (launched steps still use the buffers);
@@ -142,7 +148,7 @@ class GpuExecutor : public Executor {
   // Penalty inputs (one set: a step with penalties orders its upload after both sets' steps) and the sampler's
   // workspace (used on the compute stream only).
   DeviceArray<int32_t> pen_ids_, pen_counts_, ban_ids_;
-  DeviceArray<uint8_t> sample_ws_, greedy_ws_;
+  DeviceArray<uint8_t> sample_ws_, greedy_ws_, head_argmax_ws_;
   struct Launched {
     std::vector<int> top_n;  // top logprobs wanted per sampled row (its size: the rows)
     bool want_lp;
@@ -231,6 +237,9 @@ GpuExecutor::GpuExecutor(const std::string& model_dir, const GpuOptions& opts) :
                                     "activations");
   greedy_ws_ = DeviceArray<uint8_t>(alloc_, greedy_workspace_bytes(), "activations");
   MS_CUDA_CHECK(cudaMemset(greedy_ws_.get(), 0, greedy_ws_.bytes()));
+  if (env_flag("MOESERVE_LMHEAD_ARGMAX", false))
+    head_argmax_ws_ = DeviceArray<uint8_t>(alloc_, lmhead_argmax_workspace_bytes(64, int(cfg_.vocab_size)),
+                                           "activations");
   log_info("activations: {} for steps of up to {} tokens, {} sequences", format_bytes(alloc_.in_use() - before),
            max_tokens, max_seqs);
 
@@ -528,8 +537,9 @@ void GpuExecutor::launch(const ForwardBatch& batch, const std::vector<SampleSpec
   if (graph_bs > 0) {
     MS_CUDA_CHECK(cudaGraphLaunch(graphs.at(graph_bs), stream_));
   } else {
+    in.head_argmax = greedy && R > 0 && head_argmax_for(R);
     model_->forward(in, stream_);
-    if (R > 0) sample_rows(R, greedy, !h_pen_ids_.empty() || !h_ban_ids_.empty());
+    if (R > 0) sample_rows(R, greedy, !h_pen_ids_.empty() || !h_ban_ids_.empty(), in.head_argmax);
   }
   MS_CUDA_CHECK(cudaEventRecord(b.done, stream_));
   Launched l{{}, false, cur_};
@@ -634,17 +644,21 @@ std::string GpuExecutor::profile_step(const ForwardBatch& batch) {
   return out;
 }
 
-void GpuExecutor::sample_rows(int rows, bool greedy, bool with_penalties) {
+void GpuExecutor::sample_rows(int rows, bool greedy, bool with_penalties, bool head_argmax) {
   StepBuffers& b = buf_[cur_];
-  if (greedy)
+  if (greedy && head_argmax)
+    lmhead_argmax(model_->head_rows(), rows, int(cfg_.hidden_size), model_->head_weight(), int(cfg_.vocab_size),
+                  b.out_ids.get(), b.out_lp.get(), head_argmax_ws_.get(), stream_);
+  else if (greedy)
     sample_greedy(model_->logits(), rows, int(cfg_.vocab_size), b.out_ids.get(), b.out_lp.get(), stream_,
                   greedy_ws_.get());
   else run_sampling(rows, with_penalties);
 }
 
 void GpuExecutor::record_decode(int bs, StepInputs& in, bool greedy) {
+  in.head_argmax = greedy && head_argmax_for(bs);
   model_->forward(in, stream_);
-  sample_rows(bs, greedy, false);
+  sample_rows(bs, greedy, false, in.head_argmax);
 }
 
 void GpuExecutor::capture_graphs() {

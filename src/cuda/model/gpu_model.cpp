@@ -436,7 +436,8 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
   // With the residual fusion at up to 8 tokens, all of them logit rows, the final norm can run inside the streaming
   // lm_head GEMV from the last MoE's partial sums: no norm launch (MOESERVE_LMHEAD_NORM_IN=1; opt-in until measured).
   static const bool head_norm_in = env_flag("MOESERVE_LMHEAD_NORM_IN", false);
-  if (resfuse && head_norm_in && !in.logit_rows && in.R == T && gemv_stream_enabled() && gemv_stream_fits(T, H)) {
+  if (resfuse && head_norm_in && !in.head_argmax && !in.logit_rows && in.R == T && gemv_stream_enabled() &&
+      gemv_stream_fits(T, H)) {
     if (run_op(kSkipLmHead))
       gemv_stream_norm_in(residual_.get(), part_moe_.get(), res_parts, final_norm_.get(), eps, T, H, head,
                           int(c.vocab_size), logits_.get(), c.vocab_size, OutType::F32, s);
@@ -456,6 +457,10 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
     gather_rows(xn_.get(), H, in.logit_rows, in.R, H, final_rows_.get(), s);
     rows = final_rows_.get();
     mark("gather rows", 4.0 * in.R * H, 0);
+  }
+  if (in.head_argmax) {  // the sampler runs the lm_head (lmhead_argmax)
+    head_rows_ = rows;
+    return;
   }
   if (run_op(kSkipLmHead))
     gemm.run(rows, H, in.R, H, head, int(c.vocab_size), logits_.get(), c.vocab_size, OutType::F32, s);

@@ -43,6 +43,9 @@ struct StepInputs {
   int max_new = 0;                      // largest new_lens (prefill grid)
   int decode_splits = 1;
   double kv_tokens = 0, attn_pairs = 0;  // host-side sums for the profile's floors: keys read, (query, key) pairs
+  // The sampler computes the lm_head with the argmax in it (lmhead_argmax, all-greedy steps, MOESERVE_LMHEAD_ARGMAX=1):
+  // forward stops after the final norm and leaves the rows in head_rows().
+  bool head_argmax = false;
 };
 
 // Per-op GPU time of one step (events between ops), against each op's floor: bytes / bandwidth or flops / rate.
@@ -126,6 +129,8 @@ class GpuQwen3 {
   // Runs the model over the step's tokens; leaves f32 logits [R, vocab] in logits().
   void forward(const StepInputs& in, cudaStream_t stream, StepProfile* profile = nullptr);
   float* logits() const { return logits_.get(); }
+  const bf16* head_rows() const { return head_rows_; }  // the lm_head's input rows of the last head_argmax forward
+  const bf16* head_weight() const { return cfg_.tie_word_embeddings ? embed_.get() : lm_head_.get(); }
   // Runs every library GEMM kernel the steps' GEMMs can pick (GemmBackend::warm_up_tokens, the shapes of forward())
   // once, so that no step's launch is the first of a kernel (module loading waits for the device to drain).
   // Outputs land in the activations: call before any step. Returns the GEMMs run.
@@ -142,6 +147,7 @@ class GpuQwen3 {
   RopeArgs rope_;
   std::vector<GpuLayer> layers_;
   bool all_moe_ = true;  // every layer MoE (the norm fusions need it)
+  const bf16* head_rows_ = nullptr;  // StepInputs::head_argmax
   // KV cache: per layer K then V, each [pages, page_size, kv_heads, head_dim].
   DeviceArray<bf16> kv_;
   int64_t kv_pages_ = 0;
