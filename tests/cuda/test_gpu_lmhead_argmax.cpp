@@ -1,4 +1,4 @@
-// EXPERIMENT (branch next/lmhead-argmax): the fused lm_head + argmax (cuda/sampling/lmhead_argmax.h) against the CPU
+// The fused lm_head + argmax (cuda/sampling/lmhead_argmax.h) against the CPU
 // (double sums: ids wherever the top two logits are apart by more than the f32 summation error, logprobs closely) and
 // against cuBLAS + the greedy sampler on the full q30b8l vocabulary; DISABLED_Timing reports both forms at 16-64 rows.
 // Skipped without an sm_90 GPU.

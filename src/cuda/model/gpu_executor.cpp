@@ -105,9 +105,12 @@ class GpuExecutor : public Executor {
   // general one.
   void sample_rows(int rows, bool greedy, bool with_penalties, bool head_argmax = false);
   // Whether an all-greedy step of `rows` logit rows runs the lm_head inside the sampler (StepInputs::head_argmax):
-  // MOESERVE_LMHEAD_ARGMAX=1 (experiment, off by default) and a shape lmhead_argmax takes.
+  // at 32-64 rows on sm_90 (MOESERVE_LMHEAD_ARGMAX=0 turns it off). H200, session 40 (test_gpu_lmhead_argmax's
+  // Timing, q30b8l's lm_head): 167.3 us flat from 16 to 64 rows against cuBLAS + greedy 166.1 / 174.7 / 186.1 at
+  // 16 / 32 / 64 rows, 162.2 against 155.8 at one row.
   bool head_argmax_for(int rows) const {
-    return head_argmax_ws_.bytes() > 0 && lmhead_argmax_supported(rows, int(cfg_.hidden_size), int(cfg_.vocab_size));
+    return head_argmax_ws_.bytes() > 0 && rows >= 32 &&
+           lmhead_argmax_supported(rows, int(cfg_.hidden_size), int(cfg_.vocab_size));
   }
   void capture_graphs();
   void record_decode(int bs, StepInputs& in, bool greedy);
@@ -237,7 +240,7 @@ GpuExecutor::GpuExecutor(const std::string& model_dir, const GpuOptions& opts) :
                                     "activations");
   greedy_ws_ = DeviceArray<uint8_t>(alloc_, greedy_workspace_bytes(), "activations");
   MS_CUDA_CHECK(cudaMemset(greedy_ws_.get(), 0, greedy_ws_.bytes()));
-  if (env_flag("MOESERVE_LMHEAD_ARGMAX", false))
+  if (env_flag("MOESERVE_LMHEAD_ARGMAX", true))
     head_argmax_ws_ = DeviceArray<uint8_t>(alloc_, lmhead_argmax_workspace_bytes(64, int(cfg_.vocab_size)),
                                            "activations");
   log_info("activations: {} for steps of up to {} tokens, {} sequences", format_bytes(alloc_.in_use() - before),

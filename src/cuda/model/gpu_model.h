@@ -43,7 +43,7 @@ struct StepInputs {
   int max_new = 0;                      // largest new_lens (prefill grid)
   int decode_splits = 1;
   double kv_tokens = 0, attn_pairs = 0;  // host-side sums for the profile's floors: keys read, (query, key) pairs
-  // The sampler computes the lm_head with the argmax in it (lmhead_argmax, all-greedy steps, MOESERVE_LMHEAD_ARGMAX=1):
+  // The sampler computes the lm_head with the argmax in it (lmhead_argmax: all-greedy steps of 32-64 rows on sm_90):
   // forward stops after the final norm and leaves the rows in head_rows().
   bool head_argmax = false;
 };

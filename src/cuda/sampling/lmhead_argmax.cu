@@ -1,7 +1,8 @@
-// EXPERIMENT (branch next/lmhead-argmax, session 39; written on the dev VM, not yet run on a GPU): the lm_head of a
-// greedy decode step with the argmax in its epilogue, for 1-64 token rows on sm_90a. Why: at bs 64 cuBLASLt reads the
-// 622 MB lm_head at 3.62 TB/s (171.8 us of the step's chain) and the greedy sampler then reads its 39 MB of f32 logits
-// (19.2 us); a persistent stream at the decode experts' ~4.3 TB/s with no logits written would take ~145 us + a merge.
+// The lm_head of a greedy decode step with the argmax in its epilogue, for 1-64 token rows on sm_90a. Why: at bs 64
+// cuBLASLt read the 622 MB lm_head at 3.62 TB/s (171.8 us of the step's chain) and the greedy sampler then read its
+// 39 MB of f32 logits (19.2 us). H200 (session 40): 167.3 us from 16 to 64 rows in test_gpu_lmhead_argmax's Timing
+// (3.72 TB/s; cuBLAS + greedy 166.1 / 174.7 / 186.1 at 16 / 32 / 64 rows, 155.8 against our 162.2 at one row, hence
+// the executor's 32-row floor); in the served bs 64 step 159.2 + 5.1 us (merge) against 171.8 + 19.2.
 //
 // Form: one CTA an SM walking units of kRows vocabulary rows x all K (unit blockIdx.x, + gridDim.x, ...; 151,936 rows
 // make 792 units of 192 = 6 a CTA on 132 SMs). Warpgroup 0 produces: its thread 0 issues, for every 64-column slice,

@@ -1,6 +1,7 @@
-// EXPERIMENT (branch next/lmhead-argmax): the lm_head of an all-greedy decode step with the argmax in its epilogue
+// The lm_head of an all-greedy decode step with the argmax in its epilogue
 // (lmhead_argmax.cu): ids[m] = argmax over v of x[m] . w[v] (f32 sums of bf16 products; the lowest id on ties) and
-// its raw logprob, without writing the logits. Two launches (the GEMM, a merge), programmatic dependents.
+// its raw logprob, without writing the logits. Two launches (the GEMM, a merge), programmatic dependents. The executor runs it for
+// all-greedy steps of 32-64 rows on sm_90 (GpuExecutor::head_argmax_for; MOESERVE_LMHEAD_ARGMAX=0 turns it off).
 #pragma once
 
 #include <cstddef>
