@@ -115,6 +115,18 @@ ForwardBatch fixed_token_step(const Runner& R, const std::vector<std::vector<int
   return fb;
 }
 
+// `count` prompts of random ids below V (std::mt19937(seed)), prompt s of base + (s * step) % mod tokens.
+std::vector<std::vector<int32_t>> random_prompts(int count, int64_t V, uint32_t seed, int base, int step, int mod) {
+  std::mt19937 g(seed);
+  std::vector<std::vector<int32_t>> seqs;
+  for (int s = 0; s < count; ++s) {
+    std::vector<int32_t> p(size_t(base + (s * step) % mod));
+    for (auto& t : p) t = int32_t(g() % uint32_t(V));
+    seqs.push_back(p);
+  }
+  return seqs;
+}
+
 void release(Runner& R) {
   for (auto& p : R.pages) R.r->kv().allocator().free(p);
   R.pages.clear();
@@ -165,13 +177,8 @@ static void graph_decode_matches_cpu(int count, int top_n) {
   if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
   Runner cpu = make("cpu"), gpu = make("cuda");
   const int64_t V = cpu.r->config().vocab_size;
-  std::mt19937 g(9);
-  std::vector<std::vector<int32_t>> seqs;
-  for (int s = 0; s < count; ++s) {
-    std::vector<int32_t> p(size_t(5 + (s * 3) % 37));  // 13: as 5 + 3 s; 32: 736 tokens, one prefill step
-    for (auto& t : p) t = int32_t(g() % uint32_t(V));
-    seqs.push_back(p);
-  }
+  // 13: lengths 5 + 3 s; 32: 736 tokens, one prefill step.
+  std::vector<std::vector<int32_t>> seqs = random_prompts(count, V, 9, 5, 3, 37);
   prefill(cpu, seqs);
   prefill(gpu, seqs);
   double worst = 0;
@@ -223,13 +230,7 @@ TEST(GpuModel, LmheadArgmaxStepsMatchTheGemmAndGreedySampler) {
   ::unsetenv("MOESERVE_LMHEAD_ARGMAX");
   Runner fused = make("cuda");
   const int64_t V = fused.r->config().vocab_size;
-  std::mt19937 g(11);
-  std::vector<std::vector<int32_t>> seqs;
-  for (int s = 0; s < 32; ++s) {
-    std::vector<int32_t> p(size_t(3 + (s * 5) % 29));
-    for (auto& t : p) t = int32_t(g() % uint32_t(V));
-    seqs.push_back(p);
-  }
+  std::vector<std::vector<int32_t>> seqs = random_prompts(32, V, 11, 3, 5, 29);
   prefill(gemm, seqs);
   prefill(fused, seqs);
   double worst = 0;

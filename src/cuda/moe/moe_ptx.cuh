@@ -231,4 +231,18 @@ __device__ __forceinline__ float exp2_approx(float x) {
   return y;
 }
 
+// One arrival that also raises the barrier's expected transaction bytes (the TMA loads count them down).
+__device__ __forceinline__ void mbar_arrive_expect_tx(unsigned addr, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(addr), "r"(bytes) : "memory");
+}
+// TMA: the box at (c0 = inner / K element, c1 = row) of the descriptor `map` (a __grid_constant__ parameter) into
+// shared memory at dst, completing `bytes` on the mbarrier bar.
+__device__ __forceinline__ void tma_load_2d(unsigned dst, const void* map, int c0, int c1, unsigned bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
+          dst),
+      "l"(map), "r"(c0), "r"(c1), "r"(bar)
+      : "memory");
+}
+
 }  // namespace moe_ptx

@@ -9,6 +9,7 @@
 #include "cuda/device.h"
 #include "cuda/launch.h"
 #include "cuda/pdl.cuh"
+#include "cuda/sampling/greedy_state.cuh"
 
 namespace moeserve::cuda {
 
@@ -24,44 +25,16 @@ constexpr int kThreads = 512;
 constexpr int kBlocksPerSm = 2;
 constexpr int kNarrowRows = 16;
 
-// Running state of one thread: the best (value, id) seen and the sum of exp(x - max) over its elements.
-struct State {
-  float max;
-  int id;
-  float sum;
-};
-
-__device__ __forceinline__ void add(State& s, float x, int id) {
-  if (x == -INFINITY) return;  // adds nothing to the sum (and would make it NaN against an empty state)
-  if (x > s.max) {
-    s.sum = s.sum * __expf(s.max - x) + 1.0f;
-    s.max = x;
-    s.id = id;
-  } else {
-    s.sum += __expf(x - s.max);
-    if (x == s.max && id < s.id) s.id = id;
-  }
-}
-
-__device__ __forceinline__ State merge(State a, State b) {
-  if (b.max > a.max || (b.max == a.max && b.id < a.id)) {
-    State t = a;
-    a = b;
-    b = t;
-  }
-  // a has the larger max (or the same max and the lower id).
-  if (b.max == -INFINITY) return a;
-  a.sum += b.sum * __expf(b.max - a.max);
-  return a;
-}
+using greedy_state::State;
+using greedy_state::add;
+using greedy_state::merge;
+using greedy_state::empty_state;
 
 // The warp's states merged by a butterfly of shuffles (every lane ends with the warp's state).
 __device__ __forceinline__ State warp_reduce(State s) {
 #pragma unroll
   for (int o = 16; o > 0; o /= 2) {
-    State t{__shfl_xor_sync(0xffffffffu, s.max, o), __shfl_xor_sync(0xffffffffu, s.id, o),
-            __shfl_xor_sync(0xffffffffu, s.sum, o)};
-    s = merge(s, t);
+    s = merge(s, greedy_state::shfl_xor(s, o));
   }
   return s;
 }
@@ -73,7 +46,7 @@ __device__ __forceinline__ State block_reduce(State s) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (lane == 0) warps[warp] = s;
   __syncthreads();
-  if (warp == 0) s = warp_reduce(lane < kThreads / 32 ? warps[lane] : State{-INFINITY, INT_MAX, 0.0f});
+  if (warp == 0) s = warp_reduce(lane < kThreads / 32 ? warps[lane] : empty_state());
   return s;
 }
 
@@ -125,7 +98,7 @@ __global__ void __launch_bounds__(kThreads) greedy_kernel(const float* logits, i
   const int row_idx = int(blockIdx.x) / cluster;
   const float* row = logits + int64_t(row_idx) * vocab;
   pdl_enter();
-  State s{-INFINITY, INT_MAX, 0.0f};
+  State s = empty_state();
   // Aligned 16-byte loads over the bulk of the row, scalar loads for the ends (rank 0).
   const RowParts rp = row_parts(row, vocab);
   if (rank == 0) scan_row_ends(s, row, vocab, rp);
@@ -169,7 +142,7 @@ __global__ void __launch_bounds__(kThreads) greedy_grid_kernel(const float* logi
   const int row_idx = int(blockIdx.y), b = int(blockIdx.x), nb = int(gridDim.x);
   const float* row = logits + int64_t(row_idx) * vocab;
   pdl_enter();
-  State s{-INFINITY, INT_MAX, 0.0f};
+  State s = empty_state();
   const RowParts rp = row_parts(row, vocab);
   if (b == 0) scan_row_ends(s, row, vocab, rp);
   const int per = (rp.n4 + nb - 1) / nb, i0 = b * per, i1 = min(rp.n4, i0 + per);
@@ -187,7 +160,7 @@ __global__ void __launch_bounds__(kThreads) greedy_grid_kernel(const float* logi
   __syncthreads();
   if (!last) return;
   __threadfence();
-  State m{-INFINITY, INT_MAX, 0.0f};
+  State m = empty_state();
   if (int(threadIdx.x) < nb) {
     const State* st = ws->states + row_idx * nb + threadIdx.x;
     m = State{__ldcg(&st->max), __ldcg(&st->id), __ldcg(&st->sum)};

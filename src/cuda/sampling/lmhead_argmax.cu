@@ -26,6 +26,7 @@
 #include "cuda/moe/moe_kernel_params.h"
 #include "cuda/moe/moe_ptx.cuh"
 #include "cuda/pdl.cuh"
+#include "cuda/sampling/greedy_state.cuh"
 #include "cuda/tma.h"
 
 namespace moeserve::cuda {
@@ -42,37 +43,11 @@ constexpr int kRowBytes = kRows * kBK * 2;       // 24 KB
 constexpr int kStageBytes = kTokBytes + kRowBytes;
 constexpr int kMergeThreads = 256;
 
-struct State {
-  float max;
-  int id;
-  float sum;
-};
-
-__device__ __forceinline__ void add(State& s, float x, int id) {  // greedy.cu's running update
-  if (x == -INFINITY) return;
-  if (x > s.max) {
-    s.sum = s.sum * __expf(s.max - x) + 1.0f;
-    s.max = x;
-    s.id = id;
-  } else {
-    s.sum += __expf(x - s.max);
-    if (x == s.max && id < s.id) s.id = id;
-  }
-}
-__device__ __forceinline__ State merge(State a, State b) {  // greedy.cu's, the lower id first on equal maxima
-  if (b.max > a.max || (b.max == a.max && b.id < a.id)) {
-    const State t = a;
-    a = b;
-    b = t;
-  }
-  if (b.max == -INFINITY) return a;
-  a.sum += b.sum * __expf(b.max - a.max);
-  return a;
-}
-__device__ __forceinline__ State shfl_xor(State s, int o) {
-  return State{__shfl_xor_sync(0xffffffffu, s.max, o), __shfl_xor_sync(0xffffffffu, s.id, o),
-               __shfl_xor_sync(0xffffffffu, s.sum, o)};
-}
+using greedy_state::State;
+using greedy_state::add;
+using greedy_state::merge;
+using greedy_state::empty_state;
+using greedy_state::shfl_xor;
 
 struct Args {
   moe_kernels::TmaDesc xmap;  // tokens [M, K] bf16, boxes of 64 x 64 rows
@@ -80,19 +55,6 @@ struct Args {
   int M, K, V, units;
   State* partials;  // [M][units]
 };
-
-#if MOE_HAVE_WGMMA
-__device__ __forceinline__ void expect_tx(unsigned bar, unsigned bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void tma_2d(unsigned dst, const void* map, int c0, int c1, unsigned bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
-          dst),
-      "l"(map), "r"(c0), "r"(c1), "r"(bar)
-      : "memory");
-}
-#endif
 
 __global__ void __launch_bounds__(kThreads, 1) lmhead_argmax_kernel(const __grid_constant__ Args a) {
 #if MOE_HAVE_WGMMA
@@ -121,21 +83,21 @@ __global__ void __launch_bounds__(kThreads, 1) lmhead_argmax_kernel(const __grid
       const int pre = total < kStages ? total : kStages;
       for (int q = 0; q < pre; ++q) {
         const unsigned st = ring + unsigned(q * kStageBytes);
-        expect_tx(full0 + q * 8, kStageBytes);
+        mbar_arrive_expect_tx(full0 + q * 8, kStageBytes);
         const int unit = int(blockIdx.x) + (q / KT) * int(gridDim.x);
-        tma_2d(st + kTokBytes, &a.wmap, (q % KT) * kBK, unit * kRows, full0 + q * 8);
+        tma_load_2d(st + kTokBytes, &a.wmap, (q % KT) * kBK, unit * kRows, full0 + q * 8);
       }
       pdl_wait();  // the token rows come from the kernel before
       pdl_launch_dependents();
-      for (int q = 0; q < pre; ++q) tma_2d(ring + unsigned(q * kStageBytes), &a.xmap, (q % KT) * kBK, 0, full0 + q * 8);
+      for (int q = 0; q < pre; ++q) tma_load_2d(ring + unsigned(q * kStageBytes), &a.xmap, (q % KT) * kBK, 0, full0 + q * 8);
       for (int q = pre; q < total; ++q) {
         const int stage = q % kStages;
         mbar_wait(empty0 + stage * 8, ((q / kStages) & 1) ^ 1);
         const unsigned st = ring + unsigned(stage * kStageBytes);
-        expect_tx(full0 + stage * 8, kStageBytes);
+        mbar_arrive_expect_tx(full0 + stage * 8, kStageBytes);
         const int unit = int(blockIdx.x) + (q / KT) * int(gridDim.x);
-        tma_2d(st, &a.xmap, (q % KT) * kBK, 0, full0 + stage * 8);
-        tma_2d(st + kTokBytes, &a.wmap, (q % KT) * kBK, unit * kRows, full0 + stage * 8);
+        tma_load_2d(st, &a.xmap, (q % KT) * kBK, 0, full0 + stage * 8);
+        tma_load_2d(st + kTokBytes, &a.wmap, (q % KT) * kBK, unit * kRows, full0 + stage * 8);
       }
     } else {
       pdl_wait();  // every thread waits (the grid completes only after its predecessor)
@@ -174,7 +136,7 @@ __global__ void __launch_bounds__(kThreads, 1) lmhead_argmax_kernel(const __grid
     // Epilogue: the fragment of m64nN holds, for j < N / 8, (token tok0, column 8 j + 2 (lane % 4) + {0, 1}) in
     // d[4 j], d[4 j + 1] and token tok0 + 8 in d[4 j + 2], d[4 j + 3].
     const int row0 = unit * kRows + cw * kHalf + 2 * (lane % 4);
-    State s0{-INFINITY, INT_MAX, 0.0f}, s1{-INFINITY, INT_MAX, 0.0f};
+    State s0 = empty_state(), s1 = empty_state();
 #pragma unroll
     for (int j = 0; j < 8; ++j)
 #pragma unroll
@@ -222,7 +184,7 @@ __global__ void __launch_bounds__(kMergeThreads) lmhead_argmax_merge_kernel(cons
                                                                             int32_t* out_ids, float* out_lp) {
   pdl_enter();
   const State* p = partials + size_t(blockIdx.x) * units;
-  State s{-INFINITY, INT_MAX, 0.0f};
+  State s = empty_state();
   for (int u = threadIdx.x; u < units; u += kMergeThreads) {
     const State t{__ldcg(&p[u].max), __ldcg(&p[u].id), __ldcg(&p[u].sum)};
     s = merge(s, t);
@@ -233,7 +195,7 @@ __global__ void __launch_bounds__(kMergeThreads) lmhead_argmax_merge_kernel(cons
   if (threadIdx.x % 32 == 0) warps[threadIdx.x / 32] = s;
   __syncthreads();
   if (threadIdx.x < 32) {
-    s = threadIdx.x < kMergeThreads / 32 ? warps[threadIdx.x] : State{-INFINITY, INT_MAX, 0.0f};
+    s = threadIdx.x < kMergeThreads / 32 ? warps[threadIdx.x] : empty_state();
 #pragma unroll
     for (int o = 16; o > 0; o /= 2) s = merge(s, shfl_xor(s, o));
     if (threadIdx.x == 0) {
