@@ -36,7 +36,6 @@
 #include <cstring>
 #include <exception>
 #include <string>
-#include <type_traits>
 
 #include "core/error.h"
 #include "cuda/common.h"
@@ -330,6 +329,15 @@ __global__ void __launch_bounds__(128) read_unit_cpasync_kernel(const char* src,
   if (acc == 0x9e3779b9u) sink[blockIdx.x] = acc;
 }
 
+using UnitKernel = void (*)(const char*, int, int, unsigned*, int);
+// read_unit_cpasync_kernel of a layout and ring depth chosen at run time (S: 4, 6 or 8).
+UnitKernel unit_cpasync_kernel(bool tiled, int S) {
+  static constexpr UnitKernel kernels[2][3] = {
+      {read_unit_cpasync_kernel<false, 4>, read_unit_cpasync_kernel<false, 6>, read_unit_cpasync_kernel<false, 8>},
+      {read_unit_cpasync_kernel<true, 4>, read_unit_cpasync_kernel<true, 6>, read_unit_cpasync_kernel<true, 8>}};
+  return kernels[tiled ? 1 : 0][S == 4 ? 0 : S == 6 ? 1 : 2];
+}
+
 }  // namespace
 
 // A kernel's dynamic shared-memory ceiling raised to `bytes` (cuda/device.h), or a clear error.
@@ -515,23 +523,13 @@ static int run(int argc, char** argv) {
         const size_t smem = size_t(S) * 128 * 64 * 2;
         if (per_sm * (smem + 1024) > size_t(prop.sharedMemPerMultiprocessor)) continue;
         for (const bool tiled : {false, true}) {
-          auto go = [&](auto tiled_c, auto s_c) {
-            constexpr bool kT = decltype(tiled_c)::value;
-            constexpr int kS = decltype(s_c)::value;
-            smem_ceiling(reinterpret_cast<const void*>(read_unit_cpasync_kernel<kT, kS>), smem);
-            char name[40];
-            std::snprintf(name, sizeof(name), "cpasync unit%s K%d S%d", kT ? " tiled" : "", K, kS);
-            row(name, per_sm * sms, smem, t.best(reps, [&] {
-                  read_unit_cpasync_kernel<kT, kS><<<per_sm * sms, 128, smem>>>(src, units, K, sink);
-                }), moved);
-          };
-          auto with_s = [&](auto tiled_c) {
-            if (S == 4) go(tiled_c, std::integral_constant<int, 4>{});
-            else if (S == 6) go(tiled_c, std::integral_constant<int, 6>{});
-            else go(tiled_c, std::integral_constant<int, 8>{});
-          };
-          if (tiled) with_s(std::true_type{});
-          else with_s(std::false_type{});
+          const UnitKernel kernel = unit_cpasync_kernel(tiled, S);
+          smem_ceiling(reinterpret_cast<const void*>(kernel), smem);
+          char name[40];
+          std::snprintf(name, sizeof(name), "cpasync unit%s K%d S%d", tiled ? " tiled" : "", K, S);
+          row(name, per_sm * sms, smem, t.best(reps, [&] {
+                kernel<<<per_sm * sms, 128, smem>>>(src, units, K, sink, 0);
+              }), moved);
         }
       }
     }

@@ -20,13 +20,7 @@ namespace moeserve::cuda {
 bool pdl_enabled() {
   static const bool enabled = [] {
     if (!env_flag("MOESERVE_PDL", true)) return false;
-    int dev = 0, major = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
-      cudaGetLastError();
-      return false;
-    }
-    return major >= 9;
+    return current_device_sm() >= 90;
   }();
   return enabled;
 }
@@ -119,6 +113,17 @@ int current_device_multiprocessors() {
   MS_CUDA_CHECK(cudaGetDevice(&dev));
   MS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   return sms;
+}
+
+int current_device_sm() {
+  int dev = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return 10 * major + minor;
 }
 
 bool raise_dynamic_smem(const void* kernel, size_t bytes) {

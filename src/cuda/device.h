@@ -22,6 +22,9 @@ std::vector<int> compiled_architectures();
 // Multiprocessors of the calling thread's current device (for launchers that get no DeviceInfo). Throws on CUDA
 // errors.
 int current_device_multiprocessors();
+// The calling thread's current device's SM version as 10 major + minor (90 for sm_90), or 0 when there is no device
+// or the query fails (the CUDA error cleared): for launchers choosing an architecture-specific kernel.
+int current_device_sm();
 // Raises `kernel`'s dynamic shared-memory ceiling to at least `bytes` (a launch above the ceiling fails with
 // cudaErrorInvalidValue). Never lowers it, so that launchers caching what they set per (kernel, size) cannot
 // leave a kernel launched at several sizes below its largest; one device per process. False (the CUDA error

@@ -122,12 +122,7 @@ constexpr size_t round_up_256(size_t n) { return (n + 255) / 256 * 256; }
 bool prefill_wgmma_usable(int head_dim) {
   static const bool on = [] {
     if (!env_flag("MOESERVE_ATTN_PREFILL_WGMMA", true)) return false;
-    int dev = 0, major = 0, minor = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess) return false;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess)
-      return false;
-    return major == 9 && minor == 0;
+    return current_device_sm() == 90;
   }();
   return on && head_dim == detail::kWgDim;
 }

@@ -432,7 +432,7 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
       mark("dense mlp", 6.0 * H * I + act * 4, 6.0 * T * H * I);
     }
   }
-  const bf16* head = c.tie_word_embeddings ? embed_.get() : lm_head_.get();
+  const bf16* head = head_weight();
   // With the residual fusion at up to 8 tokens, all of them logit rows, the final norm can run inside the streaming
   // lm_head GEMV from the last MoE's partial sums: no norm launch (MOESERVE_LMHEAD_NORM_IN=1; opt-in until measured).
   static const bool head_norm_in = env_flag("MOESERVE_LMHEAD_NORM_IN", false);
@@ -477,7 +477,7 @@ int GpuQwen3::warm_up_gemms(cudaStream_t s) {
   const GpuLayer* dense_layer = nullptr;
   for (const GpuLayer& L : layers_) (L.is_moe ? moe_layer : dense_layer) = &L;
   const GpuLayer& L0 = layers_.front();
-  const bf16* head = c.tie_word_embeddings ? embed_.get() : lm_head_.get();
+  const bf16* head = head_weight();
   int runs = 0;
   // The calls of forward()'s prompt path, with its buffers (the library's choice depends on their alignment too).
   for (int M : gemm.warm_up_tokens(max_tokens_)) {

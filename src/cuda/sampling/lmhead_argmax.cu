@@ -215,11 +215,7 @@ size_t lmhead_argmax_workspace_bytes(int max_rows, int vocab) {
 }
 
 bool lmhead_argmax_supported(int rows, int K, int vocab) {
-  static const bool hopper = [] {
-    int dev = 0, major = 0;
-    return cudaGetDevice(&dev) == cudaSuccess &&
-           cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major == 9;
-  }();
+  static const bool hopper = current_device_sm() / 10 == 9;
   return hopper && rows >= 1 && rows <= kTok && K >= kBK && K % 8 == 0 && vocab >= 1;
 }
 
