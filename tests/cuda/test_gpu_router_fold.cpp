@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -295,5 +296,79 @@ TEST(GpuRouterFold, MidSizedStepsRouteFromTheSideProducts) {
       EXPECT_EQ(ids, want_ids) << where;
       for (size_t i = 0; i < want_w.size(); ++i) EXPECT_NEAR(wts[i], want_w[i], 1e-5) << where << " weight " << i;
     }
+  cudaStreamDestroy(st);
+}
+
+namespace {
+uint32_t f32_bits(float v) {
+  uint32_t b;
+  std::memcpy(&b, &v, 4);
+  return b;
+}
+}  // namespace
+
+// The router + top-k form of the skinny GEMM (skinny_router_topk, MOESERVE_ROUTER_TOPK_CLUSTER): its logits within
+// the f32 bound of the double reference (bitwise the skinny GEMM's where both take the same split plan: 128 experts,
+// 8 splits x 2 tiles), and its experts and weights exactly moe_route_topk's of its own logits, for 9-128 tokens,
+// expert counts that fill and that cut short the 64-row tiles, both weight normalizations; outputs poisoned first.
+TEST(GpuRouterFold, SkinnyRouterTopkMatchesTheGemmAndTheRouteLaunch) {
+  SKIP_WITHOUT_GPU();
+  if (!skinny_gemm_supported(list_devices().at(0))) GTEST_SKIP() << "no sm_90a wgmma here (the skinny GEMM)";
+  std::mt19937 g(41);
+  cudaStream_t st = nullptr;
+  MS_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  struct Shape {
+    int E, H, k;
+    bool renorm;
+  };
+  int launched = 0;
+  for (const Shape sh : {Shape{128, 2048, 8, true}, Shape{160, 2048, 8, false}, Shape{64, 520, 4, true},
+                         Shape{256, 4096, 8, true}}) {
+    const auto w_r = random_bf16(size_t(sh.E) * sh.H, -0.05f, 0.05f, g);
+    Dev<uint16_t> d_w(w_r);
+    for (int T : {9, 16, 17, 33, 64, 100, 128}) {
+      const std::string where = fmt::format("E {} H {} k {} T {}", sh.E, sh.H, sh.k, T);
+      const auto xn = random_bf16(size_t(T) * sh.H, -1.0f, 1.0f, g);
+      Dev<uint16_t> d_x(xn);
+      Dev<float> d_logits(size_t(T) * sh.E), d_ref_logits(size_t(T) * sh.E), d_wts(size_t(T) * sh.k),
+          d_ref_wts(size_t(T) * sh.k);
+      Dev<int32_t> d_ids(size_t(T) * sh.k), d_ref_ids(size_t(T) * sh.k);
+      for (auto* d : {&d_logits, &d_ref_logits, &d_wts, &d_ref_wts}) d->poison();
+      d_ids.poison();
+      d_ref_ids.poison();
+      const bool ran = skinny_router_topk(bf(d_x), sh.H, T, sh.H, bf(d_w), sh.E, d_logits.p, sh.k, sh.renorm,
+                                          d_ids.p, d_wts.p, st);
+      if (!ran) {  // only where this device cannot hold the cluster
+        std::printf("[ info ] %s: no router + top-k cluster here\n", where.c_str());
+        continue;
+      }
+      ++launched;
+      // The route launch over the fused kernel's own logits, and the plain skinny GEMM.
+      moe_route_topk(d_logits.p, T, sh.E, sh.k, sh.renorm, d_ref_ids.p, d_ref_wts.p, st);
+      skinny_gemm(bf(d_x), sh.H, T, sh.H, bf(d_w), sh.E, d_ref_logits.p, sh.E, OutType::F32, st);
+      MS_CUDA_CHECK(cudaStreamSynchronize(st));
+      const auto logits = d_logits.download();
+      ASSERT_EQ(d_ids.download(), d_ref_ids.download()) << where << ": experts differ from moe_route_topk's";
+      const auto wts = d_wts.download(), ref_wts = d_ref_wts.download();
+      for (size_t i = 0; i < wts.size(); ++i)
+        ASSERT_EQ(f32_bits(wts[i]), f32_bits(ref_wts[i])) << where << " weight " << i << ": " << wts[i] << " against "
+                                                          << ref_wts[i];
+      if (sh.E == 128 && sh.H == 2048) {
+        const auto ref = d_ref_logits.download();
+        for (size_t i = 0; i < logits.size(); ++i)
+          ASSERT_EQ(f32_bits(logits[i]), f32_bits(ref[i])) << where << ": logit " << i << " differs from the skinny GEMM's";
+      }
+      for (int t = 0; t < T; ++t) {
+        double rms = 0;
+        const std::vector<double> ref = router_logits(w_r, xn, t, sh.E, sh.H, rms);
+        for (int e = 0; e < sh.E; ++e) {
+          const float v = logits[size_t(t) * sh.E + e];
+          ASSERT_TRUE(std::isfinite(v)) << where << " t " << t << " e " << e;
+          ASSERT_NEAR(v, ref[e], 1e-5 * rms * std::sqrt(double(sh.H))) << where << " t " << t << " e " << e;
+        }
+      }
+    }
+  }
+  EXPECT_GT(launched, 0) << "the router + top-k cluster never ran on this sm_90 device";
   cudaStreamDestroy(st);
 }

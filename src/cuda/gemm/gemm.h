@@ -31,6 +31,14 @@ class GemmBackend {
   // device to drain (H200, q30b8l served with step traces: one prompt step's launch in each benchmark run blocked
   // for 20-30 ms behind the step in flight); the executor runs these at startup. Empty: nothing to warm up.
   virtual std::vector<int> warm_up_tokens(int /*max_m*/) const { return {}; }
+  // A MoE router's GEMM (logits = x W^T, f32 [M, E]) with each token's top_k experts and weights computed in the
+  // same launch, as moe_route_topk would from these logits. False (nothing launched): this backend has no such
+  // kernel for the shape; run() + moe_route_topk then.
+  virtual bool run_router_topk(const bf16* /*x*/, int64_t /*ldx*/, int /*M*/, int /*K*/, const bf16* /*W*/,
+                               int /*E*/, float* /*logits*/, int /*top_k*/, bool /*renormalize*/, int32_t* /*ids*/,
+                               float* /*weights*/, cudaStream_t /*stream*/) {
+    return false;
+  }
 };
 
 std::vector<std::unique_ptr<GemmBackend>> make_gemm_backends();
@@ -69,6 +77,14 @@ bool skinny_gemm_fits(int M, int K, int64_t ldx, const void* x, const void* W);
 void skinny_gemm(const bf16* x, int64_t ldx, int M, int K, const bf16* W, int N, void* y, int64_t ldy, OutType out,
                  cudaStream_t stream);
 std::string skinny_gemm_describe(int M, int N, int K, OutType out);  // its launch plan, for measurements
+// The router GEMM of a 9-128-token step with the top-k of each token inside the same launch (gemm_skinny.cu, an
+// experiment: MOESERVE_ROUTER_TOPK_CLUSTER=1): every row tile of W ([E, K], E <= kSkinnyMaxN) in one thread-block
+// cluster of at most 16 CTAs, logits = x W^T (f32, [M, E]) stored, then each token's top_k experts and weights as
+// moe_route_topk computes them (renormalize: the weights divided by their sum). Returns false (nothing launched)
+// where the shapes or the device's cluster limits do not allow it: then run the skinny GEMM and moe_route_topk.
+// Only where skinny_gemm_supported.
+bool skinny_router_topk(const bf16* x, int64_t ldx, int M, int K, const bf16* W, int E, float* logits, int top_k,
+                        bool renormalize, int32_t* ids, float* weights, cudaStream_t stream);
 
 // A decode step's residual add + RMSNorm fused into the GEMV that consumes it (M <= kNormGemvMaxM tokens,
 // K <= 4096, K % 8 == 0):

@@ -28,6 +28,7 @@
 #include "cuda/gemm/gemm.h"
 #include "cuda/launch.h"
 #include "cuda/moe/moe_ptx.cuh"
+#include "cuda/moe/route_dev.cuh"
 #include "cuda/pdl.cuh"
 
 namespace moeserve::cuda {
@@ -38,6 +39,7 @@ constexpr int kSkBK = 64;          // k elements a slice: one 128-byte swizzled 
 constexpr int kSkThreads = 128;    // one warpgroup
 constexpr int kSkMaxSplits = 8;    // the portable cluster size
 constexpr int kSkLdc = kSkRows + 4;  // f32 tile row pitch: the fragment stores hit 32 distinct banks
+constexpr int kSkMaxRouteCluster = 16;  // CTAs of the router + top-k form's one cluster (non-portable above 8)
 
 struct SkinnyArgs {
   const bf16* x;
@@ -50,6 +52,12 @@ struct SkinnyArgs {
   int kb_per_split;  // k slices of each split (the last may have fewer, never none)
   int evict_first;   // the weight stream with the L2 evict_first priority (l2_evict_first_weights)
   int vec_out;       // y and ldy let 4 consecutive outputs store as one vector
+  // The router + top-k form (skinny_router_topk, TOPK): every row tile in one cluster of splits x tiles CTAs laid
+  // along x (CTA (s, g) at x = g * splits + s), then the top-k of each token's logits row (y, f32).
+  int splits;
+  int top_k, renormalize;
+  int32_t* ids;
+  float* weights;
 };
 
 // The ring and the f32 tile in at most ~113 KB, so that two CTAs share an SM (64-144 KB of weights in flight on it).
@@ -93,7 +101,11 @@ __device__ __forceinline__ void store_out(OutT* y, int n, int N, bool vec, const
 // persistent, its ring running on across its tiles, so that each CTA streams its whole share in one wave (short CTAs
 // paid their DRAM latency and cluster barriers once per ~32 KB: 13-17 us for q/k/v at 16-64 tokens, H200). The S
 // CTAs of a cluster take the same tiles in the same order, so their per-tile reductions meet.
-template <int BN, typename OutT>
+// TOPK (skinny_router_topk): the grid is one cluster of a.splits x tiles CTAs along x, each CTA one (split, tile);
+// after the tile's sums are stored (f32 logits) and the cluster barrier that ends it (release / acquire at cluster
+// scope), warp w of CTA r routes tokens 4 r + w, + 4 x CTAs, ... as moe_route_topk does (route_dev::route_token):
+// the same logits and the same routing as the skinny GEMM + moe_route_topk, one launch less.
+template <int BN, typename OutT, bool TOPK = false>
 __global__ void __launch_bounds__(kSkThreads) skinny_gemm_kernel(SkinnyArgs a) {
 #if MOE_HAVE_WGMMA
   using namespace moe_ptx;
@@ -108,10 +120,14 @@ __global__ void __launch_bounds__(kSkThreads) skinny_gemm_kernel(SkinnyArgs a) {
   auto* Bs = As + STAGES * kSkRows * kSkBK;                            // [STAGES][BN][64]
   float* cs = reinterpret_cast<float*>(smem + skinny_ring_bytes<BN>());  // [BN tokens][kSkLdc] the tile's sums
   const int tid = threadIdx.x, ch = tid % CPR;
-  const int tiles = (a.N + kSkRows - 1) / kSkRows, G = int(gridDim.y), g = int(blockIdx.y);
+  const int S = TOPK ? a.splits : int(gridDim.x), split = TOPK ? int(blockIdx.x) % S : int(blockIdx.x);
+  const int G = TOPK ? int(gridDim.x) / S : int(gridDim.y), g = TOPK ? int(blockIdx.x) / S : int(blockIdx.y);
+  const unsigned rank0 = TOPK ? unsigned(g * S) : 0u;  // cluster rank of this tile's split 0
+  const bool clustered = TOPK || S > 1;
+  const int tiles = (a.N + kSkRows - 1) / kSkRows;
   const int units = g < tiles ? (tiles - g + G - 1) / G : 0;  // the same for the CTAs of a cluster
   const int KB = (a.K + kSkBK - 1) / kSkBK;
-  const int kb0 = int(blockIdx.x) * a.kb_per_split;
+  const int kb0 = split * a.kb_per_split;
   const int nk = min(KB, kb0 + a.kb_per_split) - kb0;
   const int total = units * nk;  // slices this CTA streams, over all its tiles
   const bool hint = a.evict_first != 0;
@@ -154,10 +170,9 @@ __global__ void __launch_bounds__(kSkThreads) skinny_gemm_kernel(SkinnyArgs a) {
   pdl_launch_dependents();
 
   namespace cg = cooperative_groups;
-  const int S = int(gridDim.x);
   cg::cluster_group cluster = cg::this_cluster();
   constexpr int Q = BN * (kSkRows / 4);  // quads of 4 consecutive rows of one token
-  const int q0 = int(blockIdx.x) * Q / S, q1 = (int(blockIdx.x) + 1) * Q / S;  // this split's share of the stores
+  const int q0 = split * Q / S, q1 = (split + 1) * Q / S;  // this split's share of the stores
   OutT* y = static_cast<OutT*>(a.y);
   const int warp = tid >> 5, lane = tid & 31, m = warp * 16 + (lane >> 2), tig = lane & 3;
   float d[BN / 2];
@@ -188,7 +203,7 @@ __global__ void __launch_bounds__(kSkThreads) skinny_gemm_kernel(SkinnyArgs a) {
     wgmma_acc_to_token_major(d, cs, kSkLdc, m, tig);
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) d[i] = 0.0f;
-    if (S > 1)
+    if (clustered)
       cluster.sync();  // every split's sums of this tile in its shared memory
     else
       __syncthreads();
@@ -198,18 +213,26 @@ __global__ void __launch_bounds__(kSkThreads) skinny_gemm_kernel(SkinnyArgs a) {
       if (t >= a.M) continue;
       float v[4] = {0.f, 0.f, 0.f, 0.f};
       for (int s = 0; s < S; ++s) {  // in split order: the same sums whatever CTA stores them
-        const float* src = S > 1 ? cluster.map_shared_rank(cs, unsigned(s)) : cs;
+        const float* src = clustered ? cluster.map_shared_rank(cs, rank0 + unsigned(s)) : cs;
         const float4 p = *reinterpret_cast<const float4*>(src + t * kSkLdc + r);
         v[0] += p.x, v[1] += p.y, v[2] += p.z, v[3] += p.w;
       }
       store_out(y + int64_t(t) * a.ldy, n0 + r, a.N, a.vec_out != 0, v);
     }
-    if (S > 1)
-      cluster.sync();  // cs is read by every split before any rewrites it (or leaves)
+    if (clustered)
+      cluster.sync();  // cs is read by every split before any rewrites it (or leaves); with TOPK also the logits'
+                       // release to the cluster
     else
       __syncthreads();
   }
   cp_async_wait<0>();
+  if constexpr (TOPK) {
+    constexpr int kWarps = kSkThreads / 32;
+    const int lane = tid & 31;
+    for (int t = int(blockIdx.x) * kWarps + (tid >> 5); t < a.M; t += int(gridDim.x) * kWarps)
+      route_dev::route_token(reinterpret_cast<const float*>(a.y) + int64_t(t) * a.ldy, t, a.N, a.top_k,
+                             a.renormalize != 0, a.ids, a.weights, lane);
+  }
 #else
   (void)a;  // never launched: skinny_gemm_supported() is false without sm_90a code
 #endif
@@ -271,7 +294,61 @@ void launch_skinny_bn(const SkinnyArgs& a, cudaStream_t stream) {
   launch_skinny<128, OutT>(a, stream);
 }
 
+// The router + top-k form: splits x tiles CTAs (at most 16, a non-portable cluster above 8) in one cluster, if the
+// device can hold such a cluster of this kernel (asked once per size).
+template <int BN>
+bool launch_skinny_router_topk(SkinnyArgs a, cudaStream_t stream) {
+  auto* kernel = skinny_gemm_kernel<BN, float, true>;
+  const int tiles = (a.N + kSkRows - 1) / kSkRows;
+  const SkinnyPlan plan = skinny_plan(a.N, a.K, skinny_ctas_per_sm<BN, float>());
+  const int kb = (a.K + kSkBK - 1) / kSkBK;
+  int splits = std::min(plan.splits, kSkMaxRouteCluster / tiles);
+  if (splits < 1) return false;
+  a.kb_per_split = (kb + splits - 1) / splits;
+  splits = (kb + a.kb_per_split - 1) / a.kb_per_split;  // no empty split
+  a.splits = splits;
+  const int ctas = splits * tiles;
+  static int fits[kSkMaxRouteCluster + 1] = {};  // 0 unknown, 1 yes, -1 no (one device per process)
+  if (fits[ctas] == 0) {
+    MS_CHECK(raise_dynamic_smem(reinterpret_cast<const void*>(kernel), skinny_smem_bytes<BN>()),
+             "skinny router + top-k: the device refuses {} bytes of shared memory", skinny_smem_bytes<BN>());
+    MS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(unsigned(ctas));
+    cfg.blockDim = dim3(kSkThreads);
+    cfg.dynamicSmemBytes = skinny_smem_bytes<BN>();
+    cudaLaunchAttribute attr;
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = unsigned(ctas);
+    attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    int clusters = 0;
+    const cudaError_t e = cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg);
+    if (e != cudaSuccess) (void)cudaGetLastError();  // no cluster of this size here: the two launches
+    fits[ctas] = e == cudaSuccess && clusters > 0 ? 1 : -1;
+  }
+  if (fits[ctas] < 0) return false;
+  launch_pdl_cluster(kernel, dim3(unsigned(ctas)), dim3(kSkThreads), skinny_smem_bytes<BN>(), stream, unsigned(ctas),
+                     a);
+  return true;
+}
+
 }  // namespace
+
+bool skinny_router_topk(const bf16* x, int64_t ldx, int M, int K, const bf16* W, int E, float* logits, int top_k,
+                        bool renormalize, int32_t* ids, float* weights, cudaStream_t stream) {
+  if (!skinny_gemm_fits(M, K, ldx, x, W) || E < 1 || E > kSkinnyMaxN || top_k < 1 || top_k > E ||
+      top_k > route_dev::kRouteMaxTopK || (E + kSkRows - 1) / kSkRows > kSkMaxRouteCluster)
+    return false;
+  SkinnyArgs a{x, ldx, M, K, W, E, logits, E, 0, l2_evict_first_weights() ? 1 : 0, 0};
+  a.vec_out = (reinterpret_cast<uintptr_t>(logits) % 16) == 0 && E % 4 == 0;
+  a.top_k = top_k, a.renormalize = renormalize ? 1 : 0, a.ids = ids, a.weights = weights;
+  if (M <= 16) return launch_skinny_router_topk<16>(a, stream);
+  if (M <= 32) return launch_skinny_router_topk<32>(a, stream);
+  if (M <= 64) return launch_skinny_router_topk<64>(a, stream);
+  return launch_skinny_router_topk<128>(a, stream);
+}
 
 bool skinny_gemm_enabled() {
   static const bool on = env_flag("MOESERVE_GEMM_SKINNY", true);
@@ -287,7 +364,11 @@ bool skinny_gemm_supported(const DeviceInfo& dev) {
                         reinterpret_cast<const void*>(skinny_gemm_kernel<16, float>),
                         reinterpret_cast<const void*>(skinny_gemm_kernel<32, float>),
                         reinterpret_cast<const void*>(skinny_gemm_kernel<64, float>),
-                        reinterpret_cast<const void*>(skinny_gemm_kernel<128, float>)})
+                        reinterpret_cast<const void*>(skinny_gemm_kernel<128, float>),
+                        reinterpret_cast<const void*>(skinny_gemm_kernel<16, float, true>),
+                        reinterpret_cast<const void*>(skinny_gemm_kernel<32, float, true>),
+                        reinterpret_cast<const void*>(skinny_gemm_kernel<64, float, true>),
+                        reinterpret_cast<const void*>(skinny_gemm_kernel<128, float, true>)})
     if (!check_kernel_present(k, dev).empty()) return false;
   return true;
 }

@@ -727,6 +727,14 @@ class GemvBackend final : public GemmBackend {
       launch_gemv(grid, stream, x, ldx, M, K, W, N, static_cast<float*>(y), ldy, NormArgs{}, ResidualArgs{});
   }
 
+  // The router steps that run() sends to the skinny GEMM: its router + top-k form (skinny_router_topk).
+  bool run_router_topk(const bf16* x, int64_t ldx, int M, int K, const bf16* W, int E, float* logits, int top_k,
+                       bool renormalize, int32_t* ids, float* weights, cudaStream_t stream) override {
+    MS_CHECK(prepared_, "GEMM backend gemv used before prepare()");
+    return skinny_ && M > kTokens && M <= kSkinnyMaxM &&
+           skinny_router_topk(x, ldx, M, K, W, E, logits, top_k, renormalize, ids, weights, stream);
+  }
+
   // The kernels here are this binary's (loaded with it); the counts cuBLASLt serves.
   std::vector<int> warm_up_tokens(int max_m) const override { return fallback_->warm_up_tokens(max_m); }
 

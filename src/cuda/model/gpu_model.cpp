@@ -401,6 +401,10 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
         moe_router_topk(xn_.get(), L.router.get(), T, H, E, K, c.norm_topk_prob, router_logits_.get(),
                         grid_counter_.get(), topk_ids_.get(), topk_w_.get(), s);
         mark("router+topk", g3.first, g3.second);
+      } else if (be_.router_topk_cluster && run_op(kSkipRouter) && run_op(kSkipRoute) &&
+                 gemm.run_router_topk(xn_.get(), H, T, H, L.router.get(), E, router_logits_.get(), K,
+                                      c.norm_topk_prob, topk_ids_.get(), topk_w_.get(), s)) {
+        mark("router+topk", g3.first, g3.second);
       } else {
         if (run_op(kSkipRouter))
           gemm.run(xn_.get(), H, T, H, L.router.get(), E, router_logits_.get(), E, OutType::F32, s);
