@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "cuda/model/backends.h"
 #include "cuda/sampling/greedy.h"
 #include "cuda/sampling/lmhead_argmax.h"
 #include "cuda_test_util.h"
@@ -138,6 +139,29 @@ TEST(LmheadArgmax, MatchesCublasAndGreedyOnTheFullVocabulary) {
 }
 
 // us a call of both forms (CUDA events over 50 back-to-back calls after a warm-up; the weights 622 MB, far beyond L2).
+// The backend report (what `moeserve backends` prints and the executor consults): on sm_90 the fast path is runnable
+// and passes its startup self-test at the q30b8l hidden size; elsewhere it says why not and is never chosen.
+TEST(LmheadArgmax, BackendReportSelfTestsIt) {
+  if (cuda::list_devices().empty()) GTEST_SKIP() << "no CUDA device";
+  const cuda::DeviceInfo dev = cuda::list_devices().at(0);
+  cuda::BackendRequest req;
+  req.timed_trials = false;
+  const cuda::SelectedBackends sel = cuda::select_backends(dev, cuda::ModelShapes{}, req);
+  const cuda::BackendReport* rep = nullptr;
+  for (const auto& r : sel.reports)
+    if (r.spec.name == "lmhead_argmax") rep = &r;
+  ASSERT_NE(rep, nullptr) << "no lmhead_argmax report";
+  if (cuda::sm_version(dev) != 90) {
+    EXPECT_FALSE(rep->status.runnable);
+    EXPECT_FALSE(sel.lmhead_argmax);
+    GTEST_SKIP() << "not sm_90: " << rep->status.reason;
+  }
+  ASSERT_TRUE(rep->status.runnable) << rep->status.reason;
+  EXPECT_TRUE(rep->status.self_test_passed) << rep->status.self_test;
+  EXPECT_EQ(rep->status.self_test.rfind("pass", 0), 0u) << rep->status.self_test;
+  EXPECT_EQ(sel.lmhead_argmax, rep->status.self_test_passed);
+}
+
 TEST(LmheadArgmax, DISABLED_Timing) {
   constexpr int V = 151936, K = 2048;
   if (!usable(64, K, V)) GTEST_SKIP() << "needs an sm_90 GPU";

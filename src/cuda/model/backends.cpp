@@ -12,11 +12,13 @@
 #include <nlohmann/json.hpp>
 
 #include "core/dtype.h"
+#include "core/env.h"
 #include "core/log.h"
 #include "core/threadpool.h"
 #include "cuda/kernels/ops.h"
 #include "cuda/model/attention_ref.h"
 #include "cuda/model/model_kernels.h"
+#include "cuda/sampling/lmhead_argmax.h"
 #include "cuda/sampling/sampling.h"
 #include "kernels/attention/attention.h"
 #include "kernels/sampling/sampling.h"
@@ -174,6 +176,54 @@ std::string sampling_self_test(double& max_err) {
     kernels::log_softmax(row, V, ref.data());
     double err = std::fabs(double(lps[r]) - ref[want]);
     if (!(err < 1e-3)) return fmt::format("row {}: logprob {}, want {}", r, lps[r], ref[want]);
+    max_err = std::max(max_err, err);
+  }
+  return "";
+}
+
+// The lm_head + argmax of greedy steps (lmhead_argmax): ids and raw logprobs against double sums on the CPU, at the
+// model's hidden size, 40 rows (the executor's 32-64 band) over a vocabulary that ends inside a 192-row unit; an id
+// is checked wherever the top two logits are apart by more than the f32 summation error.
+std::string lmhead_argmax_self_test(int K, double& max_err) {
+  const int rows = 40, V = 3 * 192 + 1;
+  std::mt19937 g(13);
+  const std::vector<uint16_t> hx = random_bf16(size_t(rows) * K, g, 1.0f), hw = random_bf16(size_t(V) * K, g, 0.05f);
+  Scratch dx(hx.size() * 2), dw(hw.size() * 2), dids(rows * 4), dlp(rows * 4),
+      ws(lmhead_argmax_workspace_bytes(rows, V));
+  MS_CUDA_CHECK(cudaMemcpy(dx.p, hx.data(), hx.size() * 2, cudaMemcpyHostToDevice));
+  MS_CUDA_CHECK(cudaMemcpy(dw.p, hw.data(), hw.size() * 2, cudaMemcpyHostToDevice));
+  MS_CUDA_CHECK(cudaMemset(dids.p, 0xFF, rows * 4));
+  MS_CUDA_CHECK(cudaMemset(dlp.p, 0xFF, rows * 4));  // NaN unless written
+  lmhead_argmax(dx.as<bf16>(), rows, K, dw.as<bf16>(), V, dids.as<int32_t>(), dlp.as<float>(), ws.p, nullptr);
+  MS_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<int32_t> ids(rows);
+  std::vector<float> lps(rows);
+  MS_CUDA_CHECK(cudaMemcpy(ids.data(), dids.p, rows * 4, cudaMemcpyDeviceToHost));
+  MS_CUDA_CHECK(cudaMemcpy(lps.data(), dlp.p, rows * 4, cudaMemcpyDeviceToHost));
+  std::vector<float> wf(hw.size());
+  for (size_t i = 0; i < hw.size(); ++i) wf[i] = bf16_to_f32(hw[i]);
+  std::vector<double> lg(V), xr(K);
+  max_err = 0;
+  for (int m = 0; m < rows; ++m) {
+    for (int k = 0; k < K; ++k) xr[k] = bf16_to_f32(hx[size_t(m) * K + k]);
+    double mx = -INFINITY, second = -INFINITY, scale = 0;
+    int arg = 0;
+    for (int v = 0; v < V; ++v) {
+      double sum = 0;
+      const float* wr = wf.data() + size_t(v) * K;
+      for (int k = 0; k < K; ++k) sum += xr[k] * wr[k];
+      lg[v] = sum;
+      scale = std::max(scale, std::fabs(sum));
+      if (sum > mx) second = mx, mx = sum, arg = v;
+      else if (sum > second) second = sum;
+    }
+    double z = 0;
+    for (double l : lg) z += std::exp(l - mx);
+    if (ids[m] < 0 || ids[m] >= V) return fmt::format("row {}: id {} outside the vocabulary of {}", m, ids[m], V);
+    if (mx - second > 1e-5 * scale + 1e-6 && ids[m] != arg)
+      return fmt::format("row {}: argmax {}, want {}", m, ids[m], arg);
+    const double err = std::fabs(double(lps[m]) + std::log(z));
+    if (!(err < 2e-3)) return fmt::format("row {}: logprob {}, want {}", m, lps[m], -std::log(z));
     max_err = std::max(max_err, err);
   }
   return "";
@@ -355,6 +405,36 @@ SelectedBackends select_backends(const DeviceInfo& dev, const ModelShapes& shape
     std::vector<BackendReport> one{r};
     if (!req.report_only) choose_backend(one, "auto", "sampling");
     out.reports.push_back(one[0]);
+  }
+  // The greedy sampler's fast path for all-greedy steps of 32-64 rows: the lm_head with the argmax in its epilogue.
+  // Used only where it passed its self-test (and MOESERVE_LMHEAD_ARGMAX is not 0); else cuBLAS + the sampler above.
+  {
+    BackendReport r;
+    r.spec = {"lmhead_argmax", OpFamily::Sampling, {90}, {"bf16"}, false, true,
+              "greedy steps of 32-64 rows: the lm_head GEMM with the argmax and logprob in its epilogue"};
+    r.status.reason = check_arch_claim(r.spec, dev);
+    if (r.status.reason.empty()) r.status.reason = lmhead_argmax_code(dev);
+    if (r.status.reason.empty() && !lmhead_argmax_supported(64, shapes.hidden, shapes.vocab))
+      r.status.reason = fmt::format("hidden size {} not supported (a multiple of 8, at least 64)", shapes.hidden);
+    r.status.runnable = r.status.reason.empty();
+    r.status.code = r.status.runnable ? fmt::format("{} in binary", sm_name(90, true)) : "absent";
+    const bool enabled = env_flag("MOESERVE_LMHEAD_ARGMAX", true);
+    if (r.status.runnable)
+      run_self_test(r.status, [&](double& err) { return lmhead_argmax_self_test(shapes.hidden, err); }, dev);
+    else
+      r.status.self_test = "not run";
+    if (!req.report_only) {
+      out.lmhead_argmax = enabled && r.status.runnable && r.status.self_test_passed;
+      r.status.chosen = out.lmhead_argmax;
+      r.status.why_chosen = out.lmhead_argmax ? "greedy steps of 32-64 rows"
+                            : !enabled        ? "off (MOESERVE_LMHEAD_ARGMAX=0)"
+                            : !r.status.runnable ? "cannot run here: " + r.status.reason
+                                                 : "self-test failed: cuBLAS + gpu_sampler instead";
+      if (enabled && r.status.runnable && !r.status.self_test_passed)
+        log_warn("lmhead_argmax failed its self-test ({}); greedy steps use the lm_head GEMM + gpu_sampler",
+                 r.status.self_test);
+    }
+    out.reports.push_back(r);
   }
   // Dense GEMM.
   {

@@ -38,6 +38,7 @@ struct SelectedBackends {
   GemmBackend* gemm = nullptr;
   MoeBackend* moe = nullptr;
   std::string attention;
+  bool lmhead_argmax = false;  // greedy steps of 32-64 rows take lmhead_argmax (self-test passed, switch on)
   bool capturable = true;  // every chosen backend can be recorded in a CUDA graph
   std::vector<BackendReport> reports;
 };

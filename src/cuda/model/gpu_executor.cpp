@@ -241,7 +241,7 @@ GpuExecutor::GpuExecutor(const std::string& model_dir, const GpuOptions& opts) :
                                     "activations");
   greedy_ws_ = DeviceArray<uint8_t>(alloc_, greedy_workspace_bytes(), "activations");
   MS_CUDA_CHECK(cudaMemset(greedy_ws_.get(), 0, greedy_ws_.bytes()));
-  if (env_flag("MOESERVE_LMHEAD_ARGMAX", true))
+  if (be_.lmhead_argmax)  // select_backends: self-test passed, MOESERVE_LMHEAD_ARGMAX not 0
     head_argmax_ws_ = DeviceArray<uint8_t>(alloc_, lmhead_argmax_workspace_bytes(64, int(cfg_.vocab_size)),
                                            "activations");
   log_info("activations: {} for steps of up to {} tokens, {} sequences", format_bytes(alloc_.in_use() - before),

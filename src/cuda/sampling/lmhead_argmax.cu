@@ -26,6 +26,7 @@
 #include "cuda/moe/moe_kernel_params.h"
 #include "cuda/moe/moe_ptx.cuh"
 #include "cuda/pdl.cuh"
+#include "cuda/registry.h"
 #include "cuda/sampling/greedy_state.cuh"
 #include "cuda/tma.h"
 
@@ -217,6 +218,13 @@ size_t lmhead_argmax_workspace_bytes(int max_rows, int vocab) {
 bool lmhead_argmax_supported(int rows, int K, int vocab) {
   static const bool hopper = current_device_sm() / 10 == 9;
   return hopper && rows >= 1 && rows <= kTok && K >= kBK && K % 8 == 0 && vocab >= 1;
+}
+
+std::string lmhead_argmax_code(const DeviceInfo& dev) {
+  for (const void* k : {reinterpret_cast<const void*>(lmhead_argmax_kernel),
+                        reinterpret_cast<const void*>(lmhead_argmax_merge_kernel)})
+    if (std::string why = check_kernel_present(k, dev); !why.empty()) return why;
+  return "";
 }
 
 void lmhead_argmax(const bf16* x, int rows, int K, const bf16* w, int vocab, int32_t* out_ids, float* out_logprobs,

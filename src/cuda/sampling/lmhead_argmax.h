@@ -6,13 +6,17 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "cuda/common.h"
+#include "cuda/device.h"
 
 namespace moeserve::cuda {
 
 // sm_90 only; 1-64 token rows; K a multiple of 8 and at least 64 (x and w rows 16-byte aligned, K contiguous).
 bool lmhead_argmax_supported(int rows, int K, int vocab);
+// "" when this binary holds the kernels' code for `dev`, else why not (check_kernel_present's words).
+std::string lmhead_argmax_code(const DeviceInfo& dev);
 int lmhead_argmax_units(int vocab);  // vocabulary units (192 rows each)
 // Device memory the launch writes its (token, unit) states into: max_rows x units states.
 size_t lmhead_argmax_workspace_bytes(int max_rows, int vocab);
