@@ -8,11 +8,14 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <random>
 
 #include "core/threadpool.h"
 #include "kernels/sampling/sampling.h"
 #include "launch/launch.h"
+#include "model/arch/qwen3.h"
+#include "model/model.h"
 #include "model/gen_model.h"
 #include "temp_dir.h"
 
@@ -46,6 +49,7 @@ std::string make_model() {
 struct Runner {
   std::unique_ptr<ModelRunner> r;
   std::vector<std::vector<int32_t>> pages;
+  Qwen3Model* cpu_model = nullptr;  // the CPU runner's model (its router hook), null on the GPU
 };
 
 Runner make(const std::string& device, bool graphs = true) {
@@ -60,7 +64,10 @@ Runner make(const std::string& device, bool graphs = true) {
   lo.max_running_requests = 32;
   lo.mem_fraction_static = 0.2;
   lo.cuda_graph_max_bs = 32;
-  return {make_runner(lo), {}};
+  if (device != "cpu") return {make_runner(lo), {}};
+  std::unique_ptr<CausalLM> m = load_model(lo.model_path);  // as make_runner does for the CPU
+  auto* q = dynamic_cast<Qwen3Model*>(m.get());
+  return {std::make_unique<ModelRunner>(std::move(m), lo.runner), {}, q};
 }
 
 // log_softmax of one row.
@@ -173,15 +180,64 @@ TEST(GpuModel, MixedBatchMatchesCpuAndSoloRuns) {
 // Graph-replayed decode steps of `count` sequences against the CPU's logits of the same steps; top_n > 0 asks for top
 // logprobs (the general sampler), 0 leaves the steps all-greedy (at 32 rows on sm_90 the lm_head then runs inside the
 // sampler: lmhead_argmax).
+// Router margins of one CPU forward: margin[l][t] = token t's k-th minus (k+1)-th largest router logit in MoE layer l
+// (how close its routing there is to a tie), recorded through the model's router hook.
+struct RouterMargins {
+  std::vector<std::vector<float>> margin;
+  void record(Qwen3Model& m, int64_t layers, int64_t k) {
+    margin.assign(size_t(layers), {});
+    m.set_router_hook([this, k](int64_t layer, float* lg, int64_t T, int64_t E) {
+      std::vector<float>& out = margin[size_t(layer)];
+      out.assign(size_t(T), INFINITY);
+      for (int64_t t = 0; t < T; ++t) {
+        std::vector<float> row(lg + t * E, lg + (t + 1) * E);
+        std::nth_element(row.begin(), row.begin() + k, row.end(), std::greater<float>());
+        const float kth1 = row[size_t(k)];  // the (k+1)-th largest
+        out[size_t(t)] = *std::min_element(row.begin(), row.begin() + k) - kth1;
+      }
+    });
+  }
+};
+
+// The CPU's logprobs of row `t` of `fb` with token t's k-th and (k+1)-th experts exchanged in MoE layer `layer` (what a
+// BF16 near-tie flip on the GPU does). The forward rewrites this step's K / V rows; the caller runs the step again
+// unflipped afterwards.
+std::vector<float> cpu_logprobs_with_flip(Runner& cpu, const ForwardBatch& fb, int64_t t, int64_t layer, int64_t k) {
+  const int64_t V = cpu.r->config().vocab_size;
+  cpu.cpu_model->set_router_hook([&](int64_t l, float* lg, int64_t, int64_t E) {
+    if (l != layer) return;
+    float* row = lg + t * E;
+    std::vector<int> order(static_cast<size_t>(E));
+    for (int e = 0; e < int(E); ++e) order[size_t(e)] = e;
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return row[a] > row[b]; });
+    std::swap(row[order[size_t(k - 1)]], row[order[size_t(k)]]);
+  });
+  std::vector<float> logits;
+  cpu.r->forward(fb, logits);
+  cpu.cpu_model->set_router_hook({});
+  return logprobs(&logits[size_t(t) * size_t(V)], V);
+}
+
+// GPU decode steps against the CPU's: a sample must match the CPU's logprob of the GPU's token within BF16's
+// tolerance (0.15) - or, where the CPU's routing of that token in some layer is a near-tie (its k-th and (k+1)-th
+// router logits within kNearTie), match the CPU with that layer's boundary experts exchanged (the GPU's BF16
+// activations picked the other one). H200, session 40: 1 of 192 samples of 32 sequences (step 3, sequence 25) was
+// 0.35 off the CPU (-2.814 against -2.462); its layer-0 margin is 0.0166 (experts 2 / 10), and with those two
+// exchanged the CPU gives -2.788 (found on the dev VM, session 41). At most a few such flips are allowed.
+constexpr float kNearTie = 0.05f;
+
 static void graph_decode_matches_cpu(int count, int top_n) {
   if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
   Runner cpu = make("cpu"), gpu = make("cuda");
-  const int64_t V = cpu.r->config().vocab_size;
+  ASSERT_NE(cpu.cpu_model, nullptr);
+  const int64_t V = cpu.r->config().vocab_size, L = cpu.r->config().num_layers;
+  const int64_t K = cpu.r->config().num_experts_per_tok;
   // 13: lengths 5 + 3 s; 32: 736 tokens, one prefill step.
   std::vector<std::vector<int32_t>> seqs = random_prompts(count, V, 9, 5, 3, 37);
   prefill(cpu, seqs);
   prefill(gpu, seqs);
   double worst = 0;
+  int flips = 0;
   for (int step = 0; step < 6; ++step) {
     std::vector<SampleSpec> specs;
     std::mt19937_64 rng(1);
@@ -192,34 +248,58 @@ static void graph_decode_matches_cpu(int count, int top_n) {
     gpu.r->step(fb, specs, out);
     for (size_t s = 0; s < seqs.size(); ++s) fb.seqs[s].block_table = cpu.pages[s].data();
     std::vector<float> want;
+    RouterMargins margins;
+    margins.record(*cpu.cpu_model, L, K);
     cpu.r->forward(fb, want);
+    cpu.cpu_model->set_router_hook({});
+    bool reran = false;
     for (size_t s = 0; s < seqs.size(); ++s) {
+      const std::string where = "step " + std::to_string(step) + " sequence " + std::to_string(s);
       auto lp = logprobs(&want[s * V], V);
+      double d = std::fabs(out[s].logprob - lp[size_t(out[s].token)]);
+      if (d >= 0.15) {  // a routing near-tie the GPU resolved the other way?
+        for (int64_t l = 0; l < L; ++l) {
+          if (margins.margin[size_t(l)].empty() || !(margins.margin[size_t(l)][s] < kNearTie)) continue;
+          std::vector<float> alt = cpu_logprobs_with_flip(cpu, fb, int64_t(s), l, K);
+          reran = true;
+          const double da = std::fabs(out[s].logprob - alt[size_t(out[s].token)]);
+          std::printf("[ info ] %s: %.4f off the CPU; layer %lld's routing margin %.4f, with it flipped %.4f off\n",
+                      where.c_str(), d, (long long)l, margins.margin[size_t(l)][s], da);
+          if (da < 0.15) {
+            lp = alt, d = da;
+            ++flips;
+            break;
+          }
+        }
+      }
       auto top = kernels::top_logprobs(lp.data(), V, 2);
       if (top[0].logprob - top[1].logprob > 0.1) {
-        EXPECT_EQ(out[s].token, top[0].id) << "step " << step << " sequence " << s;
+        EXPECT_EQ(out[s].token, top[0].id) << where;
       }
-      const double d = std::fabs(out[s].logprob - lp[size_t(out[s].token)]);
-      EXPECT_LT(d, 0.15) << "step " << step << " sequence " << s << ": token " << out[s].token << " logprob "
-                         << out[s].logprob << ", the CPU's " << lp[size_t(out[s].token)] << " (its top: " << top[0].id
-                         << " " << top[0].logprob << ", " << top[1].id << " " << top[1].logprob << ")";
+      EXPECT_LT(d, 0.15) << where << ": token " << out[s].token << " logprob " << out[s].logprob << ", the CPU's "
+                         << lp[size_t(out[s].token)] << " (its top: " << top[0].id << " " << top[0].logprob << ", "
+                         << top[1].id << " " << top[1].logprob << ")";
       worst = std::max(worst, d);
       seqs[s].push_back(fb.tokens[s]);
     }
+    if (reran) {  // the flipped reruns rewrote this step's K / V rows: write the CPU's own again
+      std::vector<float> again;
+      cpu.r->forward(fb, again);
+    }
   }
-  std::printf("[ info ] graph decode of %d sequences: largest |logprob| difference from the CPU %.4f\n", count, worst);
+  // Near-ties are rare (a margin below kNearTie in ~1% of the routings here): more flips than that is a defect.
+  EXPECT_LE(flips, std::max(1, count * 6 / 64)) << "too many samples explained only by a flipped routing";
+  std::printf("[ info ] graph decode of %d sequences: largest |logprob| difference from the CPU %.4f (%d near-tie "
+              "routing flips)\n", count, worst, flips);
   release(cpu);
   release(gpu);
 }
 
 // 13 sequences: padded to the captured batch of 16.
 TEST(GpuModel, GraphDecodeStepsMatchCpu) { graph_decode_matches_cpu(13, 3); }
-// Disabled: on the H200 (session 40) one of its 192 samples (step 3, sequence 25: token 1776, logprob -2.814 against
-// the CPU's -2.462, the CPU's margin to its second token 0.67) is 0.35 off, the same with lmhead_argmax on or off
-// (MOESERVE_LMHEAD_ARGMAX=0), the 191 others within 0.09. Not yet explained (a routing near-tie that BF16 flips is the
-// first suspect - the CPU's top-4 boundary margin of that sequence's layer-0 routing there is 0.0166 in router logits
-// - a 32-token path's defect the second); run it with --gtest_also_run_disabled_tests.
-TEST(GpuModel, DISABLED_GreedyGraphDecodeStepsOf32SequencesMatchCpu) { graph_decode_matches_cpu(32, 0); }
+// 32 sequences, all greedy: at 32 rows on sm_90 the lm_head runs inside the sampler (lmhead_argmax). Disabled in
+// session 40 for its one outlier, explained in session 41 as a layer-0 routing near-tie (see kNearTie).
+TEST(GpuModel, GreedyGraphDecodeStepsOf32SequencesMatchCpu) { graph_decode_matches_cpu(32, 0); }
 
 // All-greedy graph steps of 32 sequences (the lm_head inside the sampler, lmhead_argmax) against the same steps with
 // the lm_head as a cuBLAS GEMM + the greedy sampler (MOESERVE_LMHEAD_ARGMAX=0, read when the executor is made): the
@@ -329,3 +409,4 @@ TEST(GpuModel, LaunchedAheadStepsFeedSamplesOnTheDevice) {
     }
   }
 }
+

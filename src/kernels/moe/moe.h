@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "kernels/gemm/linear.h"
@@ -26,7 +27,12 @@ struct MoEWeights {
 void route_topk(const float* logits, int64_t T, int64_t E, int64_t top_k, bool renormalize, int32_t* ids,
                 float* weights);
 
-// out[T, H] = sum over the token's top-k experts of weight * expert(x).
-void moe_forward(const float* x, int64_t T, int64_t H, const MoEWeights& w, float* out, ThreadPool& pool);
+// Sees (and may change) the router's logits [T, E] before the top-k: diagnostics and tests only (e.g. what a
+// routing flip at a near-tie would do to a token).
+using RouterLogitsHook = std::function<void(float* logits, int64_t T, int64_t E)>;
+
+// out[T, H] = sum over the token's top-k experts of weight * expert(x). hook: optional, see RouterLogitsHook.
+void moe_forward(const float* x, int64_t T, int64_t H, const MoEWeights& w, float* out, ThreadPool& pool,
+                 const RouterLogitsHook* hook = nullptr);
 
 }  // namespace moeserve::kernels

@@ -32,11 +32,13 @@ void route_topk(const float* logits, int64_t T, int64_t E, int64_t top_k, bool r
   }
 }
 
-void moe_forward(const float* x, int64_t T, int64_t H, const MoEWeights& w, float* out, ThreadPool& pool) {
+void moe_forward(const float* x, int64_t T, int64_t H, const MoEWeights& w, float* out, ThreadPool& pool,
+                 const RouterLogitsHook* hook) {
   const int64_t E = int64_t(w.experts.size()), K = w.top_k;
   MS_CHECK(E > 0 && w.router.out_features() == E, "moe: router has {} rows for {} experts", w.router.out_features(), E);
   std::vector<float> logits(T * E);
   linear(x, T, H, w.router, logits.data(), E, pool);
+  if (hook != nullptr && *hook) (*hook)(logits.data(), T, E);
   std::vector<int32_t> ids(T * K);
   std::vector<float> wts(T * K);
   route_topk(logits.data(), T, E, K, w.norm_topk_prob, ids.data(), wts.data());

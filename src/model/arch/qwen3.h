@@ -3,7 +3,9 @@
 // decoder_sparse_step).
 #pragma once
 
+#include <functional>
 #include <memory>
+#include <utility>
 
 #include "kernels/gemm/linear.h"
 #include "kernels/moe/moe.h"
@@ -37,6 +39,11 @@ class Qwen3Model : public CausalLM {
   const std::vector<Qwen3Layer>& layer_weights() const { return layers; }
   const kernels::RopeTable& rope_table() const { return rope; }
 
+  // Diagnostics and tests: called in every MoE layer with the router's logits [T, E] before the top-k, which it may
+  // change (what a routing flip at a near-tie does to a token). Empty: none.
+  using RouterHook = std::function<void(int64_t layer, float* logits, int64_t T, int64_t E)>;
+  void set_router_hook(RouterHook hook) { router_hook_ = std::move(hook); }
+
  private:
   ModelConfig cfg_;
   Checkpoint ckpt_;  // keeps the mappings alive
@@ -45,6 +52,7 @@ class Qwen3Model : public CausalLM {
   Tensor final_norm;
   std::vector<Qwen3Layer> layers;
   kernels::RopeTable rope;
+  RouterHook router_hook_;
 };
 
 }  // namespace moeserve
