@@ -141,6 +141,25 @@ bool raise_dynamic_smem(const void* kernel, size_t bytes) {
   return true;
 }
 
+bool cluster_fits_device(const void* kernel, int cluster_x, int threads, size_t smem) {
+  MS_CHECK(raise_dynamic_smem(kernel, smem), "the device refuses {} bytes of shared memory a block", smem);
+  MS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(unsigned(cluster_x));
+  cfg.blockDim = dim3(unsigned(threads));
+  cfg.dynamicSmemBytes = smem;
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = unsigned(cluster_x);
+  attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  int clusters = 0;
+  const cudaError_t e = cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg);
+  if (e != cudaSuccess) (void)cudaGetLastError();  // no cluster of this size here
+  return e == cudaSuccess && clusters > 0;
+}
+
 bool l2_evict_first_weights() {
   static const bool on = env_flag("MOESERVE_L2_EVICT_FIRST", true);
   return on;

@@ -309,25 +309,10 @@ bool launch_skinny_router_topk(SkinnyArgs a, cudaStream_t stream) {
   a.splits = splits;
   const int ctas = splits * tiles;
   static int fits[kSkMaxRouteCluster + 1] = {};  // 0 unknown, 1 yes, -1 no (one device per process)
-  if (fits[ctas] == 0) {
-    MS_CHECK(raise_dynamic_smem(reinterpret_cast<const void*>(kernel), skinny_smem_bytes<BN>()),
-             "skinny router + top-k: the device refuses {} bytes of shared memory", skinny_smem_bytes<BN>());
-    MS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(unsigned(ctas));
-    cfg.blockDim = dim3(kSkThreads);
-    cfg.dynamicSmemBytes = skinny_smem_bytes<BN>();
-    cudaLaunchAttribute attr;
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = unsigned(ctas);
-    attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
-    int clusters = 0;
-    const cudaError_t e = cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg);
-    if (e != cudaSuccess) (void)cudaGetLastError();  // no cluster of this size here: the two launches
-    fits[ctas] = e == cudaSuccess && clusters > 0 ? 1 : -1;
-  }
+  if (fits[ctas] == 0)  // no such cluster here: the caller's two launches
+    fits[ctas] = cluster_fits_device(reinterpret_cast<const void*>(kernel), ctas, kSkThreads, skinny_smem_bytes<BN>())
+                     ? 1
+                     : -1;
   if (fits[ctas] < 0) return false;
   launch_pdl_cluster(kernel, dim3(unsigned(ctas)), dim3(kSkThreads), skinny_smem_bytes<BN>(), stream, unsigned(ctas),
                      a);

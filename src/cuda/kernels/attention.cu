@@ -241,25 +241,10 @@ int decode_cluster_stages(dim3 grid) {
 template <bool FUSED_IN, int STAGES>
 bool cluster_fits(int splits) {
   static int fits[17] = {};  // 0 unknown, 1 yes, -1 no; per process (one device per process) and kernel
-  if (fits[splits] == 0) {
+  if (fits[splits] == 0) {  // no cluster of this size here: the merge launch
     constexpr size_t smem = detail::gqa_smem_bytes<128, STAGES>();
     auto kernel = detail::paged_attention_decode_gqa_kernel<128, true, true, FUSED_IN, STAGES>;
-    raise_smem_or_throw(reinterpret_cast<const void*>(kernel), smem);
-    MS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(unsigned(splits), 1, 1);
-    cfg.blockDim = dim3(128);
-    cfg.dynamicSmemBytes = smem;
-    cudaLaunchAttribute attr;
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = unsigned(splits);
-    attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
-    int clusters = 0;
-    const cudaError_t e = cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg);
-    if (e != cudaSuccess) (void)cudaGetLastError();  // no cluster of this size here: the merge launch
-    fits[splits] = e == cudaSuccess && clusters > 0 ? 1 : -1;
+    fits[splits] = cluster_fits_device(reinterpret_cast<const void*>(kernel), splits, 128, smem) ? 1 : -1;
   }
   return fits[splits] > 0;
 }
