@@ -185,6 +185,53 @@ TEST(CudaGemm, SkinnyGemmMatchesCublasWithStrides) {
   }
 }
 
+// The preloaded split-K GEMM (MOESERVE_GEMM_PRELOAD's kernel) against cuBLAS: o_proj's shape (8 splits in a cluster),
+// a K that ends inside a 64-k slice, one split (no cluster), 1-64 tokens, a row stride above K for x and above N for
+// y, both output types; outputs poisoned first. Shapes whose split share would not fit are refused (false).
+TEST(CudaGemm, PreloadGemmMatchesCublas) {
+  SKIP_WITHOUT_GPU();
+  if (!cuda::preload_gemm_supported(cuda::list_devices().at(0))) GTEST_SKIP() << "no sm_90a wgmma here";
+  auto ref = prepared(std::move(cuda::make_gemm_backends().at(0)));  // cublas
+  ASSERT_TRUE(ref);
+  Stream st;
+  {
+    Dev<uint16_t> w(size_t(4096) * 8192), x(size_t(64) * 8192);
+    Dev<uint8_t> y(size_t(64) * 4096 * 4);
+    EXPECT_FALSE(cuda::preload_gemm(as_bf16(x), 8192, 64, 8192, as_bf16(w), 4096, y.p, 4096, OutType::BF16, st.s))
+        << "32 tiles x 64 slices cannot hold their shares";
+    EXPECT_FALSE(cuda::preload_gemm(as_bf16(x), 8192, 65, 2048, as_bf16(w), 2048, y.p, 2048, OutType::BF16, st.s));
+    EXPECT_FALSE(cuda::preload_gemm(as_bf16(x), 8192, 16, 2048, as_bf16(w), 2000, y.p, 2048, OutType::BF16, st.s));
+  }
+  struct Shape {
+    int N, K;
+  };
+  for (Shape s : {Shape{2048, 4096}, Shape{1024, 1000}, Shape{128, 64}, Shape{256, 520}}) {
+    const int ldx = s.K + 8, ldy = s.N + 4;
+    Dev<uint16_t> w(size_t(s.N) * s.K), x(size_t(64) * ldx);
+    w.upload(random_bf16(w.n, 23 + s.N));
+    x.upload(random_bf16(x.n, 29 + s.K));
+    for (int M : {1, 9, 16, 33, 64}) {
+      for (OutType out : {OutType::F32, OutType::BF16}) {
+        const size_t elt = out == OutType::F32 ? 4 : 2;
+        Dev<uint8_t> y(size_t(M) * ldy * elt), y_ref(size_t(M) * ldy * elt);
+        y.poison();
+        y_ref.poison();
+        ASSERT_TRUE(cuda::preload_gemm(as_bf16(x), ldx, M, s.K, as_bf16(w), s.N, y.p, ldy, out, st.s))
+            << "N " << s.N << " K " << s.K << " M " << M;
+        ref->run(as_bf16(x), ldx, M, s.K, as_bf16(w), s.N, y_ref.p, ldy, out, st.s);
+        MS_CUDA_CHECK(cudaStreamSynchronize(st.s));
+        auto pack = [&](const std::vector<uint8_t>& v) {
+          std::vector<uint8_t> r(size_t(M) * s.N * elt);
+          for (int m = 0; m < M; ++m) std::memcpy(&r[size_t(m) * s.N * elt], &v[size_t(m) * ldy * elt], s.N * elt);
+          return r;
+        };
+        ASSERT_TRUE(same_products(pack(y.download()), pack(y_ref.download()), M, s.N, out,
+                                  fmt::format("N={} K={} M={} preloaded against cuBLAS", s.N, s.K, M)));
+      }
+    }
+  }
+}
+
 // The streaming kernel for vocabulary-sized W (gemv_stream: persistent warps, rings across row blocks) against
 // cuBLAS: the lm_head shapes of the served models, shapes whose row blocks do not split evenly over the warps, with
 // fewer row blocks than warps, a last row block cut short and K not a multiple of the 64-k slice; x with a row
@@ -576,6 +623,14 @@ TEST(CudaGemmBench, DISABLED_SkinnyTiming) {
       std::printf("skinny N %6d K %5d M %3d: %7.1f us (%4.0f GB/s), cuBLASLt %7.1f us; %s\n", N, K, M, us[0],
                   double(N) * K * 2 / (us[0] * 1e3), us[1],
                   cuda::skinny_gemm_describe(M, N, K, OutType::BF16).c_str());
+      if (M <= 64 && cuda::preload_gemm_supported(cuda::list_devices().at(0))) {
+        bool fits = true;
+        const double pl = cuda::event_time_us(st.s, N > 100000 ? 10 : 50, [&] {
+          fits = cuda::preload_gemm(as_bf16(x), K, M, K, as_bf16(w), N, y.p, N, OutType::BF16, st.s);
+        }, 3);
+        if (fits)
+          std::printf("preload N %6d K %5d M %3d: %7.1f us (%4.0f GB/s)\n", N, K, M, pl, double(N) * K * 2 / (pl * 1e3));
+      }
     }
   }
 }

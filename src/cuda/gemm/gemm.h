@@ -77,6 +77,17 @@ bool skinny_gemm_fits(int M, int K, int64_t ldx, const void* x, const void* W);
 void skinny_gemm(const bf16* x, int64_t ldx, int M, int K, const bf16* W, int N, void* y, int64_t ldy, OutType out,
                  cudaStream_t stream);
 std::string skinny_gemm_describe(int M, int N, int K, OutType out);  // its launch plan, for measurements
+// y = x W^T for up to 64 tokens of a wide W (N a multiple of 128) whose split-K share fits one wave of CTAs with
+// their whole share of W in shared memory (at most 8 slices of 64 k a CTA: o_proj's 2048 x 4096 at 8 splits), the
+// weights loaded before the programmatic wait, the splits reduced inside a thread-block cluster (gemm_skinny.cu, an
+// experiment: MOESERVE_GEMM_PRELOAD=1 sends the gemv backend's 9-64-token GEMMs of W wider than kSkinnyMaxN here).
+// False (nothing launched) where the shape does not fit; K % 8 == 0, 16-byte aligned x and W. Only where
+// preload_gemm_supported.
+bool preload_gemm_enabled();
+bool preload_gemm_supported(const DeviceInfo& dev);
+bool preload_gemm(const bf16* x, int64_t ldx, int M, int K, const bf16* W, int N, void* y, int64_t ldy, OutType out,
+                  cudaStream_t stream);
+
 // The router GEMM of a 9-128-token step with the top-k of each token inside the same launch (gemm_skinny.cu, an
 // experiment: MOESERVE_ROUTER_TOPK_CLUSTER=1): every row tile of W ([E, K], E <= kSkinnyMaxN) in one thread-block
 // cluster of at most 16 CTAs, logits = x W^T (f32, [M, E]) stored, then each token's top_k experts and weights as

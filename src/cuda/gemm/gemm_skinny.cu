@@ -27,9 +27,11 @@
 #include "cuda/device.h"
 #include "cuda/gemm/gemm.h"
 #include "cuda/launch.h"
+#include "cuda/moe/moe_kernel_params.h"
 #include "cuda/moe/moe_ptx.cuh"
 #include "cuda/moe/route_dev.cuh"
 #include "cuda/pdl.cuh"
+#include "cuda/tma.h"
 
 namespace moeserve::cuda {
 namespace {
@@ -319,7 +321,171 @@ bool launch_skinny_router_topk(SkinnyArgs a, cudaStream_t stream) {
   return true;
 }
 
+// ---- The preloaded split-K form for wide W (preload_gemm, an experiment: MOESERVE_GEMM_PRELOAD=1). Why: at bs 64
+// o_proj (2048 x 4096) takes cuBLASLt 7.9 us + a 1.8 us split-K reduce of chain a layer against 3.9 at the read floor
+// (session 30), and a library kernel cannot start its weight stream during the attention before it. Here one wave
+// of CTAs, each a 128-row tile x its split's k slices (at most 8: o_proj's 128 KB of W), holds its whole share of W
+// in shared memory: thread 0 issues every weight box (TMA, 128 rows x 64 k) before the programmatic wait and the
+// token boxes (64 rows x 64 k, zero past M) after it, each slice on its own mbarrier; one warpgroup runs m64n128k16
+// with the tokens as M as the slices land; the tile's f32 sums go to shared memory (over the consumed weights) and
+// the splits of a tile, one thread-block cluster, add them in split order through distributed shared memory (no
+// scratch, no reduce launch), as the skinny form does. Session 26's skinny GEMM lost on wide W by its 64-row tiles
+// (token rows re-read per 8 KB of W) and short split-K CTAs; session 30's WsLinear by its combine launch.
+constexpr int kPlRows = 128;       // weight rows a CTA: the wgmma's N
+constexpr int kPlTok = 64;         // token rows: the wgmma's M
+constexpr int kPlBK = 64;          // k a slice: 128-byte rows
+constexpr int kPlMaxSlices = 8;    // slices a CTA holds at once: 8 x (16 + 8) KB
+constexpr int kPlMaxSplits = 8;    // the portable cluster size
+constexpr int kPlThreads = 128;    // one warpgroup
+constexpr int kPlWBytes = kPlRows * kPlBK * 2;  // 16 KB
+constexpr int kPlXBytes = kPlTok * kPlBK * 2;   // 8 KB
+constexpr int kPlLdc = kPlRows + 4;             // f32 tile [token][row] pitch
+
+struct PreloadArgs {
+  moe_kernels::TmaDesc xmap;  // x [M, K], row stride ldx: boxes of 64 k x 64 rows (zero past M)
+  moe_kernels::TmaDesc wmap;  // W [N, K]: boxes of 64 k x 128 rows
+  int M, N, K, slices;        // slices: k slices of each split (the last split may have fewer, never none)
+  void* y;
+  int64_t ldy;
+  int vec_out;
+};
+
+// The weight region, which the f32 tile reuses once the MMAs are done.
+constexpr size_t preload_w_region(int slices) {
+  const size_t w = size_t(slices) * kPlWBytes, c = (size_t(kPlTok) * kPlLdc * 4 + 1023) / 1024 * 1024;
+  return w > c ? w : c;
+}
+constexpr size_t preload_smem_bytes(int slices) {
+  return 1024 + preload_w_region(slices) + size_t(slices) * kPlXBytes + size_t(slices) * 8;
+}
+
+template <typename OutT>
+__global__ void __launch_bounds__(kPlThreads, 1) preload_gemm_kernel(const __grid_constant__ PreloadArgs a) {
+#if MOE_HAVE_WGMMA
+  using namespace moe_ptx;
+  extern __shared__ __align__(16) char smem_raw[];
+  char* smem = align_smem(smem_raw, 1024);
+  const size_t wreg = preload_w_region(a.slices);
+  const unsigned wbase = smem_addr(smem), xbase = wbase + unsigned(wreg);
+  const unsigned bar0 = xbase + unsigned(a.slices * kPlXBytes);
+  const int tid = threadIdx.x, split = int(blockIdx.x), S = int(gridDim.x), tile = int(blockIdx.y);
+  const int KT = (a.K + kPlBK - 1) / kPlBK, kt0 = split * a.slices, nk = min(KT, kt0 + a.slices) - kt0;
+  if (tid == 0) {
+    for (int q = 0; q < nk; ++q) mbar_init(bar0 + 8 * q, 1);
+    fence_proxy_async_smem();
+    for (int q = 0; q < nk; ++q) {  // the weights are constants: before the wait
+      mbar_arrive_expect_tx(bar0 + 8 * q, kPlWBytes + kPlXBytes);
+      tma_load_2d(wbase + unsigned(q * kPlWBytes), &a.wmap, (kt0 + q) * kPlBK, tile * kPlRows, bar0 + 8 * q);
+    }
+  }
+  __syncthreads();  // the barriers are initialized
+  pdl_wait();       // the token rows come from the kernel before
+  if (tid == 0)
+    for (int q = 0; q < nk; ++q)
+      tma_load_2d(xbase + unsigned(q * kPlXBytes), &a.xmap, (kt0 + q) * kPlBK, 0, bar0 + 8 * q);
+  pdl_launch_dependents();
+
+  float d[kPlRows / 2];
+#pragma unroll
+  for (int i = 0; i < kPlRows / 2; ++i) d[i] = 0.0f;
+#pragma unroll 1
+  for (int q = 0; q < nk; ++q) {
+    mbar_wait(bar0 + 8 * q, 0);
+    const unsigned xs = xbase + unsigned(q * kPlXBytes), ws = wbase + unsigned(q * kPlWBytes);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kPlBK / 16; ++kk)
+      wgmma_m64nk16_bf16(d, wgmma_desc_sw128(xs + kk * 32), wgmma_desc_sw128(ws + kk * 32));
+    wgmma_commit();
+    wgmma_wait<1>();
+  }
+  wgmma_wait<0>();
+  __syncthreads();  // every warp's MMAs have read the weights: the region takes the f32 tile
+
+  // The fragment of m64n128 holds, for j < 16, (token 16 warp + lane / 4, row 8 j + 2 (lane % 4) + {0, 1}) in d[4 j],
+  // d[4 j + 1] and token + 8 in d[4 j + 2], d[4 j + 3].
+  float* cs = reinterpret_cast<float*>(smem);
+  const int warp = tid >> 5, lane = tid & 31, t0 = 16 * warp + lane / 4, c0 = 2 * (lane % 4);
+#pragma unroll
+  for (int j = 0; j < kPlRows / 8; ++j) {
+    *reinterpret_cast<float2*>(cs + t0 * kPlLdc + 8 * j + c0) = make_float2(d[4 * j], d[4 * j + 1]);
+    *reinterpret_cast<float2*>(cs + (t0 + 8) * kPlLdc + 8 * j + c0) = make_float2(d[4 * j + 2], d[4 * j + 3]);
+  }
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  if (S > 1)
+    cluster.sync();  // every split's tile in its shared memory
+  else
+    __syncthreads();
+  constexpr int Q = kPlTok * (kPlRows / 4);  // quads of 4 rows of one token
+  const int q0 = split * Q / S, q1 = (split + 1) * Q / S;
+  OutT* y = static_cast<OutT*>(a.y);
+  for (int q = q0 + tid; q < q1; q += kPlThreads) {
+    const int t = q / (kPlRows / 4), r = (q % (kPlRows / 4)) * 4;
+    if (t >= a.M) continue;
+    float v[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int s = 0; s < S; ++s) {  // in split order: the same sums whatever CTA stores them
+      const float* src = S > 1 ? cluster.map_shared_rank(cs, unsigned(s)) : cs;
+      const float4 p = *reinterpret_cast<const float4*>(src + t * kPlLdc + r);
+      v[0] += p.x, v[1] += p.y, v[2] += p.z, v[3] += p.w;
+    }
+    store_out(y + int64_t(t) * a.ldy, tile * kPlRows + r, a.N, a.vec_out != 0, v);
+  }
+  if (S > 1) cluster.sync();  // no CTA leaves while another still reads its shared memory
+#else
+  (void)a;  // never launched: preload_gemm_supported() is false without sm_90a code
+#endif
+}
+
 }  // namespace
+
+bool preload_gemm_enabled() {
+  static const bool on = env_flag("MOESERVE_GEMM_PRELOAD", false);
+  return on;
+}
+
+bool preload_gemm_supported(const DeviceInfo& dev) {
+  if (sm_version(dev) != 90) return false;
+  for (const void* k : {reinterpret_cast<const void*>(preload_gemm_kernel<bf16>),
+                        reinterpret_cast<const void*>(preload_gemm_kernel<float>)})
+    if (!check_kernel_present(k, dev).empty()) return false;
+  return true;
+}
+
+bool preload_gemm(const bf16* x, int64_t ldx, int M, int K, const bf16* W, int N, void* y, int64_t ldy, OutType out,
+                  cudaStream_t stream) {
+  if (M < 1 || M > kPlTok || N < kPlRows || N % kPlRows != 0 || K < 8 || K % 8 != 0 || ldx < K || ldx % 8 != 0 ||
+      ldy < N || !aligned_to(x, 16) || !aligned_to(W, 16))
+    return false;
+  static const int sms = current_device_multiprocessors();
+  const int tiles = N / kPlRows, KT = (K + kPlBK - 1) / kPlBK;
+  if (tiles > sms) return false;
+  int splits = std::clamp(sms / tiles, 1, std::min(kPlMaxSplits, KT));
+  const int slices = (KT + splits - 1) / splits;
+  if (slices > kPlMaxSlices) return false;  // the split's weights would not fit in shared memory
+  splits = (KT + slices - 1) / slices;     // no empty split
+  PreloadArgs a{};
+  encode_bf16_tma_2d(&a.xmap, x, M, K, kPlTok, ldx);
+  encode_bf16_tma_2d(&a.wmap, W, N, K, kPlRows);
+  a.M = M, a.N = N, a.K = K, a.slices = slices, a.y = y, a.ldy = ldy;
+  const size_t elt = out == OutType::F32 ? 4 : 2;
+  a.vec_out = (reinterpret_cast<uintptr_t>(y) % (4 * elt)) == 0 && ldy % 4 == 0;
+  const size_t smem = preload_smem_bytes(slices);
+  auto launch = [&](auto* kernel) {
+    MS_CHECK(raise_dynamic_smem(reinterpret_cast<const void*>(kernel), smem),
+             "preloaded GEMM: the device refuses {} bytes of shared memory", smem);
+    const dim3 grid{unsigned(splits), unsigned(tiles)};
+    if (splits > 1)
+      launch_pdl_cluster(kernel, grid, dim3(kPlThreads), smem, stream, unsigned(splits), a);
+    else
+      launch_pdl(kernel, grid, dim3(kPlThreads), smem, stream, a);
+  };
+  if (out == OutType::F32)
+    launch(preload_gemm_kernel<float>);
+  else
+    launch(preload_gemm_kernel<bf16>);
+  return true;
+}
 
 bool skinny_router_topk(const bf16* x, int64_t ldx, int M, int K, const bf16* W, int E, float* logits, int top_k,
                         bool renormalize, int32_t* ids, float* weights, cudaStream_t stream) {

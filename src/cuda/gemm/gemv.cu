@@ -694,6 +694,8 @@ class GemvBackend final : public GemmBackend {
     if (skinny_)
       code += ", wgmma kernels for 9-" + std::to_string(kSkinnyMaxM) + " tokens of W up to " +
               std::to_string(kSkinnyMaxN) + " rows";
+    preload_ = preload_gemm_enabled() && preload_gemm_supported(dev);
+    if (preload_) code += ", preloaded split-K wgmma for 9-64 tokens of wider W";
     prepared_ = true;
     return "";
   }
@@ -707,6 +709,8 @@ class GemvBackend final : public GemmBackend {
     // 9-128 tokens, a router-sized W: the skinny wgmma GEMM (gemm.h says why not wider).
     if (skinny_ && M > kTokens && M <= kSkinnyMaxM && N <= kSkinnyMaxN && skinny_gemm_fits(M, K, ldx, x, W))
       return skinny_gemm(x, ldx, M, K, W, N, y, ldy, out, stream);
+    // 9-64 tokens of a wide W whose split-K share fits in shared memory: the preloaded form (opt-in experiment).
+    if (preload_ && M > kTokens && N > kSkinnyMaxN && preload_gemm(x, ldx, M, K, W, N, y, ldy, out, stream)) return;
     const int64_t token_groups = ceil_div(M, kTokens);
     // W over MOESERVE_GEMV_MAX_WEIGHT_MB (default 128 MiB; 0: no limit), i.e. an lm_head, goes to cuBLASLt, which
     // streams it faster (H200, 151,936 x 2,048: 143.5 us against 151.0 at 1 token, 146.6 against 176.2 at 8); the
@@ -771,6 +775,7 @@ class GemvBackend final : public GemmBackend {
   std::unique_ptr<GemmBackend> fallback_;
   bool prepared_ = false;
   bool skinny_ = false;  // 8 < M <= kSkinnyMaxM on the skinny wgmma GEMM (sm_90 with its code, switch on)
+  bool preload_ = false;  // 8 < M <= 64 of wide W on the preloaded split-K GEMM (MOESERVE_GEMM_PRELOAD=1, sm_90)
   float* scratch_ = nullptr;  // kSplitScratchFloats floats, from prepare() (thresholds above kTokens only)
   int multiprocessors_ = 1;
 };
