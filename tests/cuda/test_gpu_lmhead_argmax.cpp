@@ -138,7 +138,6 @@ TEST(LmheadArgmax, MatchesCublasAndGreedyOnTheFullVocabulary) {
   }
 }
 
-// us a call of both forms (CUDA events over 50 back-to-back calls after a warm-up; the weights 622 MB, far beyond L2).
 // The backend report (what `moeserve backends` prints and the executor consults): on sm_90 the fast path is runnable
 // and passes its startup self-test at the q30b8l hidden size; elsewhere it says why not and is never chosen.
 TEST(LmheadArgmax, BackendReportSelfTestsIt) {
@@ -162,6 +161,7 @@ TEST(LmheadArgmax, BackendReportSelfTestsIt) {
   EXPECT_EQ(sel.lmhead_argmax, rep->status.self_test_passed);
 }
 
+// us a call of both forms (CUDA events over 50 back-to-back calls after a warm-up; the weights 622 MB, far beyond L2).
 TEST(LmheadArgmax, DISABLED_Timing) {
   constexpr int V = 151936, K = 2048;
   if (!usable(64, K, V)) GTEST_SKIP() << "needs an sm_90 GPU";
