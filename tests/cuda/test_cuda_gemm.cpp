@@ -82,6 +82,27 @@ const cuda::bf16* as_bf16(const Dev<uint16_t>& d) { return reinterpret_cast<cons
   return ::testing::AssertionSuccess();
 }
 
+// y = x W^T by `run` (which writes into the [M, ldy] buffer it is given, false: it took nothing) and by the reference
+// backend, both into poisoned buffers, compared on the N columns of every row (the padding past N is neither's).
+template <class Run>
+::testing::AssertionResult strided_against_ref(cuda::GemmBackend& ref, const Run& run, const Dev<uint16_t>& x,
+                                               int64_t ldx, int M, int K, const Dev<uint16_t>& w, int N, int64_t ldy,
+                                               OutType out, cudaStream_t st, const std::string& what) {
+  const size_t elt = out == OutType::F32 ? 4 : 2;
+  Dev<uint8_t> y(size_t(M) * ldy * elt), y_ref(size_t(M) * ldy * elt);
+  y.poison();
+  y_ref.poison();
+  if (!run(static_cast<void*>(y.p))) return ::testing::AssertionFailure() << what << ": not taken";
+  ref.run(as_bf16(x), ldx, M, K, as_bf16(w), N, y_ref.p, ldy, out, st);
+  MS_CUDA_CHECK(cudaStreamSynchronize(st));
+  auto pack = [&](const std::vector<uint8_t>& v) {
+    std::vector<uint8_t> r(size_t(M) * N * elt);
+    for (int m = 0; m < M; ++m) std::memcpy(&r[size_t(m) * N * elt], &v[size_t(m) * ldy * elt], N * elt);
+    return r;
+  };
+  return same_products(pack(y.download()), pack(y_ref.download()), M, N, out, what);
+}
+
 }  // namespace
 
 TEST(CudaGemm, EveryBackendPassesItsSelfTest) {
@@ -165,21 +186,12 @@ TEST(CudaGemm, SkinnyGemmMatchesCublasWithStrides) {
     x.upload(random_bf16(x.n, 19 + s.K));
     for (int M : {9, 16, 17, 32, 33, 64, 100, 128}) {
       for (OutType out : {OutType::F32, OutType::BF16}) {
-        const size_t elt = out == OutType::F32 ? 4 : 2;
-        Dev<uint8_t> y(size_t(M) * ldy * elt), y_ref(size_t(M) * ldy * elt);
-        y.poison();
-        y_ref.poison();
-        cuda::skinny_gemm(as_bf16(x), ldx, M, s.K, as_bf16(w), s.N, y.p, ldy, out, st.s);
-        ref->run(as_bf16(x), ldx, M, s.K, as_bf16(w), s.N, y_ref.p, ldy, out, st.s);
-        MS_CUDA_CHECK(cudaStreamSynchronize(st.s));
-        // Compare the N columns of every row (the padding past N is neither's).
-        auto pack = [&](const std::vector<uint8_t>& v) {
-          std::vector<uint8_t> r(size_t(M) * s.N * elt);
-          for (int m = 0; m < M; ++m) std::memcpy(&r[size_t(m) * s.N * elt], &v[size_t(m) * ldy * elt], s.N * elt);
-          return r;
+        const auto skinny = [&](void* y) {
+          cuda::skinny_gemm(as_bf16(x), ldx, M, s.K, as_bf16(w), s.N, y, ldy, out, st.s);
+          return true;
         };
-        ASSERT_TRUE(same_products(pack(y.download()), pack(y_ref.download()), M, s.N, out,
-                                  fmt::format("N={} K={} M={} skinny against cuBLAS", s.N, s.K, M)));
+        ASSERT_TRUE(strided_against_ref(*ref, skinny, x, ldx, M, s.K, w, s.N, ldy, out, st.s,
+                                        fmt::format("N={} K={} M={} skinny against cuBLAS", s.N, s.K, M)));
       }
     }
   }
@@ -212,21 +224,11 @@ TEST(CudaGemm, PreloadGemmMatchesCublas) {
     x.upload(random_bf16(x.n, 29 + s.K));
     for (int M : {1, 9, 16, 33, 64}) {
       for (OutType out : {OutType::F32, OutType::BF16}) {
-        const size_t elt = out == OutType::F32 ? 4 : 2;
-        Dev<uint8_t> y(size_t(M) * ldy * elt), y_ref(size_t(M) * ldy * elt);
-        y.poison();
-        y_ref.poison();
-        ASSERT_TRUE(cuda::preload_gemm(as_bf16(x), ldx, M, s.K, as_bf16(w), s.N, y.p, ldy, out, st.s))
-            << "N " << s.N << " K " << s.K << " M " << M;
-        ref->run(as_bf16(x), ldx, M, s.K, as_bf16(w), s.N, y_ref.p, ldy, out, st.s);
-        MS_CUDA_CHECK(cudaStreamSynchronize(st.s));
-        auto pack = [&](const std::vector<uint8_t>& v) {
-          std::vector<uint8_t> r(size_t(M) * s.N * elt);
-          for (int m = 0; m < M; ++m) std::memcpy(&r[size_t(m) * s.N * elt], &v[size_t(m) * ldy * elt], s.N * elt);
-          return r;
+        const auto preload = [&](void* y) {
+          return cuda::preload_gemm(as_bf16(x), ldx, M, s.K, as_bf16(w), s.N, y, ldy, out, st.s);
         };
-        ASSERT_TRUE(same_products(pack(y.download()), pack(y_ref.download()), M, s.N, out,
-                                  fmt::format("N={} K={} M={} preloaded against cuBLAS", s.N, s.K, M)));
+        ASSERT_TRUE(strided_against_ref(*ref, preload, x, ldx, M, s.K, w, s.N, ldy, out, st.s,
+                                        fmt::format("N={} K={} M={} preloaded against cuBLAS", s.N, s.K, M)));
       }
     }
   }
