@@ -6,6 +6,7 @@
 #include <map>
 #include <set>
 #include <mutex>
+#include <tuple>
 #include <string>
 
 #include <fmt/format.h>
@@ -142,6 +143,11 @@ bool raise_dynamic_smem(const void* kernel, size_t bytes) {
 }
 
 bool cluster_fits_device(const void* kernel, int cluster_x, int threads, size_t smem) {
+  static std::mutex mu;
+  static std::map<std::tuple<const void*, int, int, size_t>, bool> known;  // one device per process
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_tuple(kernel, cluster_x, threads, smem);
+  if (auto it = known.find(key); it != known.end()) return it->second;
   MS_CHECK(raise_dynamic_smem(kernel, smem), "the device refuses {} bytes of shared memory a block", smem);
   MS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
   cudaLaunchConfig_t cfg{};
@@ -157,7 +163,7 @@ bool cluster_fits_device(const void* kernel, int cluster_x, int threads, size_t 
   int clusters = 0;
   const cudaError_t e = cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg);
   if (e != cudaSuccess) (void)cudaGetLastError();  // no cluster of this size here
-  return e == cudaSuccess && clusters > 0;
+  return known.emplace(key, e == cudaSuccess && clusters > 0).first->second;
 }
 
 bool l2_evict_first_weights() {

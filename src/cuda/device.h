@@ -33,7 +33,8 @@ bool raise_dynamic_smem(const void* kernel, size_t bytes);
 // Whether the current device can hold at least one thread-block cluster of `cluster_x` blocks of `kernel` (1-D
 // clusters, `threads` a block, `smem` bytes of dynamic shared memory, which it raises to): allows non-portable sizes
 // (above 8) on the kernel and asks the occupancy calculator. False (the CUDA error cleared) where such a cluster
-// cannot run here; the caller then launches another way. Throws where the device refuses the shared memory.
+// cannot run here; the caller then launches another way. Throws where the device refuses the shared memory. Asked
+// once per (kernel, cluster, threads, smem) in a process (one device per process).
 bool cluster_fits_device(const void* kernel, int cluster_x, int threads, size_t smem);
 // Whether the weight streams of decode steps carry the L2 evict_first priority (the GEMV ring, the MoE's decode
 // tiles and down GEMV): MOESERVE_L2_EVICT_FIRST, default on (0: no cache hint, as before). A weight byte is read

@@ -56,7 +56,6 @@ struct SkinnyArgs {
   int vec_out;       // y and ldy let 4 consecutive outputs store as one vector
   // The router + top-k form (skinny_router_topk, TOPK): every row tile in one cluster of splits x tiles CTAs laid
   // along x (CTA (s, g) at x = g * splits + s), then the top-k of each token's logits row (y, f32).
-  int splits;
   int top_k, renormalize;
   int32_t* ids;
   float* weights;
@@ -99,11 +98,37 @@ __device__ __forceinline__ void store_out(OutT* y, int n, int N, bool vec, const
     if (n + j < N) y[n + j] = OutT(v[j]);
 }
 
+// The split-K reduction of both forms: the S splits of a ROWS-row tile left their f32 sums token-major in cs (pitch
+// ldc) in their shared memories (cluster ranks rank0 .. rank0 + S - 1; cs itself when not clustered); this split's
+// quads of 4 rows [q0, q1) (split_quads) are added up in split order (the same sums whatever CTA stores them) and
+// stored to y's rows n0 + r of the tokens below M.
+template <int ROWS, int TOKENS>
+__device__ __forceinline__ int2 split_quads(int split, int S) {
+  constexpr int Q = TOKENS * (ROWS / 4);  // quads of 4 consecutive rows of one token
+  return make_int2(split * Q / S, (split + 1) * Q / S);
+}
+template <int ROWS, int THREADS, typename OutT, typename Cluster>
+__device__ __forceinline__ void store_split_sums(Cluster& cluster, bool clustered, const float* cs, int ldc, int S,
+                                                 int2 quads, unsigned rank0, int M, OutT* y, int64_t ldy, int n0,
+                                                 int N, bool vec) {
+  for (int q = quads.x + int(threadIdx.x); q < quads.y; q += THREADS) {
+    const int t = q / (ROWS / 4), r = (q % (ROWS / 4)) * 4;
+    if (t >= M) continue;
+    float v[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int s = 0; s < S; ++s) {
+      const float* src = clustered ? cluster.map_shared_rank(cs, rank0 + unsigned(s)) : cs;
+      const float4 p = *reinterpret_cast<const float4*>(src + t * ldc + r);
+      v[0] += p.x, v[1] += p.y, v[2] += p.z, v[3] += p.w;
+    }
+    store_out(y + int64_t(t) * ldy, n0 + r, N, vec, v);
+  }
+}
+
 // CTA (s, g) of the (S, G) grid takes split s (slices [s kb_per_split, ...)) of row tiles g, g + G, g + 2 G, ...:
 // persistent, its ring running on across its tiles, so that each CTA streams its whole share in one wave (short CTAs
 // paid their DRAM latency and cluster barriers once per ~32 KB: 13-17 us for q/k/v at 16-64 tokens, H200). The S
 // CTAs of a cluster take the same tiles in the same order, so their per-tile reductions meet.
-// TOPK (skinny_router_topk): the grid is one cluster of a.splits x tiles CTAs along x, each CTA one (split, tile);
+// TOPK (skinny_router_topk): the grid is one cluster of splits x tiles CTAs along x, each CTA one (split, tile);
 // after the tile's sums are stored (f32 logits) and the cluster barrier that ends it (release / acquire at cluster
 // scope), warp w of CTA r routes tokens 4 r + w, + 4 x CTAs, ... as moe_route_topk does (route_dev::route_token):
 // the same logits and the same routing as the skinny GEMM + moe_route_topk, one launch less.
@@ -122,11 +147,11 @@ __global__ void __launch_bounds__(kSkThreads) skinny_gemm_kernel(SkinnyArgs a) {
   auto* Bs = As + STAGES * kSkRows * kSkBK;                            // [STAGES][BN][64]
   float* cs = reinterpret_cast<float*>(smem + skinny_ring_bytes<BN>());  // [BN tokens][kSkLdc] the tile's sums
   const int tid = threadIdx.x, ch = tid % CPR;
-  const int S = TOPK ? a.splits : int(gridDim.x), split = TOPK ? int(blockIdx.x) % S : int(blockIdx.x);
-  const int G = TOPK ? int(gridDim.x) / S : int(gridDim.y), g = TOPK ? int(blockIdx.x) / S : int(blockIdx.y);
+  const int tiles = (a.N + kSkRows - 1) / kSkRows;
+  const int S = TOPK ? int(gridDim.x) / tiles : int(gridDim.x), split = TOPK ? int(blockIdx.x) % S : int(blockIdx.x);
+  const int G = TOPK ? tiles : int(gridDim.y), g = TOPK ? int(blockIdx.x) / S : int(blockIdx.y);
   const unsigned rank0 = TOPK ? unsigned(g * S) : 0u;  // cluster rank of this tile's split 0
   const bool clustered = TOPK || S > 1;
-  const int tiles = (a.N + kSkRows - 1) / kSkRows;
   const int units = g < tiles ? (tiles - g + G - 1) / G : 0;  // the same for the CTAs of a cluster
   const int KB = (a.K + kSkBK - 1) / kSkBK;
   const int kb0 = split * a.kb_per_split;
@@ -173,8 +198,7 @@ __global__ void __launch_bounds__(kSkThreads) skinny_gemm_kernel(SkinnyArgs a) {
 
   namespace cg = cooperative_groups;
   cg::cluster_group cluster = cg::this_cluster();
-  constexpr int Q = BN * (kSkRows / 4);  // quads of 4 consecutive rows of one token
-  const int q0 = split * Q / S, q1 = (split + 1) * Q / S;  // this split's share of the stores
+  const int2 quads = split_quads<kSkRows, BN>(split, S);  // this split's share of the stores
   OutT* y = static_cast<OutT*>(a.y);
   const int warp = tid >> 5, lane = tid & 31, m = warp * 16 + (lane >> 2), tig = lane & 3;
   float d[BN / 2];
@@ -209,18 +233,8 @@ __global__ void __launch_bounds__(kSkThreads) skinny_gemm_kernel(SkinnyArgs a) {
       cluster.sync();  // every split's sums of this tile in its shared memory
     else
       __syncthreads();
-    const int n0 = (g + (j / nk) * G) * kSkRows;
-    for (int q = q0 + tid; q < q1; q += kSkThreads) {
-      const int t = q / (kSkRows / 4), r = (q % (kSkRows / 4)) * 4;
-      if (t >= a.M) continue;
-      float v[4] = {0.f, 0.f, 0.f, 0.f};
-      for (int s = 0; s < S; ++s) {  // in split order: the same sums whatever CTA stores them
-        const float* src = clustered ? cluster.map_shared_rank(cs, rank0 + unsigned(s)) : cs;
-        const float4 p = *reinterpret_cast<const float4*>(src + t * kSkLdc + r);
-        v[0] += p.x, v[1] += p.y, v[2] += p.z, v[3] += p.w;
-      }
-      store_out(y + int64_t(t) * a.ldy, n0 + r, a.N, a.vec_out != 0, v);
-    }
+    store_split_sums<kSkRows, kSkThreads>(cluster, clustered, cs, kSkLdc, S, quads, rank0, a.M, y, a.ldy,
+                                          (g + (j / nk) * G) * kSkRows, a.N, a.vec_out != 0);
     if (clustered)
       cluster.sync();  // cs is read by every split before any rewrites it (or leaves); with TOPK also the logits'
                        // release to the cluster
@@ -308,14 +322,10 @@ bool launch_skinny_router_topk(SkinnyArgs a, cudaStream_t stream) {
   if (splits < 1) return false;
   a.kb_per_split = (kb + splits - 1) / splits;
   splits = (kb + a.kb_per_split - 1) / a.kb_per_split;  // no empty split
-  a.splits = splits;
   const int ctas = splits * tiles;
-  static int fits[kSkMaxRouteCluster + 1] = {};  // 0 unknown, 1 yes, -1 no (one device per process)
-  if (fits[ctas] == 0)  // no such cluster here: the caller's two launches
-    fits[ctas] = cluster_fits_device(reinterpret_cast<const void*>(kernel), ctas, kSkThreads, skinny_smem_bytes<BN>())
-                     ? 1
-                     : -1;
-  if (fits[ctas] < 0) return false;
+  // No such cluster here: the caller's two launches.
+  if (!cluster_fits_device(reinterpret_cast<const void*>(kernel), ctas, kSkThreads, skinny_smem_bytes<BN>()))
+    return false;
   launch_pdl_cluster(kernel, dim3(unsigned(ctas)), dim3(kSkThreads), skinny_smem_bytes<BN>(), stream, unsigned(ctas),
                      a);
   return true;
@@ -417,20 +427,8 @@ __global__ void __launch_bounds__(kPlThreads, 1) preload_gemm_kernel(const __gri
     cluster.sync();  // every split's tile in its shared memory
   else
     __syncthreads();
-  constexpr int Q = kPlTok * (kPlRows / 4);  // quads of 4 rows of one token
-  const int q0 = split * Q / S, q1 = (split + 1) * Q / S;
-  OutT* y = static_cast<OutT*>(a.y);
-  for (int q = q0 + tid; q < q1; q += kPlThreads) {
-    const int t = q / (kPlRows / 4), r = (q % (kPlRows / 4)) * 4;
-    if (t >= a.M) continue;
-    float v[4] = {0.f, 0.f, 0.f, 0.f};
-    for (int s = 0; s < S; ++s) {  // in split order: the same sums whatever CTA stores them
-      const float* src = S > 1 ? cluster.map_shared_rank(cs, unsigned(s)) : cs;
-      const float4 p = *reinterpret_cast<const float4*>(src + t * kPlLdc + r);
-      v[0] += p.x, v[1] += p.y, v[2] += p.z, v[3] += p.w;
-    }
-    store_out(y + int64_t(t) * a.ldy, tile * kPlRows + r, a.N, a.vec_out != 0, v);
-  }
+  store_split_sums<kPlRows, kPlThreads>(cluster, S > 1, cs, kPlLdc, S, split_quads<kPlRows, kPlTok>(split, S), 0u, a.M,
+                                        static_cast<OutT*>(a.y), a.ldy, tile * kPlRows, a.N, a.vec_out != 0);
   if (S > 1) cluster.sync();  // no CTA leaves while another still reads its shared memory
 #else
   (void)a;  // never launched: preload_gemm_supported() is false without sm_90a code

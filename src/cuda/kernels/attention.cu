@@ -239,14 +239,9 @@ int decode_cluster_stages(dim3 grid) {
 }
 
 template <bool FUSED_IN, int STAGES>
-bool cluster_fits(int splits) {
-  static int fits[17] = {};  // 0 unknown, 1 yes, -1 no; per process (one device per process) and kernel
-  if (fits[splits] == 0) {  // no cluster of this size here: the merge launch
-    constexpr size_t smem = detail::gqa_smem_bytes<128, STAGES>();
-    auto kernel = detail::paged_attention_decode_gqa_kernel<128, true, true, FUSED_IN, STAGES>;
-    fits[splits] = cluster_fits_device(reinterpret_cast<const void*>(kernel), splits, 128, smem) ? 1 : -1;
-  }
-  return fits[splits] > 0;
+bool cluster_fits(int splits) {  // false: no cluster of this size here, the merge launch
+  auto kernel = detail::paged_attention_decode_gqa_kernel<128, true, true, FUSED_IN, STAGES>;
+  return cluster_fits_device(reinterpret_cast<const void*>(kernel), splits, 128, detail::gqa_smem_bytes<128, STAGES>());
 }
 
 // Whether the split parts of a keys-as-M decode grid are merged inside clusters of `grid.x` blocks (see

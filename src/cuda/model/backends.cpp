@@ -419,10 +419,10 @@ SelectedBackends select_backends(const DeviceInfo& dev, const ModelShapes& shape
     r.status.runnable = r.status.reason.empty();
     r.status.code = r.status.runnable ? fmt::format("{} in binary", sm_name(90, true)) : "absent";
     const bool enabled = env_flag("MOESERVE_LMHEAD_ARGMAX", true);
-    if (r.status.runnable)
+    if (r.status.runnable && (enabled || req.report_only))  // a server with it off skips the start-up work
       run_self_test(r.status, [&](double& err) { return lmhead_argmax_self_test(shapes.hidden, err); }, dev);
     else
-      r.status.self_test = "not run";
+      r.status.self_test = r.status.runnable ? "not run (off)" : "not run";
     if (!req.report_only) {
       out.lmhead_argmax = enabled && r.status.runnable && r.status.self_test_passed;
       r.status.chosen = out.lmhead_argmax;

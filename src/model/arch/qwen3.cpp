@@ -154,12 +154,9 @@ void Qwen3Model::forward(const ForwardBatch& batch, KVPool& kv, float* logits, T
     kernels::linear(attn.data(), N, QD, L.o, tmp.data(), H, pool);
     kernels::add_rmsnorm(h.data(), tmp.data(), L.post_norm.ptr<float>(), eps, N, H, x.data());
     if (L.is_moe) {
-      if (router_hook_) {
-        const kernels::RouterLogitsHook hook = [&](float* lg, int64_t T, int64_t E) { router_hook_(l, lg, T, E); };
-        kernels::moe_forward(x.data(), N, H, L.moe, tmp.data(), pool, &hook);
-      } else {
-        kernels::moe_forward(x.data(), N, H, L.moe, tmp.data(), pool);
-      }
+      kernels::RouterLogitsHook hook;  // empty (no call) unless a router hook is set
+      if (router_hook_) hook = [&](float* lg, int64_t T, int64_t E) { router_hook_(l, lg, T, E); };
+      kernels::moe_forward(x.data(), N, H, L.moe, tmp.data(), pool, &hook);
     } else {
       const int64_t I = c.intermediate_size;
       mlp_a.resize(N * I);
