@@ -198,8 +198,10 @@ TEST(CudaGemm, SkinnyGemmMatchesCublasWithStrides) {
 }
 
 // The preloaded split-K GEMM (MOESERVE_GEMM_PRELOAD's kernel) against cuBLAS: o_proj's shape (8 splits in a cluster),
-// a K that ends inside a 64-k slice, one split (no cluster), 1-64 tokens, a row stride above K for x and above N for
-// y, both output types; outputs poisoned first. Shapes whose split share would not fit are refused (false).
+// a K that ends inside a 64-k slice, one split (no cluster), q/k/v's shape and one of 12 slices ending inside a slice
+// (the x-ring form: 3 splits of 11 or 12 slices, token slices through the ring), 1-64 tokens, a row stride above K
+// for x and above N for y, both output types; outputs poisoned first. Shapes whose split share would not fit are
+// refused (false), and so is q/k/v's without the x ring.
 TEST(CudaGemm, PreloadGemmMatchesCublas) {
   SKIP_WITHOUT_GPU();
   if (!cuda::preload_gemm_supported(cuda::list_devices().at(0))) GTEST_SKIP() << "no sm_90a wgmma here";
@@ -213,11 +215,15 @@ TEST(CudaGemm, PreloadGemmMatchesCublas) {
         << "32 tiles x 64 slices cannot hold their shares";
     EXPECT_FALSE(cuda::preload_gemm(as_bf16(x), 8192, 65, 2048, as_bf16(w), 2048, y.p, 2048, OutType::BF16, st.s));
     EXPECT_FALSE(cuda::preload_gemm(as_bf16(x), 8192, 16, 2048, as_bf16(w), 2000, y.p, 2048, OutType::BF16, st.s));
+    EXPECT_FALSE(cuda::preload_gemm(as_bf16(x), 2048, 16, 2048, as_bf16(w), 5120, y.p, 5120, OutType::BF16, st.s,
+                                    /*x_ring=*/false))
+        << "q/k/v's 3 splits of 11 slices need the x ring";
   }
   struct Shape {
     int N, K;
   };
-  for (Shape s : {Shape{2048, 4096}, Shape{1024, 1000}, Shape{128, 64}, Shape{256, 520}}) {
+  for (Shape s : {Shape{2048, 4096}, Shape{1024, 1000}, Shape{128, 64}, Shape{256, 520}, Shape{5120, 2048},
+                  Shape{5120, 2300}}) {
     const int ldx = s.K + 8, ldy = s.N + 4;
     Dev<uint16_t> w(size_t(s.N) * s.K), x(size_t(64) * ldx);
     w.upload(random_bf16(w.n, 23 + s.N));

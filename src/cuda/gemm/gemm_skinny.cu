@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <string>
+#include <type_traits>
 
 #include <fmt/format.h>
 
@@ -30,6 +31,10 @@
 #include "cuda/moe/moe_kernel_params.h"
 #include "cuda/moe/moe_ptx.cuh"
 #include "cuda/moe/route_dev.cuh"
+// The routing prep's body for the router + top-k form (prep_body; the kernels' entry points left out).
+#define MOE_KERNEL_BODIES_ONLY
+#include "cuda/moe/moe_gemm_kernels.cuh"
+#undef MOE_KERNEL_BODIES_ONLY
 #include "cuda/pdl.cuh"
 #include "cuda/tma.h"
 
@@ -59,6 +64,12 @@ struct SkinnyArgs {
   int top_k, renormalize;
   int32_t* ids;
   float* weights;
+};
+// The router + top-k form's arguments: then, where has_prep, the MoE's routing prep over ids by the cluster's first CTA
+// (MoeBackend::prep_in_route). (A type of its own: a larger SkinnyArgs changed the other kernels' registers.)
+struct SkinnyRouteArgs : SkinnyArgs {
+  int has_prep;
+  moe_kernels::PrepParams prep;
 };
 
 // The ring and the f32 tile in at most ~113 KB, so that two CTAs share an SM (64-144 KB of weights in flight on it).
@@ -133,7 +144,7 @@ __device__ __forceinline__ void store_split_sums(Cluster& cluster, bool clustere
 // scope), warp w of CTA r routes tokens 4 r + w, + 4 x CTAs, ... as moe_route_topk does (route_dev::route_token):
 // the same logits and the same routing as the skinny GEMM + moe_route_topk, one launch less.
 template <int BN, typename OutT, bool TOPK = false>
-__global__ void __launch_bounds__(kSkThreads) skinny_gemm_kernel(SkinnyArgs a) {
+__global__ void __launch_bounds__(kSkThreads) skinny_gemm_kernel(std::conditional_t<TOPK, SkinnyRouteArgs, SkinnyArgs> a) {
 #if MOE_HAVE_WGMMA
   using namespace moe_ptx;
   constexpr int STAGES = skinny_stages<BN>();
@@ -248,6 +259,11 @@ __global__ void __launch_bounds__(kSkThreads) skinny_gemm_kernel(SkinnyArgs a) {
     for (int t = int(blockIdx.x) * kWarps + (tid >> 5); t < a.M; t += int(gridDim.x) * kWarps)
       route_dev::route_token(reinterpret_cast<const float*>(a.y) + int64_t(t) * a.ldy, t, a.N, a.top_k,
                              a.renormalize != 0, a.ids, a.weights, lane);
+    if (a.has_prep) {
+      cluster.sync();  // every token's experts are written (release / acquire at cluster scope)
+      // The prep in CTA 0, its counts in the ring's first bytes (no CTA reads this one's shared memory any more).
+      if (blockIdx.x == 0) moe_kernels::prep_body(a.prep, smem);
+    }
   }
 #else
   (void)a;  // never launched: skinny_gemm_supported() is false without sm_90a code
@@ -313,7 +329,7 @@ void launch_skinny_bn(const SkinnyArgs& a, cudaStream_t stream) {
 // The router + top-k form: splits x tiles CTAs (at most 16, a non-portable cluster above 8) in one cluster, if the
 // device can hold such a cluster of this kernel (asked once per size).
 template <int BN>
-bool launch_skinny_router_topk(SkinnyArgs a, cudaStream_t stream) {
+bool launch_skinny_router_topk(SkinnyRouteArgs a, cudaStream_t stream) {
   auto* kernel = skinny_gemm_kernel<BN, float, true>;
   const int tiles = (a.N + kSkRows - 1) / kSkRows;
   const SkinnyPlan plan = skinny_plan(a.N, a.K, skinny_ctas_per_sm<BN, float>());
@@ -341,10 +357,15 @@ bool launch_skinny_router_topk(SkinnyArgs a, cudaStream_t stream) {
 // the splits of a tile, one thread-block cluster, add them in split order through distributed shared memory (no
 // scratch, no reduce launch), as the skinny form does. Session 26's skinny GEMM lost on wide W by its 64-row tiles
 // (token rows re-read per 8 KB of W) and short split-K CTAs; session 30's WsLinear by its combine launch.
+// The x-ring form (XRING, MOESERVE_GEMM_PRELOAD=2; written in session 42 for q/k/v, 5120 x 2048 at bs 64: 40 tiles x
+// 3 splits of 11 slices, whose token rows would not fit beside 176 KB of W): the token slices pass through a ring of
+// kPlXStages, slice q + kPlXStages issued into slice q's stage once every warp's MMAs of slice q are done.
 constexpr int kPlRows = 128;       // weight rows a CTA: the wgmma's N
 constexpr int kPlTok = 64;         // token rows: the wgmma's M
 constexpr int kPlBK = 64;          // k a slice: 128-byte rows
-constexpr int kPlMaxSlices = 8;    // slices a CTA holds at once: 8 x (16 + 8) KB
+constexpr int kPlMaxSlices = 8;    // slices a CTA holds at once, token slices with them: 8 x (16 + 8) KB
+constexpr int kPlMaxRingSlices = 12;  // the x-ring form: 12 x 16 KB of W + kPlXStages x 8 KB
+constexpr int kPlXStages = 4;
 constexpr int kPlMaxSplits = 8;    // the portable cluster size
 constexpr int kPlThreads = 128;    // one warpgroup
 constexpr int kPlWBytes = kPlRows * kPlBK * 2;  // 16 KB
@@ -365,19 +386,22 @@ constexpr size_t preload_w_region(int slices) {
   const size_t w = size_t(slices) * kPlWBytes, c = (size_t(kPlTok) * kPlLdc * 4 + 1023) / 1024 * 1024;
   return w > c ? w : c;
 }
-constexpr size_t preload_smem_bytes(int slices) {
-  return 1024 + preload_w_region(slices) + size_t(slices) * kPlXBytes + size_t(slices) * 8;
+constexpr size_t preload_smem_bytes(int slices, bool x_ring) {
+  return 1024 + preload_w_region(slices) + size_t(x_ring ? kPlXStages : slices) * kPlXBytes + size_t(slices) * 8;
 }
+static_assert(preload_smem_bytes(kPlMaxRingSlices, true) <= (227u << 10), "the x-ring form's largest share fits an SM");
+static_assert(preload_smem_bytes(kPlMaxSlices, false) <= (227u << 10), "the whole-x form's largest share fits an SM");
 
-template <typename OutT>
+template <typename OutT, bool XRING>
 __global__ void __launch_bounds__(kPlThreads, 1) preload_gemm_kernel(const __grid_constant__ PreloadArgs a) {
 #if MOE_HAVE_WGMMA
   using namespace moe_ptx;
   extern __shared__ __align__(16) char smem_raw[];
   char* smem = align_smem(smem_raw, 1024);
   const size_t wreg = preload_w_region(a.slices);
+  const int xst = XRING ? kPlXStages : a.slices;  // token stages: slice q's in stage q % xst
   const unsigned wbase = smem_addr(smem), xbase = wbase + unsigned(wreg);
-  const unsigned bar0 = xbase + unsigned(a.slices * kPlXBytes);
+  const unsigned bar0 = xbase + unsigned(xst * kPlXBytes);
   const int tid = threadIdx.x, split = int(blockIdx.x), S = int(gridDim.x), tile = int(blockIdx.y);
   const int KT = (a.K + kPlBK - 1) / kPlBK, kt0 = split * a.slices, nk = min(KT, kt0 + a.slices) - kt0;
   if (tid == 0) {
@@ -391,7 +415,7 @@ __global__ void __launch_bounds__(kPlThreads, 1) preload_gemm_kernel(const __gri
   __syncthreads();  // the barriers are initialized
   pdl_wait();       // the token rows come from the kernel before
   if (tid == 0)
-    for (int q = 0; q < nk; ++q)
+    for (int q = 0; q < min(nk, xst); ++q)
       tma_load_2d(xbase + unsigned(q * kPlXBytes), &a.xmap, (kt0 + q) * kPlBK, 0, bar0 + 8 * q);
   pdl_launch_dependents();
 
@@ -401,13 +425,22 @@ __global__ void __launch_bounds__(kPlThreads, 1) preload_gemm_kernel(const __gri
 #pragma unroll 1
   for (int q = 0; q < nk; ++q) {
     mbar_wait(bar0 + 8 * q, 0);
-    const unsigned xs = xbase + unsigned(q * kPlXBytes), ws = wbase + unsigned(q * kPlWBytes);
+    const unsigned xs = xbase + unsigned((q % xst) * kPlXBytes), ws = wbase + unsigned(q * kPlWBytes);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kPlBK / 16; ++kk)
       wgmma_m64nk16_bf16(d, wgmma_desc_sw128(xs + kk * 32), wgmma_desc_sw128(ws + kk * 32));
     wgmma_commit();
-    wgmma_wait<1>();
+    wgmma_wait<1>();  // slice q - 1's MMAs are done in this warp
+    if constexpr (XRING) {
+      const int nx = q - 1 + kPlXStages;  // into slice q - 1's stage, once no warp reads it (the same in every thread)
+      if (q >= 1 && nx < nk) {
+        __syncthreads();
+        if (tid == 0)
+          tma_load_2d(xbase + unsigned(((q - 1) % kPlXStages) * kPlXBytes), &a.xmap, (kt0 + nx) * kPlBK, 0,
+                      bar0 + 8 * nx);
+      }
+    }
   }
   wgmma_wait<0>();
   __syncthreads();  // every warp's MMAs have read the weights: the region takes the f32 tile
@@ -437,21 +470,23 @@ __global__ void __launch_bounds__(kPlThreads, 1) preload_gemm_kernel(const __gri
 
 }  // namespace
 
-bool preload_gemm_enabled() {
-  static const bool on = env_flag("MOESERVE_GEMM_PRELOAD", false);
-  return on;
+int preload_gemm_mode() {
+  static const int mode = int(env_int("MOESERVE_GEMM_PRELOAD", 0, 0, 2));
+  return mode;
 }
 
 bool preload_gemm_supported(const DeviceInfo& dev) {
   if (sm_version(dev) != 90) return false;
-  for (const void* k : {reinterpret_cast<const void*>(preload_gemm_kernel<bf16>),
-                        reinterpret_cast<const void*>(preload_gemm_kernel<float>)})
+  for (const void* k : {reinterpret_cast<const void*>(preload_gemm_kernel<bf16, false>),
+                        reinterpret_cast<const void*>(preload_gemm_kernel<float, false>),
+                        reinterpret_cast<const void*>(preload_gemm_kernel<bf16, true>),
+                        reinterpret_cast<const void*>(preload_gemm_kernel<float, true>)})
     if (!check_kernel_present(k, dev).empty()) return false;
   return true;
 }
 
 bool preload_gemm(const bf16* x, int64_t ldx, int M, int K, const bf16* W, int N, void* y, int64_t ldy, OutType out,
-                  cudaStream_t stream) {
+                  cudaStream_t stream, bool x_ring) {
   if (M < 1 || M > kPlTok || N < kPlRows || N % kPlRows != 0 || K < 8 || K % 8 != 0 || ldx < K || ldx % 8 != 0 ||
       ldy < N || !aligned_to(x, 16) || !aligned_to(W, 16))
     return false;
@@ -460,7 +495,8 @@ bool preload_gemm(const bf16* x, int64_t ldx, int M, int K, const bf16* W, int N
   if (tiles > sms) return false;
   int splits = std::clamp(sms / tiles, 1, std::min(kPlMaxSplits, KT));
   const int slices = (KT + splits - 1) / splits;
-  if (slices > kPlMaxSlices) return false;  // the split's weights would not fit in shared memory
+  const bool ring = slices > kPlMaxSlices;  // the token slices through a ring beside the weights
+  if (slices > (x_ring ? kPlMaxRingSlices : kPlMaxSlices)) return false;  // the split's weights would not fit
   splits = (KT + slices - 1) / slices;     // no empty split
   PreloadArgs a{};
   encode_bf16_tma_2d(&a.xmap, x, M, K, kPlTok, ldx);
@@ -468,7 +504,7 @@ bool preload_gemm(const bf16* x, int64_t ldx, int M, int K, const bf16* W, int N
   a.M = M, a.N = N, a.K = K, a.slices = slices, a.y = y, a.ldy = ldy;
   const size_t elt = out == OutType::F32 ? 4 : 2;
   a.vec_out = (reinterpret_cast<uintptr_t>(y) % (4 * elt)) == 0 && ldy % 4 == 0;
-  const size_t smem = preload_smem_bytes(slices);
+  const size_t smem = preload_smem_bytes(slices, ring);
   auto launch = [&](auto* kernel) {
     MS_CHECK(raise_dynamic_smem(reinterpret_cast<const void*>(kernel), smem),
              "preloaded GEMM: the device refuses {} bytes of shared memory", smem);
@@ -479,20 +515,29 @@ bool preload_gemm(const bf16* x, int64_t ldx, int M, int K, const bf16* W, int N
       launch_pdl(kernel, grid, dim3(kPlThreads), smem, stream, a);
   };
   if (out == OutType::F32)
-    launch(preload_gemm_kernel<float>);
+    ring ? launch(preload_gemm_kernel<float, true>) : launch(preload_gemm_kernel<float, false>);
   else
-    launch(preload_gemm_kernel<bf16>);
+    ring ? launch(preload_gemm_kernel<bf16, true>) : launch(preload_gemm_kernel<bf16, false>);
   return true;
 }
 
 bool skinny_router_topk(const bf16* x, int64_t ldx, int M, int K, const bf16* W, int E, float* logits, int top_k,
-                        bool renormalize, int32_t* ids, float* weights, cudaStream_t stream) {
+                        bool renormalize, int32_t* ids, float* weights, cudaStream_t stream,
+                        const moe_kernels::PrepParams* prep) {
   if (!skinny_gemm_fits(M, K, ldx, x, W) || E < 1 || E > kSkinnyMaxN || top_k < 1 || top_k > E ||
       top_k > route_dev::kRouteMaxTopK || (E + kSkRows - 1) / kSkRows > kSkMaxRouteCluster)
     return false;
-  SkinnyArgs a{x, ldx, M, K, W, E, logits, E, 0, l2_evict_first_weights() ? 1 : 0, 0};
+  MS_CHECK(prep == nullptr || (prep->mode == moe_kernels::kPrepWhole && prep->topk_ids == ids &&
+                               prep->num_pairs == M * top_k && prep->num_experts == E &&
+                               E <= moe_kernels::kMaxExperts),
+           "router + top-k: the routing prep must be a single-CTA prep over these {} x {} ids of {} experts", M,
+           top_k, E);
+  SkinnyRouteArgs a{};
+  static_cast<SkinnyArgs&>(a) = SkinnyArgs{x, ldx, M, K, W, E, logits, E, 0, l2_evict_first_weights() ? 1 : 0, 0};
   a.vec_out = (reinterpret_cast<uintptr_t>(logits) % 16) == 0 && E % 4 == 0;
   a.top_k = top_k, a.renormalize = renormalize ? 1 : 0, a.ids = ids, a.weights = weights;
+  a.has_prep = prep != nullptr ? 1 : 0;
+  if (prep != nullptr) a.prep = *prep;
   if (M <= 16) return launch_skinny_router_topk<16>(a, stream);
   if (M <= 32) return launch_skinny_router_topk<32>(a, stream);
   if (M <= 64) return launch_skinny_router_topk<64>(a, stream);
