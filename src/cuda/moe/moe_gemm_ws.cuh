@@ -389,7 +389,31 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
         const int pos = n < tile.rows ? tile.row0 + n : -1;
         const long long row = pos < 0 ? 0 : MODE == kGateUp ? p.perm_pair[pos] / p.top_k : pos;
         b_ok[it] = pos >= 0;
-        b_src[it] = p.src + row * K + ch * 8;
+        b_src[it] = p.src + row * K + ch * 8;  // row 0's for a row past the tile's: a valid address at every k0
+      }
+      // kCpW: the unit's weight sources, computed once a unit (copy_weights recomputes them a slice). A row past the
+      // expert's rows keeps p.weights' first row as its source (a valid address at every k0, read with src-size 0),
+      // so that a slice's copies are its k0 added, with no select.
+      const unsigned short* w_src[A_ITERS];
+      unsigned w_ok = 0;
+      if constexpr (kCpW) {
+#pragma unroll
+        for (int it = 0; it < A_ITERS; ++it) {
+          const int r = tid / CPR + it * RPP;
+          int rr;
+          bool ok;
+          if (MODE == kGateUp) {
+            const int i = bx * (BM / 2) + (r % (BM / 2));
+            ok = i < I;
+            rr = r < BM / 2 ? i : I + i;
+          } else {
+            rr = bx * BM + r;
+            ok = rr < H;
+          }
+          const long long grow = (long long)tile.expert * (MODE == kGateUp ? 2 * I : H) + rr;
+          w_src[it] = p.weights + (ok ? grow * K : 0) + wch * 8;
+          w_ok |= unsigned(ok) << it;
+        }
       }
       for (int kt = 0; kt < nk; ++kt, ++slice) {
         const int stage = slice % STAGES;
@@ -400,15 +424,27 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
         const bool k_ok = k0 + ch * 8 < K;
         unsigned short* bs = Bs + stage * BN * BK;
         if constexpr (kCpW) {
-          if (slice >= prefetched) copy_weights(slice, tile, bx, kt);
+          if (slice >= prefetched) {
+            unsigned short* as = As + stage * BM * BK;
+            // One uniform branch on the launch's L2 choice instead of both cp.async forms under predicates.
+            if (hint) {
+#pragma unroll
+              for (int it = 0; it < A_ITERS; ++it)
+                cp_async16_hint(as + swz<BK>(tid / CPR + it * RPP, wch), w_src[it] + k0, ((w_ok >> it) & 1u) && k_ok,
+                                true, wpol);
+            } else {
+#pragma unroll
+              for (int it = 0; it < A_ITERS; ++it)
+                cp_async16(as + swz<BK>(tid / CPR + it * RPP, wch), w_src[it] + k0, ((w_ok >> it) & 1u) && k_ok);
+            }
+          }
         } else if (tid == 0 && slice >= prefetched) {
           issue_weights(slice, tile, bx, kt);
         }
 #pragma unroll
         for (int it = 0; it < B_ITERS; ++it) {
           const int n = tid / CPR + it * RPP;
-          const bool ok = b_ok[it] && k_ok;
-          cp_async16(bs + swz<BK>(n, ch), ok ? b_src[it] + k0 : p.src, ok);
+          cp_async16(bs + swz<BK>(n, ch), b_src[it] + k0, b_ok[it] && k_ok);
         }
         // The stage's `full` barrier completes when every producer thread's copies of it have landed (one
         // asynchronous arrival a thread, counted by the barrier's init count: .noinc).
