@@ -119,22 +119,13 @@ run test_gpu_model_unfolded ok env MOESERVE_ROUTER_FOLD=0 MOESERVE_EMBED_PARTIAL
 # MOESERVE_GEMV_RING_STAGES=4, MOESERVE_MOE_DOWN_GEMV_STAGES=2, 3, 4). The opt-in switches (off by default; their
 # same-call A/Bs measured even or slower): the final norm inside the streaming lm_head GEMV at decode
 # (MOESERVE_LMHEAD_NORM_IN=1; also test_cuda_gemm's StreamingGemvNormInMatchesNormInRows, which runs it directly) and
-# the folded route of 9-128-token decode steps (MOESERVE_ROUTER_FOLD_MID=1; test_gpu_router_fold runs its kernel);
-# session 41's router GEMM + top-k in one cluster launch (MOESERVE_ROUTER_TOPK_CLUSTER=1, with session 42's MoE
-# routing prep inside: =2; test_gpu_router_fold runs both directly too), o_proj of 9-64-token steps on the preloaded
-# split-K GEMM (MOESERVE_GEMM_PRELOAD=1, with session 42's x-ring form for q/k/v: =2; test_cuda_gemm runs its kernel
-# directly; session 42's RMSNorm launches that let the next kernel start before their wait, so that the preloaded
-# q/k/v loads during the MoE combine too: MOESERVE_NORM_EARLY_TRIGGER=1) and the batched decode attention in two key
-# halves merged in clusters (MOESERVE_ATTN_DECODE_MIN_SPLITS=2 MOESERVE_ATTN_CLUSTER_WAVES=1). The folded mid-sized route takes precedence over the router + top-k launch, so it
-# runs on its own.
+# the folded route of 9-128-token decode steps (MOESERVE_ROUTER_FOLD_MID=1; test_gpu_router_fold runs its kernel).
 # The other opt-in experiments were removed after their A/Bs (docs/ARCHITECTURE.md lists them, docs/PERF.md has
 # the figures).
 EARLIER=(MOESERVE_GREEDY_GRID=0 MOESERVE_GEMV_RING_STAGES=4 MOESERVE_MOE_DOWN_GEMV_STAGES=4)
-OPT_IN=(MOESERVE_LMHEAD_NORM_IN=1 MOESERVE_ROUTER_TOPK_CLUSTER=2 MOESERVE_GEMM_PRELOAD=2 MOESERVE_NORM_EARLY_TRIGGER=1
-        MOESERVE_ATTN_DECODE_MIN_SPLITS=2 MOESERVE_ATTN_CLUSTER_WAVES=1)
+OPT_IN=(MOESERVE_LMHEAD_NORM_IN=1 MOESERVE_ROUTER_FOLD_MID=1)
 run test_gpu_model_earlier ok env "${EARLIER[@]}" "$BUILD/tests/test_gpu_model" --gtest_brief=1
 run test_gpu_model_opt_in ok env "${OPT_IN[@]}" "$BUILD/tests/test_gpu_model" --gtest_brief=1
-run test_gpu_model_fold_mid ok env MOESERVE_ROUTER_FOLD_MID=1 "$BUILD/tests/test_gpu_model" --gtest_brief=1
 run test_gpu_parity_opt_in ok env "${OPT_IN[@]}" "$BUILD/tests/test_gpu_parity" --gtest_brief=1 --gtest_filter='*Bf16*'
 for g in 0 1; do
   run "test_cuda_sampling_greedy_grid$g" ok env MOESERVE_GREEDY_GRID=$g "$BUILD/tests/test_cuda_sampling_greedy" \

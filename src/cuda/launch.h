@@ -10,11 +10,6 @@
 //    kernel may still read; every block calls it (also blocks that return early), so that the grid completes
 //    only after its predecessor and the chain stays transitive;
 //  - call pdl_launch_dependents() only after pdl_wait(), so at most one grid runs ahead of the one that works.
-//    One experiment bends this (MOESERVE_NORM_EARLY_TRIGGER=1, elementwise.cu): the RMSNorm kernels trigger before
-//    their wait, so the kernel after a norm may start while the kernel before the norm still runs. That is safe only
-//    because every kernel that follows a norm in the model reads nothing but weights before its own wait (q/k/v,
-//    router, lm_head GEMMs, the lm_head + argmax); a kernel that reads before its wait what the kernel two back
-//    wrote must not follow a norm.
 // The first kernel after a memory copy and kernels whose predecessor may be a library kernel need nothing
 // special: the attribute then behaves as a normal stream dependency.
 //

@@ -4,10 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cstdint>
 #include <vector>
 
-#include "core/dtype.h"
 #include "cuda/common.h"
 #include "cuda/device.h"
 
@@ -41,19 +39,5 @@ struct Dev {
     MS_CUDA_CHECK(cudaDeviceSynchronize());
   }
 };
-
-// n bf16 values uniform in [-scale, scale) from splitmix64: fast enough for the ~600 M weights of a 128-expert layer.
-inline std::vector<uint16_t> splitmix_bf16(size_t n, float scale, uint64_t seed) {
-  std::vector<uint16_t> v(n);
-  uint64_t s = seed;
-  for (auto& e : v) {
-    uint64_t z = (s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    z ^= z >> 31;
-    e = f32_to_bf16(scale * float(double(z >> 11) * 0x1.0p-53 * 2.0 - 1.0));
-  }
-  return v;
-}
 
 }  // namespace moeserve::cuda_test

@@ -82,27 +82,6 @@ const cuda::bf16* as_bf16(const Dev<uint16_t>& d) { return reinterpret_cast<cons
   return ::testing::AssertionSuccess();
 }
 
-// y = x W^T by `run` (which writes into the [M, ldy] buffer it is given, false: it took nothing) and by the reference
-// backend, both into poisoned buffers, compared on the N columns of every row (the padding past N is neither's).
-template <class Run>
-::testing::AssertionResult strided_against_ref(cuda::GemmBackend& ref, const Run& run, const Dev<uint16_t>& x,
-                                               int64_t ldx, int M, int K, const Dev<uint16_t>& w, int N, int64_t ldy,
-                                               OutType out, cudaStream_t st, const std::string& what) {
-  const size_t elt = out == OutType::F32 ? 4 : 2;
-  Dev<uint8_t> y(size_t(M) * ldy * elt), y_ref(size_t(M) * ldy * elt);
-  y.poison();
-  y_ref.poison();
-  if (!run(static_cast<void*>(y.p))) return ::testing::AssertionFailure() << what << ": not taken";
-  ref.run(as_bf16(x), ldx, M, K, as_bf16(w), N, y_ref.p, ldy, out, st);
-  MS_CUDA_CHECK(cudaStreamSynchronize(st));
-  auto pack = [&](const std::vector<uint8_t>& v) {
-    std::vector<uint8_t> r(size_t(M) * N * elt);
-    for (int m = 0; m < M; ++m) std::memcpy(&r[size_t(m) * N * elt], &v[size_t(m) * ldy * elt], N * elt);
-    return r;
-  };
-  return same_products(pack(y.download()), pack(y_ref.download()), M, N, out, what);
-}
-
 }  // namespace
 
 TEST(CudaGemm, EveryBackendPassesItsSelfTest) {
@@ -186,55 +165,21 @@ TEST(CudaGemm, SkinnyGemmMatchesCublasWithStrides) {
     x.upload(random_bf16(x.n, 19 + s.K));
     for (int M : {9, 16, 17, 32, 33, 64, 100, 128}) {
       for (OutType out : {OutType::F32, OutType::BF16}) {
-        const auto skinny = [&](void* y) {
-          cuda::skinny_gemm(as_bf16(x), ldx, M, s.K, as_bf16(w), s.N, y, ldy, out, st.s);
-          return true;
+        const size_t elt = out == OutType::F32 ? 4 : 2;
+        Dev<uint8_t> y(size_t(M) * ldy * elt), y_ref(size_t(M) * ldy * elt);
+        y.poison();
+        y_ref.poison();
+        cuda::skinny_gemm(as_bf16(x), ldx, M, s.K, as_bf16(w), s.N, y.p, ldy, out, st.s);
+        ref->run(as_bf16(x), ldx, M, s.K, as_bf16(w), s.N, y_ref.p, ldy, out, st.s);
+        MS_CUDA_CHECK(cudaStreamSynchronize(st.s));
+        // Compare the N columns of every row (the padding past N is neither's).
+        auto pack = [&](const std::vector<uint8_t>& v) {
+          std::vector<uint8_t> r(size_t(M) * s.N * elt);
+          for (int m = 0; m < M; ++m) std::memcpy(&r[size_t(m) * s.N * elt], &v[size_t(m) * ldy * elt], s.N * elt);
+          return r;
         };
-        ASSERT_TRUE(strided_against_ref(*ref, skinny, x, ldx, M, s.K, w, s.N, ldy, out, st.s,
-                                        fmt::format("N={} K={} M={} skinny against cuBLAS", s.N, s.K, M)));
-      }
-    }
-  }
-}
-
-// The preloaded split-K GEMM (MOESERVE_GEMM_PRELOAD's kernel) against cuBLAS: o_proj's shape (8 splits in a cluster),
-// a K that ends inside a 64-k slice, one split (no cluster), q/k/v's shape and one of 12 slices ending inside a slice
-// (the x-ring form: 3 splits of 11 or 12 slices, token slices through the ring), 1-64 tokens, a row stride above K
-// for x and above N for y, both output types; outputs poisoned first. Shapes whose split share would not fit are
-// refused (false), and so is q/k/v's without the x ring.
-TEST(CudaGemm, PreloadGemmMatchesCublas) {
-  SKIP_WITHOUT_GPU();
-  if (!cuda::preload_gemm_supported(cuda::list_devices().at(0))) GTEST_SKIP() << "no sm_90a wgmma here";
-  auto ref = prepared(std::move(cuda::make_gemm_backends().at(0)));  // cublas
-  ASSERT_TRUE(ref);
-  Stream st;
-  {
-    Dev<uint16_t> w(size_t(4096) * 8192), x(size_t(64) * 8192);
-    Dev<uint8_t> y(size_t(64) * 4096 * 4);
-    EXPECT_FALSE(cuda::preload_gemm(as_bf16(x), 8192, 64, 8192, as_bf16(w), 4096, y.p, 4096, OutType::BF16, st.s))
-        << "32 tiles x 64 slices cannot hold their shares";
-    EXPECT_FALSE(cuda::preload_gemm(as_bf16(x), 8192, 65, 2048, as_bf16(w), 2048, y.p, 2048, OutType::BF16, st.s));
-    EXPECT_FALSE(cuda::preload_gemm(as_bf16(x), 8192, 16, 2048, as_bf16(w), 2000, y.p, 2048, OutType::BF16, st.s));
-    EXPECT_FALSE(cuda::preload_gemm(as_bf16(x), 2048, 16, 2048, as_bf16(w), 5120, y.p, 5120, OutType::BF16, st.s,
-                                    /*x_ring=*/false))
-        << "q/k/v's 3 splits of 11 slices need the x ring";
-  }
-  struct Shape {
-    int N, K;
-  };
-  for (Shape s : {Shape{2048, 4096}, Shape{1024, 1000}, Shape{128, 64}, Shape{256, 520}, Shape{5120, 2048},
-                  Shape{5120, 2300}}) {
-    const int ldx = s.K + 8, ldy = s.N + 4;
-    Dev<uint16_t> w(size_t(s.N) * s.K), x(size_t(64) * ldx);
-    w.upload(random_bf16(w.n, 23 + s.N));
-    x.upload(random_bf16(x.n, 29 + s.K));
-    for (int M : {1, 9, 16, 33, 64}) {
-      for (OutType out : {OutType::F32, OutType::BF16}) {
-        const auto preload = [&](void* y) {
-          return cuda::preload_gemm(as_bf16(x), ldx, M, s.K, as_bf16(w), s.N, y, ldy, out, st.s);
-        };
-        ASSERT_TRUE(strided_against_ref(*ref, preload, x, ldx, M, s.K, w, s.N, ldy, out, st.s,
-                                        fmt::format("N={} K={} M={} preloaded against cuBLAS", s.N, s.K, M)));
+        ASSERT_TRUE(same_products(pack(y.download()), pack(y_ref.download()), M, s.N, out,
+                                  fmt::format("N={} K={} M={} skinny against cuBLAS", s.N, s.K, M)));
       }
     }
   }
@@ -631,14 +576,6 @@ TEST(CudaGemmBench, DISABLED_SkinnyTiming) {
       std::printf("skinny N %6d K %5d M %3d: %7.1f us (%4.0f GB/s), cuBLASLt %7.1f us; %s\n", N, K, M, us[0],
                   double(N) * K * 2 / (us[0] * 1e3), us[1],
                   cuda::skinny_gemm_describe(M, N, K, OutType::BF16).c_str());
-      if (M <= 64 && cuda::preload_gemm_supported(cuda::list_devices().at(0))) {
-        bool fits = true;
-        const double pl = cuda::event_time_us(st.s, N > 100000 ? 10 : 50, [&] {
-          fits = cuda::preload_gemm(as_bf16(x), K, M, K, as_bf16(w), N, y.p, N, OutType::BF16, st.s);
-        }, 3);
-        if (fits)
-          std::printf("preload N %6d K %5d M %3d: %7.1f us (%4.0f GB/s)\n", N, K, M, pl, double(N) * K * 2 / (pl * 1e3));
-      }
     }
   }
 }

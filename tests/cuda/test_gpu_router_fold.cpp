@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -24,7 +23,6 @@
 #include "cuda/kernels/ops.h"
 #include "cuda/model/model_kernels.h"
 #include "cuda/moe/moe.h"
-#include "cuda/moe/moe_internal.h"
 #include "kernels/moe/moe.h"
 
 using namespace moeserve;
@@ -297,146 +295,5 @@ TEST(GpuRouterFold, MidSizedStepsRouteFromTheSideProducts) {
       EXPECT_EQ(ids, want_ids) << where;
       for (size_t i = 0; i < want_w.size(); ++i) EXPECT_NEAR(wts[i], want_w[i], 1e-5) << where << " weight " << i;
     }
-  cudaStreamDestroy(st);
-}
-
-namespace {
-uint32_t f32_bits(float v) {
-  uint32_t b;
-  std::memcpy(&b, &v, 4);
-  return b;
-}
-}  // namespace
-
-// The router + top-k form of the skinny GEMM (skinny_router_topk, MOESERVE_ROUTER_TOPK_CLUSTER): its logits within
-// the f32 bound of the double reference (bitwise the skinny GEMM's where both take the same split plan: 128 experts,
-// 8 splits x 2 tiles), and its experts and weights exactly moe_route_topk's of its own logits, for 9-128 tokens,
-// expert counts that fill and that cut short the 64-row tiles, both weight normalizations; outputs poisoned first.
-TEST(GpuRouterFold, SkinnyRouterTopkMatchesTheGemmAndTheRouteLaunch) {
-  SKIP_WITHOUT_GPU();
-  if (!skinny_gemm_supported(list_devices().at(0))) GTEST_SKIP() << "no sm_90a wgmma here (the skinny GEMM)";
-  std::mt19937 g(41);
-  cudaStream_t st = nullptr;
-  MS_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  struct Shape {
-    int E, H, k;
-    bool renorm;
-  };
-  int launched = 0;
-  for (const Shape sh : {Shape{128, 2048, 8, true}, Shape{160, 2048, 8, false}, Shape{64, 520, 4, true},
-                         Shape{256, 4096, 8, true}}) {
-    const auto w_r = random_bf16(size_t(sh.E) * sh.H, -0.05f, 0.05f, g);
-    Dev<uint16_t> d_w(w_r);
-    for (int T : {9, 16, 17, 33, 64, 100, 128}) {
-      const std::string where = fmt::format("E {} H {} k {} T {}", sh.E, sh.H, sh.k, T);
-      const auto xn = random_bf16(size_t(T) * sh.H, -1.0f, 1.0f, g);
-      Dev<uint16_t> d_x(xn);
-      Dev<float> d_logits(size_t(T) * sh.E), d_ref_logits(size_t(T) * sh.E), d_wts(size_t(T) * sh.k),
-          d_ref_wts(size_t(T) * sh.k);
-      Dev<int32_t> d_ids(size_t(T) * sh.k), d_ref_ids(size_t(T) * sh.k);
-      for (auto* d : {&d_logits, &d_ref_logits, &d_wts, &d_ref_wts}) d->poison();
-      d_ids.poison();
-      d_ref_ids.poison();
-      const bool ran = skinny_router_topk(bf(d_x), sh.H, T, sh.H, bf(d_w), sh.E, d_logits.p, sh.k, sh.renorm,
-                                          d_ids.p, d_wts.p, st);
-      if (!ran) {  // only where this device cannot hold the cluster
-        std::printf("[ info ] %s: no router + top-k cluster here\n", where.c_str());
-        continue;
-      }
-      ++launched;
-      // The route launch over the fused kernel's own logits, and the plain skinny GEMM.
-      moe_route_topk(d_logits.p, T, sh.E, sh.k, sh.renorm, d_ref_ids.p, d_ref_wts.p, st);
-      skinny_gemm(bf(d_x), sh.H, T, sh.H, bf(d_w), sh.E, d_ref_logits.p, sh.E, OutType::F32, st);
-      MS_CUDA_CHECK(cudaStreamSynchronize(st));
-      const auto logits = d_logits.download();
-      ASSERT_EQ(d_ids.download(), d_ref_ids.download()) << where << ": experts differ from moe_route_topk's";
-      const auto wts = d_wts.download(), ref_wts = d_ref_wts.download();
-      for (size_t i = 0; i < wts.size(); ++i)
-        ASSERT_EQ(f32_bits(wts[i]), f32_bits(ref_wts[i])) << where << " weight " << i << ": " << wts[i] << " against "
-                                                          << ref_wts[i];
-      if (sh.E == 128 && sh.H == 2048) {
-        const auto ref = d_ref_logits.download();
-        for (size_t i = 0; i < logits.size(); ++i)
-          ASSERT_EQ(f32_bits(logits[i]), f32_bits(ref[i])) << where << ": logit " << i << " differs from the skinny GEMM's";
-      }
-      for (int t = 0; t < T; ++t) {
-        double rms = 0;
-        const std::vector<double> ref = router_logits(w_r, xn, t, sh.E, sh.H, rms);
-        for (int e = 0; e < sh.E; ++e) {
-          const float v = logits[size_t(t) * sh.E + e];
-          ASSERT_TRUE(std::isfinite(v)) << where << " t " << t << " e " << e;
-          ASSERT_NEAR(v, ref[e], 1e-5 * rms * std::sqrt(double(sh.H))) << where << " t " << t << " e " << e;
-        }
-      }
-    }
-  }
-  EXPECT_GT(launched, 0) << "the router + top-k cluster never ran on this sm_90 device";
-  cudaStreamDestroy(st);
-}
-
-// The router + top-k launch with the MoE's routing prep inside (MOESERVE_ROUTER_TOPK_CLUSTER=2): the fused MoE
-// backend's run_prepped after it gives bitwise the output of the skinny GEMM + moe_route_topk + run() (each output
-// element comes from its own row in a fixed k order, so the prep's run-to-run order of an expert's rows does not show)
-// and the same experts, at 9-128 tokens of q30b's MoE layer and of a 64-expert top-4 one. The prepped run's workspace
-// is zeroed first (a prep that did not run leaves no tiles, whose GEMMs then write nothing), outputs poisoned.
-TEST(GpuRouterFold, SkinnyRouterTopkRunsTheMoePrep) {
-  SKIP_WITHOUT_GPU();
-  const DeviceInfo dev = list_devices().at(0);
-  if (!skinny_gemm_supported(dev)) GTEST_SKIP() << "no sm_90a wgmma here (the skinny GEMM)";
-  cudaStream_t st = nullptr;
-  MS_CUDA_CHECK(cudaStreamCreate(&st));  // blocking: orders with the cudaMemset / cudaMemcpy of the buffers
-  struct Shape {
-    int E, H, I, k;
-  };
-  int prepped = 0;
-  uint64_t seed = 4200;
-  for (const Shape sh : {Shape{128, 2048, 768, 8}, Shape{64, 1024, 256, 4}}) {
-    auto moe = make_fused_sm90_backend();
-    MoeShape ms;
-    ms.num_experts = sh.E, ms.hidden = sh.H, ms.inter = sh.I, ms.top_k = sh.k, ms.max_tokens = 128;
-    std::string code;
-    if (const std::string r = moe->prepare(dev, ms, code); !r.empty()) GTEST_SKIP() << "fused_sm90: " << r;
-    Dev<uint16_t> d_gu(cuda_test::splitmix_bf16(size_t(sh.E) * 2 * sh.I * sh.H, std::sqrt(3.0f / sh.H), seed++)),
-        d_dn(cuda_test::splitmix_bf16(size_t(sh.E) * sh.H * sh.I, std::sqrt(3.0f / sh.I), seed++)),
-        d_router(cuda_test::splitmix_bf16(size_t(sh.E) * sh.H, std::sqrt(3.0f / sh.H), seed++));
-    MoeWeights w;
-    w.gate_up = d_gu.p, w.down = d_dn.p;
-    Dev<uint8_t> ws(moe->workspace_bytes(ms)), ws_ref(moe->workspace_bytes(ms));
-    for (int T : {9, 16, 33, 64, 100, 128}) {
-      const std::string where = fmt::format("E {} H {} I {} k {} T {}", sh.E, sh.H, sh.I, sh.k, T);
-      Dev<uint16_t> d_x(cuda_test::splitmix_bf16(size_t(T) * sh.H, 2.0f, seed++)), d_out(size_t(T) * sh.H),
-          d_ref_out(size_t(T) * sh.H);
-      Dev<float> d_logits(size_t(T) * sh.E), d_wts(size_t(T) * sh.k), d_ref_logits(size_t(T) * sh.E),
-          d_ref_wts(size_t(T) * sh.k);
-      Dev<int32_t> d_ids(size_t(T) * sh.k), d_ref_ids(size_t(T) * sh.k);
-      d_out.poison();
-      d_ref_out.poison();
-      MS_CUDA_CHECK(cudaMemset(ws.p, 0, ws.n));
-      moe_kernels::PrepParams pp{};
-      if (!moe->prep_in_route(T, d_ids.p, ws.p, pp)) {  // direct mode or the two-launch prep: nothing to fold
-        std::printf("[ info ] %s: no single-CTA prep\n", where.c_str());
-        continue;
-      }
-      if (!skinny_router_topk(bf(d_x), sh.H, T, sh.H, bf(d_router), sh.E, d_logits.p, sh.k, true, d_ids.p, d_wts.p,
-                              st, &pp)) {
-        std::printf("[ info ] %s: no router + top-k cluster here\n", where.c_str());
-        continue;
-      }
-      moe->run_prepped(bf(d_x), T, d_ids.p, d_wts.p, w, bf(d_out), ws.p, st);
-      skinny_gemm(bf(d_x), sh.H, T, sh.H, bf(d_router), sh.E, d_ref_logits.p, sh.E, OutType::F32, st);
-      moe_route_topk(d_ref_logits.p, T, sh.E, sh.k, true, d_ref_ids.p, d_ref_wts.p, st);
-      moe->run(bf(d_x), T, d_ref_ids.p, d_ref_wts.p, w, bf(d_ref_out), ws_ref.p, st);
-      MS_CUDA_CHECK(cudaStreamSynchronize(st));
-      ++prepped;
-      ASSERT_EQ(d_ids.download(), d_ref_ids.download()) << where << ": experts differ from the unfused route's";
-      const auto out = d_out.download(), ref = d_ref_out.download();
-      for (size_t i = 0; i < out.size(); ++i) {
-        ASSERT_TRUE(std::isfinite(bf16_to_f32(out[i]))) << where << " out " << i;
-        ASSERT_EQ(out[i], ref[i]) << where << ": out[" << i / sh.H << ", " << i % sh.H << "] = " << bf16_to_f32(out[i])
-                                  << " against " << bf16_to_f32(ref[i]) << " without the prep in the route";
-      }
-    }
-  }
-  EXPECT_GT(prepped, 0) << "the router + top-k launch never ran the MoE prep on this sm_90 device";
   cudaStreamDestroy(st);
 }

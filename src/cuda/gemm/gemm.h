@@ -11,7 +11,6 @@
 #include <vector>
 
 #include "cuda/common.h"
-#include "cuda/moe/moe_kernel_params.h"
 #include "cuda/registry.h"
 
 namespace moeserve::cuda {
@@ -32,16 +31,6 @@ class GemmBackend {
   // device to drain (H200, q30b8l served with step traces: one prompt step's launch in each benchmark run blocked
   // for 20-30 ms behind the step in flight); the executor runs these at startup. Empty: nothing to warm up.
   virtual std::vector<int> warm_up_tokens(int /*max_m*/) const { return {}; }
-  // A MoE router's GEMM (logits = x W^T, f32 [M, E]) with each token's top_k experts and weights computed in the
-  // same launch, as moe_route_topk would from these logits; prep (optional): then the MoE backend's routing prep
-  // over those ids in the same launch (MoeBackend::prep_in_route's parameters). False (nothing launched): this
-  // backend has no such kernel for the shape; run() + moe_route_topk then.
-  virtual bool run_router_topk(const bf16* /*x*/, int64_t /*ldx*/, int /*M*/, int /*K*/, const bf16* /*W*/,
-                               int /*E*/, float* /*logits*/, int /*top_k*/, bool /*renormalize*/, int32_t* /*ids*/,
-                               float* /*weights*/, const moe_kernels::PrepParams* /*prep*/,
-                               cudaStream_t /*stream*/) {
-    return false;
-  }
 };
 
 std::vector<std::unique_ptr<GemmBackend>> make_gemm_backends();
@@ -80,28 +69,6 @@ bool skinny_gemm_fits(int M, int K, int64_t ldx, const void* x, const void* W);
 void skinny_gemm(const bf16* x, int64_t ldx, int M, int K, const bf16* W, int N, void* y, int64_t ldy, OutType out,
                  cudaStream_t stream);
 std::string skinny_gemm_describe(int M, int N, int K, OutType out);  // its launch plan, for measurements
-// y = x W^T for up to 64 tokens of a wide W (N a multiple of 128) whose split-K share fits one wave of CTAs with
-// their whole share of W in shared memory (at most 8 slices of 64 k a CTA with the token slices beside them: o_proj's
-// 2048 x 4096 at 8 splits; with x_ring up to 12, the token slices through a 4-stage ring: q/k/v's 5120 x 2048 at 3
-// splits of 11), the weights loaded before the programmatic wait, the splits reduced inside a thread-block cluster
-// (gemm_skinny.cu, an experiment: MOESERVE_GEMM_PRELOAD=1 sends the gemv backend's 9-64-token GEMMs of W wider than
-// kSkinnyMaxN here, =2 with x_ring). False (nothing launched) where the shape does not fit; K % 8 == 0, 16-byte
-// aligned x and W. Only where preload_gemm_supported.
-int preload_gemm_mode();  // MOESERVE_GEMM_PRELOAD: 0 off, 1 whole-x shares only, 2 also the x-ring form
-bool preload_gemm_supported(const DeviceInfo& dev);
-bool preload_gemm(const bf16* x, int64_t ldx, int M, int K, const bf16* W, int N, void* y, int64_t ldy, OutType out,
-                  cudaStream_t stream, bool x_ring = true);
-
-// The router GEMM of a 9-128-token step with the top-k of each token inside the same launch (gemm_skinny.cu, an
-// experiment: MOESERVE_ROUTER_TOPK_CLUSTER=1): every row tile of W ([E, K], E <= kSkinnyMaxN) in one thread-block
-// cluster of at most 16 CTAs, logits = x W^T (f32, [M, E]) stored, then each token's top_k experts and weights as
-// moe_route_topk computes them (renormalize: the weights divided by their sum). Returns false (nothing launched)
-// where the shapes or the device's cluster limits do not allow it: then run the skinny GEMM and moe_route_topk.
-// prep (optional): after every token is routed, the cluster's first CTA runs the MoE's routing prep over `ids`
-// (moe_kernels::prep_body with these parameters, whose topk_ids must be `ids`). Only where skinny_gemm_supported.
-bool skinny_router_topk(const bf16* x, int64_t ldx, int M, int K, const bf16* W, int E, float* logits, int top_k,
-                        bool renormalize, int32_t* ids, float* weights, cudaStream_t stream,
-                        const moe_kernels::PrepParams* prep = nullptr);
 
 // A decode step's residual add + RMSNorm fused into the GEMV that consumes it (M <= kNormGemvMaxM tokens,
 // K <= 4096, K % 8 == 0):

@@ -694,11 +694,6 @@ class GemvBackend final : public GemmBackend {
     if (skinny_)
       code += ", wgmma kernels for 9-" + std::to_string(kSkinnyMaxM) + " tokens of W up to " +
               std::to_string(kSkinnyMaxN) + " rows";
-    preload_ = preload_gemm_mode() >= 1 && preload_gemm_supported(dev);
-    preload_ring_ = preload_ && preload_gemm_mode() >= 2;
-    if (preload_)
-      code += preload_ring_ ? ", preloaded split-K wgmma (whole-x and x-ring forms) for 9-64 tokens of wider W"
-                            : ", preloaded split-K wgmma for 9-64 tokens of wider W";
     prepared_ = true;
     return "";
   }
@@ -712,10 +707,6 @@ class GemvBackend final : public GemmBackend {
     // 9-128 tokens, a router-sized W: the skinny wgmma GEMM (gemm.h says why not wider).
     if (skinny_ && M > kTokens && M <= kSkinnyMaxM && N <= kSkinnyMaxN && skinny_gemm_fits(M, K, ldx, x, W))
       return skinny_gemm(x, ldx, M, K, W, N, y, ldy, out, stream);
-    // 9-64 tokens of a wide W whose split-K share fits in shared memory: the preloaded form (opt-in experiment).
-    if (preload_ && M > kTokens && N > kSkinnyMaxN &&
-        preload_gemm(x, ldx, M, K, W, N, y, ldy, out, stream, preload_ring_))
-      return;
     const int64_t token_groups = ceil_div(M, kTokens);
     // W over MOESERVE_GEMV_MAX_WEIGHT_MB (default 128 MiB; 0: no limit), i.e. an lm_head, goes to cuBLASLt, which
     // streams it faster (H200, 151,936 x 2,048: 143.5 us against 151.0 at 1 token, 146.6 against 176.2 at 8); the
@@ -734,15 +725,6 @@ class GemvBackend final : public GemmBackend {
       launch_gemv(grid, stream, x, ldx, M, K, W, N, static_cast<bf16*>(y), ldy, NormArgs{}, ResidualArgs{});
     else
       launch_gemv(grid, stream, x, ldx, M, K, W, N, static_cast<float*>(y), ldy, NormArgs{}, ResidualArgs{});
-  }
-
-  // The router steps that run() sends to the skinny GEMM: its router + top-k form (skinny_router_topk).
-  bool run_router_topk(const bf16* x, int64_t ldx, int M, int K, const bf16* W, int E, float* logits, int top_k,
-                       bool renormalize, int32_t* ids, float* weights, const moe_kernels::PrepParams* prep,
-                       cudaStream_t stream) override {
-    MS_CHECK(prepared_, "GEMM backend gemv used before prepare()");
-    return skinny_ && M > kTokens && M <= kSkinnyMaxM &&
-           skinny_router_topk(x, ldx, M, K, W, E, logits, top_k, renormalize, ids, weights, stream, prep);
   }
 
   // The kernels here are this binary's (loaded with it); the counts cuBLASLt serves.
@@ -781,8 +763,6 @@ class GemvBackend final : public GemmBackend {
   std::unique_ptr<GemmBackend> fallback_;
   bool prepared_ = false;
   bool skinny_ = false;  // 8 < M <= kSkinnyMaxM on the skinny wgmma GEMM (sm_90 with its code, switch on)
-  bool preload_ = false;  // 8 < M <= 64 of wide W on the preloaded split-K GEMM (MOESERVE_GEMM_PRELOAD=1, sm_90)
-  bool preload_ring_ = false;  // ... also the x-ring form (MOESERVE_GEMM_PRELOAD=2: q/k/v)
   float* scratch_ = nullptr;  // kSplitScratchFloats floats, from prepare() (thresholds above kTokens only)
   int multiprocessors_ = 1;
 };

@@ -254,14 +254,10 @@ bool cluster_fits(int splits) {  // false: no cluster of this size here, the mer
 template <bool FUSED_IN>
 int decode_cluster_merge(dim3 grid) {
   static const bool on = env_flag("MOESERVE_ATTN_CLUSTER_MERGE", true);
-  // Experiment (session 41, not yet measured): MOESERVE_ATTN_CLUSTER_WAVES=1 merges in clusters also on grids of
-  // more blocks than SMs (with MOESERVE_ATTN_DECODE_MIN_SPLITS=2: a bs 64 step's 256 (sequence, kv head) items as
-  // 512 blocks in clusters of 2).
-  static const bool waves = env_flag("MOESERVE_ATTN_CLUSTER_WAVES", false);
   const int splits = int(grid.x);
   if (!on || splits <= 1 || splits > 16) return 0;
   static const int sms = current_device_multiprocessors();
-  if (!waves && int64_t(grid.x) * grid.y * grid.z > sms) return 0;
+  if (int64_t(grid.x) * grid.y * grid.z > sms) return 0;
   const int stages = decode_cluster_stages(grid);
   const bool fits = stages == 2 ? cluster_fits<FUSED_IN, 2>(splits) : cluster_fits<FUSED_IN, 3>(splits);
   return fits ? stages : 0;
@@ -272,10 +268,7 @@ int decode_cluster_merge(dim3 grid) {
 int paged_attention_decode_splits(const AttnShape& shape, int num_seqs, int sms, int max_splits) {
   const int per_split = std::max(1, num_seqs * shape.kv_heads);  // blocks a split adds
   const int blocks = shape.head_dim > 128 ? sms : 2 * sms;
-  // Experiment (session 41, not yet measured): MOESERVE_ATTN_DECODE_MIN_SPLITS=N takes at least N parts a sequence
-  // (session 30: the bs 64 step's K / V loader read 75.5 MB at ~3.4 TB/s as 256 blocks, ~3.9 as 512).
-  static const int min_splits = int(env_int("MOESERVE_ATTN_DECODE_MIN_SPLITS", 1, 1, 16));
-  int splits = std::clamp(std::max(blocks / per_split, min_splits), 1, max_splits);
+  int splits = std::clamp(blocks / per_split, 1, max_splits);
   // H200, q30b8l served step, context 512 (two A/Bs in one call): bs 4 1,139.6 / 1,141.5 us against 1,143.8 /
   // 1,152.2 (8 parts in clusters instead of 16 with the merge launch), bs 8 1,618.3 / 1,619.4 against 1,624.8 /
   // 1,634.4 (4 parts instead of 8).

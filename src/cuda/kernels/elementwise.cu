@@ -2,7 +2,6 @@
 // add), SwiGLU. All are memory-bound: 16-byte accesses where the shapes and pointers allow, scalar otherwise.
 #include <algorithm>
 
-#include "core/env.h"
 #include "cuda/kernels/kernel_utils.cuh"
 #include "cuda/kernels/ops.h"
 #include "cuda/launch.h"
@@ -64,19 +63,8 @@ __global__ void embedding_scalar_kernel(const int32_t* ids, const int32_t* prev_
 // ---------------------------------------------------------------------------------------------------------
 // RMSNorm: one block per row. The vector path keeps the row in registers (NV float4 per thread) so that the
 // row is read once; ADD fuses residual += x first (the new residual is written back in the same pass).
-// EARLY (an experiment, MOESERVE_NORM_EARLY_TRIGGER=1, session 42): the next kernel may launch before this one's
-// programmatic wait rather than after it, so that a kernel that loads its weights before its own wait (the preloaded
-// q/k/v GEMM, MOESERVE_GEMM_PRELOAD=2) starts them during the kernel before the norm too (bs 64: the MoE combine,
-// ~3.4 us, on top of the norm's ~2). Safe under the launch contract (cuda/launch.h): a dependent reads nothing of
-// this kernel's before its own pdl_wait, which returns only once this grid - itself past its wait - has completed;
-// and it launches only once every block of this grid has started.
-template <bool EARLY>
-__device__ __forceinline__ void norm_pdl_enter() {
-  if constexpr (EARLY) pdl_launch_dependents();
-  pdl_enter();
-}
 
-template <int NV, bool ADD, bool EARLY = false>
+template <int NV, bool ADD>
 __global__ void __launch_bounds__(1024) rmsnorm_vec4_kernel(const float* in, float* residual, const bf16* xadd,
                                                              const bf16* w, float eps, int dim, bf16* out,
                                                              float* inv_out) {
@@ -90,7 +78,7 @@ __global__ void __launch_bounds__(1024) rmsnorm_vec4_kernel(const float* in, flo
     const int i = threadIdx.x + k * blockDim.x;
     if (i < nvec) load_bf16<4>(w + 4 * i, wv[k]);
   }
-  norm_pdl_enter<EARLY>();
+  pdl_enter();
   const float4* src = reinterpret_cast<const float4*>((ADD ? residual : in) + base);
   float4 v[NV];
   float ss = 0.0f;
@@ -126,10 +114,10 @@ __global__ void __launch_bounds__(1024) rmsnorm_vec4_kernel(const float* in, flo
 }
 
 // Any dim and alignment: two passes over the row (the second mostly from L1/L2).
-template <bool ADD, bool EARLY = false>
+template <bool ADD>
 __global__ void rmsnorm_scalar_kernel(const float* in, float* residual, const bf16* xadd, const bf16* w, float eps,
                                       int dim, bf16* out, float* inv_out) {
-  norm_pdl_enter<EARLY>();
+  pdl_enter();
   __shared__ float scratch[33];
   const int64_t base = int64_t(blockIdx.x) * dim;
   float ss = 0.0f;
@@ -150,9 +138,11 @@ __global__ void rmsnorm_scalar_kernel(const float* in, float* residual, const bf
     out[base + i] = __float2bfloat16(__bfloat162float(w[i]) * (src[base + i] * inv));
 }
 
-template <bool ADD, bool EARLY>
-void launch_rmsnorm_as(const float* in, float* residual, const bf16* xadd, const bf16* w, float eps, int rows, int dim,
-                       bf16* out, cudaStream_t stream, float* inv_out) {
+template <bool ADD>
+void launch_rmsnorm(const float* in, float* residual, const bf16* xadd, const bf16* w, float eps, int rows, int dim,
+                    bf16* out, cudaStream_t stream, float* inv_out) {
+  MS_CHECK(rows >= 0 && dim > 0, "rmsnorm: rows {} dim {}", rows, dim);
+  if (rows == 0) return;
   const float* src = ADD ? residual : in;
   const bool vec = dim % 4 == 0 && aligned_to(src, 16) && aligned_to(w, 8) && aligned_to(out, 8) &&
                    (!ADD || aligned_to(xadd, 8));
@@ -162,29 +152,17 @@ void launch_rmsnorm_as(const float* in, float* residual, const bf16* xadd, const
     int threads = nvec <= 256 ? int(ceil_div(nvec, 32) * 32) : nvec <= 2048 ? 256 : 1024;
     int per = int(ceil_div(nvec, threads));
     int nv = per <= 1 ? 1 : per <= 2 ? 2 : per <= 4 ? 4 : 8;
-    auto kernel = nv == 1   ? rmsnorm_vec4_kernel<1, ADD, EARLY>
-                  : nv == 2 ? rmsnorm_vec4_kernel<2, ADD, EARLY>
-                  : nv == 4 ? rmsnorm_vec4_kernel<4, ADD, EARLY>
-                            : rmsnorm_vec4_kernel<8, ADD, EARLY>;
+    auto kernel = nv == 1   ? rmsnorm_vec4_kernel<1, ADD>
+                  : nv == 2 ? rmsnorm_vec4_kernel<2, ADD>
+                  : nv == 4 ? rmsnorm_vec4_kernel<4, ADD>
+                            : rmsnorm_vec4_kernel<8, ADD>;
     launch_pdl(kernel, dim3(rows), dim3(threads), 0, stream, in, residual, xadd, w, eps, dim, out, inv_out);
   } else {
     int threads = dim <= 256 ? int(ceil_div(dim, 32) * 32) : dim <= 4096 ? 256 : 1024;
-    launch_pdl(rmsnorm_scalar_kernel<ADD, EARLY>, dim3(rows), dim3(threads), 0, stream, in, residual, xadd, w, eps,
-               dim, out, inv_out);
+    launch_pdl(rmsnorm_scalar_kernel<ADD>, dim3(rows), dim3(threads), 0, stream, in, residual, xadd, w, eps, dim,
+               out, inv_out);
   }
   MS_CUDA_LAUNCH_CHECK();
-}
-
-template <bool ADD>
-void launch_rmsnorm(const float* in, float* residual, const bf16* xadd, const bf16* w, float eps, int rows, int dim,
-                    bf16* out, cudaStream_t stream, float* inv_out) {
-  MS_CHECK(rows >= 0 && dim > 0, "rmsnorm: rows {} dim {}", rows, dim);
-  if (rows == 0) return;
-  static const bool early = env_flag("MOESERVE_NORM_EARLY_TRIGGER", false);
-  if (early)
-    launch_rmsnorm_as<ADD, true>(in, residual, xadd, w, eps, rows, dim, out, stream, inv_out);
-  else
-    launch_rmsnorm_as<ADD, false>(in, residual, xadd, w, eps, rows, dim, out, stream, inv_out);
 }
 
 // ---------------------------------------------------------------------------------------------------------

@@ -212,9 +212,6 @@ GpuExecutor::GpuExecutor(const std::string& model_dir, const GpuOptions& opts) :
   // q30b8l bs 64 +8 to +17 us, 64 concurrent -0.4%; without them -32 us, +0.7%, but routing flips: docs/PERF.md
   // session 36).
   mb.folded_mid_route = env_flag("MOESERVE_ROUTER_FOLD_MID", false);
-  const long topk_cluster = env_int("MOESERVE_ROUTER_TOPK_CLUSTER", 0, 0, 2);
-  mb.router_topk_cluster = topk_cluster >= 1;
-  mb.router_topk_prep = topk_cluster >= 2;
   if (const char* v = std::getenv("MOESERVE_PROFILE_SKIP_OPS"); v != nullptr && *v != 0) {
     mb.skip_ops = parse_skip_ops(v);
     if (mb.skip_ops != 0)

@@ -371,12 +371,6 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
     if (L.is_moe) {
       const int I = int(c.moe_intermediate_size);
       auto g3 = gemm_cost(T, E, H, 4);
-      // The router + top-k launch may run the MoE's routing prep as well (MOESERVE_ROUTER_TOPK_CLUSTER=2).
-      moe_kernels::PrepParams route_prep{};
-      const bool prep_in_route = be_.router_topk_cluster && be_.router_topk_prep && !resfuse && !cnorm &&
-                                 run_op(kSkipExperts) &&
-                                 be_.moe->prep_in_route(T, topk_ids_.get(), moe_ws_.get(), route_prep);
-      bool prepped = false;
       if (folded) {  // the router's logits from the two products, the top-k, and xn_ for the experts
         FoldedRouterInputs f;
         f.u1 = router_u1_.get(), f.ld_u1 = E, f.u2 = router_u2_.get(), f.ld_u2 = E;
@@ -407,12 +401,6 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
         moe_router_topk(xn_.get(), L.router.get(), T, H, E, K, c.norm_topk_prob, router_logits_.get(),
                         grid_counter_.get(), topk_ids_.get(), topk_w_.get(), s);
         mark("router+topk", g3.first, g3.second);
-      } else if (be_.router_topk_cluster && run_op(kSkipRouter) && run_op(kSkipRoute) &&
-                 gemm.run_router_topk(xn_.get(), H, T, H, L.router.get(), E, router_logits_.get(), K,
-                                      c.norm_topk_prob, topk_ids_.get(), topk_w_.get(),
-                                      prep_in_route ? &route_prep : nullptr, s)) {
-        prepped = prep_in_route;
-        mark(prepped ? "router+topk+moe prep" : "router+topk", g3.first, g3.second);
       } else {
         if (run_op(kSkipRouter))
           gemm.run(xn_.get(), H, T, H, L.router.get(), E, router_logits_.get(), E, OutType::F32, s);
@@ -430,8 +418,6 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
         const bf16* next_norm = l + 1 < layers_.size() ? layers_[l + 1].input_norm.get() : final_norm_.get();
         be_.moe->run_combine_norm(xn_.get(), T, topk_ids_.get(), topk_w_.get(), L.moe, o_.get(), residual_.get(),
                                   next_norm, eps, xn_.get(), moe_ws_.get(), s);
-      } else if (prepped) {  // the router + top-k launch ran the routing prep
-        be_.moe->run_prepped(xn_.get(), T, topk_ids_.get(), topk_w_.get(), L.moe, o_.get(), moe_ws_.get(), s);
       } else {
         be_.moe->run(xn_.get(), T, topk_ids_.get(), topk_w_.get(), L.moe, o_.get(), moe_ws_.get(), s);
       }

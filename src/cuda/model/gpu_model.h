@@ -91,14 +91,6 @@ struct ModelBackends {
   // also routes (moe_add_norm_route), so the router GEMM and the top-k leave the chain. Opt-in,
   // MOESERVE_ROUTER_FOLD_MID=1 (measured slower, gpu_executor.cpp).
   bool folded_mid_route = false;
-  // Decode steps of 9-128 tokens run the router GEMM and the top-k as one launch where the GEMM backend has such a
-  // kernel (GemmBackend::run_router_topk: the gemv backend's skinny GEMM with every expert row in one cluster).
-  // Experiment, opt-in: MOESERVE_ROUTER_TOPK_CLUSTER=1 (session 41, not yet measured).
-  bool router_topk_cluster = false;
-  // ... and the MoE's routing prep in that launch too, where the MoE backend has a single-CTA prep for the step
-  // (MoeBackend::prep_in_route / run_prepped): one launch less. Experiment, opt-in: MOESERVE_ROUTER_TOPK_CLUSTER=2
-  // (session 42, not yet measured).
-  bool router_topk_prep = false;
   // Timing only (MOESERVE_PROFILE_SKIP_OPS, see skip_ops_from_env): ops left out of every step, so that a step's
   // time with and without an op gives that op's marginal cost in the chain of programmatic launches. The
   // outputs are then wrong; never set in serving.

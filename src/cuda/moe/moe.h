@@ -9,7 +9,6 @@
 #include <vector>
 
 #include "cuda/common.h"
-#include "cuda/moe/moe_kernel_params.h"
 #include "cuda/registry.h"
 
 namespace moeserve::cuda {
@@ -143,17 +142,6 @@ class MoeBackend {
   virtual void run_residual(const bf16* x, int T, const int32_t* topk_ids, const float* topk_weights,
                             const MoeWeights& w, bf16* out, float* residual, float* partials, void* workspace,
                             cudaStream_t stream);
-  // The routing prep inside the launch that routes the step (the router + top-k cluster kernel,
-  // MOESERVE_ROUTER_TOPK_CLUSTER=2): where run() would launch one single-CTA prep for T tokens
-  // (moe_kernels::prep_body, kPrepWhole), prep_in_route fills that prep's parameters over topk_ids and workspace and
-  // returns true (false: no such prep here, run() then). run_prepped is run() without the prep launch: the kernel
-  // before it on the stream ran prep_body with those parameters after writing topk_ids.
-  virtual bool prep_in_route(int /*T*/, const int32_t* /*topk_ids*/, void* /*workspace*/,
-                             moe_kernels::PrepParams& /*p*/) const {
-    return false;
-  }
-  virtual void run_prepped(const bf16* x, int T, const int32_t* topk_ids, const float* topk_weights,
-                           const MoeWeights& w, bf16* out, void* workspace, cudaStream_t stream);
 };
 constexpr int kResidualPartRows = 16;  // hidden rows a residual partial sum covers
 
