@@ -296,6 +296,20 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
     ws::tma_load_2d(as, &p.wmap, kt * BK, wrow, full0 + stage * 8);
     if (MODE == kGateUp) ws::tma_load_2d(as + BM / 2 * BK * 2, &p.wmap, kt * BK, wrow + I, full0 + stage * 8);
   };
+  // Row r of unit (expert, bx)'s weight tile in the [experts x rows, K] weights (gate/up: the gate rows i, then the
+  // up rows I + i, of i in [bx BM/2, bx BM/2 + BM/2); down: BM rows); ok: the row is one of the expert's.
+  auto weight_row = [&](int expert, int bx, int r, bool& ok) -> long long {
+    int rr;  // the row within the expert's [2 I] (gate/up) or [H] (down) rows
+    if (MODE == kGateUp) {
+      const int i = bx * (BM / 2) + (r % (BM / 2));
+      ok = i < I;
+      rr = r < BM / 2 ? i : I + i;
+    } else {
+      rr = bx * BM + r;
+      ok = rr < H;
+    }
+    return (long long)expert * (MODE == kGateUp ? 2 * I : H) + rr;
+  };
   // kCpW: producer thread tid's chunks of the weight tile of global slice `slice` (its part of the stage's
   // `full` arrival is the thread's cp_async_arrive_noinc after its token rows). Rows past the expert's rows are
   // zero-filled.
@@ -307,18 +321,9 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
 #pragma unroll
     for (int it = 0; it < A_ITERS; ++it) {
       const int r = tid / CPR + it * RPP;
-      int rr;  // the row within the expert's [2 I] (gate/up) or [H] (down) rows
       bool ok;
-      if (MODE == kGateUp) {
-        const int i = bx * (BM / 2) + (r % (BM / 2));
-        ok = i < I;
-        rr = r < BM / 2 ? i : I + i;
-      } else {
-        rr = bx * BM + r;
-        ok = rr < H;
-      }
+      const long long grow = weight_row(tile.expert, bx, r, ok);
       ok = ok && k_ok;
-      const long long grow = (long long)tile.expert * (MODE == kGateUp ? 2 * I : H) + rr;
       cp_async16_hint(as + swz<BK>(r, wch), ok ? p.weights + grow * K + k0 + wch * 8 : p.weights, ok, hint, wpol);
     }
   };
@@ -399,18 +404,8 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
       if constexpr (kCpW) {
 #pragma unroll
         for (int it = 0; it < A_ITERS; ++it) {
-          const int r = tid / CPR + it * RPP;
-          int rr;
           bool ok;
-          if (MODE == kGateUp) {
-            const int i = bx * (BM / 2) + (r % (BM / 2));
-            ok = i < I;
-            rr = r < BM / 2 ? i : I + i;
-          } else {
-            rr = bx * BM + r;
-            ok = rr < H;
-          }
-          const long long grow = (long long)tile.expert * (MODE == kGateUp ? 2 * I : H) + rr;
+          const long long grow = weight_row(tile.expert, bx, tid / CPR + it * RPP, ok);
           w_src[it] = p.weights + (ok ? grow * K : 0) + wch * 8;
           w_ok |= unsigned(ok) << it;
         }
