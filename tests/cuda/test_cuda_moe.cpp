@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <cstring>
 #include <cmath>
 #include <filesystem>
 #include <iostream>
@@ -626,67 +625,6 @@ TEST(CudaMoe, ResidualEpilogueMatchesRunAndCpu) {
         }
     }
   });
-}
-
-// The route launch with the MoE's routing prep inside (moe_route_topk_prep + run_prepped, MOESERVE_MOE_ROUTE_PREP):
-// the experts and weights of moe_route_topk, bitwise, and the MoE output bitwise what run() gives after moe_route_topk
-// (each output element comes from its own row in a fixed k order, so the prep's run-to-run order of an expert's rows
-// does not show), at 9-128 tokens of q30b's MoE layer and of a 64-expert top-4 one, on every backend that prepares
-// here; the prepped run's workspace zeroed first (a prep that did not run leaves no tiles), outputs poisoned.
-// cublas_ref has no such prep.
-TEST(CudaMoe, RoutePrepLaunchMatchesRouteThenRun) {
-  if (moeserve::cuda::list_devices().empty()) GTEST_SKIP() << "no CUDA device";
-  int prepped = 0;
-  for (const Case c : {Case{128, 8, 2048, 768}, Case{64, 4, 1024, 256}}) {
-    const Layer L(c, 4242 + c.E);
-    const MoeShape shape = L.shape(kRoutePrepMaxTokens);
-    for (auto& b : make_moe_backends()) {
-      std::string code;
-      if (!b->prepare(device(), shape, code).empty()) continue;
-      DevBuf<char> ws(b->workspace_bytes(shape)), ws_ref(b->workspace_bytes(shape));
-      Stream st;
-      for (int T : {9, 16, 33, 64, 100, 128}) {
-        const std::string where = fmt::format("{} {} T={}", b->spec().name, case_name(c), T);
-        std::mt19937 g{uint32_t(T * 7 + c.E)};
-        std::normal_distribution<float> nd(0, 2);
-        std::vector<float> logits(size_t(T) * c.E);
-        for (auto& v : logits) v = nd(g);
-        const size_t pairs = size_t(T) * c.k, rows = size_t(T) * c.H;
-        DevBuf<float> d_logits(logits.size()), d_w(pairs), d_w_ref(pairs);
-        DevBuf<int32_t> d_ids(pairs), d_ids_ref(pairs);
-        DevBuf<uint16_t> d_x(rows), d_out(rows), d_out_ref(rows);
-        d_logits.upload(logits);
-        d_x.upload(random_bf16(rows, 1.7f, 99 + T));
-        MS_CUDA_CHECK(cudaMemset(ws.p, 0, ws.n));
-        MS_CUDA_CHECK(cudaMemset(d_out.p, 0xff, rows * 2));
-        MS_CUDA_CHECK(cudaMemset(d_out_ref.p, 0xff, rows * 2));
-        moe_kernels::PrepParams pp{};
-        if (!b->prep_in_route(T, d_ids.p, ws.p, pp)) {
-          EXPECT_EQ(b->spec().name, "cublas_ref") << where << ": no single-CTA prep to fold into the route";
-          break;
-        }
-        const auto* x = reinterpret_cast<const bf16*>(d_x.p);
-        moe_route_topk_prep(d_logits.p, T, c.E, c.k, true, d_ids.p, d_w.p, pp, st.s);
-        b->run_prepped(x, T, d_ids.p, d_w.p, L.weights(), reinterpret_cast<bf16*>(d_out.p), ws.p, st.s);
-        moe_route_topk(d_logits.p, T, c.E, c.k, true, d_ids_ref.p, d_w_ref.p, st.s);
-        b->run(x, T, d_ids_ref.p, d_w_ref.p, L.weights(), reinterpret_cast<bf16*>(d_out_ref.p), ws_ref.p, st.s);
-        MS_CUDA_CHECK(cudaStreamSynchronize(st.s));
-        ++prepped;
-        ASSERT_EQ(d_ids.download(pairs), d_ids_ref.download(pairs)) << where << ": experts differ from moe_route_topk's";
-        const auto w = d_w.download(pairs), w_ref = d_w_ref.download(pairs);
-        ASSERT_EQ(std::memcmp(w.data(), w_ref.data(), pairs * sizeof(float)), 0) << where << ": routing weights differ";
-        const auto out = d_out.download(rows), ref = d_out_ref.download(rows);
-        for (size_t i = 0; i < rows; ++i) {
-          ASSERT_TRUE(std::isfinite(bf16_to_f32(out[i]))) << where << " out " << i;
-          ASSERT_EQ(out[i], ref[i]) << where << ": out[" << i / c.H << ", " << i % c.H << "] = " << bf16_to_f32(out[i])
-                                    << " against " << bf16_to_f32(ref[i]) << " after moe_route_topk + run()";
-        }
-      }
-    }
-  }
-  if (is_hopper()) {
-    EXPECT_GT(prepped, 0) << "no backend ran the prep inside the route launch on this sm_90 device";
-  }
 }
 
 // The next RMSNorm in the combine launch (MoeBackend::run_combine_norm) where the MoE ends in one (not the direct

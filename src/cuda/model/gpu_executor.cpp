@@ -212,7 +212,6 @@ GpuExecutor::GpuExecutor(const std::string& model_dir, const GpuOptions& opts) :
   // q30b8l bs 64 +8 to +17 us, 64 concurrent -0.4%; without them -32 us, +0.7%, but routing flips: docs/PERF.md
   // session 36).
   mb.folded_mid_route = env_flag("MOESERVE_ROUTER_FOLD_MID", false);
-  mb.moe_route_prep = env_flag("MOESERVE_MOE_ROUTE_PREP", false);
   if (const char* v = std::getenv("MOESERVE_PROFILE_SKIP_OPS"); v != nullptr && *v != 0) {
     mb.skip_ops = parse_skip_ops(v);
     if (mb.skip_ops != 0)

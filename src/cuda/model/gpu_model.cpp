@@ -371,7 +371,6 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
     if (L.is_moe) {
       const int I = int(c.moe_intermediate_size);
       auto g3 = gemm_cost(T, E, H, 4);
-      bool prepped = false;  // the route launch ran the MoE's routing prep (run_prepped below)
       if (folded) {  // the router's logits from the two products, the top-k, and xn_ for the experts
         FoldedRouterInputs f;
         f.u1 = router_u1_.get(), f.ld_u1 = E, f.u2 = router_u2_.get(), f.ld_u2 = E;
@@ -406,15 +405,9 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
         if (run_op(kSkipRouter))
           gemm.run(xn_.get(), H, T, H, L.router.get(), E, router_logits_.get(), E, OutType::F32, s);
         mark("gemm router", g3.first, g3.second);
-        // The MoE's routing prep in the route launch (MOESERVE_MOE_ROUTE_PREP=1).
-        moe_kernels::PrepParams prep{};
-        prepped = be_.moe_route_prep && in.decode && !cnorm && T <= kRoutePrepMaxTokens && run_op(kSkipRoute) &&
-                  run_op(kSkipExperts) && be_.moe->prep_in_route(T, topk_ids_.get(), moe_ws_.get(), prep);
-        if (prepped)
-          moe_route_topk_prep(router_logits_.get(), T, E, K, c.norm_topk_prob, topk_ids_.get(), topk_w_.get(), prep, s);
-        else if (run_op(kSkipRoute))
+        if (run_op(kSkipRoute))
           moe_route_topk(router_logits_.get(), T, E, K, c.norm_topk_prob, topk_ids_.get(), topk_w_.get(), s);
-        mark(prepped ? "moe route_topk + prep" : "moe route_topk", 4.0 * T * E, 0);
+        mark("moe route_topk", 4.0 * T * E, 0);
       }
       if (!run_op(kSkipExperts)) {
       } else if (resfuse) {  // residual += the MoE output, and the partial sums for the next norm
@@ -425,8 +418,6 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
         const bf16* next_norm = l + 1 < layers_.size() ? layers_[l + 1].input_norm.get() : final_norm_.get();
         be_.moe->run_combine_norm(xn_.get(), T, topk_ids_.get(), topk_w_.get(), L.moe, o_.get(), residual_.get(),
                                   next_norm, eps, xn_.get(), moe_ws_.get(), s);
-      } else if (prepped) {
-        be_.moe->run_prepped(xn_.get(), T, topk_ids_.get(), topk_w_.get(), L.moe, o_.get(), moe_ws_.get(), s);
       } else {
         be_.moe->run(xn_.get(), T, topk_ids_.get(), topk_w_.get(), L.moe, o_.get(), moe_ws_.get(), s);
       }

@@ -91,10 +91,6 @@ struct ModelBackends {
   // also routes (moe_add_norm_route), so the router GEMM and the top-k leave the chain. Opt-in,
   // MOESERVE_ROUTER_FOLD_MID=1 (measured slower, gpu_executor.cpp).
   bool folded_mid_route = false;
-  // Decode steps of 9-128 tokens route and run the MoE's routing prep in one launch (moe_route_topk_prep, where the
-  // MoE backend has a single-CTA prep for the step: MoeBackend::prep_in_route / run_prepped). Experiment, opt-in:
-  // MOESERVE_MOE_ROUTE_PREP=1 (session 42).
-  bool moe_route_prep = false;
   // Timing only (MOESERVE_PROFILE_SKIP_OPS, see skip_ops_from_env): ops left out of every step, so that a step's
   // time with and without an op gives that op's marginal cost in the chain of programmatic launches. The
   // outputs are then wrong; never set in serving.

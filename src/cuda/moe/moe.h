@@ -9,7 +9,6 @@
 #include <vector>
 
 #include "cuda/common.h"
-#include "cuda/moe/moe_kernel_params.h"
 #include "cuda/registry.h"
 
 namespace moeserve::cuda {
@@ -40,14 +39,6 @@ struct MoeWeights {
 // index first, as torch.topk) -> weights renormalised to sum 1 when `renormalize`. ids/weights: [T, k].
 void moe_route_topk(const float* logits, int T, int E, int k, bool renormalize, int32_t* ids, float* weights,
                     cudaStream_t stream);
-// The same routing and then, in the same launch, the MoE backend's single-CTA routing prep over these ids (prep:
-// MoeBackend::prep_in_route's parameters, prep.topk_ids == ids): one CTA of moe_kernels::kPrepThreads threads, a warp
-// a token, then moe_kernels::prep_body; the backend then runs with run_prepped. For decode steps of up to
-// kRoutePrepMaxTokens tokens (an experiment, MOESERVE_MOE_ROUTE_PREP=1: the bs 16-128 step's route + prep launches,
-// ~2.6 + 3.6 us of chain a layer, as one).
-constexpr int kRoutePrepMaxTokens = 128;
-void moe_route_topk_prep(const float* logits, int T, int E, int k, bool renormalize, int32_t* ids, float* weights,
-                         const moe_kernels::PrepParams& prep, cudaStream_t stream);
 
 // The router GEMV and the routing above in one launch, for decode-sized steps: logits[t, e] = x[t] . router[e]
 // (x [T, H] bf16, router [E, H] bf16, f32 sums), then the same softmax / top-k / renormalisation. `logits` is
@@ -151,17 +142,6 @@ class MoeBackend {
   virtual void run_residual(const bf16* x, int T, const int32_t* topk_ids, const float* topk_weights,
                             const MoeWeights& w, bf16* out, float* residual, float* partials, void* workspace,
                             cudaStream_t stream);
-  // The routing prep inside the launch that routes the step (moe_route_topk_prep, MOESERVE_MOE_ROUTE_PREP=1): where
-  // run() would launch one single-CTA prep for T tokens
-  // (moe_kernels::prep_body, kPrepWhole), prep_in_route fills that prep's parameters over topk_ids and workspace and
-  // returns true (false: no such prep here, run() then). run_prepped is run() without the prep launch: the kernel
-  // before it on the stream ran prep_body with those parameters after writing topk_ids.
-  virtual bool prep_in_route(int /*T*/, const int32_t* /*topk_ids*/, void* /*workspace*/,
-                             moe_kernels::PrepParams& /*p*/) const {
-    return false;
-  }
-  virtual void run_prepped(const bf16* x, int T, const int32_t* topk_ids, const float* topk_weights,
-                           const MoeWeights& w, bf16* out, void* workspace, cudaStream_t stream);
 };
 constexpr int kResidualPartRows = 16;  // hidden rows a residual partial sum covers
 

@@ -27,12 +27,6 @@ void MoeBackend::run_residual(const bf16*, int T, const int32_t*, const float*, 
   MS_CHECK(false, "moe backend {} has no residual epilogue for {} tokens (check residual_parts first)", spec().name, T);
 }
 
-void MoeBackend::run_prepped(const bf16*, int T, const int32_t*, const float*, const MoeWeights&, bf16*, void*,
-                             cudaStream_t) {
-  MS_CHECK(false, "moe backend {} has no routing prep to leave out for {} tokens (check prep_in_route first)",
-           spec().name, T);
-}
-
 std::vector<std::unique_ptr<MoeBackend>> make_moe_backends() {
   std::vector<std::unique_ptr<MoeBackend>> v;
   v.push_back(make_cublas_ref_backend());

@@ -303,37 +303,9 @@ bool fused_combine_norm_supported(const MoeShape& s, int T) {
          s.hidden / 8 <= kCombineNormChunks * kCombineThreads;
 }
 
-namespace {
-// The gate/up GEMM's weight slices before its wait over static slots (GemmParams::static_slots), 0 for none. (A
-// cp.async-weights configuration is warp-specialized, which fused_config_for picks for wgmma tables only.)
-int fused_prewait(const MoeShape& s, int T, bool direct, const GemmConfigInfo& cfg) {
-  return !direct && cfg.weights_cp_async && int64_t(T) * s.top_k >= s.num_experts ? moe_gu_prewait_slices() : 0;
-}
-// The single-CTA prep of T tokens (not direct) over layout l's workspace regions.
-PrepParams whole_prep_params(const MoeShape& s, int T, const FusedLayout& l, const int32_t* topk_ids, void* workspace) {
-  const GemmConfigInfo cfg = gemm_config_info(l.config);
-  char* ws = static_cast<char*>(workspace);
-  return PrepParams{topk_ids, T * s.top_k, s.num_experts, cfg.bn, l.num_slots, reinterpret_cast<Tile*>(ws + l.tiles),
-                    reinterpret_cast<int*>(ws + l.perm_pair), reinterpret_cast<int*>(ws + l.pair_pos), kPrepWhole,
-                    nullptr, nullptr, nullptr, fused_prewait(s, T, false, cfg)};
-}
-bool whole_prep_applies(const MoeShape& s, int T, const FusedLayout& l, bool have_counters) {
-  return T >= 1 && T <= s.max_tokens && !l.direct && !(T * s.top_k > kPrepChunk && have_counters);
-}
-}  // namespace
-
-bool fused_whole_prep(const KernelTable& k, const MoeShape& s, int T, const int32_t* topk_ids, void* workspace,
-                      bool have_counters, PrepParams& pp) {
-  if (T < 1 || T > s.max_tokens) return false;
-  const FusedLayout l = fused_layout(s, T, k.wgmma);
-  if (!whole_prep_applies(s, T, l, have_counters)) return false;
-  pp = whole_prep_params(s, T, l, topk_ids, workspace);
-  return true;
-}
-
 void fused_run(const KernelTable& k, const MoeShape& s, const bf16* x, int T, const int32_t* topk_ids,
                const float* topk_weights, const MoeWeights& w, bf16* out, void* workspace, int* counters,
-               cudaStream_t stream, float* residual, float* res_partials, const CombineNorm* norm, bool prepped) {
+               cudaStream_t stream, float* residual, float* res_partials, const CombineNorm* norm) {
   MS_CHECK(norm == nullptr || (fused_combine_norm_supported(s, T) && counters != nullptr && norm->residual &&
                                norm->norm_w && norm->xn_out),
            "moe: the combine's norm epilogue needs a combine launch ({} tokens) and its buffers", T);
@@ -363,13 +335,15 @@ void fused_run(const KernelTable& k, const MoeShape& s, const bf16* x, int T, co
   const int* direct_ids = direct ? topk_ids : nullptr;
   const bool fused_combine = direct && counters != nullptr;
   const bool pdl = k.pdl;
-  // Static slots: the gate/up GEMM's first weight slices go out before its wait (GemmParams::static_slots).
-  const int prewait = fused_prewait(s, T, direct, cfg);
-  MS_CHECK(!prepped || whole_prep_applies(s, T, l, counters != nullptr),
-           "moe: {} tokens have no single-CTA prep to leave out", T);
-  if (!direct && !prepped) {
+  // Static slots: the gate/up GEMM's first weight slices go out before its wait (GemmParams::static_slots). (A
+  // cp.async-weights configuration is warp-specialized, which fused_config_for picks for wgmma tables only.)
+  const int prewait = !direct && cfg.weights_cp_async && int64_t(T) * s.top_k >= s.num_experts
+                          ? moe_gu_prewait_slices()
+                          : 0;
+  if (!direct) {
     const int P = T * s.top_k;
-    PrepParams pp = whole_prep_params(s, T, l, topk_ids, workspace);
+    PrepParams pp{topk_ids, P, s.num_experts, cfg.bn, l.num_slots, tiles, perm_pair, pair_pos, kPrepWhole,
+                  nullptr, nullptr, nullptr, prewait};
     if (P > kPrepChunk && counters != nullptr) {
       pp.counts = counters + fused_direct_counters(s);
       pp.offsets = pp.counts + s.num_experts;
@@ -466,17 +440,6 @@ void FusedBackendBase::run_residual(const bf16* x, int T, const int32_t* topk_id
            "moe run_residual: residual (16-byte aligned) and partials");
   fused_run(table_, shape_, x, T, topk_ids, topk_weights, w, out, workspace, counters_.get(), stream, residual,
             partials);
-}
-
-bool FusedBackendBase::prep_in_route(int T, const int32_t* topk_ids, void* workspace, PrepParams& p) const {
-  return ready_ && fused_whole_prep(table_, shape_, T, topk_ids, workspace, counters_.get() != nullptr, p);
-}
-
-void FusedBackendBase::run_prepped(const bf16* x, int T, const int32_t* topk_ids, const float* topk_weights,
-                                   const MoeWeights& w, bf16* out, void* workspace, cudaStream_t stream) {
-  MS_CHECK(ready_, "moe backend {} used without a successful prepare()", spec_.name);
-  fused_run(table_, shape_, x, T, topk_ids, topk_weights, w, out, workspace, counters_.get(), stream, nullptr, nullptr,
-            nullptr, /*prepped=*/true);
 }
 
 std::string FusedBackendBase::set_ready(const KernelTable& t, const MoeShape& shape) {

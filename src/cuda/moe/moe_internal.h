@@ -83,15 +83,10 @@ struct CombineNorm {
   float eps;
   bf16* xn_out;
 };
-// prepped: the prep ran in the kernel before (fused_whole_prep's parameters; MoeBackend::run_prepped).
 void fused_run(const moe_kernels::KernelTable& k, const MoeShape& s, const bf16* x, int T, const int32_t* topk_ids,
                const float* topk_weights, const MoeWeights& w, bf16* out, void* workspace, int* counters,
                cudaStream_t stream, float* residual = nullptr, float* res_partials = nullptr,
-               const CombineNorm* norm = nullptr, bool prepped = false);
-// The parameters of the single-CTA prep (kPrepWhole) fused_run launches for T tokens; false where it launches none
-// (direct mode) or the two-launch prep (more than kPrepChunk pairs, with counters).
-bool fused_whole_prep(const moe_kernels::KernelTable& k, const MoeShape& s, int T, const int32_t* topk_ids,
-                      void* workspace, bool have_counters, moe_kernels::PrepParams& pp);
+               const CombineNorm* norm = nullptr);
 int fused_residual_parts(const MoeShape& s, int T);
 bool fused_combine_norm_supported(const MoeShape& s, int T);
 
@@ -111,9 +106,6 @@ class FusedBackendBase : public MoeBackend {
                         cudaStream_t stream) override;
   void run_residual(const bf16* x, int T, const int32_t* topk_ids, const float* topk_weights, const MoeWeights& w,
                     bf16* out, float* residual, float* partials, void* workspace, cudaStream_t stream) override;
-  bool prep_in_route(int T, const int32_t* topk_ids, void* workspace, moe_kernels::PrepParams& p) const override;
-  void run_prepped(const bf16* x, int T, const int32_t* topk_ids, const float* topk_weights, const MoeWeights& w,
-                   bf16* out, void* workspace, cudaStream_t stream) override;
 
  protected:
   std::string set_ready(const moe_kernels::KernelTable& t, const MoeShape& shape);  // "" or why not

@@ -14,10 +14,6 @@
 #include "cuda/moe/moe_ptx.cuh"
 #include "cuda/moe/route_dev.cuh"
 #include "cuda/pdl.cuh"
-// The MoE's routing prep (prep_body) for moe_route_topk_prep; the kernels' entry points left out.
-#define MOE_KERNEL_BODIES_ONLY
-#include "cuda/moe/moe_gemm_kernels.cuh"
-#undef MOE_KERNEL_BODIES_ONLY
 
 namespace moeserve::cuda {
 
@@ -210,20 +206,6 @@ __global__ void __launch_bounds__(kRouteWarpsPerBlock * 32)
   route_token(logits + size_t(t) * E, t, E, k, renormalize, ids, weights, threadIdx.x & 31);
 }
 
-// Route + prep (moe_route_topk_prep): one CTA, a warp a token, then the MoE's single-CTA prep over the ids it wrote
-// (__syncthreads orders the block's global writes before prep_body's reads).
-__global__ void __launch_bounds__(moe_kernels::kPrepThreads)
-    route_prep_kernel(const float* logits, int T, int E, int k, bool renormalize, int32_t* ids, float* weights,
-                      moe_kernels::PrepParams prep) {
-  extern __shared__ __align__(16) char route_prep_smem[];
-  pdl_enter();
-  const int warps = int(blockDim.x) >> 5;
-  for (int t = int(threadIdx.x) >> 5; t < T; t += warps)
-    route_token(logits + size_t(t) * E, t, E, k, renormalize, ids, weights, threadIdx.x & 31);
-  __syncthreads();
-  moe_kernels::prep_body(prep, route_prep_smem);
-}
-
 // ---- The router GEMV fused with routing (T <= kRouterTopkMaxTokens). Block (b, g) takes token group g (tokens
 // 8 g .. 8 g + 7) and warp w of it expert e = 8 b + w: its weight row (H bf16, 16-byte chunks c = lane + 32 i < H / 8)
 // is loaded into registers before the programmatic wait; after it the block stages the group's token rows in shared
@@ -330,20 +312,6 @@ void moe_route_topk(const float* logits, int T, int E, int k, bool renormalize, 
   const int blocks = int(ceil_div(T, kRouteWarpsPerBlock));
   launch_pdl(route_topk_kernel, dim3(blocks), dim3(kRouteWarpsPerBlock * 32), 0, stream, logits, T, E, k,
              renormalize, ids, weights);
-}
-
-void moe_route_topk_prep(const float* logits, int T, int E, int k, bool renormalize, int32_t* ids, float* weights,
-                         const moe_kernels::PrepParams& prep, cudaStream_t stream) {
-  MS_CHECK(E >= 1 && E <= 32 * kRouteMaxPerLane && E <= moe_kernels::kMaxExperts,
-           "moe_route_topk_prep: {} experts (at most {})", E, 32 * kRouteMaxPerLane);
-  MS_CHECK(k >= 1 && k <= E && k <= kRouteMaxTopK, "moe_route_topk_prep: top_k {} of {} experts (at most {})", k, E,
-           kRouteMaxTopK);
-  MS_CHECK(T >= 1 && T <= kRoutePrepMaxTokens, "moe_route_topk_prep: {} tokens (1 to {})", T, kRoutePrepMaxTokens);
-  MS_CHECK(prep.mode == moe_kernels::kPrepWhole && prep.topk_ids == ids && prep.num_pairs == T * k &&
-               prep.num_experts == E,
-           "moe_route_topk_prep: the prep must be a single-CTA prep over these {} x {} ids of {} experts", T, k, E);
-  launch_pdl(route_prep_kernel, dim3(1), dim3(moe_kernels::kPrepThreads), size_t(moe_kernels::kPrepSmemBytes), stream,
-             logits, T, E, k, renormalize, ids, weights, prep);
 }
 
 void moe_route_folded(const FoldedRouterInputs& f, int T, int E, int k, bool renormalize, int32_t* ids,
