@@ -22,6 +22,9 @@ IFS=, read -r -a bs <<<"${sizes:-1,64,128}"
 printf '%-14s' variant
 for b in "${bs[@]}"; do printf ' %18s' "bs$b us"; done
 printf '  backends (gemm / moe, as auto chose them)\n'
+# The backend auto chose for family $1 in log $2: a switch that slows one backend's timed trial can make auto pick
+# another for every op of the family (session 42: a gemv-backend experiment silently ran on cuBLASLt).
+chosen() { sed -nE "s/.*backend $1 ([a-z0-9_]+): .*/\1/p" "$2" | head -1; }
 for v in "$@"; do
   name=${v%%=*}
   words=${v#*=}
@@ -36,9 +39,6 @@ for v in "$@"; do
   cell() { echo "${served[$1]:-fail} / ${over[$1]:-fail}"; }
   printf '%-14s' "$name"
   for i in "${!bs[@]}"; do printf ' %18s' "$(cell "$i")"; done
-  # The backends each variant ran on: a switch that slows one backend's timed trial can make auto pick another for
-  # every op of the family (session 42: a gemv-backend experiment silently ran on cuBLASLt).
-  chosen() { sed -nE "s/.*backend $1 ([a-z0-9_]+): .*/\1/p" "$LOGS/$name.log" | head -1; }
-  printf '  %s / %s\n' "$(chosen gemm)" "$(chosen moe)"
+  printf '  %s / %s\n' "$(chosen gemm "$LOGS/$name.log")" "$(chosen moe "$LOGS/$name.log")"
 done
 mkdir -p "${OUT:-/tmp}" && tar czf "${OUT:-/tmp}/logs.tgz" -C "$LOGS" . && echo "logs: ${OUT:-/tmp}/logs.tgz"

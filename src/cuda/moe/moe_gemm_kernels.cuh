@@ -183,11 +183,11 @@ __device__ __forceinline__ void prep_body(const PrepParams& p, char* smem) {
 
   if (p.mode == kPrepScatter) return prep_scatter(p, i0, i1, p.offsets);
 
+  for (int e = tid; e < E; e += nt) s_cnt[e] = 0;
+  __syncthreads();
   if (p.mode == kPrepWhole && p.keep_ranks != 0 && P <= nt * kPrepUnroll) {
     // Thread tid's pairs tid + u nt: their experts and ranks stay in registers from the count to the scatter.
     int ex[kPrepUnroll], rk[kPrepUnroll];
-    for (int e = tid; e < E; e += nt) s_cnt[e] = 0;
-    __syncthreads();
 #pragma unroll
     for (int u = 0; u < kPrepUnroll; ++u) ex[u] = tid + u * nt < P ? p.topk_ids[tid + u * nt] : -1;
 #pragma unroll
@@ -206,8 +206,6 @@ __device__ __forceinline__ void prep_body(const PrepParams& p, char* smem) {
     return;
   }
 
-  for (int e = tid; e < E; e += nt) s_cnt[e] = 0;
-  __syncthreads();
   for (int b = i0 + tid; b < i1; b += nt * kPrepUnroll) {
     int e[kPrepUnroll];
 #pragma unroll
