@@ -152,7 +152,6 @@ class GpuExecutor : public Executor {
   // workspace (used on the compute stream only).
   DeviceArray<int32_t> pen_ids_, pen_counts_, ban_ids_;
   DeviceArray<uint8_t> sample_ws_, greedy_ws_, head_argmax_ws_;
-  DeviceArray<uint8_t> head_tiled_;  // MOESERVE_LMHEAD_TILED=1: lmhead_argmax_tile's copy of the lm_head
   struct Launched {
     std::vector<int> top_n;  // top logprobs wanted per sampled row (its size: the rows)
     bool want_lp;
@@ -241,19 +240,9 @@ GpuExecutor::GpuExecutor(const std::string& model_dir, const GpuOptions& opts) :
                                     "activations");
   greedy_ws_ = DeviceArray<uint8_t>(alloc_, greedy_workspace_bytes(), "activations");
   MS_CUDA_CHECK(cudaMemset(greedy_ws_.get(), 0, greedy_ws_.bytes()));
-  if (be_.lmhead_argmax) {  // select_backends: self-test passed, MOESERVE_LMHEAD_ARGMAX not 0
+  if (be_.lmhead_argmax)  // select_backends: self-test passed, MOESERVE_LMHEAD_ARGMAX not 0
     head_argmax_ws_ = DeviceArray<uint8_t>(alloc_, lmhead_argmax_workspace_bytes(64, int(cfg_.vocab_size)),
                                            "activations");
-    // Opt-in experiment (session 43): a second copy of the lm_head in lmhead_argmax's tiled layout, read by 1-D bulk
-    // copies (lmhead_argmax.h).
-    if (env_flag("MOESERVE_LMHEAD_TILED", false)) {
-      const int K = int(cfg_.hidden_size), V = int(cfg_.vocab_size);
-      head_tiled_ = DeviceArray<uint8_t>(alloc_, lmhead_argmax_tiled_bytes(K, V), "weights");
-      lmhead_argmax_tile(model_->head_weight(), K, V, head_tiled_.get(), stream_);
-      MS_CUDA_CHECK(cudaStreamSynchronize(stream_));
-      log_info("lm_head: a tiled copy for lmhead_argmax ({})", format_bytes(head_tiled_.bytes()));
-    }
-  }
   log_info("activations: {} for steps of up to {} tokens, {} sequences", format_bytes(alloc_.in_use() - before),
            max_tokens, max_seqs);
 
@@ -662,8 +651,7 @@ void GpuExecutor::sample_rows(int rows, bool greedy, bool with_penalties, bool h
   StepBuffers& b = buf_[cur_];
   if (greedy && head_argmax)
     lmhead_argmax(model_->head_rows(), rows, int(cfg_.hidden_size), model_->head_weight(), int(cfg_.vocab_size),
-                  b.out_ids.get(), b.out_lp.get(), head_argmax_ws_.get(), stream_,
-                  head_tiled_.bytes() > 0 ? head_tiled_.get() : nullptr);
+                  b.out_ids.get(), b.out_lp.get(), head_argmax_ws_.get(), stream_);
   else if (greedy)
     sample_greedy(model_->logits(), rows, int(cfg_.vocab_size), b.out_ids.get(), b.out_lp.get(), stream_,
                   greedy_ws_.get());

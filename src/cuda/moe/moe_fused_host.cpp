@@ -46,13 +46,6 @@ void encode_weight_map(TmaDesc& out, const void* w, int64_t rows, int K, int box
 // (2,856.6-2,857.5 against 2,861.7-2,862.3; call 1: 2,888.6-2,891.7 against 2,890.9-2,897.0), bs 48 -4 to -6, bs 128
 // -4 to -10; 1 slice between the two. Fewer slices queue less in front of the prep's loads (session 27's trace: the
 // prep +18 us a step with 4).
-// MOESERVE_MOE_PREP_REGS=1: the single-CTA prep keeps its pairs' experts and ranks in registers (PrepParams::keep_ranks;
-// an experiment of session 42).
-bool moe_prep_keep_ranks() {
-  static const bool on = env_flag("MOESERVE_MOE_PREP_REGS", false);
-  return on;
-}
-
 int moe_gu_prewait_slices() {
   static const int n = int(env_int("MOESERVE_MOE_GU_PREWAIT", 2, 0, 64));
   return n;
@@ -350,7 +343,7 @@ void fused_run(const KernelTable& k, const MoeShape& s, const bf16* x, int T, co
   if (!direct) {
     const int P = T * s.top_k;
     PrepParams pp{topk_ids, P, s.num_experts, cfg.bn, l.num_slots, tiles, perm_pair, pair_pos, kPrepWhole,
-                  nullptr, nullptr, nullptr, prewait, moe_prep_keep_ranks() ? 1 : 0};
+                  nullptr, nullptr, nullptr, prewait};
     if (P > kPrepChunk && counters != nullptr) {
       pp.counts = counters + fused_direct_counters(s);
       pp.offsets = pp.counts + s.num_experts;

@@ -185,27 +185,6 @@ __device__ __forceinline__ void prep_body(const PrepParams& p, char* smem) {
 
   for (int e = tid; e < E; e += nt) s_cnt[e] = 0;
   __syncthreads();
-  if (p.mode == kPrepWhole && p.keep_ranks != 0 && P <= nt * kPrepUnroll) {
-    // Thread tid's pairs tid + u nt: their experts and ranks stay in registers from the count to the scatter.
-    int ex[kPrepUnroll], rk[kPrepUnroll];
-#pragma unroll
-    for (int u = 0; u < kPrepUnroll; ++u) ex[u] = tid + u * nt < P ? p.topk_ids[tid + u * nt] : -1;
-#pragma unroll
-    for (int u = 0; u < kPrepUnroll; ++u) rk[u] = ex[u] >= 0 && ex[u] < E ? atomicAdd(&s_cnt[ex[u]], 1) : -1;
-    __syncthreads();
-    prep_scan_and_tiles(p, s_cnt, s_off, s_toff);
-    __syncthreads();
-#pragma unroll
-    for (int u = 0; u < kPrepUnroll; ++u) {
-      const int i = tid + u * nt;
-      if (i >= P) continue;
-      const int pos = rk[u] >= 0 ? s_off[ex[u]] + rk[u] : -1;
-      if (pos >= 0) p.perm_pair[pos] = i;
-      p.pair_pos[i] = pos;
-    }
-    return;
-  }
-
   for (int b = i0 + tid; b < i1; b += nt * kPrepUnroll) {
     int e[kPrepUnroll];
 #pragma unroll

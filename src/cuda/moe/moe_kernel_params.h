@@ -83,10 +83,6 @@ struct PrepParams {
   // Static slots when non-zero (GemmParams::static_slots): slot e < num_experts holds expert e's first tile (rows 0 when it has no
   // pairs); an expert's further tiles follow from slot num_experts on. Needs num_slots >= num_experts + P / tile_rows.
   int static_slots;
-  // kPrepWhole with at most kPrepThreads x kPrepUnroll pairs: each thread keeps its pairs' experts and ranks in
-  // registers from the count to the scatter instead of a round trip through pair_pos (an experiment,
-  // MOESERVE_MOE_PREP_REGS=1, session 42).
-  int keep_ranks;
 };
 
 enum GemmMode { kGateUp = 0, kDown = 1 };

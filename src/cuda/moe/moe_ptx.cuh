@@ -245,12 +245,4 @@ __device__ __forceinline__ void tma_load_2d(unsigned dst, const void* map, int c
       : "memory");
 }
 
-// A 1-D bulk copy of `bytes` (a multiple of 16; src and dst 16-byte aligned) from global into shared memory at dst,
-// completing its bytes on the mbarrier bar (the copy engine's contiguous form: no tensor map, no swizzle of its own).
-__device__ __forceinline__ void bulk_load_1d(unsigned dst, const void* src, unsigned bytes, unsigned bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
-               "l"(src), "r"(bytes), "r"(bar)
-               : "memory");
-}
-
 }  // namespace moe_ptx

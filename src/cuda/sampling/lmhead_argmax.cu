@@ -52,34 +52,11 @@ using greedy_state::shfl_xor;
 
 struct Args {
   moe_kernels::TmaDesc xmap;  // tokens [M, K] bf16, boxes of 64 x 64 rows
-  moe_kernels::TmaDesc wmap;  // weights [V, K] bf16, boxes of 64 x kRows rows (not TILED)
-  const char* wtiled;         // TILED: the weights as lmhead_argmax_tile wrote them
+  moe_kernels::TmaDesc wmap;  // weights [V, K] bf16, boxes of 64 x kRows rows
   int M, K, V, units;
   State* partials;  // [M][units]
 };
 
-// The tiled weights (lmhead_argmax_tile): tile (unit u, slice kt) at ((u KT + kt) kRowBytes) holds the unit's kRows
-// rows x 64 columns as the TMA box of the row-major form lands in shared memory with the 128-byte swizzle - row r's
-// 16-byte chunk c at r 128 + 16 (c ^ (r % 8)) - with zeros past V and past K, so that one contiguous 24 KB bulk copy
-// a slice gives the MMAs the same bytes as the 2-D box.
-__global__ void lmhead_tile_kernel(const bf16* w, int K, int V, int KT, size_t chunks, uint4* out) {
-  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < chunks; i += size_t(gridDim.x) * blockDim.x) {
-    const int stored = int(i % 8);
-    const size_t line = i / 8;  // (tile, row)
-    const int r = int(line % kRows);
-    const size_t tile = line / kRows;
-    const int kt = int(tile % size_t(KT)), unit = int(tile / size_t(KT));
-    const int row = unit * kRows + r, col = kt * kBK + (stored ^ (r % 8)) * 8;
-    uint4 v = make_uint4(0u, 0u, 0u, 0u);
-    if (row < V && col < K) v = *reinterpret_cast<const uint4*>(w + size_t(row) * size_t(K) + size_t(col));
-    out[i] = v;
-  }
-}
-
-// TILED: the weight slices by 1-D bulk copies of the tiled copy instead of 2-D TMA boxes of the row-major weights
-// (MOESERVE_LMHEAD_TILED=1; gpu_read_bw: contiguous 16-32 KB bulk copies stream 4.5-4.6 TB/s with one CTA an SM,
-// 2-D boxes of 128-row slices ~4.24, and this kernel's boxes read 3.88 under ncu, session 42).
-template <bool TILED>
 __global__ void __launch_bounds__(kThreads, 1) lmhead_argmax_kernel(const __grid_constant__ Args a) {
 #if MOE_HAVE_WGMMA
   using namespace moe_ptx;
@@ -100,14 +77,6 @@ __global__ void __launch_bounds__(kThreads, 1) lmhead_argmax_kernel(const __grid
   const int KT = (a.K + kBK - 1) / kBK;
   const int my_units = a.units > int(blockIdx.x) ? (a.units - 1 - int(blockIdx.x)) / int(gridDim.x) + 1 : 0;
   const int total = my_units * KT;  // slices of this CTA's walk
-  // Slice q's weight rows into the stage's weight part at dst, completing on bar.
-  auto load_w = [&](unsigned dst, int q, unsigned bar) {
-    const int unit = int(blockIdx.x) + (q / KT) * int(gridDim.x);
-    if constexpr (TILED)
-      bulk_load_1d(dst, a.wtiled + (size_t(unit) * size_t(KT) + size_t(q % KT)) * kRowBytes, kRowBytes, bar);
-    else
-      tma_load_2d(dst, &a.wmap, (q % KT) * kBK, unit * kRows, bar);
-  };
   if (wg == 0) {
     if (tid == 0) {
       // Slice q: unit blockIdx.x + (q / KT) gridDim.x, columns (q % KT) 64. The first ring pass's weight boxes
@@ -116,7 +85,8 @@ __global__ void __launch_bounds__(kThreads, 1) lmhead_argmax_kernel(const __grid
       for (int q = 0; q < pre; ++q) {
         const unsigned st = ring + unsigned(q * kStageBytes);
         mbar_arrive_expect_tx(full0 + q * 8, kStageBytes);
-        load_w(st + kTokBytes, q, full0 + q * 8);
+        const int unit = int(blockIdx.x) + (q / KT) * int(gridDim.x);
+        tma_load_2d(st + kTokBytes, &a.wmap, (q % KT) * kBK, unit * kRows, full0 + q * 8);
       }
       pdl_wait();  // the token rows come from the kernel before
       pdl_launch_dependents();
@@ -126,8 +96,9 @@ __global__ void __launch_bounds__(kThreads, 1) lmhead_argmax_kernel(const __grid
         mbar_wait(empty0 + stage * 8, ((q / kStages) & 1) ^ 1);
         const unsigned st = ring + unsigned(stage * kStageBytes);
         mbar_arrive_expect_tx(full0 + stage * 8, kStageBytes);
+        const int unit = int(blockIdx.x) + (q / KT) * int(gridDim.x);
         tma_load_2d(st, &a.xmap, (q % KT) * kBK, 0, full0 + stage * 8);
-        load_w(st + kTokBytes, q, full0 + stage * 8);
+        tma_load_2d(st + kTokBytes, &a.wmap, (q % KT) * kBK, unit * kRows, full0 + stage * 8);
       }
     } else {
       pdl_wait();  // every thread waits (the grid completes only after its predecessor)
@@ -249,45 +220,30 @@ bool lmhead_argmax_supported(int rows, int K, int vocab) {
   return hopper && rows >= 1 && rows <= kTok && K >= kBK && K % 8 == 0 && vocab >= 1;
 }
 
-size_t lmhead_argmax_tiled_bytes(int K, int vocab) {
-  return size_t(lmhead_argmax_units(vocab)) * size_t((K + kBK - 1) / kBK) * kRowBytes;
-}
-
-void lmhead_argmax_tile(const bf16* w, int K, int vocab, void* tiled, cudaStream_t stream) {
-  MS_CHECK(K >= kBK && K % 8 == 0 && vocab >= 1, "lmhead_argmax_tile: K {} (a multiple of 8, at least {}), vocab {}", K,
-           kBK, vocab);
-  const size_t chunks = lmhead_argmax_tiled_bytes(K, vocab) / 16;
-  static const int sms = current_device_multiprocessors();
-  const unsigned blocks = unsigned(std::min<size_t>((chunks + 255) / 256, size_t(sms) * 16));
-  lmhead_tile_kernel<<<blocks, 256, 0, stream>>>(w, K, vocab, (K + kBK - 1) / kBK, chunks, static_cast<uint4*>(tiled));
-  MS_CUDA_CHECK(cudaGetLastError());
-}
-
 std::string lmhead_argmax_code(const DeviceInfo& dev) {
-  for (const void* k : {reinterpret_cast<const void*>(lmhead_argmax_kernel<false>),
-                        reinterpret_cast<const void*>(lmhead_argmax_kernel<true>),
-                        reinterpret_cast<const void*>(lmhead_tile_kernel),
+  for (const void* k : {reinterpret_cast<const void*>(lmhead_argmax_kernel),
                         reinterpret_cast<const void*>(lmhead_argmax_merge_kernel)})
     if (std::string why = check_kernel_present(k, dev); !why.empty()) return why;
   return "";
 }
 
 void lmhead_argmax(const bf16* x, int rows, int K, const bf16* w, int vocab, int32_t* out_ids, float* out_logprobs,
-                   void* workspace, cudaStream_t stream, const void* w_tiled) {
+                   void* workspace, cudaStream_t stream) {
   MS_CHECK(lmhead_argmax_supported(rows, K, vocab), "lmhead_argmax: {} rows of K {} over {} (1-{} rows, sm_90)", rows,
            K, vocab, kTok);
   Args a{};
   encode_bf16_tma_2d(&a.xmap, x, rows, K, kTok);
-  if (w_tiled == nullptr) encode_bf16_tma_2d(&a.wmap, w, vocab, K, kRows);
-  a.wtiled = static_cast<const char*>(w_tiled);
+  encode_bf16_tma_2d(&a.wmap, w, vocab, K, kRows);
   a.M = rows, a.K = K, a.V = vocab, a.units = lmhead_argmax_units(vocab);
   a.partials = static_cast<State*>(workspace);
   static const int sms = current_device_multiprocessors();
   const size_t smem = kernel_smem();
-  auto kernel = w_tiled != nullptr ? lmhead_argmax_kernel<true> : lmhead_argmax_kernel<false>;
-  MS_CHECK(raise_dynamic_smem(reinterpret_cast<const void*>(kernel), smem),
-           "lmhead_argmax: the device refuses {} bytes of shared memory a block", smem);
-  launch_pdl(kernel, dim3(unsigned(std::min(sms, a.units))), dim3(kThreads), smem, stream, a);
+  static const bool raised = [&] {
+    return cudaFuncSetAttribute(lmhead_argmax_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)) ==
+           cudaSuccess;
+  }();
+  MS_CHECK(raised, "lmhead_argmax: the device refuses {} bytes of shared memory a block", smem);
+  launch_pdl(lmhead_argmax_kernel, dim3(unsigned(std::min(sms, a.units))), dim3(kThreads), smem, stream, a);
   launch_pdl(lmhead_argmax_merge_kernel, dim3(unsigned(rows)), dim3(kMergeThreads), 0, stream,
              static_cast<const State*>(a.partials), a.units, out_ids, out_logprobs);
 }

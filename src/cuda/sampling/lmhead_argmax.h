@@ -20,15 +20,8 @@ std::string lmhead_argmax_code(const DeviceInfo& dev);
 int lmhead_argmax_units(int vocab);  // vocabulary units (192 rows each)
 // Device memory the launch writes its (token, unit) states into: max_rows x units states.
 size_t lmhead_argmax_workspace_bytes(int max_rows, int vocab);
-// The weights as one contiguous 24 KB tile a (unit, 64-column slice), each laid out as the kernel's TMA box lands in
-// shared memory (MOESERVE_LMHEAD_TILED=1, opt-in: a second copy of the lm_head, read by 1-D bulk copies).
-size_t lmhead_argmax_tiled_bytes(int K, int vocab);
-// Writes that copy of w ([vocab, K] bf16, K a multiple of 8 and at least 64) into `tiled`
-// (lmhead_argmax_tiled_bytes, 16-byte aligned) on `stream`.
-void lmhead_argmax_tile(const bf16* w, int K, int vocab, void* tiled, cudaStream_t stream);
-// x: [rows, K] bf16, w: [vocab, K] bf16; out_ids[rows]; out_logprobs[rows] or nullptr. w_tiled: lmhead_argmax_tile's
-// copy of w, read instead of w (the same ids and logprobs, bitwise), or nullptr.
+// x: [rows, K] bf16, w: [vocab, K] bf16; out_ids[rows]; out_logprobs[rows] or nullptr.
 void lmhead_argmax(const bf16* x, int rows, int K, const bf16* w, int vocab, int32_t* out_ids, float* out_logprobs,
-                   void* workspace, cudaStream_t stream, const void* w_tiled = nullptr);
+                   void* workspace, cudaStream_t stream);
 
 }  // namespace moeserve::cuda
