@@ -119,12 +119,11 @@ run test_gpu_model_unfolded ok env MOESERVE_ROUTER_FOLD=0 MOESERVE_EMBED_PARTIAL
 # MOESERVE_GEMV_RING_STAGES=4, MOESERVE_MOE_DOWN_GEMV_STAGES=2, 3, 4). The opt-in switches (off by default; their
 # same-call A/Bs measured even or slower): the final norm inside the streaming lm_head GEMV at decode
 # (MOESERVE_LMHEAD_NORM_IN=1; also test_cuda_gemm's StreamingGemvNormInMatchesNormInRows, which runs it directly) and
-# the folded route of 9-128-token decode steps (MOESERVE_ROUTER_FOLD_MID=1; test_gpu_router_fold runs its kernel);
-# not yet measured: the decode attention's entry metadata in one round trip (MOESERVE_ATTN_EARLY_META=1, session 43).
+# the folded route of 9-128-token decode steps (MOESERVE_ROUTER_FOLD_MID=1; test_gpu_router_fold runs its kernel).
 # The other opt-in experiments were removed after their A/Bs (docs/ARCHITECTURE.md lists them, docs/PERF.md has
 # the figures).
 EARLIER=(MOESERVE_GREEDY_GRID=0 MOESERVE_GEMV_RING_STAGES=4 MOESERVE_MOE_DOWN_GEMV_STAGES=4)
-OPT_IN=(MOESERVE_LMHEAD_NORM_IN=1 MOESERVE_ROUTER_FOLD_MID=1 MOESERVE_ATTN_EARLY_META=1)
+OPT_IN=(MOESERVE_LMHEAD_NORM_IN=1 MOESERVE_ROUTER_FOLD_MID=1)
 run test_gpu_model_earlier ok env "${EARLIER[@]}" "$BUILD/tests/test_gpu_model" --gtest_brief=1
 run test_gpu_model_opt_in ok env "${OPT_IN[@]}" "$BUILD/tests/test_gpu_model" --gtest_brief=1
 run test_gpu_parity_opt_in ok env "${OPT_IN[@]}" "$BUILD/tests/test_gpu_parity" --gtest_brief=1 --gtest_filter='*Bf16*'
