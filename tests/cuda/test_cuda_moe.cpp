@@ -403,7 +403,7 @@ TEST_P(CudaMoeShapes, EveryRunnableBackendMatchesCpuReference) {
 // (partial M tiles and a partial last K slice in the fused kernels). With T in {1, 3, 64, 128, 300}, the default
 // configurations of an sm_90a table are E128/k8: 0, 0, 12, 12, 8 and E8/k2: 0, 0, 8, 8, 8 (the graph test's 1,100
 // tokens at E8/k2 reach 10); with MOESERVE_MOE_WS=0 (scripts/gpu-check.sh runs both) E128/k8 takes 1, 1, 5 for 64,
-// 128, 300 and E8/k2 5, 5, 6; MOESERVE_MOE_WS_MID=5 / 9 / 13 picks the 12-40 tokens an expert configuration (E128/k8
+// 128, 300 and E8/k2 5, 5, 6; MOESERVE_MOE_WS_MID=5 / 9 / 10 / 12 / 13 / 14 picks the 12-40 tokens an expert configuration (E128/k8
 // at 300, E8/k2 at 64 and 128); MOESERVE_MOE_WGMMA=0 / 1 / 2 give the mma.sync tiles 2 and 3, 2 and 4, 5 and 4.
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaMoeShapes,
                          ::testing::Values(Case{8, 2, 256, 128}, Case{128, 8, 256, 128}, Case{8, 2, 2048, 768},

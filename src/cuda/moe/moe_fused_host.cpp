@@ -129,11 +129,15 @@ int moe_ws_decode_config() {
 // 13 (64-token tiles, cp.async weights) or 9 (its TMA twin). H200, session 35, q30b8l steps (gpu_profile, in a CUDA
 // graph, experts of 8 layers): a 512-token prompt 2,121-2,137 us against 2,262-2,273 with 5 (9: +1%, 13: +15% of the
 // step); 64 decodes + 512 prompt tokens 2,887 against 3,008; served decode1 TTFT p50 3.5-3.6 ms against 3.7-3.8, 64
-// concurrent and prefill even.
+// concurrent and prefill even. Also 12 (the batched-decode tiles: 32 tokens, two CTAs an SM), 10 and 14 (the
+// 256-weight-row prefill tiles, rows or tokens as M), for session 44's question: is a mixed step's expert time
+// (64 decodes + 512 prompt tokens: ~36 tokens an expert, the experts +31% over a decode step's for the same weight
+// bytes) the gathered token rows (configuration 8 takes them in once a 128-row weight tile, 10 and 14 once a
+// 256-row one) or the MMAs on the tile's empty token columns?
 int moe_ws_mid_config() {
   static const int c = [] {
-    const int v = int(env_int("MOESERVE_MOE_WS_MID", 8, 5, 13));
-    return v == 5 || v == 9 || v == 13 ? v : 8;
+    const int v = int(env_int("MOESERVE_MOE_WS_MID", 8, 5, 14));
+    return v == 5 || v == 9 || v == 10 || v == 12 || v == 13 || v == 14 ? v : 8;
   }();
   return c;
 }
