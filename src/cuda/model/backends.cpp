@@ -19,6 +19,7 @@
 #include "cuda/model/attention_ref.h"
 #include "cuda/model/model_kernels.h"
 #include "cuda/sampling/lmhead_argmax.h"
+#include "cuda/sampling/lmhead_screen.h"
 #include "cuda/sampling/sampling.h"
 #include "kernels/attention/attention.h"
 #include "kernels/sampling/sampling.h"
@@ -229,6 +230,43 @@ std::string lmhead_argmax_self_test(int K, double& max_err) {
   return "";
 }
 
+// The lm_head screen of greedy steps of 1-8 rows (lmhead_screen): ids against double sums on the CPU at the model's
+// hidden size (a multiple of 128), 8 rows over a vocabulary that ends inside a row block; an id is checked wherever
+// the top two logits are apart by more than the f32 summation error. It quantizes its own small copy.
+std::string lmhead_screen_self_test(int K, double& max_err) {
+  const int rows = 8, V = 61 * 16 + 5;
+  std::mt19937 g(17);
+  const std::vector<uint16_t> hx = random_bf16(size_t(rows) * K, g, 1.0f), hw = random_bf16(size_t(V) * K, g, 0.05f);
+  Scratch dx(hx.size() * 2), dw(hw.size() * 2), dids(rows * 4), dq(lmhead_screen_weight_bytes(V, K)),
+      ws(lmhead_screen_workspace_bytes(V));
+  MS_CUDA_CHECK(cudaMemcpy(dx.p, hx.data(), hx.size() * 2, cudaMemcpyHostToDevice));
+  MS_CUDA_CHECK(cudaMemcpy(dw.p, hw.data(), hw.size() * 2, cudaMemcpyHostToDevice));
+  MS_CUDA_CHECK(cudaMemset(dids.p, 0xFF, rows * 4));
+  lmhead_screen_quantize(dw.as<bf16>(), V, K, dq.p, nullptr);
+  const float amax = lmhead_screen_amax(dq.p, V, K, nullptr);
+  lmhead_screen(dx.as<bf16>(), rows, K, dw.as<bf16>(), dq.p, amax, V, dids.as<int32_t>(), ws.p, nullptr);
+  MS_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<int32_t> ids(rows);
+  MS_CUDA_CHECK(cudaMemcpy(ids.data(), dids.p, rows * 4, cudaMemcpyDeviceToHost));
+  max_err = 0;
+  for (int m = 0; m < rows; ++m) {
+    double mx = -INFINITY, second = -INFINITY, scale = 0;
+    int arg = 0;
+    for (int v = 0; v < V; ++v) {
+      double sum = 0;
+      for (int k = 0; k < K; ++k)
+        sum += double(bf16_to_f32(hx[size_t(m) * K + k])) * double(bf16_to_f32(hw[size_t(v) * K + k]));
+      scale = std::max(scale, std::fabs(sum));
+      if (sum > mx) second = mx, mx = sum, arg = v;
+      else if (sum > second) second = sum;
+    }
+    if (ids[m] < 0 || ids[m] >= V) return fmt::format("row {}: id {} outside the vocabulary of {}", m, ids[m], V);
+    if (mx - second > 1e-5 * scale + 1e-6 && ids[m] != arg)
+      return fmt::format("row {}: argmax {}, want {}", m, ids[m], arg);
+  }
+  return "";
+}
+
 // Times fn with CUDA events on the legacy default stream: the mean over `iters` launches after two, in microseconds.
 template <class F>
 double time_us(F&& fn, int iters = 10) {
@@ -362,6 +400,44 @@ ModelShapes model_shapes(const ModelConfig& c, int max_tokens) {
   return s;
 }
 
+namespace {
+// A fast path of the greedy sampler (sampling family): its architecture and code checks, the hidden size it needs,
+// its self-test where it is on (or for the report), its report; chosen where on, runnable and passed. `code`: "" or
+// why the binary has no code for the device; `unsupported`: "" or why the model's hidden size is not handled.
+bool add_greedy_fast_path(const BackendSpec& spec, const std::string& code, const std::string& unsupported,
+                          const char* env, bool on_by_default, const char* when,
+                          const std::function<std::string(double&)>& self_test, int hidden, const DeviceInfo& dev,
+                          const BackendRequest& req, std::vector<BackendReport>& reports) {
+  BackendReport r;
+  r.spec = spec;
+  r.status.reason = check_arch_claim(r.spec, dev);
+  if (r.status.reason.empty()) r.status.reason = code;
+  if (r.status.reason.empty() && !unsupported.empty())
+    r.status.reason = fmt::format("hidden size {} {}", hidden, unsupported);
+  r.status.runnable = r.status.reason.empty();
+  r.status.code = r.status.runnable ? fmt::format("{} in binary", sm_name(90, true)) : "absent";
+  const bool enabled = env_flag(env, on_by_default);
+  if (r.status.runnable && (enabled || req.report_only))  // a server with it off skips the start-up work
+    run_self_test(r.status, self_test, dev);
+  else
+    r.status.self_test = r.status.runnable ? "not run (off)" : "not run";
+  bool chosen = false;
+  if (!req.report_only) {
+    chosen = enabled && r.status.runnable && r.status.self_test_passed;
+    r.status.chosen = chosen;
+    r.status.why_chosen = chosen              ? std::string(when)
+                          : !enabled          ? (on_by_default ? fmt::format("off ({}=0)", env) : fmt::format("off ({}=1 turns it on)", env))
+                          : !r.status.runnable ? "cannot run here: " + r.status.reason
+                                               : "self-test failed: the lm_head GEMM + gpu_sampler instead";
+    if (enabled && r.status.runnable && !r.status.self_test_passed)
+      log_warn("{} failed its self-test ({}); greedy steps use the lm_head GEMM + gpu_sampler", spec.name,
+               r.status.self_test);
+  }
+  reports.push_back(r);
+  return chosen;
+}
+}  // namespace
+
 SelectedBackends select_backends(const DeviceInfo& dev, const ModelShapes& shapes, const BackendRequest& req) {
   SelectedBackends out;
   TrialCache cache;
@@ -406,36 +482,26 @@ SelectedBackends select_backends(const DeviceInfo& dev, const ModelShapes& shape
     if (!req.report_only) choose_backend(one, "auto", "sampling");
     out.reports.push_back(one[0]);
   }
-  // The greedy sampler's fast path for all-greedy steps of 32-64 rows: the lm_head with the argmax in its epilogue.
-  // Used only where it passed its self-test (and MOESERVE_LMHEAD_ARGMAX is not 0); else cuBLAS + the sampler above.
-  {
-    BackendReport r;
-    r.spec = {"lmhead_argmax", OpFamily::Sampling, {90}, {"bf16"}, false, true,
-              "greedy steps of 32-64 rows: the lm_head GEMM with the argmax and logprob in its epilogue"};
-    r.status.reason = check_arch_claim(r.spec, dev);
-    if (r.status.reason.empty()) r.status.reason = lmhead_argmax_code(dev);
-    if (r.status.reason.empty() && !lmhead_argmax_supported(64, shapes.hidden, shapes.vocab))
-      r.status.reason = fmt::format("hidden size {} not supported (a multiple of 8, at least 64)", shapes.hidden);
-    r.status.runnable = r.status.reason.empty();
-    r.status.code = r.status.runnable ? fmt::format("{} in binary", sm_name(90, true)) : "absent";
-    const bool enabled = env_flag("MOESERVE_LMHEAD_ARGMAX", true);
-    if (r.status.runnable && (enabled || req.report_only))  // a server with it off skips the start-up work
-      run_self_test(r.status, [&](double& err) { return lmhead_argmax_self_test(shapes.hidden, err); }, dev);
-    else
-      r.status.self_test = r.status.runnable ? "not run (off)" : "not run";
-    if (!req.report_only) {
-      out.lmhead_argmax = enabled && r.status.runnable && r.status.self_test_passed;
-      r.status.chosen = out.lmhead_argmax;
-      r.status.why_chosen = out.lmhead_argmax ? "greedy steps of 32-64 rows"
-                            : !enabled        ? "off (MOESERVE_LMHEAD_ARGMAX=0)"
-                            : !r.status.runnable ? "cannot run here: " + r.status.reason
-                                                 : "self-test failed: cuBLAS + gpu_sampler instead";
-      if (enabled && r.status.runnable && !r.status.self_test_passed)
-        log_warn("lmhead_argmax failed its self-test ({}); greedy steps use the lm_head GEMM + gpu_sampler",
-                 r.status.self_test);
-    }
-    out.reports.push_back(r);
-  }
+  // The greedy sampler's fast paths, each used only where it passed its self-test and its switch is on; else the
+  // lm_head GEMM + the sampler above. 32-64 rows: the lm_head with the argmax in its epilogue (MOESERVE_LMHEAD_ARGMAX=0
+  // off). 1-8 rows without logprobs: an int8 screen of the lm_head, then the BF16 logits of the rows it cannot rule
+  // out (opt-in, MOESERVE_LMHEAD_SCREEN=1, until measured on the GPU).
+  out.lmhead_argmax = add_greedy_fast_path(
+      {"lmhead_argmax", OpFamily::Sampling, {90}, {"bf16"}, false, true,
+       "greedy steps of 32-64 rows: the lm_head GEMM with the argmax and logprob in its epilogue"},
+      lmhead_argmax_code(dev),
+      lmhead_argmax_supported(64, shapes.hidden, shapes.vocab) ? ""
+                                                                : "not supported (a multiple of 8, at least 64)",
+      "MOESERVE_LMHEAD_ARGMAX", true, "greedy steps of 32-64 rows",
+      [&](double& err) { return lmhead_argmax_self_test(shapes.hidden, err); }, shapes.hidden, dev, req, out.reports);
+  out.lmhead_screen = add_greedy_fast_path(
+      {"lmhead_screen", OpFamily::Sampling, {90}, {"bf16"}, false, true,
+       "greedy steps of 1-8 rows without logprobs: an int8 screen of the lm_head, the BF16 logits of the rows it "
+       "cannot rule out"},
+      lmhead_screen_code(dev),
+      lmhead_screen_supported(8, shapes.hidden, shapes.vocab) ? "" : "not supported (a multiple of 128 up to 8,192)",
+      "MOESERVE_LMHEAD_SCREEN", false, "greedy steps of 1-8 rows without logprobs",
+      [&](double& err) { return lmhead_screen_self_test(shapes.hidden, err); }, shapes.hidden, dev, req, out.reports);
   // Dense GEMM.
   {
     out.gemms = make_gemm_backends();

@@ -17,6 +17,7 @@
 #include "cuda/runtime/allocator.h"
 #include "cuda/sampling/greedy.h"
 #include "cuda/sampling/lmhead_argmax.h"
+#include "cuda/sampling/lmhead_screen.h"
 #include "cuda/sampling/sampling.h"
 #include "model/arch/qwen3.h"
 
@@ -108,9 +109,15 @@ class GpuExecutor : public Executor {
   // at 32-64 rows on sm_90 (MOESERVE_LMHEAD_ARGMAX=0 turns it off). H200, session 40 (test_gpu_lmhead_argmax's
   // Timing, q30b8l's lm_head): 167.3 us flat from 16 to 64 rows against cuBLAS + greedy 166.1 / 174.7 / 186.1 at
   // 16 / 32 / 64 rows, 162.2 against 155.8 at one row.
+  // Or, at 1-8 rows without logprobs, the lm_head screen (lmhead_screen.h; MOESERVE_LMHEAD_SCREEN=1, an experiment
+  // until measured): `greedy` excludes rows that want a logprob at those sizes (screen_for).
   bool head_argmax_for(int rows) const {
-    return head_argmax_ws_.bytes() > 0 && rows >= 32 &&
-           lmhead_argmax_supported(rows, int(cfg_.hidden_size), int(cfg_.vocab_size));
+    return (head_argmax_ws_.bytes() > 0 && rows >= 32 &&
+            lmhead_argmax_supported(rows, int(cfg_.hidden_size), int(cfg_.vocab_size))) ||
+           screen_for(rows);
+  }
+  bool screen_for(int rows) const {
+    return screen_ws_.bytes() > 0 && lmhead_screen_supported(rows, int(cfg_.hidden_size), int(cfg_.vocab_size));
   }
   void capture_graphs();
   void record_decode(int bs, StepInputs& in, bool greedy);
@@ -152,6 +159,9 @@ class GpuExecutor : public Executor {
   // workspace (used on the compute stream only).
   DeviceArray<int32_t> pen_ids_, pen_counts_, ban_ids_;
   DeviceArray<uint8_t> sample_ws_, greedy_ws_, head_argmax_ws_;
+  // The lm_head screen's int8 copy of the lm_head, its largest |w| and its workspace (be_.lmhead_screen).
+  DeviceArray<uint8_t> screen_weights_, screen_ws_;
+  float screen_amax_ = 0.0f;
   struct Launched {
     std::vector<int> top_n;  // top logprobs wanted per sampled row (its size: the rows)
     bool want_lp;
@@ -243,6 +253,15 @@ GpuExecutor::GpuExecutor(const std::string& model_dir, const GpuOptions& opts) :
   if (be_.lmhead_argmax)  // select_backends: self-test passed, MOESERVE_LMHEAD_ARGMAX not 0
     head_argmax_ws_ = DeviceArray<uint8_t>(alloc_, lmhead_argmax_workspace_bytes(64, int(cfg_.vocab_size)),
                                            "activations");
+  if (be_.lmhead_screen) {  // select_backends: self-test passed, MOESERVE_LMHEAD_SCREEN=1
+    const int V = int(cfg_.vocab_size), H = int(cfg_.hidden_size);
+    screen_weights_ = DeviceArray<uint8_t>(alloc_, lmhead_screen_weight_bytes(V, H), "weights");
+    lmhead_screen_quantize(model_->head_weight(), V, H, screen_weights_.get(), stream_);
+    screen_amax_ = lmhead_screen_amax(screen_weights_.get(), V, H, stream_);
+    screen_ws_ = DeviceArray<uint8_t>(alloc_, lmhead_screen_workspace_bytes(V), "activations");
+    log_info("lm_head screen: an int8 copy of the lm_head ({}) for greedy steps of 1-8 rows",
+             format_bytes(screen_weights_.bytes()));
+  }
   log_info("activations: {} for steps of up to {} tokens, {} sequences", format_bytes(alloc_.in_use() - before),
            max_tokens, max_seqs);
 
@@ -513,6 +532,9 @@ void GpuExecutor::launch(const ForwardBatch& batch, const std::vector<SampleSpec
   bool greedy = plain;  // and every row greedy without top logprobs: the fast sampler
   for (auto& s : specs)
     greedy = greedy && (s.sampler.temperature == 0.0f || s.sampler.top_k == 1) && s.top_logprobs == 0;
+  // The lm_head screen writes no logprob: a step of its sizes that wants one takes the general sampler.
+  if (greedy && screen_for(R))
+    for (auto& s : specs) greedy = greedy && !s.logprob;
   StepBuffers& b = buf_[cur_];
   auto& graphs = b.graphs[greedy ? 1 : 0];
   bool is_decode = R == T && int(batch.seqs.size()) == T;
@@ -649,7 +671,10 @@ std::string GpuExecutor::profile_step(const ForwardBatch& batch) {
 
 void GpuExecutor::sample_rows(int rows, bool greedy, bool with_penalties, bool head_argmax) {
   StepBuffers& b = buf_[cur_];
-  if (greedy && head_argmax)
+  if (greedy && head_argmax && screen_for(rows))
+    lmhead_screen(model_->head_rows(), rows, int(cfg_.hidden_size), model_->head_weight(), screen_weights_.get(),
+                  screen_amax_, int(cfg_.vocab_size), b.out_ids.get(), screen_ws_.get(), stream_);
+  else if (greedy && head_argmax)
     lmhead_argmax(model_->head_rows(), rows, int(cfg_.hidden_size), model_->head_weight(), int(cfg_.vocab_size),
                   b.out_ids.get(), b.out_lp.get(), head_argmax_ws_.get(), stream_);
   else if (greedy)

@@ -1,0 +1,482 @@
+// The lm_head of an all-greedy decode step of 1-8 rows as an exact screen (lmhead_screen.h; the arithmetic and its
+// proof in lmhead_screen_math.h). Why: at 1 token the step streams the 622 MB BF16 lm_head (q30b8l) in ~138 us, a
+// quarter of the step, only to take an argmax; an int8 copy is half the bytes, and the rows that could still win
+// (on random weights ~1-20 of 151,936 a token) are then evaluated exactly.
+//
+// Three launches, programmatic dependents of each other:
+//  1. screen: one block per SM slot, persistent over contiguous runs of 16-row blocks, streaming the int8 rows as
+//     gemv_stream streams BF16 ones (8 warps split K, per-warp 4-stage cp.async rings of 16 rows x 128 k that run on
+//     across row blocks; its first slices and the block's row scales go out before the programmatic wait); the
+//     weights become fp16 integers in registers (a byte permute into 0x64XX and one subtraction: exact) and meet
+//     the token rows (fp16 in shared memory) in mma.sync m16n8k16 with f32 accumulators; per row and token it writes
+//     hi = a + B and keeps the block's max of a - B (lo);
+//  2. pick: L = the max of the lo values; each block scans its share of the rows for hi >= L and evaluates those
+//     candidates exactly (a warp a candidate: BF16 weights and token row, f32 FMAs in a fixed order, a fixed
+//     butterfly), keeping the best (value, lowest id) a token;
+//  3. merge: one block a token folds the blocks' bests into the id.
+#include "cuda/sampling/lmhead_screen.h"
+
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cfloat>
+#include <climits>
+#include <cstring>
+
+#include "core/error.h"
+#include "cuda/device.h"
+#include "cuda/launch.h"
+#include "cuda/moe/moe_ptx.cuh"
+#include "cuda/pdl.cuh"
+#include "cuda/registry.h"
+#include "cuda/sampling/lmhead_screen_math.h"
+
+namespace moeserve::cuda {
+namespace {
+
+constexpr int kWarps = 8;
+constexpr int kRows = 16;          // a row block: the MMA's M
+constexpr int kTok = 8;            // token rows: the MMA's N
+constexpr int kSliceK = 128;       // int8 k a ring stage: 16 rows x 128 bytes
+constexpr int kStages = 4;
+constexpr int kStageBytes = kRows * kSliceK;  // 2 KB
+constexpr int kRingBytes = kWarps * kStages * kStageBytes;  // 64 KB a block
+constexpr int kXPad = 8;           // fp16 of padding a shared token row (conflict-free 16-byte reads)
+constexpr int kPickThreads = 256;
+constexpr int kMergeThreads = 256;
+constexpr int kMaxGrid = 1024;     // blocks of the screen / pick grids the workspace is sized for
+
+struct Best {
+  float v;
+  int id;
+};
+__device__ __forceinline__ Best better(Best a, Best b) { return (b.v > a.v || (b.v == a.v && b.id < a.id)) ? b : a; }
+__device__ __forceinline__ Best shfl_xor(Best s, int o) {
+  return Best{__shfl_xor_sync(0xffffffffu, s.v, o), __shfl_xor_sync(0xffffffffu, s.id, o)};
+}
+
+// The screen's weights in one allocation: q [V][K] int8, then the row metadata [V], then the largest |w| (A).
+size_t meta_offset(int V, int K) { return (size_t(V) * size_t(K) + 255) / 256 * 256; }
+size_t amax_offset(int V, int K) { return meta_offset(V, K) + (size_t(V) * sizeof(screen::RowMeta) + 255) / 256 * 256; }
+
+struct Workspace {
+  float* hi;    // [kTok][V]: a + B
+  float* lo;    // [kTok][kMaxGrid]: the screen blocks' max of a - B
+  Best* best;   // [kTok][kMaxGrid]: the pick blocks' bests
+};
+Workspace carve(void* ws, int V) {
+  char* p = static_cast<char*>(ws);
+  Workspace w;
+  w.hi = reinterpret_cast<float*>(p);
+  p += (size_t(kTok) * size_t(V) * 4 + 255) / 256 * 256;
+  w.lo = reinterpret_cast<float*>(p);
+  p += size_t(kTok) * kMaxGrid * 4;
+  w.best = reinterpret_cast<Best*>(p);
+  return w;
+}
+
+// ---- quantization (once, at load) ----
+// One block a row: amax, the scale, the int8 row, the largest |w - s q| and the bound's coefficient; A by atomicMax
+// on the float's bits (non-negative floats order as their bits).
+constexpr int kQuantThreads = 256;
+__global__ void __launch_bounds__(kQuantThreads) screen_quantize_kernel(const bf16* __restrict__ w, int V, int K,
+                                                                         int8_t* q, screen::RowMeta* meta,
+                                                                         unsigned* amax_all) {
+  const int r = blockIdx.x;
+  const bf16* row = w + size_t(r) * K;
+  __shared__ float red[kQuantThreads / 32];
+  auto block_max = [&](float v) {
+    for (int o = 16; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    __syncthreads();
+    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
+    __syncthreads();
+    float m = red[0];
+    for (int i = 1; i < kQuantThreads / 32; ++i) m = fmaxf(m, red[i]);
+    return m;
+  };
+  float a = 0.0f;
+  for (int k = threadIdx.x; k < K; k += kQuantThreads) a = fmaxf(a, fabsf(__bfloat162float(row[k])));
+  // A NaN weight makes the row's bound NaN, and a NaN bound keeps the row a candidate (the screen's rule).
+  for (int k = threadIdx.x; k < K; k += kQuantThreads)
+    if (__bfloat162float(row[k]) != __bfloat162float(row[k])) a = NAN;
+  float amax = block_max(a);
+  if (!(amax < INFINITY)) amax = NAN;  // an infinite weight: the row's bound is NaN too
+  const float s = screen::row_scale(amax);
+  float e = 0.0f;
+  for (int k = threadIdx.x; k < K; k += kQuantThreads) {
+    const float x = __bfloat162float(row[k]);
+    const int qi = screen::quantize(x, s);
+    q[size_t(r) * K + k] = int8_t(qi);
+    e = fmaxf(e, screen::quant_error(x, s, qi, amax));
+  }
+  const float err = block_max(e);
+  if (threadIdx.x == 0) {
+    meta[r] = screen::RowMeta{s, amax == amax ? screen::row_coefficient(err, amax, K) : NAN};
+    if (amax == amax) atomicMax(amax_all, __float_as_uint(amax));
+  }
+}
+
+// ---- 1. the screen ----
+struct ScreenArgs {
+  const bf16* x;  // [M][K]
+  int M, K, V;
+  const int8_t* q;
+  const screen::RowMeta* meta;
+  float amax_all;
+  float* hi;
+  float* lo;
+  int evict_first;
+};
+
+// 4 int8 (one 32-bit word) as two fp16 pairs holding the same integers: bytes + 128 placed under 0x64 (1024 + u),
+// then 1152 subtracted (exact: every integer of [-128, 127] is an fp16).
+__device__ __forceinline__ void int8x4_to_half2x2(unsigned w, unsigned& lo, unsigned& hi) {
+  const unsigned u = w ^ 0x80808080u;
+  const unsigned a = __byte_perm(u, 0x64646464u, 0x5140), b = __byte_perm(u, 0x64646464u, 0x5342);
+  const __half2 bias = __halves2half2(__ushort_as_half(0x6480), __ushort_as_half(0x6480));
+  const __half2 ha = __hsub2(*reinterpret_cast<const __half2*>(&a), bias);
+  const __half2 hb = __hsub2(*reinterpret_cast<const __half2*>(&b), bias);
+  lo = *reinterpret_cast<const unsigned*>(&ha);
+  hi = *reinterpret_cast<const unsigned*>(&hb);
+}
+
+__device__ __forceinline__ void mma_f16(float (&c)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0,
+                                        unsigned b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Dynamic shared memory: the rings, the fp16 token rows [M][K + kXPad], the run's row metadata.
+size_t screen_smem(int M, int K, int max_run_rows) {
+  return size_t(kRingBytes) + size_t(M) * size_t(K + kXPad) * 2 + size_t(max_run_rows) * sizeof(screen::RowMeta);
+}
+
+__global__ void __launch_bounds__(kWarps * 32) screen_kernel(const __grid_constant__ ScreenArgs a) {
+  __shared__ float partial[2][kWarps][kRows][kTok];
+  __shared__ float x1s[kTok], exs[kTok];
+  extern __shared__ __align__(16) unsigned char screen_smem_raw[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+  const int M = a.M, K = a.K, V = a.V;
+  unsigned char* ring = screen_smem_raw + warp * kStages * kStageBytes;
+  __half* xs = reinterpret_cast<__half*>(screen_smem_raw + kRingBytes);
+  const int ldxs = K + kXPad;
+  screen::RowMeta* metas = reinterpret_cast<screen::RowMeta*>(screen_smem_raw + kRingBytes + size_t(M) * ldxs * 2);
+  const int64_t row_blocks = (V + kRows - 1) / kRows;
+  const int64_t rb0 = int64_t(blockIdx.x) * row_blocks / gridDim.x;
+  const int64_t rb1 = int64_t(blockIdx.x + 1) * row_blocks / gridDim.x;
+  const int slices = K / kSliceK;                             // a row block's
+  const int per_warp = (slices + kWarps - 1) / kWarps;        // this warp's, padded
+  const int64_t total = (rb1 - rb0) * per_warp;
+  const unsigned long long wpol = a.evict_first ? moe_ptx::l2_evict_first_policy() : 0ull;
+  int64_t next_rb = rb0;
+  int next_u = 0;
+  // Slice i of the warp: row block rb0 + i / per_warp, k slice warp + kWarps (i % per_warp); row r's 16-byte chunk c
+  // at c ^ 4 (r & 1). Padding slices and slices past the run are zero fills that read nothing.
+  auto load_next = [&](int64_t i) {
+    unsigned char* dst = ring + int(i % kStages) * kStageBytes;
+    const bool live = i < total;
+    const int sl = warp + kWarps * next_u;
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {
+      const int id = lane + 32 * m, r = id >> 3, c = id & 7;
+      const bool ok = live && sl < slices;
+      const int64_t row = min(next_rb * kRows + r, int64_t(V) - 1);
+      moe_ptx::cp_async16_hint(dst + r * kSliceK + ((c ^ ((r & 1) << 2)) << 4),
+                               ok ? a.q + row * K + int64_t(sl) * kSliceK + 16 * c : a.q, ok, a.evict_first != 0,
+                               wpol);
+    }
+    moe_ptx::cp_async_commit();
+    if (++next_u == per_warp) next_u = 0, ++next_rb;
+  };
+  // The weights and their scales are constants: they go out before the programmatic wait.
+  for (int i = 0; i < kStages; ++i) load_next(i);
+  {
+    const int64_t r0 = rb0 * kRows, n = min(rb1 * kRows, int64_t(V)) - r0;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) metas[i] = a.meta[r0 + i];
+  }
+  pdl_enter();
+  // The token rows as fp16 (|x16 - x| <= e_x; an infinite e_x when a value overflows), X1 = sum |x| a token.
+  for (int t = warp; t < M; t += kWarps) {
+    float s = 0.0f, e = 0.0f;
+    for (int k = lane; k < K; k += 32) {
+      const float v = __bfloat162float(__ldcg(a.x + int64_t(t) * K + k));
+      const __half h = __float2half_rn(v);
+      xs[t * ldxs + k] = h;
+      s += fabsf(v);
+      const float d = fabsf(v - __half2float(h));
+      e = fmaxf(e, d == d ? d : INFINITY);
+    }
+    for (int o = 16; o > 0; o /= 2) {
+      s += __shfl_xor_sync(0xffffffffu, s, o);
+      e = fmaxf(e, __shfl_xor_sync(0xffffffffu, e, o));
+    }
+    if (lane == 0) x1s[t] = screen::round_up_l1(s, K), exs[t] = screen::ex_term(e, K, a.amax_all);
+  }
+  __syncthreads();
+  const bool has_token = g < M;
+  const __half* xr = xs + (has_token ? g : 0) * ldxs;
+  // The epilogue threads (threadIdx.x < kRows * kTok): row threadIdx.x % 16, token threadIdx.x / 16, fixed.
+  const int er = threadIdx.x % kRows, et = threadIdx.x / kRows;
+  const bool epi = threadIdx.x < kRows * kTok && et < M;
+  const float ex1 = epi ? x1s[et] : 0.0f, eex = epi ? exs[et] : 0.0f;
+  float lo_max = -INFINITY;
+  float c[4] = {0.f, 0.f, 0.f, 0.f};
+  int64_t rb = rb0;
+  int u = 0;
+  for (int64_t i = 0; i < total; ++i) {
+    moe_ptx::cp_async_wait<kStages - 1>();
+    __syncwarp();
+    const unsigned char* sl = ring + int(i % kStages) * kStageBytes;
+    const int kb = (warp + kWarps * u) * kSliceK;
+    if (kb < K) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        // Lane (g, q) takes chunk q + 4h of rows g and g + 8 (rows of one parity share the swizzle) and the token
+        // row's same 16 k; MMA j sums k = 4j .. 4j + 3 of every lane's chunk (the k order is the lanes', the same in
+        // A and B).
+        const int ch = (q + 4 * h) ^ ((g & 1) << 2);
+        const uint4 wlo = *reinterpret_cast<const uint4*>(sl + g * kSliceK + 16 * ch);
+        const uint4 whi = *reinterpret_cast<const uint4*>(sl + (g + 8) * kSliceK + 16 * ch);
+        const int k = kb + 16 * (q + 4 * h);
+        uint4 b0 = make_uint4(0, 0, 0, 0), b1 = make_uint4(0, 0, 0, 0);
+        if (has_token) {
+          b0 = *reinterpret_cast<const uint4*>(xr + k);
+          b1 = *reinterpret_cast<const uint4*>(xr + k + 8);
+        }
+        const unsigned wl[4] = {wlo.x, wlo.y, wlo.z, wlo.w}, wh[4] = {whi.x, whi.y, whi.z, whi.w};
+        const unsigned bx[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          unsigned l0, l1, h0, h1;
+          int8x4_to_half2x2(wl[j], l0, l1);
+          int8x4_to_half2x2(wh[j], h0, h1);
+          mma_f16(c, l0, h0, l1, h1, bx[2 * j], bx[2 * j + 1]);
+        }
+      }
+    }
+    __syncwarp();
+    load_next(i + kStages);
+    if (++u < per_warp) continue;
+    // The warp's last slice of the row block: c[0], c[1] are row g, tokens 2q, 2q + 1; c[2], c[3] row g + 8.
+    const int buf = int((rb - rb0) & 1);
+    partial[buf][warp][g][2 * q] = c[0];
+    partial[buf][warp][g][2 * q + 1] = c[1];
+    partial[buf][warp][g + 8][2 * q] = c[2];
+    partial[buf][warp][g + 8][2 * q + 1] = c[3];
+    c[0] = c[1] = c[2] = c[3] = 0.f;
+    __syncthreads();  // buffer buf is complete; the other was summed before any warp got here
+    if (epi) {
+      const int64_t n = rb * kRows + er;
+      if (n < V) {
+        float acc = 0.f;
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) acc += partial[buf][w][er][et];
+        const screen::RowMeta m = metas[n - rb0 * kRows];
+        const float approx = m.scale * acc;
+        const float b = screen::bound(approx, m.c, ex1, eex);
+        float hi = approx + b;
+        const float lo = approx - b;
+        if (!(hi == hi)) hi = INFINITY;  // NaN: a candidate the exact pass decides on
+        a.hi[int64_t(et) * V + n] = hi;
+        lo_max = fmaxf(lo_max, lo);      // (fmaxf drops a NaN)
+      }
+    }
+    u = 0, ++rb;
+  }
+  moe_ptx::cp_async_wait<0>();
+  // The block's lo a token: the 16 epilogue threads of token et are one half-warp.
+  if (threadIdx.x < kRows * kTok) {
+#pragma unroll
+    for (int o = 8; o > 0; o /= 2) lo_max = fmaxf(lo_max, __shfl_xor_sync(0xffffffffu, lo_max, o));
+    if (er == 0 && et < M) a.lo[et * kMaxGrid + blockIdx.x] = lo_max;
+  }
+}
+
+// ---- 2. the pick ----
+struct PickArgs {
+  const bf16* x;  // [M][K]
+  const bf16* w;  // [V][K]
+  int M, K, V;
+  int screen_blocks;
+  const float* hi;
+  const float* lo;
+  Best* best;
+};
+
+__global__ void __launch_bounds__(kPickThreads) pick_kernel(const __grid_constant__ PickArgs a) {
+  extern __shared__ int cand[];  // (token << 24) | row - r0
+  __shared__ float L[kTok];
+  __shared__ int count;
+  __shared__ Best wbest[kPickThreads / 32][kTok];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int M = a.M, K = a.K, V = a.V;
+  const int64_t r0 = int64_t(blockIdx.x) * V / gridDim.x, r1 = int64_t(blockIdx.x + 1) * V / gridDim.x;
+  if (threadIdx.x == 0) count = 0;
+  if (lane < kTok) wbest[warp][lane] = Best{-INFINITY, INT_MAX};
+  pdl_enter();
+  for (int t = warp; t < M; t += kPickThreads / 32) {
+    float m = -INFINITY;
+#pragma unroll 4
+    for (int b = lane; b < a.screen_blocks; b += 32) m = fmaxf(m, __ldcg(a.lo + t * kMaxGrid + b));
+    for (int o = 16; o > 0; o /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (lane == 0) L[t] = m;
+  }
+  __syncthreads();
+  // The (token, row) pairs of this block's rows in batches of 8 a thread, every load of a batch in flight before
+  // the first comparison.
+  const int64_t rows = r1 - r0, pairs = rows * M;
+  for (int64_t base = 0; base < pairs; base += 8 * kPickThreads) {
+    float v[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int64_t pr = base + threadIdx.x + int64_t(j) * kPickThreads;
+      v[j] = pr < pairs ? __ldcg(a.hi + (pr / rows) * V + r0 + pr % rows) : -INFINITY;
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int64_t pr = base + threadIdx.x + int64_t(j) * kPickThreads;
+      if (pr < pairs && v[j] >= L[pr / rows]) cand[atomicAdd(&count, 1)] = int((pr / rows) << 24) | int(pr % rows);
+    }
+  }
+  __syncthreads();
+  const int n = count;
+  // A warp a candidate: lane l takes k = 8 l + 256 i (16-byte loads of the weight row and the token row), f32 FMAs
+  // in i order, then a fixed butterfly: the same value for the same (token, row) whichever block or warp computes it.
+  for (int i = warp; i < n; i += kPickThreads / 32) {
+    const int t = cand[i] >> 24;
+    const int64_t r = r0 + (cand[i] & 0xffffff);
+    const bf16* wr = a.w + r * K;
+    const bf16* xr = a.x + int64_t(t) * K;
+    float s = 0.0f;
+    for (int k = 8 * lane; k < K; k += 256) {
+      const uint4 wv = __ldcs(reinterpret_cast<const uint4*>(wr + k));
+      const uint4 xv = __ldcg(reinterpret_cast<const uint4*>(xr + k));
+      const unsigned ww[4] = {wv.x, wv.y, wv.z, wv.w}, xx[4] = {xv.x, xv.y, xv.z, xv.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        s = fmaf(moe_ptx::bf16_lo(xx[j]), moe_ptx::bf16_lo(ww[j]), s);
+        s = fmaf(moe_ptx::bf16_hi(xx[j]), moe_ptx::bf16_hi(ww[j]), s);
+      }
+    }
+    for (int o = 16; o > 0; o /= 2) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (lane == 0) wbest[warp][t] = better(wbest[warp][t], Best{s, int(r)});
+  }
+  __syncthreads();
+  if (threadIdx.x < M) {
+    Best b{-INFINITY, INT_MAX};
+    for (int w = 0; w < kPickThreads / 32; ++w) b = better(b, wbest[w][threadIdx.x]);
+    a.best[threadIdx.x * kMaxGrid + blockIdx.x] = b;
+  }
+}
+
+// ---- 3. the merge ----
+__global__ void __launch_bounds__(kMergeThreads) merge_kernel(const Best* best, int blocks, int32_t* out_ids) {
+  pdl_enter();
+  const Best* p = best + blockIdx.x * kMaxGrid;
+  Best b{-INFINITY, INT_MAX};
+  for (int i = threadIdx.x; i < blocks; i += kMergeThreads) b = better(b, Best{__ldcg(&p[i].v), __ldcg(&p[i].id)});
+  for (int o = 16; o > 0; o /= 2) b = better(b, shfl_xor(b, o));
+  __shared__ Best warps[kMergeThreads / 32];
+  if (threadIdx.x % 32 == 0) warps[threadIdx.x / 32] = b;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    Best m = warps[0];
+    for (int w = 1; w < kMergeThreads / 32; ++w) m = better(m, warps[w]);
+    // No row above -inf (every logit NaN or -inf): token 0, as a defined answer of a broken step.
+    out_ids[blockIdx.x] = m.id == INT_MAX ? 0 : m.id;
+  }
+}
+
+struct Grids {
+  int screen_blocks;
+  size_t screen_smem;
+  int pick_blocks;
+  size_t pick_smem;
+};
+Grids grids_for(int M, int K, int V) {
+  static const int sms = current_device_multiprocessors();
+  Grids g{};
+  const int64_t row_blocks = (V + kRows - 1) / kRows;
+  for (int per_sm : {2, 1}) {
+    g.screen_blocks = int(std::min<int64_t>(int64_t(sms) * per_sm, std::min<int64_t>(row_blocks, kMaxGrid)));
+    const int run_rows = int((row_blocks + g.screen_blocks - 1) / g.screen_blocks) * kRows;
+    g.screen_smem = screen_smem(M, K, run_rows);
+    if (per_sm == 1 || 2 * (g.screen_smem + sizeof(float) * 2 * kWarps * kRows * kTok + 1024) <= (228u << 10)) break;
+  }
+  g.pick_blocks = std::min(sms, std::max(1, V));
+  g.pick_smem = size_t((V + g.pick_blocks - 1) / g.pick_blocks + 1) * size_t(M) * sizeof(int);
+  return g;
+}
+
+}  // namespace
+
+size_t lmhead_screen_weight_bytes(int vocab, int K) { return amax_offset(vocab, K) + 256; }
+
+void lmhead_screen_quantize(const bf16* w, int vocab, int K, void* screen_weights, cudaStream_t stream) {
+  char* p = static_cast<char*>(screen_weights);
+  unsigned* amax = reinterpret_cast<unsigned*>(p + amax_offset(vocab, K));
+  MS_CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof(unsigned), stream));
+  screen_quantize_kernel<<<dim3(unsigned(vocab)), dim3(kQuantThreads), 0, stream>>>(
+      w, vocab, K, reinterpret_cast<int8_t*>(p), reinterpret_cast<screen::RowMeta*>(p + meta_offset(vocab, K)), amax);
+  MS_CUDA_CHECK(cudaGetLastError());
+}
+
+float lmhead_screen_amax(const void* screen_weights, int vocab, int K, cudaStream_t stream) {
+  unsigned bits = 0;
+  MS_CUDA_CHECK(cudaMemcpyAsync(&bits, static_cast<const char*>(screen_weights) + amax_offset(vocab, K),
+                                sizeof(bits), cudaMemcpyDeviceToHost, stream));
+  MS_CUDA_CHECK(cudaStreamSynchronize(stream));
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+size_t lmhead_screen_workspace_bytes(int vocab) {
+  return (size_t(kTok) * size_t(vocab) * 4 + 255) / 256 * 256 + size_t(kTok) * kMaxGrid * (4 + sizeof(Best));
+}
+
+bool lmhead_screen_supported(int rows, int K, int vocab) {
+  static const bool mma_f16 = current_device_sm() >= 80;
+  return mma_f16 && rows >= 1 && rows <= kTok && K >= kSliceK && K % kSliceK == 0 && K <= 8192 && vocab >= 1 &&
+         vocab < (1 << 24);
+}
+
+std::string lmhead_screen_code(const DeviceInfo& dev) {
+  for (const void* k : {reinterpret_cast<const void*>(screen_quantize_kernel), reinterpret_cast<const void*>(screen_kernel),
+                        reinterpret_cast<const void*>(pick_kernel), reinterpret_cast<const void*>(merge_kernel)})
+    if (std::string why = check_kernel_present(k, dev); !why.empty()) return why;
+  return "";
+}
+
+void lmhead_screen(const bf16* x, int rows, int K, const bf16* w, const void* screen_weights, float amax_all,
+                   int vocab, int32_t* out_ids, void* workspace, cudaStream_t stream) {
+  MS_CHECK(lmhead_screen_supported(rows, K, vocab), "lmhead_screen: {} rows of K {} over {} (1-{} rows, K % {} == 0)",
+           rows, K, vocab, kTok, kSliceK);
+  const Grids g = grids_for(rows, K, vocab);
+  const Workspace ws = carve(workspace, vocab);
+  const char* p = static_cast<const char*>(screen_weights);
+  ScreenArgs sa{x,
+                rows,
+                K,
+                vocab,
+                reinterpret_cast<const int8_t*>(p),
+                reinterpret_cast<const screen::RowMeta*>(p + meta_offset(vocab, K)),
+                amax_all,
+                ws.hi,
+                ws.lo,
+                l2_evict_first_weights() ? 1 : 0};
+  MS_CHECK(raise_dynamic_smem(reinterpret_cast<const void*>(screen_kernel), g.screen_smem),
+           "lmhead_screen: the device refuses {} bytes of shared memory a block", g.screen_smem);
+  launch_pdl(screen_kernel, dim3(unsigned(g.screen_blocks)), dim3(kWarps * 32), g.screen_smem, stream, sa);
+  PickArgs pa{x, w, rows, K, vocab, g.screen_blocks, ws.hi, ws.lo, ws.best};
+  MS_CHECK(raise_dynamic_smem(reinterpret_cast<const void*>(pick_kernel), g.pick_smem),
+           "lmhead_screen: the device refuses {} bytes of shared memory a block", g.pick_smem);
+  launch_pdl(pick_kernel, dim3(unsigned(g.pick_blocks)), dim3(kPickThreads), g.pick_smem, stream, pa);
+  launch_pdl(merge_kernel, dim3(unsigned(rows)), dim3(kMergeThreads), 0, stream, static_cast<const Best*>(ws.best),
+             g.pick_blocks, out_ids);
+}
+
+}  // namespace moeserve::cuda

@@ -1,0 +1,353 @@
+// The lm_head screen (cuda/sampling/lmhead_screen.h): its bound on the CPU (no GPU needed: the candidate set of a
+// host emulation always holds the double-precision argmax, and stays small on q30b8l-like rows), then the kernels
+// against the CPU's double argmax, against gemv_stream + the greedy sampler on the full q30b8l vocabulary, on
+// near-ties and non-finite inputs, and inside a CUDA graph; DISABLED_Timing reports both forms at 1-8 rows.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "cuda/gemm/gemm.h"
+#include "cuda/sampling/greedy.h"
+#include "cuda/sampling/lmhead_screen.h"
+#include "cuda/sampling/lmhead_screen_math.h"
+#include "cuda_test_util.h"
+
+using namespace moeserve;
+using cuda_test::Dev;
+namespace screen = moeserve::cuda::screen;
+
+namespace {
+
+// gen-model's weights: 256 uniform levels in [-hw, hw] (bf16), hw = gain sqrt(3 / K).
+std::vector<uint16_t> level_rows(size_t n, float hw, uint32_t seed) {
+  std::mt19937 g(seed);
+  std::uniform_int_distribution<int> lev(0, 255);
+  std::vector<uint16_t> v(n);
+  for (auto& e : v) e = f32_to_bf16(hw * ((2.0f * float(lev(g)) + 1.0f) / 256.0f - 1.0f));
+  return v;
+}
+// A final norm's rows: Gaussian times gains around 1.
+std::vector<uint16_t> token_rows(int M, int K, uint32_t seed, float sd = 1.0f) {
+  std::mt19937 g(seed);
+  std::normal_distribution<float> nd(0.0f, sd);
+  std::uniform_real_distribution<float> gain(0.9f, 1.1f);
+  std::vector<uint16_t> v(size_t(M) * K);
+  for (auto& e : v) e = f32_to_bf16(nd(g) * gain(g));
+  return v;
+}
+
+float bf(uint16_t b) { return bf16_to_f32(b); }
+
+// The screen emulated on the host with the kernels' formulas (lmhead_screen_math.h): per token, the candidate rows
+// and the double-precision argmax.
+struct HostScreen {
+  std::vector<int> candidates;
+  int argmax = -1;
+  double top = 0, second = 0;
+};
+HostScreen host_screen(const std::vector<uint16_t>& x, int K, const std::vector<uint16_t>& w, int V) {
+  std::vector<screen::RowMeta> meta(static_cast<size_t>(V));
+  std::vector<int8_t> q(size_t(V) * K);
+  float amax_all = 0;
+  for (int r = 0; r < V; ++r) {
+    float amax = 0;
+    for (int k = 0; k < K; ++k) amax = std::max(amax, std::fabs(bf(w[size_t(r) * K + k])));
+    const float s = screen::row_scale(amax);
+    float e = 0;
+    for (int k = 0; k < K; ++k) {
+      const float v = bf(w[size_t(r) * K + k]);
+      const int qi = screen::quantize(v, s);
+      q[size_t(r) * K + k] = int8_t(qi);
+      e = std::max(e, screen::quant_error(v, s, qi, amax));
+    }
+    meta[size_t(r)] = {s, screen::row_coefficient(e, amax, K)};
+    amax_all = std::max(amax_all, amax);
+  }
+  float x1 = 0;
+  for (int k = 0; k < K; ++k) x1 += std::fabs(bf(x[size_t(k)]));
+  x1 = screen::round_up_l1(x1, K);
+  const float exk = screen::ex_term(0.0f, K, amax_all);  // bf16 -> fp16 is exact for these rows
+  std::vector<float> lo(static_cast<size_t>(V)), hi(static_cast<size_t>(V));
+  HostScreen h;
+  h.top = -INFINITY, h.second = -INFINITY;
+  float L = -INFINITY;
+  for (int r = 0; r < V; ++r) {
+    float acc = 0;
+    double exact = 0;
+    for (int k = 0; k < K; ++k) {
+      acc += bf(x[size_t(k)]) * float(q[size_t(r) * K + k]);
+      exact += double(bf(x[size_t(k)])) * double(bf(w[size_t(r) * K + k]));
+    }
+    const float a = meta[size_t(r)].scale * acc, b = screen::bound(a, meta[size_t(r)].c, x1, exk);
+    lo[size_t(r)] = a - b, hi[size_t(r)] = a + b;
+    L = std::max(L, a - b);
+    if (exact > h.top) h.second = h.top, h.top = exact, h.argmax = r;
+    else if (exact > h.second) h.second = exact;
+  }
+  for (int r = 0; r < V; ++r)
+    if (hi[size_t(r)] >= L) h.candidates.push_back(r);
+  return h;
+}
+
+bool gpu_usable(int rows, int K, int V) {
+  return !cuda::list_devices().empty() && cuda::lmhead_screen_supported(rows, K, V);
+}
+
+struct Screen {
+  int V, K;
+  Dev<char> q;
+  float amax = 0;
+  Screen(const Dev<uint16_t>& w, int V_, int K_) : V(V_), K(K_), q(cuda::lmhead_screen_weight_bytes(V_, K_)) {
+    q.poison();
+    cuda::lmhead_screen_quantize(reinterpret_cast<const cuda::bf16*>(w.p), V, K, q.p, nullptr);
+    amax = cuda::lmhead_screen_amax(q.p, V, K, nullptr);
+  }
+};
+
+std::vector<int32_t> run_screen(const Dev<uint16_t>& x, int M, const Dev<uint16_t>& w, const Screen& s,
+                                cudaStream_t stream = nullptr) {
+  Dev<char> ws(cuda::lmhead_screen_workspace_bytes(s.V));
+  ws.poison();
+  Dev<int32_t> ids(static_cast<size_t>(M));
+  ids.poison();
+  cuda::lmhead_screen(reinterpret_cast<const cuda::bf16*>(x.p), M, s.K, reinterpret_cast<const cuda::bf16*>(w.p),
+                      s.q.p, s.amax, s.V, ids.p, ws.p, stream);
+  MS_CUDA_CHECK(cudaDeviceSynchronize());
+  return ids.download();
+}
+
+// Double logits of token m over every row; the argmax and whether it is clear of the runner-up by more than f32
+// summation noise.
+struct Exact {
+  std::vector<double> lg;
+  int arg = 0;
+  bool clear = true;
+};
+Exact exact_logits(const std::vector<uint16_t>& hx, int m, int K, const std::vector<uint16_t>& hw, int V) {
+  Exact e;
+  e.lg.resize(static_cast<size_t>(V));
+  double mx = -INFINITY, second = -INFINITY, scale = 0;
+  for (int v = 0; v < V; ++v) {
+    double s = 0;
+    for (int k = 0; k < K; ++k) s += double(bf(hx[size_t(m) * K + k])) * double(bf(hw[size_t(v) * K + k]));
+    e.lg[size_t(v)] = s;
+    scale = std::max(scale, std::fabs(s));
+    if (s > mx) second = mx, mx = s, e.arg = v;
+    else if (s > second) second = s;
+  }
+  e.clear = mx - second > 1e-5 * scale + 1e-6;
+  return e;
+}
+
+}  // namespace
+
+// No GPU: the bound of lmhead_screen_math.h keeps the exact argmax among the candidates of a host emulation, on
+// gen-model-like rows (q30b8l's lm_head gain) and on rows built to be near-ties, and keeps few rows.
+TEST(LmheadScreenBound, KeepsTheArgmaxAndFewRows) {
+  const int K = 2048, V = 6000;
+  const float hw = 4.0f * std::sqrt(3.0f / float(K));
+  for (uint32_t seed : {1u, 2u, 3u}) {
+    std::vector<uint16_t> w = level_rows(size_t(V) * K, hw, 100 + seed);
+    const std::vector<uint16_t> x = token_rows(1, K, 200 + seed);
+    const HostScreen h = host_screen(x, K, w, V);
+    ASSERT_NE(std::find(h.candidates.begin(), h.candidates.end(), h.argmax), h.candidates.end()) << "seed " << seed;
+    // ~0.26 standard deviations of the logits a side: a small share of 6,000 Gaussian-like logits.
+    EXPECT_LT(h.candidates.size(), size_t(V / 50)) << "seed " << seed;
+    EXPECT_GE(h.candidates.size(), size_t(1));
+  }
+  // Near-ties: the best row copied 40 times with one element moved by one bf16 step up or down.
+  std::vector<uint16_t> w = level_rows(size_t(V) * K, hw, 7);
+  const std::vector<uint16_t> x = token_rows(1, K, 8);
+  const HostScreen first = host_screen(x, K, w, V);
+  std::mt19937 g(9);
+  for (int c = 0; c < 40; ++c) {
+    const int r = int(g() % uint32_t(V));
+    std::copy(w.begin() + size_t(first.argmax) * K, w.begin() + size_t(first.argmax + 1) * K, w.begin() + size_t(r) * K);
+    uint16_t& e = w[size_t(r) * K + g() % uint32_t(K)];
+    e = uint16_t(e + ((g() & 1) ? 1 : -1));
+  }
+  const HostScreen h = host_screen(x, K, w, V);
+  ASSERT_NE(std::find(h.candidates.begin(), h.candidates.end(), h.argmax), h.candidates.end());
+  EXPECT_GE(h.candidates.size(), size_t(40));  // every near-copy stays a candidate
+}
+
+TEST(LmheadScreen, MatchesDoubleArgmax) {
+  // Vocabularies of one row, fewer rows than a row block, and several blocks' runs; K of one slice and more; 1-8
+  // rows; a second pass with every logit negative (x positive, weights shifted below zero).
+  for (const int V : {1, 17, 5000}) {
+    for (const int K : {128, 384, 2048}) {
+      for (const int M : {1, 3, 8}) {
+        for (const bool negative : {false, true}) {
+          if (!gpu_usable(M, K, V)) GTEST_SKIP() << "needs a GPU with mma.sync f16";
+          const uint32_t seed = uint32_t(V * 131 + K * 7 + M + (negative ? 99 : 0));
+          std::vector<uint16_t> hx = token_rows(M, K, seed), hw = level_rows(size_t(V) * K, 0.1f, seed + 1);
+          if (negative) {
+            for (auto& e : hx) e = f32_to_bf16(std::fabs(bf(e)) + 0.5f);
+            for (auto& e : hw) e = f32_to_bf16(bf(e) - 0.2f);
+          }
+          Dev<uint16_t> x(hx), w(hw);
+          const Screen s(w, V, K);
+          const std::vector<int32_t> ids = run_screen(x, M, w, s);
+          const std::string where = "V " + std::to_string(V) + " K " + std::to_string(K) + " M " + std::to_string(M) +
+                                    (negative ? " negative" : "");
+          for (int m = 0; m < M; ++m) {
+            const Exact e = exact_logits(hx, m, K, hw, V);
+            ASSERT_GE(ids[size_t(m)], 0) << where << " row " << m;
+            ASSERT_LT(ids[size_t(m)], V) << where << " row " << m;
+            if (e.clear) {
+              ASSERT_EQ(ids[size_t(m)], e.arg) << where << " row " << m;
+            } else {
+              EXPECT_NEAR(e.lg[size_t(ids[size_t(m)])], e.lg[size_t(e.arg)], 1e-4 * std::fabs(e.lg[size_t(e.arg)]));
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// The full q30b8l lm_head (gen-model's level weights, gain 4) against the served path at these rows: gemv_stream's
+// f32 logits and the greedy sampler. The same ids but for near-ties of the two summation orders.
+TEST(LmheadScreen, MatchesGemvStreamAndGreedyOnTheFullVocabulary) {
+  constexpr int V = 151936, K = 2048;
+  if (!gpu_usable(1, K, V) || !cuda::gemv_stream_fits(8, K)) GTEST_SKIP() << "needs a GPU with mma.sync f16";
+  const std::vector<uint16_t> hw = level_rows(size_t(V) * K, 4.0f * std::sqrt(3.0f / float(K)), 7);
+  Dev<uint16_t> w(hw);
+  const Screen s(w, V, K);
+  for (const int M : {1, 2, 8}) {
+    const std::vector<uint16_t> hx = token_rows(M, K, 500 + uint32_t(M));
+    Dev<uint16_t> x(hx);
+    const std::vector<int32_t> got = run_screen(x, M, w, s);
+    Dev<float> logits(static_cast<size_t>(M) * V);
+    cuda::gemv_stream(reinterpret_cast<const cuda::bf16*>(x.p), K, M, K, reinterpret_cast<const cuda::bf16*>(w.p), V,
+                      logits.p, V, cuda::OutType::F32, nullptr);
+    Dev<int32_t> ids(static_cast<size_t>(M));
+    Dev<float> lp(static_cast<size_t>(M));
+    cuda::sample_greedy(logits.p, M, V, ids.p, lp.p, nullptr);
+    MS_CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<int32_t> want = ids.download();
+    const std::vector<float> hl = logits.download();
+    for (int m = 0; m < M; ++m) {
+      const float* row = hl.data() + size_t(m) * V;
+      if (got[size_t(m)] != want[size_t(m)]) {
+        EXPECT_NEAR(row[got[size_t(m)]], row[want[size_t(m)]], 1e-4f * std::fabs(row[want[size_t(m)]]) + 1e-5f)
+            << "M " << M << " row " << m << ": " << got[size_t(m)] << " against " << want[size_t(m)];
+      }
+    }
+  }
+}
+
+// Every row the same: the screen keeps them all and the exact pass takes the lowest id; rows one bf16 step apart in
+// one element: the larger wins; and an infinite x (the bound infinite): a valid id, no hang.
+TEST(LmheadScreen, TiesNearTiesAndNonFiniteInputs) {
+  const int V = 3000, K = 256, M = 2;
+  if (!gpu_usable(M, K, V)) GTEST_SKIP() << "needs a GPU with mma.sync f16";
+  std::vector<uint16_t> row = level_rows(size_t(K), 0.1f, 3), hw(size_t(V) * K);
+  for (int r = 0; r < V; ++r) std::copy(row.begin(), row.end(), hw.begin() + size_t(r) * K);
+  std::vector<uint16_t> hx(size_t(M) * K, f32_to_bf16(1.0f));  // positive x: a larger weight, a larger logit
+  {
+    Dev<uint16_t> x(hx), w(hw);
+    const Screen s(w, V, K);
+    const std::vector<int32_t> ids = run_screen(x, M, w, s);
+    EXPECT_EQ(ids[0], 0);
+    EXPECT_EQ(ids[1], 0);
+  }
+  // Row 2,345 one bf16 step larger in element 17 (x there 1.0): its logit is larger by that step.
+  uint16_t& e = hw[size_t(2345) * K + 17];
+  e = bf(e) > 0 ? uint16_t(e + 1) : uint16_t(e - 1);
+  {
+    Dev<uint16_t> x(hx), w(hw);
+    const Screen s(w, V, K);
+    const std::vector<int32_t> ids = run_screen(x, M, w, s);
+    EXPECT_EQ(ids[0], 2345);
+    EXPECT_EQ(ids[1], 2345);
+  }
+  hx[5] = f32_to_bf16(INFINITY);
+  {
+    Dev<uint16_t> x(hx), w(hw);
+    const Screen s(w, V, K);
+    const std::vector<int32_t> ids = run_screen(x, M, w, s);
+    EXPECT_GE(ids[0], 0);
+    EXPECT_LT(ids[0], V);
+    EXPECT_EQ(ids[1], 2345);
+  }
+}
+
+// Captured once, replayed with new token rows in the same buffers.
+TEST(LmheadScreen, ReplaysInACudaGraph) {
+  const int V = 20000, K = 512, M = 4;
+  if (!gpu_usable(M, K, V)) GTEST_SKIP() << "needs a GPU with mma.sync f16";
+  const std::vector<uint16_t> hw = level_rows(size_t(V) * K, 0.1f, 11);
+  Dev<uint16_t> w(hw), x(size_t(M) * K);
+  const Screen s(w, V, K);
+  Dev<char> ws(cuda::lmhead_screen_workspace_bytes(V));
+  Dev<int32_t> ids(static_cast<size_t>(M));
+  cudaStream_t st;
+  MS_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  MS_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+  cuda::lmhead_screen(reinterpret_cast<const cuda::bf16*>(x.p), M, K, reinterpret_cast<const cuda::bf16*>(w.p), s.q.p,
+                      s.amax, V, ids.p, ws.p, st);
+  MS_CUDA_CHECK(cudaStreamEndCapture(st, &graph));
+  MS_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int replay = 0; replay < 3; ++replay) {
+    const std::vector<uint16_t> hx = token_rows(M, K, 70 + uint32_t(replay));
+    x.upload(hx);
+    ids.poison();
+    MS_CUDA_CHECK(cudaGraphLaunch(exec, st));
+    MS_CUDA_CHECK(cudaStreamSynchronize(st));
+    const std::vector<int32_t> got = ids.download();
+    for (int m = 0; m < M; ++m) {
+      const Exact e = exact_logits(hx, m, K, hw, V);
+      if (e.clear) {
+        EXPECT_EQ(got[size_t(m)], e.arg) << "replay " << replay << " row " << m;
+      }
+    }
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(st);
+}
+
+// Timing on q30b8l's lm_head: the screen against gemv_stream + the greedy sampler (the served path at 1-8 rows).
+TEST(LmheadScreen, DISABLED_Timing) {
+  constexpr int V = 151936, K = 2048;
+  if (!gpu_usable(1, K, V)) GTEST_SKIP() << "needs a GPU with mma.sync f16";
+  const std::vector<uint16_t> hw = level_rows(size_t(V) * K, 4.0f * std::sqrt(3.0f / float(K)), 7);
+  Dev<uint16_t> w(hw);
+  const Screen s(w, V, K);
+  Dev<char> ws(cuda::lmhead_screen_workspace_bytes(V));
+  Dev<float> logits(size_t(8) * V), lp(8);
+  Dev<int32_t> ids(8);
+  for (const int M : {1, 2, 4, 8}) {
+    Dev<uint16_t> x(token_rows(M, K, 900 + uint32_t(M)));
+    auto time_us = [&](auto&& f) {
+      for (int i = 0; i < 3; ++i) f();
+      MS_CUDA_CHECK(cudaDeviceSynchronize());
+      const int n = 50;
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < n; ++i) f();
+      MS_CUDA_CHECK(cudaDeviceSynchronize());
+      return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / n;
+    };
+    const double screen_us = time_us([&] {
+      cuda::lmhead_screen(reinterpret_cast<const cuda::bf16*>(x.p), M, K, reinterpret_cast<const cuda::bf16*>(w.p),
+                          s.q.p, s.amax, V, ids.p, ws.p, nullptr);
+    });
+    const double served_us = time_us([&] {
+      cuda::gemv_stream(reinterpret_cast<const cuda::bf16*>(x.p), K, M, K, reinterpret_cast<const cuda::bf16*>(w.p), V,
+                        logits.p, V, cuda::OutType::F32, nullptr);
+      cuda::sample_greedy(logits.p, M, V, ids.p, lp.p, nullptr);
+    });
+    std::printf("[ info ] lm_head %d x %d, %d rows: screen %.1f us (int8 %.0f MB), gemv_stream + greedy %.1f us\n", V, K,
+                M, screen_us, double(V) * K / 1e6, served_us);
+  }
+}
