@@ -244,20 +244,22 @@ TEST(LmheadScreen, MatchesGemvStreamAndGreedyOnTheFullVocabulary) {
   }
 }
 
-// Every row the same: the screen keeps them all and the exact pass takes the lowest id; rows one bf16 step apart in
-// one element: the larger wins; and an infinite x (the bound infinite): a valid id, no hang.
+// Every row the same: the screen keeps them all and the exact pass takes the lowest id (row 0 holds a NaN, so row 1);
+// rows one bf16 step apart in one element: the larger wins; and an infinite x (the bound infinite): a valid id, no
+// hang.
 TEST(LmheadScreen, TiesNearTiesAndNonFiniteInputs) {
   const int V = 3000, K = 256, M = 2;
   if (!gpu_usable(M, K, V)) GTEST_SKIP() << "needs a GPU with mma.sync f16";
   std::vector<uint16_t> row = level_rows(size_t(K), 0.1f, 3), hw(size_t(V) * K);
   for (int r = 0; r < V; ++r) std::copy(row.begin(), row.end(), hw.begin() + size_t(r) * K);
   std::vector<uint16_t> hx(size_t(M) * K, f32_to_bf16(1.0f));  // positive x: a larger weight, a larger logit
+  hw[size_t(0) * K + 9] = f32_to_bf16(NAN);  // row 0 NaN: a candidate whose NaN logit never wins, so row 1 does
   {
     Dev<uint16_t> x(hx), w(hw);
     const Screen s(w, V, K);
     const std::vector<int32_t> ids = run_screen(x, M, w, s);
-    EXPECT_EQ(ids[0], 0);
-    EXPECT_EQ(ids[1], 0);
+    EXPECT_EQ(ids[0], 1);
+    EXPECT_EQ(ids[1], 1);
   }
   // Row 2,345 one bf16 step larger in element 17 (x there 1.0): its logit is larger by that step.
   uint16_t& e = hw[size_t(2345) * K + 17];

@@ -95,12 +95,16 @@ __global__ void __launch_bounds__(kQuantThreads) screen_quantize_kernel(const bf
     return m;
   };
   float a = 0.0f;
-  for (int k = threadIdx.x; k < K; k += kQuantThreads) a = fmaxf(a, fabsf(__bfloat162float(row[k])));
-  // A NaN weight makes the row's bound NaN, and a NaN bound keeps the row a candidate (the screen's rule).
-  for (int k = threadIdx.x; k < K; k += kQuantThreads)
-    if (__bfloat162float(row[k]) != __bfloat162float(row[k])) a = NAN;
-  float amax = block_max(a);
-  if (!(amax < INFINITY)) amax = NAN;  // an infinite weight: the row's bound is NaN too
+  int bad = 0;
+  for (int k = threadIdx.x; k < K; k += kQuantThreads) {
+    const float v = fabsf(__bfloat162float(row[k]));
+    a = fmaxf(a, v);
+    bad |= !(v < INFINITY);  // NaN or infinite
+  }
+  // A NaN or infinite weight makes the row's bound NaN, and a NaN bound keeps the row a candidate (the screen's rule;
+  // fmaxf would drop a NaN, hence the separate vote).
+  bad = __syncthreads_or(bad);
+  const float amax = bad ? NAN : block_max(a);
   const float s = screen::row_scale(amax);
   float e = 0.0f;
   for (int k = threadIdx.x; k < K; k += kQuantThreads) {
@@ -111,8 +115,8 @@ __global__ void __launch_bounds__(kQuantThreads) screen_quantize_kernel(const bf
   }
   const float err = block_max(e);
   if (threadIdx.x == 0) {
-    meta[r] = screen::RowMeta{s, amax == amax ? screen::row_coefficient(err, amax, K) : NAN};
-    if (amax == amax) atomicMax(amax_all, __float_as_uint(amax));
+    meta[r] = screen::RowMeta{s, bad ? NAN : screen::row_coefficient(err, amax, K)};
+    if (!bad) atomicMax(amax_all, __float_as_uint(amax));
   }
 }
 
