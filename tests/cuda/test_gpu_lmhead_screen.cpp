@@ -1,7 +1,8 @@
 // The lm_head screen (cuda/sampling/lmhead_screen.h): its bound on the CPU (no GPU needed: the candidate set of a
 // host emulation always holds the double-precision argmax, and stays small on q30b8l-like rows), then the kernels
 // against the CPU's double argmax, against gemv_stream + the greedy sampler on the full q30b8l vocabulary, on
-// near-ties and non-finite inputs, and inside a CUDA graph; DISABLED_Timing reports both forms at 1-8 rows.
+// near-ties and non-finite inputs, and inside a CUDA graph, in both forms (1-8 rows on mma.sync, 9-64 on wgmma);
+// DISABLED_Timing reports the screen against the served path at 1-64 rows.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -15,6 +16,7 @@
 #include "core/dtype.h"
 #include "cuda/gemm/gemm.h"
 #include "cuda/sampling/greedy.h"
+#include "cuda/sampling/lmhead_argmax.h"
 #include "cuda/sampling/lmhead_screen.h"
 #include "cuda/sampling/lmhead_screen_math.h"
 #include "cuda_test_util.h"
@@ -113,7 +115,7 @@ struct Screen {
 
 std::vector<int32_t> run_screen(const Dev<uint16_t>& x, int M, const Dev<uint16_t>& w, const Screen& s,
                                 cudaStream_t stream = nullptr) {
-  Dev<char> ws(cuda::lmhead_screen_workspace_bytes(s.V));
+  Dev<char> ws(cuda::lmhead_screen_workspace_bytes(s.V, s.K));
   ws.poison();
   Dev<int32_t> ids(static_cast<size_t>(M));
   ids.poison();
@@ -181,11 +183,11 @@ TEST(LmheadScreenBound, KeepsTheArgmaxAndFewRows) {
 TEST(LmheadScreen, MatchesDoubleArgmax) {
   // Vocabularies of one row, fewer rows than a row block, and several blocks' runs; K of one slice and more; 1-8
   // rows; a second pass with every logit negative (x positive, weights shifted below zero).
-  for (const int V : {1, 17, 5000}) {
+  for (const int V : {1, 17, 5000, 100000}) {
     for (const int K : {128, 384, 2048}) {
-      for (const int M : {1, 3, 8}) {
+      for (const int M : {1, 3, 8, 9, 40, 64}) {  // 9-64: the wgmma form (sm_90)
         for (const bool negative : {false, true}) {
-          if (!gpu_usable(M, K, V)) GTEST_SKIP() << "needs a GPU with mma.sync f16";
+          if (!gpu_usable(M, K, V)) GTEST_SKIP() << "needs a GPU with mma.sync f16 (and sm_90 for 9-64 rows)";
           const uint32_t seed = uint32_t(V * 131 + K * 7 + M + (negative ? 99 : 0));
           std::vector<uint16_t> hx = token_rows(M, K, seed), hw = level_rows(size_t(V) * K, 0.1f, seed + 1);
           if (negative) {
@@ -221,13 +223,16 @@ TEST(LmheadScreen, MatchesGemvStreamAndGreedyOnTheFullVocabulary) {
   const std::vector<uint16_t> hw = level_rows(size_t(V) * K, 4.0f * std::sqrt(3.0f / float(K)), 7);
   Dev<uint16_t> w(hw);
   const Screen s(w, V, K);
-  for (const int M : {1, 2, 8}) {
+  for (const int M : {1, 2, 8, 16, 64}) {
+    if (!gpu_usable(M, K, V)) continue;
     const std::vector<uint16_t> hx = token_rows(M, K, 500 + uint32_t(M));
     Dev<uint16_t> x(hx);
     const std::vector<int32_t> got = run_screen(x, M, w, s);
     Dev<float> logits(static_cast<size_t>(M) * V);
-    cuda::gemv_stream(reinterpret_cast<const cuda::bf16*>(x.p), K, M, K, reinterpret_cast<const cuda::bf16*>(w.p), V,
-                      logits.p, V, cuda::OutType::F32, nullptr);
+    for (int m0 = 0; m0 < M; m0 += 8)  // gemv_stream takes up to 8 rows
+      cuda::gemv_stream(reinterpret_cast<const cuda::bf16*>(x.p) + size_t(m0) * K, K, std::min(8, M - m0), K,
+                        reinterpret_cast<const cuda::bf16*>(w.p), V, logits.p + size_t(m0) * V, V, cuda::OutType::F32,
+                        nullptr);
     Dev<int32_t> ids(static_cast<size_t>(M));
     Dev<float> lp(static_cast<size_t>(M));
     cuda::sample_greedy(logits.p, M, V, ids.p, lp.p, nullptr);
@@ -247,9 +252,8 @@ TEST(LmheadScreen, MatchesGemvStreamAndGreedyOnTheFullVocabulary) {
 // Every row the same: the screen keeps them all and the exact pass takes the lowest id (row 0 holds a NaN, so row 1);
 // rows one bf16 step apart in one element: the larger wins; and an infinite x (the bound infinite): a valid id, no
 // hang.
-TEST(LmheadScreen, TiesNearTiesAndNonFiniteInputs) {
-  const int V = 3000, K = 256, M = 2;
-  if (!gpu_usable(M, K, V)) GTEST_SKIP() << "needs a GPU with mma.sync f16";
+void check_ties(int M) {
+  const int V = 3000, K = 256;
   std::vector<uint16_t> row = level_rows(size_t(K), 0.1f, 3), hw(size_t(V) * K);
   for (int r = 0; r < V; ++r) std::copy(row.begin(), row.end(), hw.begin() + size_t(r) * K);
   std::vector<uint16_t> hx(size_t(M) * K, f32_to_bf16(1.0f));  // positive x: a larger weight, a larger logit
@@ -258,8 +262,7 @@ TEST(LmheadScreen, TiesNearTiesAndNonFiniteInputs) {
     Dev<uint16_t> x(hx), w(hw);
     const Screen s(w, V, K);
     const std::vector<int32_t> ids = run_screen(x, M, w, s);
-    EXPECT_EQ(ids[0], 1);
-    EXPECT_EQ(ids[1], 1);
+    for (int m = 0; m < M; ++m) EXPECT_EQ(ids[size_t(m)], 1) << "M " << M << " row " << m;
   }
   // Row 2,345 one bf16 step larger in element 17 (x there 1.0): its logit is larger by that step.
   uint16_t& e = hw[size_t(2345) * K + 17];
@@ -268,8 +271,7 @@ TEST(LmheadScreen, TiesNearTiesAndNonFiniteInputs) {
     Dev<uint16_t> x(hx), w(hw);
     const Screen s(w, V, K);
     const std::vector<int32_t> ids = run_screen(x, M, w, s);
-    EXPECT_EQ(ids[0], 2345);
-    EXPECT_EQ(ids[1], 2345);
+    for (int m = 0; m < M; ++m) EXPECT_EQ(ids[size_t(m)], 2345) << "M " << M << " row " << m;
   }
   hx[5] = f32_to_bf16(INFINITY);
   {
@@ -278,18 +280,23 @@ TEST(LmheadScreen, TiesNearTiesAndNonFiniteInputs) {
     const std::vector<int32_t> ids = run_screen(x, M, w, s);
     EXPECT_GE(ids[0], 0);
     EXPECT_LT(ids[0], V);
-    EXPECT_EQ(ids[1], 2345);
+    for (int m = 1; m < M; ++m) EXPECT_EQ(ids[size_t(m)], 2345) << "M " << M << " row " << m;
+  }
+}
+TEST(LmheadScreen, TiesNearTiesAndNonFiniteInputs) {
+  for (const int M : {2, 12}) {  // both forms
+    if (!gpu_usable(M, 256, 3000)) GTEST_SKIP() << "needs a GPU with mma.sync f16 (and sm_90 for 12 rows)";
+    check_ties(M);
   }
 }
 
-// Captured once, replayed with new token rows in the same buffers.
-TEST(LmheadScreen, ReplaysInACudaGraph) {
-  const int V = 20000, K = 512, M = 4;
-  if (!gpu_usable(M, K, V)) GTEST_SKIP() << "needs a GPU with mma.sync f16";
+// Captured once, replayed with new token rows in the same buffers (both forms).
+void check_graph_replay(int M) {
+  const int V = 20000, K = 512;
   const std::vector<uint16_t> hw = level_rows(size_t(V) * K, 0.1f, 11);
   Dev<uint16_t> w(hw), x(size_t(M) * K);
   const Screen s(w, V, K);
-  Dev<char> ws(cuda::lmhead_screen_workspace_bytes(V));
+  Dev<char> ws(cuda::lmhead_screen_workspace_bytes(V, K));
   Dev<int32_t> ids(static_cast<size_t>(M));
   cudaStream_t st;
   MS_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
@@ -318,6 +325,12 @@ TEST(LmheadScreen, ReplaysInACudaGraph) {
   cudaGraphDestroy(graph);
   cudaStreamDestroy(st);
 }
+TEST(LmheadScreen, ReplaysInACudaGraph) {
+  for (const int M : {4, 24}) {  // both forms
+    if (!gpu_usable(M, 512, 20000)) GTEST_SKIP() << "needs a GPU with mma.sync f16 (and sm_90 for 24 rows)";
+    check_graph_replay(M);
+  }
+}
 
 // Timing on q30b8l's lm_head: the screen against gemv_stream + the greedy sampler (the served path at 1-8 rows).
 TEST(LmheadScreen, DISABLED_Timing) {
@@ -326,10 +339,14 @@ TEST(LmheadScreen, DISABLED_Timing) {
   const std::vector<uint16_t> hw = level_rows(size_t(V) * K, 4.0f * std::sqrt(3.0f / float(K)), 7);
   Dev<uint16_t> w(hw);
   const Screen s(w, V, K);
-  Dev<char> ws(cuda::lmhead_screen_workspace_bytes(V));
+  Dev<char> ws(cuda::lmhead_screen_workspace_bytes(V, K));
   Dev<float> logits(size_t(8) * V), lp(8);
   Dev<int32_t> ids(8);
-  for (const int M : {1, 2, 4, 8}) {
+  Dev<char> aws(cuda::lmhead_argmax_workspace_bytes(64, V));
+  Dev<int32_t> aids(64);
+  Dev<float> alp(64);
+  for (const int M : {1, 2, 4, 8, 16, 32, 64}) {
+    if (!gpu_usable(M, K, V)) continue;
     Dev<uint16_t> x(token_rows(M, K, 900 + uint32_t(M)));
     auto time_us = [&](auto&& f) {
       for (int i = 0; i < 3; ++i) f();
@@ -344,12 +361,18 @@ TEST(LmheadScreen, DISABLED_Timing) {
       cuda::lmhead_screen(reinterpret_cast<const cuda::bf16*>(x.p), M, K, reinterpret_cast<const cuda::bf16*>(w.p),
                           s.q.p, s.amax, V, ids.p, ws.p, nullptr);
     });
+    // The served path at these rows: gemv_stream + the greedy sampler up to 8, lmhead_argmax from 16.
     const double served_us = time_us([&] {
-      cuda::gemv_stream(reinterpret_cast<const cuda::bf16*>(x.p), K, M, K, reinterpret_cast<const cuda::bf16*>(w.p), V,
-                        logits.p, V, cuda::OutType::F32, nullptr);
-      cuda::sample_greedy(logits.p, M, V, ids.p, lp.p, nullptr);
+      if (M <= 8) {
+        cuda::gemv_stream(reinterpret_cast<const cuda::bf16*>(x.p), K, M, K, reinterpret_cast<const cuda::bf16*>(w.p),
+                          V, logits.p, V, cuda::OutType::F32, nullptr);
+        cuda::sample_greedy(logits.p, M, V, ids.p, lp.p, nullptr);
+      } else {
+        cuda::lmhead_argmax(reinterpret_cast<const cuda::bf16*>(x.p), M, K, reinterpret_cast<const cuda::bf16*>(w.p), V,
+                            aids.p, alp.p, aws.p, nullptr);
+      }
     });
-    std::printf("[ info ] lm_head %d x %d, %d rows: screen %.1f us (int8 %.0f MB), gemv_stream + greedy %.1f us\n", V, K,
-                M, screen_us, double(V) * K / 1e6, served_us);
+    std::printf("[ info ] lm_head %d x %d, %d rows: screen %.1f us (int8 %.0f MB), %s %.1f us\n", V, K, M, screen_us,
+                double(V) * K / 1e6, M <= 8 ? "gemv_stream + greedy" : "lmhead_argmax", served_us);
   }
 }

@@ -230,15 +230,16 @@ std::string lmhead_argmax_self_test(int K, double& max_err) {
   return "";
 }
 
-// The lm_head screen of greedy steps of 1-8 rows (lmhead_screen): ids against double sums on the CPU at the model's
-// hidden size (a multiple of 128), 8 rows over a vocabulary that ends inside a row block; an id is checked wherever
-// the top two logits are apart by more than the f32 summation error. It quantizes its own small copy.
-std::string lmhead_screen_self_test(int K, double& max_err) {
-  const int rows = 8, V = 61 * 16 + 5;
-  std::mt19937 g(17);
+// The lm_head screen of greedy steps of 1-64 rows (lmhead_screen): ids against double sums on the CPU at the model's
+// hidden size (a multiple of 128), 8 rows (the mma.sync form) and 40 (the wgmma form, on sm_90) over a vocabulary
+// of two 384-row units and part of a third; an id is checked wherever the top two logits are apart by more than the
+// f32 summation error. It quantizes its own small copy.
+std::string lmhead_screen_self_test_rows(int K, int rows) {
+  const int V = 2 * 384 + 61 * 16 + 5;
+  std::mt19937 g(17 + rows);
   const std::vector<uint16_t> hx = random_bf16(size_t(rows) * K, g, 1.0f), hw = random_bf16(size_t(V) * K, g, 0.05f);
   Scratch dx(hx.size() * 2), dw(hw.size() * 2), dids(rows * 4), dq(lmhead_screen_weight_bytes(V, K)),
-      ws(lmhead_screen_workspace_bytes(V));
+      ws(lmhead_screen_workspace_bytes(V, K));
   MS_CUDA_CHECK(cudaMemcpy(dx.p, hx.data(), hx.size() * 2, cudaMemcpyHostToDevice));
   MS_CUDA_CHECK(cudaMemcpy(dw.p, hw.data(), hw.size() * 2, cudaMemcpyHostToDevice));
   MS_CUDA_CHECK(cudaMemset(dids.p, 0xFF, rows * 4));
@@ -248,7 +249,6 @@ std::string lmhead_screen_self_test(int K, double& max_err) {
   MS_CUDA_CHECK(cudaDeviceSynchronize());
   std::vector<int32_t> ids(rows);
   MS_CUDA_CHECK(cudaMemcpy(ids.data(), dids.p, rows * 4, cudaMemcpyDeviceToHost));
-  max_err = 0;
   for (int m = 0; m < rows; ++m) {
     double mx = -INFINITY, second = -INFINITY, scale = 0;
     int arg = 0;
@@ -262,8 +262,15 @@ std::string lmhead_screen_self_test(int K, double& max_err) {
     }
     if (ids[m] < 0 || ids[m] >= V) return fmt::format("row {}: id {} outside the vocabulary of {}", m, ids[m], V);
     if (mx - second > 1e-5 * scale + 1e-6 && ids[m] != arg)
-      return fmt::format("row {}: argmax {}, want {}", m, ids[m], arg);
+      return fmt::format("{} rows, row {}: argmax {}, want {}", rows, m, ids[m], arg);
   }
+  return "";
+}
+std::string lmhead_screen_self_test(int K, double& max_err) {
+  max_err = 0;
+  for (const int rows : {8, 40})
+    if (lmhead_screen_supported(rows, K, 1000))
+      if (std::string why = lmhead_screen_self_test_rows(K, rows); !why.empty()) return why;
   return "";
 }
 
@@ -484,7 +491,7 @@ SelectedBackends select_backends(const DeviceInfo& dev, const ModelShapes& shape
   }
   // The greedy sampler's fast paths, each used only where it passed its self-test and its switch is on; else the
   // lm_head GEMM + the sampler above. 32-64 rows: the lm_head with the argmax in its epilogue (MOESERVE_LMHEAD_ARGMAX=0
-  // off). 1-8 rows without logprobs: an int8 screen of the lm_head, then the BF16 logits of the rows it cannot rule
+  // off). 1-64 rows without logprobs: an int8 screen of the lm_head, then the BF16 logits of the rows it cannot rule
   // out (opt-in, MOESERVE_LMHEAD_SCREEN=1, until measured on the GPU).
   out.lmhead_argmax = add_greedy_fast_path(
       {"lmhead_argmax", OpFamily::Sampling, {90}, {"bf16"}, false, true,
@@ -496,11 +503,11 @@ SelectedBackends select_backends(const DeviceInfo& dev, const ModelShapes& shape
       [&](double& err) { return lmhead_argmax_self_test(shapes.hidden, err); }, shapes.hidden, dev, req, out.reports);
   out.lmhead_screen = add_greedy_fast_path(
       {"lmhead_screen", OpFamily::Sampling, {90}, {"bf16"}, false, true,
-       "greedy steps of 1-8 rows without logprobs: an int8 screen of the lm_head, the BF16 logits of the rows it "
+       "greedy steps of 1-64 rows without logprobs: an int8 screen of the lm_head, the BF16 logits of the rows it "
        "cannot rule out"},
       lmhead_screen_code(dev),
       lmhead_screen_supported(8, shapes.hidden, shapes.vocab) ? "" : "not supported (a multiple of 128 up to 8,192)",
-      "MOESERVE_LMHEAD_SCREEN", false, "greedy steps of 1-8 rows without logprobs",
+      "MOESERVE_LMHEAD_SCREEN", false, "greedy steps of 1-64 rows without logprobs",
       [&](double& err) { return lmhead_screen_self_test(shapes.hidden, err); }, shapes.hidden, dev, req, out.reports);
   // Dense GEMM.
   {

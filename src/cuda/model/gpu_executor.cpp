@@ -109,8 +109,9 @@ class GpuExecutor : public Executor {
   // at 32-64 rows on sm_90 (MOESERVE_LMHEAD_ARGMAX=0 turns it off). H200, session 40 (test_gpu_lmhead_argmax's
   // Timing, q30b8l's lm_head): 167.3 us flat from 16 to 64 rows against cuBLAS + greedy 166.1 / 174.7 / 186.1 at
   // 16 / 32 / 64 rows, 162.2 against 155.8 at one row.
-  // Or, at 1-8 rows without logprobs, the lm_head screen (lmhead_screen.h; MOESERVE_LMHEAD_SCREEN=1, an experiment
-  // until measured): `greedy` excludes rows that want a logprob at those sizes (screen_for).
+  // Or, at 1-64 rows without logprobs, the lm_head screen (lmhead_screen.h; MOESERVE_LMHEAD_SCREEN=1, an experiment
+  // until measured; it takes 32-64 rows from lmhead_argmax): `greedy` excludes rows that want a logprob at those sizes
+  // (screen_for).
   bool head_argmax_for(int rows) const {
     return (head_argmax_ws_.bytes() > 0 && rows >= 32 &&
             lmhead_argmax_supported(rows, int(cfg_.hidden_size), int(cfg_.vocab_size))) ||
@@ -258,8 +259,8 @@ GpuExecutor::GpuExecutor(const std::string& model_dir, const GpuOptions& opts) :
     screen_weights_ = DeviceArray<uint8_t>(alloc_, lmhead_screen_weight_bytes(V, H), "weights");
     lmhead_screen_quantize(model_->head_weight(), V, H, screen_weights_.get(), stream_);
     screen_amax_ = lmhead_screen_amax(screen_weights_.get(), V, H, stream_);
-    screen_ws_ = DeviceArray<uint8_t>(alloc_, lmhead_screen_workspace_bytes(V), "activations");
-    log_info("lm_head screen: an int8 copy of the lm_head ({}) for greedy steps of 1-8 rows",
+    screen_ws_ = DeviceArray<uint8_t>(alloc_, lmhead_screen_workspace_bytes(V, H), "activations");
+    log_info("lm_head screen: an int8 copy of the lm_head ({}) for greedy steps of 1-64 rows",
              format_bytes(screen_weights_.bytes()));
   }
   log_info("activations: {} for steps of up to {} tokens, {} sequences", format_bytes(alloc_.in_use() - before),

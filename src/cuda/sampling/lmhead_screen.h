@@ -1,10 +1,12 @@
-// The lm_head of an all-greedy decode step of 1-8 rows without logprobs, as an exact screen (lmhead_screen.cu;
+// The lm_head of an all-greedy decode step of 1-64 rows without logprobs, as an exact screen (lmhead_screen.cu;
 // the bound in lmhead_screen_math.h): an int8 copy of the lm_head (made once by lmhead_screen_quantize) gives every
 // row's logit within a proven bound, and only the rows whose bound reaches the best lower bound are evaluated from
 // the BF16 weights. ids[m] = argmax over v of the f32 sum x[m] . w[v] (the lowest id on ties), as the lm_head GEMM +
 // greedy sampler pick it except where two logits lie within f32 summation noise of each other (as between any two
-// GEMM kernels). No logits and no logprob are written. Three launches, programmatic dependents. The executor runs it
-// for all-greedy steps of 1-8 rows without logprobs when MOESERVE_LMHEAD_SCREEN=1 (an experiment until measured).
+// GEMM kernels). No logits and no logprob are written. 1-8 rows: three launches (a stream of the int8 rows on
+// mma.sync, a pick, a merge); 9-64 rows (sm_90): three (the token rows' fp16 copy, the stream on wgmma, a pick a
+// token); programmatic dependents. The executor runs it for all-greedy steps of 1-64 rows without logprobs when
+// MOESERVE_LMHEAD_SCREEN=1 (an experiment until measured).
 #pragma once
 
 #include <cstddef>
@@ -16,7 +18,7 @@
 
 namespace moeserve::cuda {
 
-// mma.sync f16 (sm_80+); 1-8 token rows; K a multiple of 128 up to 8,192; vocab < 2^24.
+// 1-8 token rows on sm_80+ (mma.sync f16), 9-64 on sm_90 (wgmma); K a multiple of 128 up to 8,192; vocab < 2^24.
 bool lmhead_screen_supported(int rows, int K, int vocab);
 // "" when this binary holds the kernels' code for `dev`, else why not.
 std::string lmhead_screen_code(const DeviceInfo& dev);
@@ -26,8 +28,8 @@ size_t lmhead_screen_weight_bytes(int vocab, int K);
 void lmhead_screen_quantize(const bf16* w, int vocab, int K, void* screen_weights, cudaStream_t stream);
 // The largest |w| over the lm_head (A of the bound), read back once after lmhead_screen_quantize (synchronizes).
 float lmhead_screen_amax(const void* screen_weights, int vocab, int K, cudaStream_t stream);
-// Device memory a launch uses (any 1-8 rows).
-size_t lmhead_screen_workspace_bytes(int vocab);
+// Device memory a launch uses (any 1-64 rows).
+size_t lmhead_screen_workspace_bytes(int vocab, int K);
 // x: [rows, K] bf16 (the final norm's rows), w: [vocab, K] bf16 (the lm_head the copy was made from); out_ids[rows].
 void lmhead_screen(const bf16* x, int rows, int K, const bf16* w, const void* screen_weights, float amax_all,
                    int vocab, int32_t* out_ids, void* workspace, cudaStream_t stream);
