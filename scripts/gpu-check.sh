@@ -127,7 +127,7 @@ OPT_IN=(MOESERVE_LMHEAD_NORM_IN=1 MOESERVE_ROUTER_FOLD_MID=1)
 run test_gpu_model_earlier ok env "${EARLIER[@]}" "$BUILD/tests/test_gpu_model" --gtest_brief=1
 run test_gpu_model_opt_in ok env "${OPT_IN[@]}" "$BUILD/tests/test_gpu_model" --gtest_brief=1
 run test_gpu_parity_opt_in ok env "${OPT_IN[@]}" "$BUILD/tests/test_gpu_parity" --gtest_brief=1 --gtest_filter='*Bf16*'
-# The lm_head screen for greedy steps of 1-8 rows (MOESERVE_LMHEAD_SCREEN=1, session 44: not yet measured; its kernels'
+# The lm_head screen for greedy steps of 1-64 rows (MOESERVE_LMHEAD_SCREEN=1, session 44: not yet measured; its kernels'
 # own tests are test_gpu_lmhead_screen's): the GPU model's greedy tokens and the parity fixtures through it.
 run test_gpu_model_screen ok env MOESERVE_LMHEAD_SCREEN=1 "$BUILD/tests/test_gpu_model" --gtest_brief=1
 run test_gpu_parity_screen ok env MOESERVE_LMHEAD_SCREEN=1 "$BUILD/tests/test_gpu_parity" --gtest_brief=1 \
