@@ -421,7 +421,8 @@ constexpr int kWThreads = 384;
 constexpr int kWRowBytes = kWUnit * kWSliceK;        // 48 KB
 constexpr int kWTokBoxBytes = kWTok * 128;           // 8 KB: 64 tokens x 64 fp16
 constexpr int kWStageBytes = kWRowBytes + 2 * kWTokBoxBytes;  // 64 KB
-constexpr int kWCap = 128;                 // listed rows a (token, block)
+constexpr int kWCap = 64;                  // listed rows a (token, block): a few expected, more is an overflow
+constexpr int kWMaxGrid = 256;             // blocks of the wide screen the lists are sized for (one an SM)
 
 struct Entry {
   int row;
@@ -440,7 +441,7 @@ struct WideWs {
   float* ex;      // [64]
   float* lo;      // [64][kMaxGrid]
   int* cnt;       // [64][kMaxGrid]
-  Entry* list;    // [64][kMaxGrid][kWCap]
+  Entry* list;    // [64][kWMaxGrid][kWCap]
 };
 WideWs carve_wide(void* ws, int K) {
   char* p = static_cast<char*>(ws);
@@ -455,13 +456,13 @@ WideWs carve_wide(void* ws, int K) {
   w.ex = reinterpret_cast<float*>(take(kWTok * 4));
   w.lo = reinterpret_cast<float*>(take(size_t(kWTok) * kMaxGrid * 4));
   w.cnt = reinterpret_cast<int*>(take(size_t(kWTok) * kMaxGrid * 4));
-  w.list = reinterpret_cast<Entry*>(take(size_t(kWTok) * kMaxGrid * kWCap * sizeof(Entry)));
+  w.list = reinterpret_cast<Entry*>(take(size_t(kWTok) * kWMaxGrid * kWCap * sizeof(Entry)));
   return w;
 }
 size_t wide_ws_bytes(int K) {
   auto r = [](size_t b) { return (b + 255) / 256 * 256; };
   return r(size_t(kWTok) * K * 2) + 2 * r(kWTok * 4) + 2 * r(size_t(kWTok) * kMaxGrid * 4) +
-         r(size_t(kWTok) * kMaxGrid * kWCap * sizeof(Entry));
+         r(size_t(kWTok) * kWMaxGrid * kWCap * sizeof(Entry));
 }
 
 __device__ __forceinline__ int permuted_source(int l) {  // actual k (inside the 16-k group) of logical position l
@@ -693,7 +694,7 @@ __global__ void __launch_bounds__(kWThreads, 1) wide_screen_kernel(const __grid_
             const float hi = d[j][4 * i + 2 * h + e];
             if (n < a.M && r < a.V && hi >= unordered(lo_s[n])) {
               const int slot = atomicAdd(cnt_s + n, 1);
-              if (slot < kWCap) a.list[(size_t(n) * kMaxGrid + blockIdx.x) * kWCap + slot] = Entry{r, hi};
+              if (slot < kWCap) a.list[(size_t(n) * kWMaxGrid + blockIdx.x) * kWCap + slot] = Entry{r, hi};
             }
           }
   }
@@ -742,7 +743,7 @@ __global__ void __launch_bounds__(kPickThreads) wide_pick_kernel(const __grid_co
           best = better(best, Best{exact_logit(xr, a.w + int64_t(r) * a.K, a.K, lane), r});
       continue;
     }
-    const Entry* e = a.list + (size_t(t) * kMaxGrid + b) * kWCap;
+    const Entry* e = a.list + (size_t(t) * kWMaxGrid + b) * kWCap;
     for (int i0 = 0; i0 < n; i0 += 32) {
       const int i = i0 + lane;
       Entry en{0, -INFINITY};
@@ -798,7 +799,7 @@ void launch_wide(const bf16* x, int rows, int K, const bf16* w, const void* scre
   a.M = rows, a.K = K, a.V = vocab, a.units = (vocab + kWUnit - 1) / kWUnit;
   a.meta = reinterpret_cast<const screen::RowMeta*>(p + meta_offset(vocab, K));
   a.x1 = ws.x1, a.ex = ws.ex, a.lo = ws.lo, a.cnt = ws.cnt, a.list = ws.list;
-  const int blocks = std::min({sms, a.units, kMaxGrid});
+  const int blocks = std::min({sms, a.units, kWMaxGrid});
   const size_t smem = size_t(kWStages) * kWStageBytes + 2 * kWStages * 8 + 4 * kWTok * 4 + 1024;
   MS_CHECK(raise_dynamic_smem(reinterpret_cast<const void*>(wide_screen_kernel), smem),
            "lmhead_screen: the device refuses {} bytes of shared memory a block", smem);
