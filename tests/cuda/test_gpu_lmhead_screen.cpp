@@ -183,9 +183,11 @@ TEST(LmheadScreenBound, KeepsTheArgmaxAndFewRows) {
 TEST(LmheadScreen, MatchesDoubleArgmax) {
   // Vocabularies of one row, fewer rows than a row block, and several blocks' runs; K of one slice and more; 1-8
   // rows; a second pass with every logit negative (x positive, weights shifted below zero).
+  // (100,000 rows, the wide form's many units and blocks, only at K = 128 and 1 / 64 rows: the CPU's double sums.)
   for (const int V : {1, 17, 5000, 100000}) {
     for (const int K : {128, 384, 2048}) {
       for (const int M : {1, 3, 8, 9, 40, 64}) {  // 9-64: the wgmma form (sm_90)
+        if (V == 100000 && (K != 128 || (M != 1 && M != 64))) continue;
         for (const bool negative : {false, true}) {
           if (!gpu_usable(M, K, V)) GTEST_SKIP() << "needs a GPU with mma.sync f16 (and sm_90 for 9-64 rows)";
           const uint32_t seed = uint32_t(V * 131 + K * 7 + M + (negative ? 99 : 0));
