@@ -182,6 +182,39 @@ std::string sampling_self_test(double& max_err) {
   return "";
 }
 
+// The double-precision logits of token row m of hx against the f32 copy of the lm_head rows wf ([V, K]): their
+// argmax and whether it is clear of the runner-up by more than the f32 summation error (the fast paths' self-tests).
+struct HostLogits {
+  std::vector<double> lg;
+  double max = -INFINITY;
+  int arg = 0;
+  bool clear = true;
+};
+HostLogits host_logits(const std::vector<uint16_t>& hx, int m, int K, const std::vector<float>& wf, int V) {
+  HostLogits h;
+  h.lg.resize(size_t(V));
+  std::vector<double> xr(static_cast<size_t>(K));
+  for (int k = 0; k < K; ++k) xr[size_t(k)] = bf16_to_f32(hx[size_t(m) * K + k]);
+  double second = -INFINITY, scale = 0;
+  for (int v = 0; v < V; ++v) {
+    double sum = 0;
+    const float* wr = wf.data() + size_t(v) * K;
+    for (int k = 0; k < K; ++k) sum += xr[size_t(k)] * wr[k];
+    h.lg[size_t(v)] = sum;
+    scale = std::max(scale, std::fabs(sum));
+    if (sum > h.max) second = h.max, h.max = sum, h.arg = v;
+    else if (sum > second) second = sum;
+  }
+  h.clear = h.max - second > 1e-5 * scale + 1e-6;
+  return h;
+}
+// "" when id is a vocabulary row and, where the argmax is clear, the argmax; else why not.
+std::string check_argmax(int m, int id, const HostLogits& h, int V) {
+  if (id < 0 || id >= V) return fmt::format("row {}: id {} outside the vocabulary of {}", m, id, V);
+  if (h.clear && id != h.arg) return fmt::format("row {}: argmax {}, want {}", m, id, h.arg);
+  return "";
+}
+
 // The lm_head + argmax of greedy steps (lmhead_argmax): ids and raw logprobs against double sums on the CPU, at the
 // model's hidden size, 40 rows (the executor's 32-64 band) over a vocabulary that ends inside a 192-row unit; an id
 // is checked wherever the top two logits are apart by more than the f32 summation error.
@@ -203,26 +236,12 @@ std::string lmhead_argmax_self_test(int K, double& max_err) {
   MS_CUDA_CHECK(cudaMemcpy(lps.data(), dlp.p, rows * 4, cudaMemcpyDeviceToHost));
   std::vector<float> wf(hw.size());
   for (size_t i = 0; i < hw.size(); ++i) wf[i] = bf16_to_f32(hw[i]);
-  std::vector<double> lg(V), xr(K);
   max_err = 0;
   for (int m = 0; m < rows; ++m) {
-    for (int k = 0; k < K; ++k) xr[k] = bf16_to_f32(hx[size_t(m) * K + k]);
-    double mx = -INFINITY, second = -INFINITY, scale = 0;
-    int arg = 0;
-    for (int v = 0; v < V; ++v) {
-      double sum = 0;
-      const float* wr = wf.data() + size_t(v) * K;
-      for (int k = 0; k < K; ++k) sum += xr[k] * wr[k];
-      lg[v] = sum;
-      scale = std::max(scale, std::fabs(sum));
-      if (sum > mx) second = mx, mx = sum, arg = v;
-      else if (sum > second) second = sum;
-    }
+    const HostLogits h = host_logits(hx, m, K, wf, V);
     double z = 0;
-    for (double l : lg) z += std::exp(l - mx);
-    if (ids[m] < 0 || ids[m] >= V) return fmt::format("row {}: id {} outside the vocabulary of {}", m, ids[m], V);
-    if (mx - second > 1e-5 * scale + 1e-6 && ids[m] != arg)
-      return fmt::format("row {}: argmax {}, want {}", m, ids[m], arg);
+    for (double l : h.lg) z += std::exp(l - h.max);
+    if (std::string why = check_argmax(m, ids[m], h, V); !why.empty()) return why;
     const double err = std::fabs(double(lps[m]) + std::log(z));
     if (!(err < 2e-3)) return fmt::format("row {}: logprob {}, want {}", m, lps[m], -std::log(z));
     max_err = std::max(max_err, err);
@@ -249,21 +268,11 @@ std::string lmhead_screen_self_test_rows(int K, int rows) {
   MS_CUDA_CHECK(cudaDeviceSynchronize());
   std::vector<int32_t> ids(rows);
   MS_CUDA_CHECK(cudaMemcpy(ids.data(), dids.p, rows * 4, cudaMemcpyDeviceToHost));
-  for (int m = 0; m < rows; ++m) {
-    double mx = -INFINITY, second = -INFINITY, scale = 0;
-    int arg = 0;
-    for (int v = 0; v < V; ++v) {
-      double sum = 0;
-      for (int k = 0; k < K; ++k)
-        sum += double(bf16_to_f32(hx[size_t(m) * K + k])) * double(bf16_to_f32(hw[size_t(v) * K + k]));
-      scale = std::max(scale, std::fabs(sum));
-      if (sum > mx) second = mx, mx = sum, arg = v;
-      else if (sum > second) second = sum;
-    }
-    if (ids[m] < 0 || ids[m] >= V) return fmt::format("row {}: id {} outside the vocabulary of {}", m, ids[m], V);
-    if (mx - second > 1e-5 * scale + 1e-6 && ids[m] != arg)
-      return fmt::format("{} rows, row {}: argmax {}, want {}", rows, m, ids[m], arg);
-  }
+  std::vector<float> wf(hw.size());
+  for (size_t i = 0; i < hw.size(); ++i) wf[i] = bf16_to_f32(hw[i]);
+  for (int m = 0; m < rows; ++m)
+    if (std::string why = check_argmax(m, ids[m], host_logits(hx, m, K, wf, V), V); !why.empty())
+      return fmt::format("{} rows, {}", rows, why);
   return "";
 }
 std::string lmhead_screen_self_test(int K, double& max_err) {
