@@ -22,6 +22,7 @@
 #include <cfloat>
 #include <climits>
 #include <cstring>
+#include <vector>
 
 #include "core/error.h"
 #include "cuda/device.h"
@@ -59,16 +60,27 @@ __device__ __forceinline__ Best shfl_xor(Best s, int o) {
 
 // A warp's exact f32 logit of token row xr against weight row wr (lane l: k = 8 l + 256 i, FMAs in i order, a fixed
 // butterfly): the same value for the same rows in either pick.
+// (The bound of lmhead_screen_math.h counts this chain: K / 32 FMAs a lane, then 5 shuffle additions.)
+// The loads of 8 iterations go out together (one DRAM round trip a row at K <= 2,048, not eight); past K they are
+// zeros, whose FMAs add an exact +0.
 __device__ __forceinline__ float exact_logit(const bf16* xr, const bf16* wr, int K, int lane) {
   float s = 0.0f;
-  for (int k = 8 * lane; k < K; k += 256) {
-    const uint4 wv = __ldcs(reinterpret_cast<const uint4*>(wr + k));
-    const uint4 xv = __ldcg(reinterpret_cast<const uint4*>(xr + k));
-    const unsigned ww[4] = {wv.x, wv.y, wv.z, wv.w}, xx[4] = {xv.x, xv.y, xv.z, xv.w};
+  for (int k0 = 8 * lane; k0 < K; k0 += 8 * 256) {
+    uint4 wv[8], xv[8];
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      s = fmaf(moe_ptx::bf16_lo(xx[j]), moe_ptx::bf16_lo(ww[j]), s);
-      s = fmaf(moe_ptx::bf16_hi(xx[j]), moe_ptx::bf16_hi(ww[j]), s);
+    for (int u = 0; u < 8; ++u) {
+      const int k = k0 + 256 * u;
+      wv[u] = k < K ? __ldcs(reinterpret_cast<const uint4*>(wr + k)) : make_uint4(0, 0, 0, 0);
+      xv[u] = k < K ? __ldcg(reinterpret_cast<const uint4*>(xr + k)) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      const unsigned ww[4] = {wv[u].x, wv[u].y, wv[u].z, wv[u].w}, xx[4] = {xv[u].x, xv[u].y, xv[u].z, xv[u].w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        s = fmaf(moe_ptx::bf16_lo(xx[j]), moe_ptx::bf16_lo(ww[j]), s);
+        s = fmaf(moe_ptx::bf16_hi(xx[j]), moe_ptx::bf16_hi(ww[j]), s);
+      }
     }
   }
   for (int o = 16; o > 0; o /= 2) s += __shfl_xor_sync(0xffffffffu, s, o);
@@ -409,9 +421,11 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const Best* best, 
 //    stages; two MMA warpgroups of 192 rows (three m64 blocks each) read their weights from shared memory into
 //    registers, convert them to fp16 and run wgmma m64n64k16 with A from registers and the token tile as B. A
 //    unit's epilogue folds a - B into the block's max a token (shared, monotone), then lists every (row, a + B) that
-//    reaches it: a superset of the rows that can reach the global L;
+//    reaches it: a superset of the rows that can reach the global L; after its list, the block trades its max with
+//    a grid-wide one (global atomicMax, reset by the prep), so that later units list against the best lower bound
+//    found so far anywhere (a 384-row unit alone lists ~10-25 rows a token on q30b8l-like rows; later units ~0-3);
 // 2. pick: a block a token takes L over the blocks, evaluates the listed rows with a + B >= L exactly (a warp a
-//    row; every row of a block whose list overflowed) and writes the argmax.
+//    row), then every row of the blocks whose list overflowed (all warps, row by row), and writes the argmax.
 constexpr int kWTok = 64;                  // token rows (the MMA's N)
 constexpr int kWUnit = 384;                // rows a unit: two warpgroups x three m64 blocks
 constexpr int kWHalf = kWUnit / 2;         // a consumer warpgroup's rows (one 192-row TMA box)
@@ -421,7 +435,7 @@ constexpr int kWThreads = 384;
 constexpr int kWRowBytes = kWUnit * kWSliceK;        // 48 KB
 constexpr int kWTokBoxBytes = kWTok * 128;           // 8 KB: 64 tokens x 64 fp16
 constexpr int kWStageBytes = kWRowBytes + 2 * kWTokBoxBytes;  // 64 KB
-constexpr int kWCap = 64;                  // listed rows a (token, block): a few expected, more is an overflow
+constexpr int kWCap = 128;                 // listed rows a (token, block): ~10-40 expected, more is an overflow
 constexpr int kWMaxGrid = 256;             // blocks of the wide screen the lists are sized for (one an SM)
 
 struct Entry {
@@ -439,6 +453,7 @@ struct WideWs {
   __half* xp;     // [64][K] permuted fp16 token rows
   float* x1;      // [64]
   float* ex;      // [64]
+  int* glo;       // [64]: the grid's best lower bound a token so far (ordered), reset by the prep
   float* lo;      // [64][kMaxGrid]
   int* cnt;       // [64][kMaxGrid]
   Entry* list;    // [64][kWMaxGrid][kWCap]
@@ -454,6 +469,7 @@ WideWs carve_wide(void* ws, int K) {
   w.xp = reinterpret_cast<__half*>(take(size_t(kWTok) * K * 2));
   w.x1 = reinterpret_cast<float*>(take(kWTok * 4));
   w.ex = reinterpret_cast<float*>(take(kWTok * 4));
+  w.glo = reinterpret_cast<int*>(take(kWTok * 4));
   w.lo = reinterpret_cast<float*>(take(size_t(kWTok) * kMaxGrid * 4));
   w.cnt = reinterpret_cast<int*>(take(size_t(kWTok) * kMaxGrid * 4));
   w.list = reinterpret_cast<Entry*>(take(size_t(kWTok) * kWMaxGrid * kWCap * sizeof(Entry)));
@@ -461,7 +477,7 @@ WideWs carve_wide(void* ws, int K) {
 }
 size_t wide_ws_bytes(int K) {
   auto r = [](size_t b) { return (b + 255) / 256 * 256; };
-  return r(size_t(kWTok) * K * 2) + 2 * r(kWTok * 4) + 2 * r(size_t(kWTok) * kMaxGrid * 4) +
+  return r(size_t(kWTok) * K * 2) + 3 * r(kWTok * 4) + 2 * r(size_t(kWTok) * kMaxGrid * 4) +
          r(size_t(kWTok) * kWMaxGrid * kWCap * sizeof(Entry));
 }
 
@@ -495,6 +511,7 @@ __global__ void __launch_bounds__(256) wide_prep_kernel(const bf16* x, int M, in
     for (int i = 0; i < 8; ++i) S += rs[i], E = fmaxf(E, re[i]);  // (a NaN sum stays NaN: every row a candidate)
     w.x1[t] = screen::round_up_l1(S, K);
     w.ex[t] = screen::ex_term(E, K, amax_all);
+    w.glo[t] = ordered(-INFINITY);
   }
 }
 
@@ -529,6 +546,7 @@ struct WideArgs {
   const screen::RowMeta* meta;
   const float* x1;
   const float* ex;
+  int* glo;
   float* lo;
   int* cnt;
   Entry* list;
@@ -640,14 +658,16 @@ __global__ void __launch_bounds__(kWThreads, 1) wide_screen_kernel(const __grid_
         pending = true;
       }
     }
-    // This thread's six rows (block j, rows 16 warp + g (+ 8)): their metadata, loaded while the last MMAs run.
+    // This thread's six rows (block j, rows 16 warp + g (+ 8)): their metadata, loaded while the last MMAs run. Rows
+    // past V (the TMA's zero fill) get a NaN scale: they never raise the maximum (fmaxf drops a NaN) and are never
+    // listed.
     screen::RowMeta meta[3][2];
 #pragma unroll
     for (int j = 0; j < 3; ++j)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int r = unit * kWUnit + cw * kWHalf + 64 * j + 16 * warp + g + 8 * h;
-        meta[j][h] = r < a.V ? a.meta[r] : screen::RowMeta{0.0f, 0.0f};
+        meta[j][h] = r < a.V ? a.meta[r] : screen::RowMeta{NAN, 0.0f};
       }
     wgmma_wait<0>();
     keep(A);
@@ -697,6 +717,12 @@ __global__ void __launch_bounds__(kWThreads, 1) wide_screen_kernel(const __grid_
               if (slot < kWCap) a.list[(size_t(n) * kWMaxGrid + blockIdx.x) * kWCap + slot] = Entry{r, hi};
             }
           }
+    // The block's maximum to the grid's and the grid's back (its latency hides behind the next unit's MMAs; any value
+    // read by a listing thread meanwhile is a lower bound of the exact maximum, as every value of either is).
+    if (ctid < a.M) {
+      if (ui + 1 < my_units) atomicMax(lo_s + ctid, atomicMax(a.glo + ctid, lo_s[ctid]));
+      else atomicMax(a.glo + ctid, lo_s[ctid]);  // the last unit: for the blocks still running (no wait)
+    }
   }
   asm volatile("bar.sync 1, 256;\n" ::: "memory");
   if (ctid < a.M) {
@@ -718,51 +744,108 @@ struct WidePickArgs {
   int32_t* out_ids;
 };
 
-// One block a token: L, then each warp takes blocks b = warp, warp + 8, ...: the listed rows of b with a + B >= L
-// (32 entries at a time, a ballot), or, when b's list overflowed, every row of b's units; the block's best wins.
+// One block a token, in four phases, each with its global loads issued together (the pick is a chain of L2 and DRAM
+// round trips, not bandwidth): (1) every screen block's lower bound and list length at once (a thread a block): L,
+// and the lists' offsets by a block-wide scan; (2) the listed entries flat over all threads, 8 loads in flight a
+// thread: those with a + B >= L go to a shared candidate list; (3) a warp a candidate, its exact logit
+// (exact_logit); (4) every row of the blocks whose list overflowed (all warps, row by row), or of every block when
+// the candidates overflow their shared list (a NaN or infinite token row: every row a candidate). The best wins.
+constexpr int kWCand = 2048;  // a token's candidates the pick holds (~1-60 expected)
 __global__ void __launch_bounds__(kPickThreads) wide_pick_kernel(const __grid_constant__ WidePickArgs a) {
+  static_assert(kWMaxGrid <= kPickThreads, "a thread a screen block");
   pdl_enter();
-  const int t = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  __shared__ float Ls;
+  const int t = blockIdx.x, tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  __shared__ int off[kWMaxGrid + 1];
+  __shared__ float wmax[kPickThreads / 32];
+  __shared__ int wsum[kPickThreads / 32];
   __shared__ Best wb[kPickThreads / 32];
-  if (warp == 0) {
-    float m = -INFINITY;
-    for (int b = lane; b < a.blocks; b += 32) m = fmaxf(m, __ldcg(a.lo + t * kMaxGrid + b));
-    for (int o = 16; o > 0; o /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    if (lane == 0) Ls = m;
+  __shared__ int n_over, n_cand;
+  __shared__ short over[kWMaxGrid];
+  __shared__ int cand[kWCand];
+  if (tid == 0) n_over = 0, n_cand = 0;
+  // (1) A thread a screen block: its lower bound and list length.
+  float lo = -INFINITY;
+  int len = 0;
+  if (tid < a.blocks) {
+    lo = __ldcg(a.lo + t * kMaxGrid + tid);
+    len = __ldcg(a.cnt + t * kMaxGrid + tid);
   }
+  __syncthreads();  // n_over, n_cand
+  if (len > kWCap) over[atomicAdd(&n_over, 1)] = short(tid), len = 0;
+  int incl = len;
+#pragma unroll
+  for (int o = 1; o < 32; o *= 2) {
+    const int v = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += v;
+  }
+  float m = lo;
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  if (lane == 31) wsum[warp] = incl;
+  if (lane == 0) wmax[warp] = m;
   __syncthreads();
-  const float L = Ls;
-  const bf16* xr = a.x + int64_t(t) * a.K;
-  Best best{-INFINITY, INT_MAX};
-  for (int b = warp; b < a.blocks; b += kPickThreads / 32) {
-    const int n = __ldcg(a.cnt + t * kMaxGrid + b);
-    if (n > kWCap) {  // overflow: every row of the block's units
-      for (int u = b; u < a.units; u += a.blocks)
-        for (int r = u * kWUnit; r < min(a.V, (u + 1) * kWUnit); ++r)
-          best = better(best, Best{exact_logit(xr, a.w + int64_t(r) * a.K, a.K, lane), r});
-      continue;
-    }
-    const Entry* e = a.list + (size_t(t) * kWMaxGrid + b) * kWCap;
-    for (int i0 = 0; i0 < n; i0 += 32) {
-      const int i = i0 + lane;
-      Entry en{0, -INFINITY};
-      if (i < n) en = Entry{__ldcg(&e[i].row), __ldcg(&e[i].hi)};
-      unsigned keepers = __ballot_sync(0xffffffffu, i < n && en.hi >= L);
-      while (keepers) {
-        const int src = __ffs(keepers) - 1;
-        keepers &= keepers - 1;
-        const int r = __shfl_sync(0xffffffffu, en.row, src);
-        best = better(best, Best{exact_logit(xr, a.w + int64_t(r) * a.K, a.K, lane), r});
+  int base = 0, sum = 0;
+  float L = -INFINITY;
+#pragma unroll
+  for (int w = 0; w < kPickThreads / 32; ++w) {
+    base += w < warp ? wsum[w] : 0;
+    sum += wsum[w];
+    L = fmaxf(L, wmax[w]);
+  }
+  if (tid < a.blocks) off[tid] = base + incl - len;
+  if (tid == 0) off[a.blocks] = sum;
+  __syncthreads();
+  // (2) The entries of all lists, flat: entry i of block b is at off[b] + i.
+  const int total = off[a.blocks];
+  for (int i0 = 0; i0 < total; i0 += 8 * kPickThreads) {
+    Entry en[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int i = i0 + tid + j * kPickThreads;
+      en[j] = Entry{-1, -INFINITY};
+      if (i < total) {
+        int lo_b = 0, hi_b = a.blocks - 1;  // the last b with off[b] <= i
+        while (lo_b < hi_b) {
+          const int mid = (lo_b + hi_b + 1) / 2;
+          if (off[mid] <= i) lo_b = mid;
+          else hi_b = mid - 1;
+        }
+        const Entry* e = a.list + (size_t(t) * kWMaxGrid + lo_b) * kWCap + (i - off[lo_b]);
+        en[j] = Entry{__ldcg(&e->row), __ldcg(&e->hi)};
       }
     }
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      if (en[j].row >= 0 && en[j].hi >= L) {
+        const int c = atomicAdd(&n_cand, 1);
+        if (c < kWCand) cand[c] = en[j].row;
+      }
+  }
+  __syncthreads();
+  const bf16* xr = a.x + int64_t(t) * a.K;
+  Best best{-INFINITY, INT_MAX};
+  const int nc = n_cand;
+  if (nc <= kWCand) {
+    // (3) A warp a candidate.
+    for (int i = warp; i < nc; i += kPickThreads / 32) {
+      const int r = cand[i];
+      best = better(best, Best{exact_logit(xr, a.w + int64_t(r) * a.K, a.K, lane), r});
+    }
+    // (4) The overflowed blocks' rows.
+    for (int i = 0; i < n_over; ++i)
+      for (int u = over[i]; u < a.units; u += a.blocks)
+        for (int r = u * kWUnit + warp; r < min(a.V, (u + 1) * kWUnit); r += kPickThreads / 32)
+          best = better(best, Best{exact_logit(xr, a.w + int64_t(r) * a.K, a.K, lane), r});
+  } else {
+    for (int r = warp; r < a.V; r += kPickThreads / 32)
+      best = better(best, Best{exact_logit(xr, a.w + int64_t(r) * a.K, a.K, lane), r});
   }
   if (lane == 0) wb[warp] = best;
   __syncthreads();
-  if (threadIdx.x == 0) {
-    Best m = wb[0];
-    for (int i = 1; i < kPickThreads / 32; ++i) m = better(m, wb[i]);
-    a.out_ids[t] = m.id == INT_MAX ? 0 : m.id;
+  if (tid == 0) {
+    Best b = wb[0];
+    for (int i = 1; i < kPickThreads / 32; ++i) b = better(b, wb[i]);
+    a.out_ids[t] = b.id == INT_MAX ? 0 : b.id;
   }
 }
 
@@ -787,9 +870,13 @@ Grids grids_for(int M, int K, int V) {
   return g;
 }
 
+int wide_blocks(int vocab) {
+  static const int sms = current_device_multiprocessors();
+  return std::min({sms, (vocab + kWUnit - 1) / kWUnit, kWMaxGrid});
+}
+
 void launch_wide(const bf16* x, int rows, int K, const bf16* w, const void* screen_weights, float amax_all, int vocab,
                  int32_t* out_ids, void* workspace, cudaStream_t stream) {
-  static const int sms = current_device_multiprocessors();
   const WideWs ws = carve_wide(workspace, K);
   launch_pdl(wide_prep_kernel, dim3(unsigned(kWTok)), dim3(256), 0, stream, x, rows, K, amax_all, ws);
   const char* p = static_cast<const char*>(screen_weights);
@@ -798,8 +885,8 @@ void launch_wide(const bf16* x, int rows, int K, const bf16* w, const void* scre
   encode_bf16_tma_2d(&a.xmap, ws.xp, kWTok, K, kWTok);
   a.M = rows, a.K = K, a.V = vocab, a.units = (vocab + kWUnit - 1) / kWUnit;
   a.meta = reinterpret_cast<const screen::RowMeta*>(p + meta_offset(vocab, K));
-  a.x1 = ws.x1, a.ex = ws.ex, a.lo = ws.lo, a.cnt = ws.cnt, a.list = ws.list;
-  const int blocks = std::min({sms, a.units, kWMaxGrid});
+  a.x1 = ws.x1, a.ex = ws.ex, a.glo = ws.glo, a.lo = ws.lo, a.cnt = ws.cnt, a.list = ws.list;
+  const int blocks = wide_blocks(vocab);
   const size_t smem = size_t(kWStages) * kWStageBytes + 2 * kWStages * 8 + 4 * kWTok * 4 + 1024;
   MS_CHECK(raise_dynamic_smem(reinterpret_cast<const void*>(wide_screen_kernel), smem),
            "lmhead_screen: the device refuses {} bytes of shared memory a block", smem);
@@ -809,6 +896,21 @@ void launch_wide(const bf16* x, int rows, int K, const bf16* w, const void* scre
 }
 
 }  // namespace
+
+LmheadScreenLists lmhead_screen_wide_lists(const void* workspace, int rows, int K, int vocab) {
+  const WideWs ws = carve_wide(const_cast<void*>(workspace), K);
+  std::vector<int> cnt(size_t(kWTok) * kMaxGrid);
+  MS_CUDA_CHECK(cudaDeviceSynchronize());
+  MS_CUDA_CHECK(cudaMemcpy(cnt.data(), ws.cnt, cnt.size() * sizeof(int), cudaMemcpyDeviceToHost));
+  LmheadScreenLists r;
+  for (int t = 0; t < rows; ++t)
+    for (int b = 0; b < wide_blocks(vocab); ++b) {
+      const int n = cnt[size_t(t) * kMaxGrid + b];
+      r.longest = std::max(r.longest, n);
+      r.overflowed += n > kWCap;
+    }
+  return r;
+}
 
 size_t lmhead_screen_weight_bytes(int vocab, int K) { return amax_offset(vocab, K) + 256; }
 

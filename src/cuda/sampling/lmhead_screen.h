@@ -34,4 +34,11 @@ size_t lmhead_screen_workspace_bytes(int vocab, int K);
 void lmhead_screen(const bf16* x, int rows, int K, const bf16* w, const void* screen_weights, float amax_all,
                    int vocab, int32_t* out_ids, void* workspace, cudaStream_t stream);
 
+// Diagnostics of the last 9-64-row launch on `workspace` (synchronizes): the longest list of rows a (token, block)
+// and how many (token, block) lists overflowed (each overflow makes the pick evaluate all rows of that block).
+struct LmheadScreenLists {
+  int longest = 0, overflowed = 0;
+};
+LmheadScreenLists lmhead_screen_wide_lists(const void* workspace, int rows, int K, int vocab);
+
 }  // namespace moeserve::cuda

@@ -7,10 +7,11 @@
 //   largest |w - s q| of the row (computed at load, rounded up);
 //   a token's approximate logit of row r is a_r = s_r * sum_k x16_k q_rk (x16: the token row converted to fp16, whose
 //   error against the bf16 row is at most e_x an element);
-//   |a_r - exact_r| <= B_r = c_r X1 + 1.01 e_x K A + 2^-20 |a_r|, where exact_r is any f32 evaluation of
-//   sum_k x_k w_rk whose additions each err by at most 2^-22 relative (the exact pass: round-to-nearest FMAs, 2^-24),
-//   X1 = sum_k |x_k| rounded up, c_r = e_r + K (2^-20 + 2^-22) amax_r rounded up (2^-20 an addition for the
-//   screen's own tensor-core sums: 16 times f32's unit roundoff, a margin for their truncating accumulation),
+//   |a_r - exact_r| <= B_r = c_r X1 + 1.01 e_x K A + 2^-20 |a_r|, where exact_r is the exact pass's f32 evaluation
+//   of sum_k x_k w_rk (exact_logit: a lane's K / 32 round-to-nearest FMAs, then 5 shuffle additions: a chain of
+//   K / 32 + 5 operations, each erring by at most 2^-24 of the sum of |x_k w_rk|; counted as K / 32 + 8 at 2^-22),
+//   X1 = sum_k |x_k| rounded up, c_r = e_r + (K 2^-20 + (K / 32 + 8) 2^-22) amax_r rounded up (2^-20 an addition
+//   for the screen's own tensor-core sums: 16 times f32's unit roundoff, a margin for their truncating accumulation),
 //   A = the largest amax of all rows (the 1.01 covers e_x's products with e_r and the sums' errors);
 //   L = max_r (a_r - B_r) is a lower bound of max_r exact_r, so every row with a_r + B_r < L is below the exact
 //   maximum: the argmax over the candidates {r : a_r + B_r >= L} of their exact logits is the argmax over all rows.
@@ -31,7 +32,7 @@ namespace moeserve::cuda::screen {
 
 constexpr int kQMax = 127;                       // q in [-127, 127]
 constexpr float kScreenUlp = 9.5367431640625e-07f;  // 2^-20: an addition of the screen's tensor-core sums
-constexpr float kExactUlp = 2.384185791015625e-07f;  // 2^-22: an addition of the exact pass's f32 sums
+constexpr float kExactUlp = 2.384185791015625e-07f;  // 2^-22: an operation of the exact pass's chain (K / 32 + 8)
 constexpr float kApproxRel = 9.5367431640625e-07f;   // 2^-20: the scale multiply and the bound's own roundings
 constexpr float kRoundUp = 1.0f + 9.5367431640625e-07f;
 
@@ -42,7 +43,7 @@ struct RowMeta {
 
 // The per-row coefficient c_r from the row's largest quantization error e and largest |w| (both f32), rounded up.
 MS_SCREEN_HD float row_coefficient(float e, float amax, int K) {
-  return (e + float(K) * (kScreenUlp + kExactUlp) * amax) * kRoundUp + 1e-37f;
+  return (e + (float(K) * kScreenUlp + float(K / 32 + 8) * kExactUlp) * amax) * kRoundUp + 1e-37f;
 }
 
 // s_r and the int8 value of one weight (w / s rounded to nearest, clamped); s = 0 for an all-zero row (q = 0).
