@@ -109,9 +109,9 @@ class GpuExecutor : public Executor {
   // at 32-64 rows on sm_90 (MOESERVE_LMHEAD_ARGMAX=0 turns it off). H200, session 40 (test_gpu_lmhead_argmax's
   // Timing, q30b8l's lm_head): 167.3 us flat from 16 to 64 rows against cuBLAS + greedy 166.1 / 174.7 / 186.1 at
   // 16 / 32 / 64 rows, 162.2 against 155.8 at one row.
-  // Or, at 1-64 rows without logprobs, the lm_head screen (lmhead_screen.h; MOESERVE_LMHEAD_SCREEN=1, an experiment
-  // until measured; it takes 32-64 rows from lmhead_argmax): `greedy` excludes rows that want a logprob at those sizes
-  // (screen_for).
+  // Or, at 1-64 rows without logprobs, the lm_head screen (lmhead_screen.h; on by default since session 45,
+  // MOESERVE_LMHEAD_SCREEN=0 off; it takes 32-64 rows from lmhead_argmax): `greedy` excludes rows that want a logprob
+  // at those sizes (screen_for).
   bool head_argmax_for(int rows) const {
     return (head_argmax_ws_.bytes() > 0 && rows >= 32 &&
             lmhead_argmax_supported(rows, int(cfg_.hidden_size), int(cfg_.vocab_size))) ||
@@ -254,7 +254,7 @@ GpuExecutor::GpuExecutor(const std::string& model_dir, const GpuOptions& opts) :
   if (be_.lmhead_argmax)  // select_backends: self-test passed, MOESERVE_LMHEAD_ARGMAX not 0
     head_argmax_ws_ = DeviceArray<uint8_t>(alloc_, lmhead_argmax_workspace_bytes(64, int(cfg_.vocab_size)),
                                            "activations");
-  if (be_.lmhead_screen) {  // select_backends: self-test passed, MOESERVE_LMHEAD_SCREEN=1
+  if (be_.lmhead_screen) {  // select_backends: self-test passed, MOESERVE_LMHEAD_SCREEN not 0
     const int V = int(cfg_.vocab_size), H = int(cfg_.hidden_size);
     screen_weights_ = DeviceArray<uint8_t>(alloc_, lmhead_screen_weight_bytes(V, H), "weights");
     lmhead_screen_quantize(model_->head_weight(), V, H, screen_weights_.get(), stream_);

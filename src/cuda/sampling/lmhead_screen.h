@@ -5,8 +5,8 @@
 // greedy sampler pick it except where two logits lie within f32 summation noise of each other (as between any two
 // GEMM kernels). No logits and no logprob are written. 1-8 rows: three launches (a stream of the int8 rows on
 // mma.sync, a pick, a merge); 9-64 rows (sm_90): three (the token rows' fp16 copy, the stream on wgmma, a pick a
-// token); programmatic dependents. The executor runs it for all-greedy steps of 1-64 rows without logprobs when
-// MOESERVE_LMHEAD_SCREEN=1 (an experiment until measured).
+// token); programmatic dependents. The executor runs it for all-greedy steps of 1-64 rows without logprobs
+// (MOESERVE_LMHEAD_SCREEN=0 turns it off).
 #pragma once
 
 #include <cstddef>
