@@ -347,6 +347,54 @@ TEST(GpuModel, LmheadArgmaxStepsMatchTheGemmAndGreedySampler) {
   release(fused);
 }
 
+// Greedy graph steps through the lm_head screen (the default at 1-64 rows without logprobs) against the same steps
+// without it (MOESERVE_LMHEAD_SCREEN=0, read when the executor is made: the BF16 lm_head + greedy sampler, or
+// lmhead_argmax): the same tokens, at 1 sequence (the 1-8-row form), 13 and 30 (padded to the graphs of 16 and 32:
+// the 9-64-row form); then the same steps wanting a logprob, which take the greedy graphs without the screen: the same
+// tokens and logprobs within f32 summation order.
+TEST(GpuModel, LmheadScreenStepsMatchTheGemmAndGreedySampler) {
+  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  ::setenv("MOESERVE_LMHEAD_SCREEN", "0", 1);
+  Runner plain = make("cuda");
+  ::unsetenv("MOESERVE_LMHEAD_SCREEN");
+  Runner screened = make("cuda");
+  const int64_t V = screened.r->config().vocab_size;
+  int compared = 0;
+  for (const int count : {1, 13, 30}) {
+    for (const bool want_lp : {false, true}) {
+      std::vector<std::vector<int32_t>> seqs = random_prompts(count, V, 21 + uint32_t(count), 4, 7, 31);
+      prefill(plain, seqs);
+      prefill(screened, seqs);
+      for (int step = 0; step < 4; ++step) {
+        std::vector<SampleSpec> specs;
+        std::mt19937_64 rng(1);
+        ForwardBatch fb = fixed_token_step(screened, seqs, step, V, rng, specs);
+        for (SampleSpec& sp : specs) sp.logprob = want_lp;
+        std::vector<Sampled> got, want;
+        screened.r->step(fb, specs, got);
+        for (size_t s = 0; s < seqs.size(); ++s) fb.seqs[s].block_table = plain.pages[s].data();
+        plain.r->step(fb, specs, want);
+        ASSERT_EQ(got.size(), seqs.size());
+        ASSERT_EQ(want.size(), seqs.size());
+        for (size_t s = 0; s < seqs.size(); ++s) {
+          const std::string where = std::to_string(count) + " sequences" + (want_lp ? " with logprobs" : "") +
+                                    ", step " + std::to_string(step) + " sequence " + std::to_string(s);
+          EXPECT_EQ(got[s].token, want[s].token) << where;
+          if (want_lp) {
+            EXPECT_TRUE(std::isfinite(got[s].logprob)) << where;
+            EXPECT_LT(std::fabs(got[s].logprob - want[s].logprob), 1e-3) << where;
+          }
+          ++compared;
+          seqs[s].push_back(fb.tokens[s]);
+        }
+      }
+      release(plain);
+      release(screened);
+    }
+  }
+  std::printf("[ info ] lm_head screen against the BF16 lm_head + greedy: %d samples compared\n", compared);
+}
+
 // The overlap schedule's launches: step n + 1 is launched before step n is collected, its tokens the samples step n
 // leaves on the device (previous_samples), its metadata uploaded and step n's samples copied back on side streams.
 // Graph-replayed greedy steps, graph steps with the general sampler (top logprobs), and eager steps (graphs off)

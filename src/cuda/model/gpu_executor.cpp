@@ -31,6 +31,9 @@ double now_s() {
 
 constexpr int kMaxTop = 20;      // top logprobs per row computed on the GPU (OpenAI allows up to 20)
 constexpr int kMaxSplits = 16;   // split-KV parts of a decode sequence
+// How a step samples (and which set of captured graphs it replays): the general sampler; the all-greedy fast path (the
+// lm_head screen at the sizes it takes); the all-greedy fast path where a row wants a logprob (no screen).
+enum SamplerKind { kGeneral = 0, kGreedy = 1, kGreedyLogprob = 2, kSamplerKinds = 3 };
 
 size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
@@ -104,24 +107,25 @@ class GpuExecutor : public Executor {
   void run_sampling(int rows, bool with_penalties);
   // The step's sampler over `rows` logit rows into the current set's outputs: the all-greedy fast path or the
   // general one.
-  void sample_rows(int rows, bool greedy, bool with_penalties, bool head_argmax = false);
+  // `kind` (SamplerKind): general, greedy, or greedy with a logprob (never the lm_head screen, which writes none).
+  void sample_rows(int rows, int kind, bool with_penalties, bool head_argmax = false);
   // Whether an all-greedy step of `rows` logit rows runs the lm_head inside the sampler (StepInputs::head_argmax):
   // at 32-64 rows on sm_90 (MOESERVE_LMHEAD_ARGMAX=0 turns it off). H200, session 40 (test_gpu_lmhead_argmax's
   // Timing, q30b8l's lm_head): 167.3 us flat from 16 to 64 rows against cuBLAS + greedy 166.1 / 174.7 / 186.1 at
   // 16 / 32 / 64 rows, 162.2 against 155.8 at one row.
   // Or, at 1-64 rows without logprobs, the lm_head screen (lmhead_screen.h; on by default since session 45,
-  // MOESERVE_LMHEAD_SCREEN=0 off; it takes 32-64 rows from lmhead_argmax): `greedy` excludes rows that want a logprob
-  // at those sizes (screen_for).
-  bool head_argmax_for(int rows) const {
+  // MOESERVE_LMHEAD_SCREEN=0 off; it takes 32-64 rows from lmhead_argmax): a greedy step that wants a logprob is of
+  // kind kGreedyLogprob, which never takes the screen.
+  bool head_argmax_for(int rows, int kind) const {
     return (head_argmax_ws_.bytes() > 0 && rows >= 32 &&
             lmhead_argmax_supported(rows, int(cfg_.hidden_size), int(cfg_.vocab_size))) ||
-           screen_for(rows);
+           (kind == kGreedy && screen_for(rows));
   }
   bool screen_for(int rows) const {
     return screen_ws_.bytes() > 0 && lmhead_screen_supported(rows, int(cfg_.hidden_size), int(cfg_.vocab_size));
   }
   void capture_graphs();
-  void record_decode(int bs, StepInputs& in, bool greedy);
+  void record_decode(int bs, StepInputs& in, int kind);
   // Waits for everything queued on the compute and both copy streams (launched steps still use the buffers);
   // check: a CUDA error throws (not in the destructor or when dropping steps after a failure).
   void sync_streams(bool check) const;
@@ -149,8 +153,10 @@ class GpuExecutor : public Executor {
     cudaEvent_t meta_ready = nullptr;  // upload stream: the metadata is on the device
     cudaEvent_t done = nullptr;        // compute stream: the step that used this set has run
     cudaEvent_t out_ready = nullptr;   // copy-back stream: the samples are in host_out
-    // Decode batch size -> graph; [0] ends with the general sampler, [1] with the all-greedy fast path.
-    std::map<int, cudaGraphExec_t> graphs[2];
+    // Decode batch size -> graph, by SamplerKind: [kGeneral] ends with the general sampler, [kGreedy] with the
+    // all-greedy fast path (the lm_head screen where it applies), [kGreedyLogprob] with the all-greedy fast path that
+    // writes a logprob (captured only at the sizes where [kGreedy] holds the screen).
+    std::map<int, cudaGraphExec_t> graphs[kSamplerKinds];
   };
   StepBuffers buf_[2];
   int cur_ = 0;  // the set the next launch uses
@@ -531,13 +537,15 @@ void GpuExecutor::launch(const ForwardBatch& batch, const std::vector<SampleSpec
   bool plain = true;  // no penalties or bans: the captured graphs handle the step
   for (auto& s : specs) plain = plain && !s.penalized() && s.banned.empty();
   bool greedy = plain;  // and every row greedy without top logprobs: the fast sampler
-  for (auto& s : specs)
+  bool logprob = false;
+  for (auto& s : specs) {
     greedy = greedy && (s.sampler.temperature == 0.0f || s.sampler.top_k == 1) && s.top_logprobs == 0;
-  // The lm_head screen writes no logprob: a step of its sizes that wants one takes the general sampler.
-  if (greedy && screen_for(R))
-    for (auto& s : specs) greedy = greedy && !s.logprob;
+    logprob = logprob || s.logprob;
+  }
+  // The lm_head screen writes no logprob: a greedy step of its sizes that wants one takes the greedy path without it.
+  const int kind = !greedy ? kGeneral : logprob && screen_for(R) ? kGreedyLogprob : kGreedy;
   StepBuffers& b = buf_[cur_];
-  auto& graphs = b.graphs[greedy ? 1 : 0];
+  auto& graphs = b.graphs[kind];
   bool is_decode = R == T && int(batch.seqs.size()) == T;
   for (auto& q : batch.seqs) is_decode = is_decode && q.num_tokens == 1;
   int graph_bs = 0;
@@ -563,9 +571,9 @@ void GpuExecutor::launch(const ForwardBatch& batch, const std::vector<SampleSpec
   if (graph_bs > 0) {
     MS_CUDA_CHECK(cudaGraphLaunch(graphs.at(graph_bs), stream_));
   } else {
-    in.head_argmax = greedy && R > 0 && head_argmax_for(R);
+    in.head_argmax = greedy && R > 0 && head_argmax_for(R, kind);
     model_->forward(in, stream_);
-    if (R > 0) sample_rows(R, greedy, !h_pen_ids_.empty() || !h_ban_ids_.empty(), in.head_argmax);
+    if (R > 0) sample_rows(R, kind, !h_pen_ids_.empty() || !h_ban_ids_.empty(), in.head_argmax);
   }
   MS_CUDA_CHECK(cudaEventRecord(b.done, stream_));
   Launched l{{}, false, cur_};
@@ -670,9 +678,10 @@ std::string GpuExecutor::profile_step(const ForwardBatch& batch) {
   return out;
 }
 
-void GpuExecutor::sample_rows(int rows, bool greedy, bool with_penalties, bool head_argmax) {
+void GpuExecutor::sample_rows(int rows, int kind, bool with_penalties, bool head_argmax) {
   StepBuffers& b = buf_[cur_];
-  if (greedy && head_argmax && screen_for(rows))
+  const bool greedy = kind != kGeneral;
+  if (kind == kGreedy && head_argmax && screen_for(rows))
     lmhead_screen(model_->head_rows(), rows, int(cfg_.hidden_size), model_->head_weight(), screen_weights_.get(),
                   screen_amax_, int(cfg_.vocab_size), b.out_ids.get(), screen_ws_.get(), stream_);
   else if (greedy && head_argmax)
@@ -684,10 +693,10 @@ void GpuExecutor::sample_rows(int rows, bool greedy, bool with_penalties, bool h
   else run_sampling(rows, with_penalties);
 }
 
-void GpuExecutor::record_decode(int bs, StepInputs& in, bool greedy) {
-  in.head_argmax = greedy && head_argmax_for(bs);
+void GpuExecutor::record_decode(int bs, StepInputs& in, int kind) {
+  in.head_argmax = kind != kGeneral && head_argmax_for(bs, kind);
   model_->forward(in, stream_);
-  sample_rows(bs, greedy, false, in.head_argmax);
+  sample_rows(bs, kind, false, in.head_argmax);
 }
 
 void GpuExecutor::capture_graphs() {
@@ -718,13 +727,14 @@ void GpuExecutor::capture_graphs() {
       int32_t* slots = reinterpret_cast<int32_t*>(host_meta() + layout_->slots);
       for (int i = 0; i < bs; ++i) slots[i] = -1;
       upload_meta(stream_, layout_->block_tables + size_t(bs) * size_t(layout_->max_pages) * 4);
-      for (int greedy = 0; greedy < 2; ++greedy) {
-        record_decode(bs, in, greedy);  // eager warm-up: libraries pick algorithms, load modules outside capture
+      for (int kind = 0; kind < kSamplerKinds; ++kind) {
+        if (kind == kGreedyLogprob && !screen_for(bs)) continue;  // the same graph as kGreedy's
+        record_decode(bs, in, kind);  // eager warm-up: libraries pick algorithms, load modules outside capture
         MS_CUDA_CHECK(cudaStreamSynchronize(stream_));
         cudaGraph_t g = nullptr;
         MS_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
         try {
-          record_decode(bs, in, greedy);
+          record_decode(bs, in, kind);
         } catch (...) {
           cudaStreamEndCapture(stream_, &g);
           if (g) cudaGraphDestroy(g);
@@ -735,7 +745,7 @@ void GpuExecutor::capture_graphs() {
         cudaGraphExec_t exec = nullptr;
         MS_CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
         cudaGraphDestroy(g);
-        buf_[cur_].graphs[greedy][bs] = exec;
+        buf_[cur_].graphs[kind][bs] = exec;
       }
     }
     cur_ = 0;
@@ -743,8 +753,9 @@ void GpuExecutor::capture_graphs() {
   MS_CUDA_CHECK(cudaStreamSynchronize(stream_));
   MS_CUDA_CHECK(cudaMemGetInfo(&free1, &total));
   log_info("CUDA graphs: {} decode batch sizes ({}..{}), each with the general and the greedy sampler for both "
-           "buffer sets, captured in {:.2f} s, {}",
-           buf_[0].graphs[0].size(), sizes.back(), sizes.front(), now_s() - t0,
+           "buffer sets ({} with a greedy form that writes logprobs beside the lm_head screen's), captured in {:.2f} s, {}",
+           buf_[0].graphs[kGeneral].size(), sizes.back(), sizes.front(), buf_[0].graphs[kGreedyLogprob].size(),
+           now_s() - t0,
            format_bytes(free0 > free1 ? free0 - free1 : 0));
 }
 
