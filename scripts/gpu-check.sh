@@ -132,6 +132,10 @@ run test_gpu_parity_opt_in ok env "${OPT_IN[@]}" "$BUILD/tests/test_gpu_parity" 
 run test_gpu_model_noscreen ok env MOESERVE_LMHEAD_SCREEN=0 "$BUILD/tests/test_gpu_model" --gtest_brief=1
 run test_gpu_parity_noscreen ok env MOESERVE_LMHEAD_SCREEN=0 "$BUILD/tests/test_gpu_parity" --gtest_brief=1 \
   --gtest_filter='*Bf16*'
+# The opt-in folded pick of the 9-64-row screen (MOESERVE_LMHEAD_SCREEN_FOLD=1, session 45, not yet run on a GPU).
+run test_gpu_lmhead_screen_fold ok env MOESERVE_LMHEAD_SCREEN_FOLD=1 "$BUILD/tests/test_gpu_lmhead_screen" --gtest_brief=1
+run test_gpu_model_screen_fold ok env MOESERVE_LMHEAD_SCREEN_FOLD=1 "$BUILD/tests/test_gpu_model" --gtest_brief=1 \
+  --gtest_filter='*Screen*:*32Sequences*:*LaunchedAhead*'
 for g in 0 1; do
   run "test_cuda_sampling_greedy_grid$g" ok env MOESERVE_GREEDY_GRID=$g "$BUILD/tests/test_cuda_sampling_greedy" \
     --gtest_brief=1

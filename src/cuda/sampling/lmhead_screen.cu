@@ -24,6 +24,7 @@
 #include <cstring>
 #include <vector>
 
+#include "core/env.h"
 #include "core/error.h"
 #include "cuda/device.h"
 #include "cuda/launch.h"
@@ -61,20 +62,21 @@ __device__ __forceinline__ Best shfl_xor(Best s, int o) {
 // A warp's exact f32 logit of token row xr against weight row wr (lane l: k = 8 l + 256 i, FMAs in i order, a fixed
 // butterfly): the same value for the same rows in either pick.
 // (The bound of lmhead_screen_math.h counts this chain: K / 32 FMAs a lane, then 5 shuffle additions.)
-// The loads of 8 iterations go out together (one DRAM round trip a row at K <= 2,048, not eight); past K they are
-// zeros, whose FMAs add an exact +0.
+// The loads of kBatch iterations go out together (one DRAM round trip a row at K <= 2,048 with 8, not eight); past
+// K they are zeros, whose FMAs add an exact +0: the same value whatever kBatch.
+template <int kBatch = 8>
 __device__ __forceinline__ float exact_logit(const bf16* xr, const bf16* wr, int K, int lane) {
   float s = 0.0f;
-  for (int k0 = 8 * lane; k0 < K; k0 += 8 * 256) {
-    uint4 wv[8], xv[8];
+  for (int k0 = 8 * lane; k0 < K; k0 += kBatch * 256) {
+    uint4 wv[kBatch], xv[kBatch];
 #pragma unroll
-    for (int u = 0; u < 8; ++u) {
+    for (int u = 0; u < kBatch; ++u) {
       const int k = k0 + 256 * u;
       wv[u] = k < K ? __ldcs(reinterpret_cast<const uint4*>(wr + k)) : make_uint4(0, 0, 0, 0);
       xv[u] = k < K ? __ldcg(reinterpret_cast<const uint4*>(xr + k)) : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
-    for (int u = 0; u < 8; ++u) {
+    for (int u = 0; u < kBatch; ++u) {
       const unsigned ww[4] = {wv[u].x, wv[u].y, wv[u].z, wv[u].w}, xx[4] = {xv[u].x, xv[u].y, xv[u].z, xv[u].w};
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
@@ -454,6 +456,8 @@ struct WideWs {
   float* x1;      // [64]
   float* ex;      // [64]
   int* glo;       // [64]: the grid's best lower bound a token so far (ordered), reset by the prep
+  unsigned long long* best;  // [64]: the folded pick's best (packed: best_key), reset by the prep
+  unsigned* done;            // the folded pick's count of finished blocks, reset by the prep
   float* lo;      // [64][kMaxGrid]
   int* cnt;       // [64][kMaxGrid]
   Entry* list;    // [64][kWMaxGrid][kWCap]
@@ -470,6 +474,8 @@ WideWs carve_wide(void* ws, int K) {
   w.x1 = reinterpret_cast<float*>(take(kWTok * 4));
   w.ex = reinterpret_cast<float*>(take(kWTok * 4));
   w.glo = reinterpret_cast<int*>(take(kWTok * 4));
+  w.best = reinterpret_cast<unsigned long long*>(take(kWTok * 8));
+  w.done = reinterpret_cast<unsigned*>(take(4));
   w.lo = reinterpret_cast<float*>(take(size_t(kWTok) * kMaxGrid * 4));
   w.cnt = reinterpret_cast<int*>(take(size_t(kWTok) * kMaxGrid * 4));
   w.list = reinterpret_cast<Entry*>(take(size_t(kWTok) * kWMaxGrid * kWCap * sizeof(Entry)));
@@ -477,7 +483,7 @@ WideWs carve_wide(void* ws, int K) {
 }
 size_t wide_ws_bytes(int K) {
   auto r = [](size_t b) { return (b + 255) / 256 * 256; };
-  return r(size_t(kWTok) * K * 2) + 3 * r(kWTok * 4) + 2 * r(size_t(kWTok) * kMaxGrid * 4) +
+  return r(size_t(kWTok) * K * 2) + 3 * r(kWTok * 4) + r(kWTok * 8) + r(4) + 2 * r(size_t(kWTok) * kMaxGrid * 4) +
          r(size_t(kWTok) * kWMaxGrid * kWCap * sizeof(Entry));
 }
 
@@ -512,6 +518,8 @@ __global__ void __launch_bounds__(256) wide_prep_kernel(const bf16* x, int M, in
     w.x1[t] = screen::round_up_l1(S, K);
     w.ex[t] = screen::ex_term(E, K, amax_all);
     w.glo[t] = ordered(-INFINITY);
+    w.best[t] = 0;  // below every key
+    if (t == 0) *w.done = 0;
   }
 }
 
@@ -550,8 +558,23 @@ struct WideArgs {
   float* lo;
   int* cnt;
   Entry* list;
+  // The folded pick (wide_screen_kernel<true>, MOESERVE_LMHEAD_SCREEN_FOLD=1): each block evaluates its own listed
+  // rows that reach the grid's lower bound as it finds it at the end, folds them into best (a 64-bit atomicMax a
+  // token), and the last block to finish writes the ids; no pick launch.
+  const bf16* x;  // [M][K]
+  const bf16* w;  // [V][K]
+  unsigned long long* best;
+  unsigned* done;
+  int32_t* out_ids;
 };
 
+// A (logit, row) pair as one 64-bit key whose unsigned order is the pick's: the larger logit, then the lower row.
+// 0 is below every key; a NaN logit never gets one.
+__device__ __forceinline__ unsigned long long best_key(float v, int row) {
+  return (static_cast<unsigned long long>(unsigned(ordered(v)) ^ 0x80000000u) << 32) | (0xffffffffu - unsigned(row));
+}
+
+template <bool kFold>
 __global__ void __launch_bounds__(kWThreads, 1) wide_screen_kernel(const __grid_constant__ WideArgs a) {
 #if MOE_HAVE_WGMMA
   using namespace moe_ptx;
@@ -729,6 +752,51 @@ __global__ void __launch_bounds__(kWThreads, 1) wide_screen_kernel(const __grid_
     a.lo[ctid * kMaxGrid + blockIdx.x] = unordered(lo_s[ctid]);
     a.cnt[ctid * kMaxGrid + blockIdx.x] = cnt_s[ctid];
   }
+  if constexpr (!kFold) return;
+  // The folded pick. The lower bound a token: this block's, raised by the grid's as it stands now (every value of
+  // either is at most the final L, so every row that reaches the final L, the argmax among them, is evaluated by its
+  // block). A warp a token at a time; its listed entries 32 at a time, a ballot; every row of the block's units when
+  // its list overflowed.
+  const int cwarp = ctid / 32;
+  for (int t = cwarp; t < a.M; t += 8) {
+    const float L = fmaxf(unordered(lo_s[t]), unordered(__ldcg(a.glo + t)));
+    const bf16* xr = a.x + int64_t(t) * a.K;
+    Best best{-INFINITY, INT_MAX};
+    const int n = cnt_s[t];
+    if (n > kWCap) {
+      for (int ui = 0; ui < my_units; ++ui) {
+        const int unit = int(blockIdx.x) + ui * int(gridDim.x);
+        for (int r = unit * kWUnit; r < min(a.V, (unit + 1) * kWUnit); ++r)
+          best = better(best, Best{exact_logit<4>(xr, a.w + int64_t(r) * a.K, a.K, lane), r});
+      }
+    } else {
+      const Entry* e = a.list + (size_t(t) * kWMaxGrid + blockIdx.x) * kWCap;
+      for (int i0 = 0; i0 < n; i0 += 32) {
+        const int i = i0 + lane;
+        Entry en{0, -INFINITY};
+        if (i < n) en = e[i];  // written by this block before the barrier
+        unsigned keepers = __ballot_sync(0xffffffffu, i < n && en.hi >= L);
+        while (keepers) {
+          const int src = __ffs(keepers) - 1;
+          keepers &= keepers - 1;
+          const int r = __shfl_sync(0xffffffffu, en.row, src);
+          best = better(best, Best{exact_logit<4>(xr, a.w + int64_t(r) * a.K, a.K, lane), r});
+        }
+      }
+    }
+    if (lane == 0 && best.id != INT_MAX) atomicMax(a.best + t, best_key(best.v, best.id));
+  }
+  // The last block to finish writes the ids (its reads of best after the fence see every block's atomics).
+  __shared__ bool last;
+  __threadfence();
+  asm volatile("bar.sync 1, 256;\n" ::: "memory");
+  if (ctid == 0) last = atomicAdd(a.done, 1u) == gridDim.x - 1;
+  asm volatile("bar.sync 1, 256;\n" ::: "memory");
+  if (last && ctid < a.M) {
+    __threadfence();
+    const unsigned long long k = atomicAdd(a.best + ctid, 0ull);
+    a.out_ids[ctid] = k == 0 ? 0 : int(0xffffffffu - unsigned(k & 0xffffffffu));
+  }
 #else
   (void)a;
 #endif
@@ -886,11 +954,15 @@ void launch_wide(const bf16* x, int rows, int K, const bf16* w, const void* scre
   a.M = rows, a.K = K, a.V = vocab, a.units = (vocab + kWUnit - 1) / kWUnit;
   a.meta = reinterpret_cast<const screen::RowMeta*>(p + meta_offset(vocab, K));
   a.x1 = ws.x1, a.ex = ws.ex, a.glo = ws.glo, a.lo = ws.lo, a.cnt = ws.cnt, a.list = ws.list;
+  static const bool fold = env_flag("MOESERVE_LMHEAD_SCREEN_FOLD", false);
+  a.x = x, a.w = w, a.best = ws.best, a.done = ws.done, a.out_ids = out_ids;
   const int blocks = wide_blocks(vocab);
   const size_t smem = size_t(kWStages) * kWStageBytes + 2 * kWStages * 8 + 4 * kWTok * 4 + 1024;
-  MS_CHECK(raise_dynamic_smem(reinterpret_cast<const void*>(wide_screen_kernel), smem),
+  auto* kernel = fold ? wide_screen_kernel<true> : wide_screen_kernel<false>;
+  MS_CHECK(raise_dynamic_smem(reinterpret_cast<const void*>(kernel), smem),
            "lmhead_screen: the device refuses {} bytes of shared memory a block", smem);
-  launch_pdl(wide_screen_kernel, dim3(unsigned(blocks)), dim3(kWThreads), smem, stream, a);
+  launch_pdl(kernel, dim3(unsigned(blocks)), dim3(kWThreads), smem, stream, a);
+  if (fold) return;
   WidePickArgs pa{x, w, K, vocab, a.units, blocks, ws.lo, ws.cnt, ws.list, out_ids};
   launch_pdl(wide_pick_kernel, dim3(unsigned(rows)), dim3(kPickThreads), 0, stream, pa);
 }
@@ -947,7 +1019,8 @@ bool lmhead_screen_supported(int rows, int K, int vocab) {
 std::string lmhead_screen_code(const DeviceInfo& dev) {
   for (const void* k : {reinterpret_cast<const void*>(screen_quantize_kernel), reinterpret_cast<const void*>(screen_kernel),
                         reinterpret_cast<const void*>(pick_kernel), reinterpret_cast<const void*>(merge_kernel),
-                        reinterpret_cast<const void*>(wide_prep_kernel), reinterpret_cast<const void*>(wide_screen_kernel),
+                        reinterpret_cast<const void*>(wide_prep_kernel), reinterpret_cast<const void*>(wide_screen_kernel<false>),
+                        reinterpret_cast<const void*>(wide_screen_kernel<true>),
                         reinterpret_cast<const void*>(wide_pick_kernel)})
     if (std::string why = check_kernel_present(k, dev); !why.empty()) return why;
   return "";

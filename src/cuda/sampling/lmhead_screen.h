@@ -6,7 +6,8 @@
 // GEMM kernels). No logits and no logprob are written. 1-8 rows: three launches (a stream of the int8 rows on
 // mma.sync, a pick, a merge); 9-64 rows (sm_90): three (the token rows' fp16 copy, the stream on wgmma, a pick a
 // token); programmatic dependents. The executor runs it for all-greedy steps of 1-64 rows without logprobs
-// (MOESERVE_LMHEAD_SCREEN=0 turns it off).
+// (MOESERVE_LMHEAD_SCREEN=0 turns it off). MOESERVE_LMHEAD_SCREEN_FOLD=1 (an experiment, not yet run on a GPU): the
+// 9-64-row pick inside the stream kernel's tail (two launches).
 #pragma once
 
 #include <cstddef>
