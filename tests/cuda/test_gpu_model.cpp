@@ -309,14 +309,29 @@ TEST(GpuModel, OneSequenceGraphDecodeMatchesCpu) { graph_decode_matches_cpu(1, 0
 // session 40 for its one outlier, explained in session 41 as a layer-0 routing near-tie (see kNearTie).
 TEST(GpuModel, GreedyGraphDecodeStepsOf32SequencesMatchCpu) { graph_decode_matches_cpu(32, 0); }
 
+// A GPU runner made with the switch `name` set to 0 (the executor reads its switches when it is made).
+static Runner make_switched_off(const char* name) {
+  ::setenv(name, "0", 1);
+  Runner r = make("cuda");
+  ::unsetenv(name);
+  return r;
+}
+
+// The same step (fb in a's pages) on GPU runners a and b (fb moved to b's pages): their samples, one a sequence each.
+static bool step_both(Runner& a, Runner& b, ForwardBatch& fb, const std::vector<SampleSpec>& specs, std::vector<Sampled>& got,
+               std::vector<Sampled>& want) {
+  a.r->step(fb, specs, got);
+  for (size_t s = 0; s < fb.seqs.size(); ++s) fb.seqs[s].block_table = b.pages[s].data();
+  b.r->step(fb, specs, want);
+  return got.size() == fb.seqs.size() && want.size() == fb.seqs.size();
+}
+
 // All-greedy graph steps of 32 sequences (the lm_head inside the sampler, lmhead_argmax) against the same steps with
 // the lm_head as a cuBLAS GEMM + the greedy sampler (MOESERVE_LMHEAD_ARGMAX=0, read when the executor is made): the
 // same tokens, logprobs within f32 summation order.
 TEST(GpuModel, LmheadArgmaxStepsMatchTheGemmAndGreedySampler) {
   if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
-  ::setenv("MOESERVE_LMHEAD_ARGMAX", "0", 1);
-  Runner gemm = make("cuda");
-  ::unsetenv("MOESERVE_LMHEAD_ARGMAX");
+  Runner gemm = make_switched_off("MOESERVE_LMHEAD_ARGMAX");
   Runner fused = make("cuda");
   const int64_t V = fused.r->config().vocab_size;
   std::vector<std::vector<int32_t>> seqs = random_prompts(32, V, 11, 3, 5, 29);
@@ -328,11 +343,7 @@ TEST(GpuModel, LmheadArgmaxStepsMatchTheGemmAndGreedySampler) {
     std::mt19937_64 rng(1);
     ForwardBatch fb = fixed_token_step(fused, seqs, step, V, rng, specs);
     std::vector<Sampled> got, want;
-    fused.r->step(fb, specs, got);
-    for (size_t s = 0; s < seqs.size(); ++s) fb.seqs[s].block_table = gemm.pages[s].data();
-    gemm.r->step(fb, specs, want);
-    ASSERT_EQ(got.size(), seqs.size());
-    ASSERT_EQ(want.size(), seqs.size());
+    ASSERT_TRUE(step_both(fused, gemm, fb, specs, got, want));
     for (size_t s = 0; s < seqs.size(); ++s) {
       EXPECT_EQ(got[s].token, want[s].token) << "step " << step << " sequence " << s;
       EXPECT_TRUE(std::isfinite(got[s].logprob)) << "step " << step << " sequence " << s;
@@ -354,9 +365,7 @@ TEST(GpuModel, LmheadArgmaxStepsMatchTheGemmAndGreedySampler) {
 // tokens and logprobs within f32 summation order.
 TEST(GpuModel, LmheadScreenStepsMatchTheGemmAndGreedySampler) {
   if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
-  ::setenv("MOESERVE_LMHEAD_SCREEN", "0", 1);
-  Runner plain = make("cuda");
-  ::unsetenv("MOESERVE_LMHEAD_SCREEN");
+  Runner plain = make_switched_off("MOESERVE_LMHEAD_SCREEN");
   Runner screened = make("cuda");
   const int64_t V = screened.r->config().vocab_size;
   int compared = 0;
@@ -371,11 +380,7 @@ TEST(GpuModel, LmheadScreenStepsMatchTheGemmAndGreedySampler) {
         ForwardBatch fb = fixed_token_step(screened, seqs, step, V, rng, specs);
         for (SampleSpec& sp : specs) sp.logprob = want_lp;
         std::vector<Sampled> got, want;
-        screened.r->step(fb, specs, got);
-        for (size_t s = 0; s < seqs.size(); ++s) fb.seqs[s].block_table = plain.pages[s].data();
-        plain.r->step(fb, specs, want);
-        ASSERT_EQ(got.size(), seqs.size());
-        ASSERT_EQ(want.size(), seqs.size());
+        ASSERT_TRUE(step_both(screened, plain, fb, specs, got, want));
         for (size_t s = 0; s < seqs.size(); ++s) {
           const std::string where = std::to_string(count) + " sequences" + (want_lp ? " with logprobs" : "") +
                                     ", step " + std::to_string(step) + " sequence " + std::to_string(s);
