@@ -318,8 +318,8 @@ static Runner make_switched_off(const char* name) {
 }
 
 // The same step (fb in a's pages) on GPU runners a and b (fb moved to b's pages): their samples, one a sequence each.
-static bool step_both(Runner& a, Runner& b, ForwardBatch& fb, const std::vector<SampleSpec>& specs, std::vector<Sampled>& got,
-               std::vector<Sampled>& want) {
+static bool step_both(Runner& a, Runner& b, ForwardBatch& fb, const std::vector<SampleSpec>& specs,
+                      std::vector<Sampled>& got, std::vector<Sampled>& want) {
   a.r->step(fb, specs, got);
   for (size_t s = 0; s < fb.seqs.size(); ++s) fb.seqs[s].block_table = b.pages[s].data();
   b.r->step(fb, specs, want);
