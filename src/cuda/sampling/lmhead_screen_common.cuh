@@ -1,0 +1,95 @@
+// What the lm_head screen's two forms share (lmhead_screen.cu: the int8 copy, 1-8 rows and the entry points;
+// lmhead_screen_wide.cu: 9-64 rows): the exact pass and the (logit, id) order of the picks, the int8 -> fp16
+// conversion, the copy's layout, floats ordered as ints, and the wide form's entry points.
+#pragma once
+
+#include <cuda_fp16.h>
+
+#include <climits>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "cuda/common.h"
+#include "cuda/device.h"
+#include "cuda/moe/moe_ptx.cuh"
+#include "cuda/sampling/lmhead_screen_math.h"
+
+namespace moeserve::cuda::screen_detail {
+
+constexpr int kPickThreads = 256;
+constexpr int kMaxGrid = 1024;     // blocks of the screen / pick grids the workspace is sized for
+
+struct Best {
+  float v;
+  int id;
+};
+__device__ __forceinline__ Best better(Best a, Best b) { return (b.v > a.v || (b.v == a.v && b.id < a.id)) ? b : a; }
+__device__ __forceinline__ Best shfl_xor(Best s, int o) {
+  return Best{__shfl_xor_sync(0xffffffffu, s.v, o), __shfl_xor_sync(0xffffffffu, s.id, o)};
+}
+
+// A warp's exact f32 logit of token row xr against weight row wr (lane l: k = 8 l + 256 i, FMAs in i order, a fixed
+// butterfly): the same value for the same rows in either pick.
+// (The bound of lmhead_screen_math.h counts this chain: K / 32 FMAs a lane, then 5 shuffle additions.)
+// The loads of kBatch iterations go out together (one DRAM round trip a row at K <= 2,048 with 8, not eight); past
+// K they are zeros, whose FMAs add an exact +0: the same value whatever kBatch.
+template <int kBatch = 8>
+__device__ __forceinline__ float exact_logit(const bf16* xr, const bf16* wr, int K, int lane) {
+  float s = 0.0f;
+  for (int k0 = 8 * lane; k0 < K; k0 += kBatch * 256) {
+    uint4 wv[kBatch], xv[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int k = k0 + 256 * u;
+      wv[u] = k < K ? __ldcs(reinterpret_cast<const uint4*>(wr + k)) : make_uint4(0, 0, 0, 0);
+      xv[u] = k < K ? __ldcg(reinterpret_cast<const uint4*>(xr + k)) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const unsigned ww[4] = {wv[u].x, wv[u].y, wv[u].z, wv[u].w}, xx[4] = {xv[u].x, xv[u].y, xv[u].z, xv[u].w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        s = fmaf(moe_ptx::bf16_lo(xx[j]), moe_ptx::bf16_lo(ww[j]), s);
+        s = fmaf(moe_ptx::bf16_hi(xx[j]), moe_ptx::bf16_hi(ww[j]), s);
+      }
+    }
+  }
+  for (int o = 16; o > 0; o /= 2) s += __shfl_xor_sync(0xffffffffu, s, o);
+  return s;
+}
+
+// The screen's weights in one allocation: q [V][K] int8, then the row metadata [V], then the largest |w| (A).
+inline size_t meta_offset(int V, int K) { return (size_t(V) * size_t(K) + 255) / 256 * 256; }
+inline size_t amax_offset(int V, int K) { return meta_offset(V, K) + (size_t(V) * sizeof(screen::RowMeta) + 255) / 256 * 256; }
+
+// 4 int8 (one 32-bit word) as two fp16 pairs holding the same integers: bytes + 128 placed under 0x64 (1024 + u),
+// then 1152 subtracted (exact: every integer of [-128, 127] is an fp16).
+__device__ __forceinline__ void int8x4_to_half2x2(unsigned w, unsigned& lo, unsigned& hi) {
+  const unsigned u = w ^ 0x80808080u;
+  const unsigned a = __byte_perm(u, 0x64646464u, 0x5140), b = __byte_perm(u, 0x64646464u, 0x5342);
+  const __half2 bias = __halves2half2(__ushort_as_half(0x6480), __ushort_as_half(0x6480));
+  const __half2 ha = __hsub2(*reinterpret_cast<const __half2*>(&a), bias);
+  const __half2 hb = __hsub2(*reinterpret_cast<const __half2*>(&b), bias);
+  lo = *reinterpret_cast<const unsigned*>(&ha);
+  hi = *reinterpret_cast<const unsigned*>(&hb);
+}
+
+// Floats ordered as ints (atomicMax on shared ints keeps the float order; -inf is the identity).
+__device__ __forceinline__ int ordered(float f) {
+  const int i = __float_as_int(f);
+  return i >= 0 ? i : i ^ 0x7fffffff;
+}
+__device__ __forceinline__ float unordered(int i) { return __int_as_float(i >= 0 ? i : i ^ 0x7fffffff); }
+
+
+constexpr int kWideRows = 64;  // the 9-64-row form's token rows (its MMA's N)
+
+// The 9-64-row form (lmhead_screen_wide.cu): its workspace bytes, whether this binary holds its kernels for `dev`
+// ("" if so), and its launches (a prep, the stream, a pick unless MOESERVE_LMHEAD_SCREEN_FOLD=1).
+size_t wide_ws_bytes(int K);
+std::string wide_code(const DeviceInfo& dev);
+void launch_wide(const bf16* x, int rows, int K, const bf16* w, const void* screen_weights, float amax_all, int vocab,
+                 int32_t* out_ids, void* workspace, cudaStream_t stream);
+
+}  // namespace moeserve::cuda::screen_detail

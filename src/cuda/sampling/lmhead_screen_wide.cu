@@ -1,0 +1,572 @@
+// The lm_head screen's 9-64-row form (lmhead_screen.h; the shared pieces in lmhead_screen_common.cuh, the bound in
+// lmhead_screen_math.h): the same int8 copy as the 1-8-row form, on sm_90's wgmma, in three launches
+// (two with MOESERVE_LMHEAD_SCREEN_FOLD=1):
+// 0. prep: the token rows as fp16 with k permuted inside each 16-k group (logical 2q + i <- actual 4q + i, 8 + 2q + i
+//    <- 4q + 2 + i: what each lane's 32-bit read of 4 int8 weights becomes in the MMA's A fragment), zero rows up to
+//    64, X1 and e_x a token;
+// 1. screen: one CTA an SM walking units of 384 rows x all K; a producer thread streams each unit's int8 rows (two
+//    192-row TMA boxes of 128 bytes) and the 64 token rows (two 64-column fp16 boxes) into a 3-deep ring of 64 KB
+//    stages; two MMA warpgroups of 192 rows (three m64 blocks each) read their weights from shared memory into
+//    registers, convert them to fp16 and run wgmma m64n64k16 with A from registers and the token tile as B. A
+//    unit's epilogue folds a - B into the block's max a token (shared, monotone), then lists every (row, a + B) that
+//    reaches it: a superset of the rows that can reach the global L; after its list, the block trades its max with
+//    a grid-wide one (global atomicMax, reset by the prep), so that later units list against the best lower bound
+//    found so far anywhere (a 384-row unit alone lists ~10-25 rows a token on q30b8l-like rows; later units ~0-3);
+// 2. pick: a block a token takes L over the blocks, evaluates the listed rows with a + B >= L exactly (a warp a
+//    row), then every row of the blocks whose list overflowed (all warps, row by row), and writes the argmax.
+#include <algorithm>
+#include <vector>
+
+#include "core/env.h"
+#include "core/error.h"
+#include "cuda/launch.h"
+#include "cuda/moe/moe_kernel_params.h"
+#include "cuda/pdl.cuh"
+#include "cuda/registry.h"
+#include "cuda/sampling/lmhead_screen.h"
+#include "cuda/sampling/lmhead_screen_common.cuh"
+#include "cuda/tma.h"
+
+namespace moeserve::cuda {
+namespace screen_detail {
+constexpr int kWTok = 64;                  // token rows (the MMA's N)
+constexpr int kWUnit = 384;                // rows a unit: two warpgroups x three m64 blocks
+constexpr int kWHalf = kWUnit / 2;         // a consumer warpgroup's rows (one 192-row TMA box)
+constexpr int kWSliceK = 128;              // int8 bytes a row a stage
+constexpr int kWStages = 3;
+constexpr int kWThreads = 384;
+constexpr int kWRowBytes = kWUnit * kWSliceK;        // 48 KB
+constexpr int kWTokBoxBytes = kWTok * 128;           // 8 KB: 64 tokens x 64 fp16
+constexpr int kWStageBytes = kWRowBytes + 2 * kWTokBoxBytes;  // 64 KB
+constexpr int kWCap = 128;                 // listed rows a (token, block): ~10-40 expected, more is an overflow
+constexpr int kWMaxGrid = 256;             // blocks of the wide screen the lists are sized for (one an SM)
+
+struct Entry {
+  int row;
+  float hi;
+};
+struct WideWs {
+  __half* xp;     // [64][K] permuted fp16 token rows
+  float* x1;      // [64]
+  float* ex;      // [64]
+  int* glo;       // [64]: the grid's best lower bound a token so far (ordered), reset by the prep
+  unsigned long long* best;  // [64]: the folded pick's best (packed: best_key), reset by the prep
+  unsigned* done;            // the folded pick's count of finished blocks, reset by the prep
+  float* lo;      // [64][kMaxGrid]
+  int* cnt;       // [64][kMaxGrid]
+  Entry* list;    // [64][kWMaxGrid][kWCap]
+};
+WideWs carve_wide(void* ws, int K) {
+  char* p = static_cast<char*>(ws);
+  WideWs w;
+  auto take = [&](size_t bytes) {
+    char* r = p;
+    p += (bytes + 255) / 256 * 256;
+    return r;
+  };
+  w.xp = reinterpret_cast<__half*>(take(size_t(kWTok) * K * 2));
+  w.x1 = reinterpret_cast<float*>(take(kWTok * 4));
+  w.ex = reinterpret_cast<float*>(take(kWTok * 4));
+  w.glo = reinterpret_cast<int*>(take(kWTok * 4));
+  w.best = reinterpret_cast<unsigned long long*>(take(kWTok * 8));
+  w.done = reinterpret_cast<unsigned*>(take(4));
+  w.lo = reinterpret_cast<float*>(take(size_t(kWTok) * kMaxGrid * 4));
+  w.cnt = reinterpret_cast<int*>(take(size_t(kWTok) * kMaxGrid * 4));
+  w.list = reinterpret_cast<Entry*>(take(size_t(kWTok) * kWMaxGrid * kWCap * sizeof(Entry)));
+  return w;
+}
+size_t wide_ws_bytes(int K) {
+  auto r = [](size_t b) { return (b + 255) / 256 * 256; };
+  return r(size_t(kWTok) * K * 2) + 3 * r(kWTok * 4) + r(kWTok * 8) + r(4) + 2 * r(size_t(kWTok) * kMaxGrid * 4) +
+         r(size_t(kWTok) * kWMaxGrid * kWCap * sizeof(Entry));
+}
+
+__device__ __forceinline__ int permuted_source(int l) {  // actual k (inside the 16-k group) of logical position l
+  const int q = (l & 7) >> 1, i = l & 1;
+  return 4 * q + i + (l >= 8 ? 2 : 0);
+}
+
+__global__ void __launch_bounds__(256) wide_prep_kernel(const bf16* x, int M, int K, float amax_all, WideWs w) {
+  pdl_enter();
+  const int t = blockIdx.x;
+  float s = 0.0f, e = 0.0f;
+  for (int k = threadIdx.x; k < K; k += 256) {
+    const int src = (k & ~15) + permuted_source(k & 15);
+    const float v = t < M ? __bfloat162float(__ldcg(x + int64_t(t) * K + src)) : 0.0f;
+    const __half h = __float2half_rn(v);
+    w.xp[int64_t(t) * K + k] = h;
+    s += fabsf(v);
+    const float d = fabsf(v - __half2float(h));
+    e = fmaxf(e, d == d ? d : INFINITY);
+  }
+  __shared__ float rs[8], re[8];
+  for (int o = 16; o > 0; o /= 2) {
+    s += __shfl_xor_sync(0xffffffffu, s, o);
+    e = fmaxf(e, __shfl_xor_sync(0xffffffffu, e, o));
+  }
+  if (threadIdx.x % 32 == 0) rs[threadIdx.x / 32] = s, re[threadIdx.x / 32] = e;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float S = 0.0f, E = 0.0f;
+    for (int i = 0; i < 8; ++i) S += rs[i], E = fmaxf(E, re[i]);  // (a NaN sum stays NaN: every row a candidate)
+    w.x1[t] = screen::round_up_l1(S, K);
+    w.ex[t] = screen::ex_term(E, K, amax_all);
+    w.glo[t] = ordered(-INFINITY);
+    w.best[t] = 0;  // below every key
+    if (t == 0) *w.done = 0;
+  }
+}
+
+#if MOE_HAVE_WGMMA
+__device__ __forceinline__ void wgmma_rs_f16_n64(float (&d)[32], const unsigned (&a)[4], unsigned long long b_desc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, "
+      "%13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, "
+      "%35}, %36, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(1));
+}
+// Registers a wgmma still reads (A) or writes (D) stay where they are until after its wait (the compiler sees a use).
+__device__ __forceinline__ void keep(unsigned (&a)[3][4]) {
+#pragma unroll
+  for (int j = 0; j < 3; ++j) asm volatile("" : "+r"(a[j][0]), "+r"(a[j][1]), "+r"(a[j][2]), "+r"(a[j][3]));
+}
+__device__ __forceinline__ void keep(float (&d)[32]) {
+#pragma unroll
+  for (int i = 0; i < 32; ++i) asm volatile("" : "+f"(d[i]));
+}
+#endif
+
+struct WideArgs {
+  moe_kernels::TmaDesc wmap;  // the int8 rows as [V, K / 2] 2-byte elements, boxes of 64 x 192 rows
+  moe_kernels::TmaDesc xmap;  // the permuted fp16 tokens [64, K], boxes of 64 x 64 rows
+  int M, K, V, units;
+  const screen::RowMeta* meta;
+  const float* x1;
+  const float* ex;
+  int* glo;
+  float* lo;
+  int* cnt;
+  Entry* list;
+  // The folded pick (wide_screen_kernel<true>, MOESERVE_LMHEAD_SCREEN_FOLD=1): each block evaluates its own listed
+  // rows that reach the grid's lower bound as it finds it at the end, folds them into best (a 64-bit atomicMax a
+  // token), and the last block to finish writes the ids; no pick launch.
+  const bf16* x;  // [M][K]
+  const bf16* w;  // [V][K]
+  unsigned long long* best;
+  unsigned* done;
+  int32_t* out_ids;
+};
+
+// A (logit, row) pair as one 64-bit key whose unsigned order is the pick's: the larger logit, then the lower row.
+// 0 is below every key; a NaN logit never gets one.
+__device__ __forceinline__ unsigned long long best_key(float v, int row) {
+  return (static_cast<unsigned long long>(unsigned(ordered(v)) ^ 0x80000000u) << 32) | (0xffffffffu - unsigned(row));
+}
+
+template <bool kFold>
+__global__ void __launch_bounds__(kWThreads, 1) wide_screen_kernel(const __grid_constant__ WideArgs a) {
+#if MOE_HAVE_WGMMA
+  using namespace moe_ptx;
+  extern __shared__ char wide_smem_raw[];
+  char* smem = align_smem(wide_smem_raw, 1024);
+  unsigned long long* bars = reinterpret_cast<unsigned long long*>(smem + kWStages * kWStageBytes);
+  int* lo_s = reinterpret_cast<int*>(bars + 2 * kWStages);  // [64] ordered
+  int* cnt_s = lo_s + kWTok;                                 // [64]
+  float* x1_s = reinterpret_cast<float*>(cnt_s + kWTok);    // [64]
+  float* ex_s = x1_s + kWTok;                                 // [64]
+  const unsigned ring = smem_addr(smem), full0 = smem_addr(bars), empty0 = full0 + kWStages * 8;
+  const int tid = threadIdx.x, wg = tid / 128;
+  if (tid == 0) {
+    for (int s = 0; s < kWStages; ++s) {
+      mbar_init(full0 + s * 8, 1);
+      mbar_init(empty0 + s * 8, 2);
+    }
+    fence_proxy_async_smem();
+  }
+  if (tid < kWTok) lo_s[tid] = ordered(-INFINITY), cnt_s[tid] = 0;
+  __syncthreads();
+  const int KT = a.K / kWSliceK;
+  const int my_units = a.units > int(blockIdx.x) ? (a.units - 1 - int(blockIdx.x)) / int(gridDim.x) + 1 : 0;
+  const int total = my_units * KT;
+  if (wg == 0) {
+    if (tid == 0) {
+      // Slice s: unit blockIdx.x + (s / KT) gridDim.x, k bytes (s % KT) 128. The first pass's weight boxes before the
+      // wait; the token boxes (written by the prep launch) after it.
+      const int pre = total < kWStages ? total : kWStages;
+      auto weights = [&](int s, unsigned st) {
+        const int unit = int(blockIdx.x) + (s / KT) * int(gridDim.x);
+        const int c0 = (s % KT) * (kWSliceK / 2);
+        tma_load_2d(st, &a.wmap, c0, unit * kWUnit, full0 + (s % kWStages) * 8);
+        tma_load_2d(st + kWHalf * kWSliceK, &a.wmap, c0, unit * kWUnit + kWHalf, full0 + (s % kWStages) * 8);
+      };
+      auto tokens = [&](int s, unsigned st) {
+        const int c0 = (s % KT) * kWSliceK;  // fp16 columns
+        tma_load_2d(st + kWRowBytes, &a.xmap, c0, 0, full0 + (s % kWStages) * 8);
+        tma_load_2d(st + kWRowBytes + kWTokBoxBytes, &a.xmap, c0 + 64, 0, full0 + (s % kWStages) * 8);
+      };
+      for (int s = 0; s < pre; ++s) {
+        mbar_arrive_expect_tx(full0 + s * 8, kWStageBytes);
+        weights(s, ring + unsigned(s * kWStageBytes));
+      }
+      pdl_wait();
+      pdl_launch_dependents();
+      for (int s = 0; s < pre; ++s) tokens(s, ring + unsigned(s * kWStageBytes));
+      for (int s = pre; s < total; ++s) {
+        const int stage = s % kWStages;
+        mbar_wait(empty0 + stage * 8, ((s / kWStages) & 1) ^ 1);
+        const unsigned st = ring + unsigned(stage * kWStageBytes);
+        mbar_arrive_expect_tx(full0 + stage * 8, kWStageBytes);
+        weights(s, st);
+        tokens(s, st);
+      }
+    } else {
+      pdl_wait();
+    }
+    return;
+  }
+  pdl_wait();
+  const int cw = wg - 1, ctid = tid - 128, warp = (ctid / 32) & 3, lane = ctid % 32, g = lane / 4, q = lane % 4;
+  if (ctid < kWTok) x1_s[ctid] = __ldcg(a.x1 + ctid), ex_s[ctid] = __ldcg(a.ex + ctid);
+  asm volatile("bar.sync 1, 256;\n" ::: "memory");
+  int s = 0;  // slices consumed
+  // One set of A fragments a warpgroup: rebuilt after the wgmmas that read it complete; the other warpgroup's
+  // MMAs keep the tensor pipe busy meanwhile.
+  unsigned A[3][4];
+  bool pending = false;
+  for (int ui = 0; ui < my_units; ++ui) {
+    const int unit = int(blockIdx.x) + ui * int(gridDim.x);
+    float d[3][32];
+#pragma unroll
+    for (int j = 0; j < 3; ++j)
+#pragma unroll
+      for (int i = 0; i < 32; ++i) d[j][i] = 0.0f;
+    for (int kt = 0; kt < KT; ++kt, ++s) {
+      const int stage = s % kWStages;
+      mbar_wait(full0 + stage * 8, (s / kWStages) & 1);
+      const char* wt = smem + stage * kWStageBytes + cw * kWHalf * kWSliceK;
+      const unsigned tok = ring + unsigned(stage * kWStageBytes + kWRowBytes);
+#pragma unroll
+      for (int kk = 0; kk < kWSliceK / 16; ++kk) {
+        if (pending) {
+          wgmma_wait<0>();
+          keep(A);
+        }
+        // Slice s - 1 of this unit is read once its last wgmmas are done (the unit's last slice: after the loop).
+        if (kk == 0 && kt > 0 && ctid % 128 == 0) mbar_arrive(empty0 + ((s - 1) % kWStages) * 8);
+#pragma unroll
+        for (int j = 0; j < 3; ++j) {
+          const int r = 64 * j + 16 * warp + g;  // r and r + 8 share r % 8, hence the 16-byte chunk's swizzle
+          const int off = 16 * (kk ^ (r & 7)) + 4 * q;
+          const unsigned w0 = *reinterpret_cast<const unsigned*>(wt + r * kWSliceK + off);
+          const unsigned w1 = *reinterpret_cast<const unsigned*>(wt + (r + 8) * kWSliceK + off);
+          int8x4_to_half2x2(w0, A[j][0], A[j][2]);
+          int8x4_to_half2x2(w1, A[j][1], A[j][3]);
+        }
+        wgmma_fence();
+        const unsigned long long bd = wgmma_desc_sw128(tok + unsigned((kk / 4) * kWTokBoxBytes + (kk % 4) * 32));
+#pragma unroll
+        for (int j = 0; j < 3; ++j) wgmma_rs_f16_n64(d[j], A[j], bd);
+        wgmma_commit();
+        pending = true;
+      }
+    }
+    // This thread's six rows (block j, rows 16 warp + g (+ 8)): their metadata, loaded while the last MMAs run. Rows
+    // past V (the TMA's zero fill) get a NaN scale: they never raise the maximum (fmaxf drops a NaN) and are never
+    // listed.
+    screen::RowMeta meta[3][2];
+#pragma unroll
+    for (int j = 0; j < 3; ++j)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = unit * kWUnit + cw * kWHalf + 64 * j + 16 * warp + g + 8 * h;
+        meta[j][h] = r < a.V ? a.meta[r] : screen::RowMeta{NAN, 0.0f};
+      }
+    wgmma_wait<0>();
+    keep(A);
+#pragma unroll
+    for (int j = 0; j < 3; ++j) keep(d[j]);
+    pending = false;
+    if (ctid % 128 == 0) mbar_arrive(empty0 + ((s - 1) % kWStages) * 8);  // the unit's last slice
+    // Epilogue. d[j][4 i + 2 h + e]: row 64 j + 16 warp + g + 8 h, token 8 i + 2 q + e. Each accumulator becomes
+    // its hi = a + B; the token's max of a - B over this warp's rows goes to the block's (shared, monotone).
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int n = 8 * i + 2 * q + e;
+        const float x1n = x1_s[n], exn = ex_s[n];
+        float m = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < 3; ++j)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            float& v = d[j][4 * i + 2 * h + e];
+            const float approx = meta[j][h].scale * v;
+            const float b = screen::bound(approx, meta[j][h].c, x1n, exn);
+            const float hi = approx + b;
+            m = fmaxf(m, approx - b);
+            v = hi == hi ? hi : INFINITY;
+          }
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 4));
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 8));
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 16));
+        if (g == 0 && n < a.M && m == m) atomicMax(lo_s + n, ordered(m));
+      }
+    asm volatile("bar.sync 1, 256;\n" ::: "memory");  // the unit's maxima are in
+#pragma unroll
+    for (int j = 0; j < 3; ++j)
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int n = 8 * i + 2 * q + e;
+            const int r = unit * kWUnit + cw * kWHalf + 64 * j + 16 * warp + g + 8 * h;
+            const float hi = d[j][4 * i + 2 * h + e];
+            if (n < a.M && r < a.V && hi >= unordered(lo_s[n])) {
+              const int slot = atomicAdd(cnt_s + n, 1);
+              if (slot < kWCap) a.list[(size_t(n) * kWMaxGrid + blockIdx.x) * kWCap + slot] = Entry{r, hi};
+            }
+          }
+    // The block's maximum to the grid's and the grid's back (its latency hides behind the next unit's MMAs; any value
+    // read by a listing thread meanwhile is a lower bound of the exact maximum, as every value of either is).
+    if (ctid < a.M) {
+      if (ui + 1 < my_units) atomicMax(lo_s + ctid, atomicMax(a.glo + ctid, lo_s[ctid]));
+      else atomicMax(a.glo + ctid, lo_s[ctid]);  // the last unit: for the blocks still running (no wait)
+    }
+  }
+  asm volatile("bar.sync 1, 256;\n" ::: "memory");
+  if (ctid < a.M) {
+    a.lo[ctid * kMaxGrid + blockIdx.x] = unordered(lo_s[ctid]);
+    a.cnt[ctid * kMaxGrid + blockIdx.x] = cnt_s[ctid];
+  }
+  if constexpr (!kFold) return;
+  // The folded pick. The lower bound a token: this block's, raised by the grid's as it stands now (every value of
+  // either is at most the final L, so every row that reaches the final L, the argmax among them, is evaluated by its
+  // block). A warp a token at a time; its listed entries 32 at a time, a ballot; every row of the block's units when
+  // its list overflowed.
+  const int cwarp = ctid / 32;
+  for (int t = cwarp; t < a.M; t += 8) {
+    const float L = fmaxf(unordered(lo_s[t]), unordered(__ldcg(a.glo + t)));
+    const bf16* xr = a.x + int64_t(t) * a.K;
+    Best best{-INFINITY, INT_MAX};
+    const int n = cnt_s[t];
+    if (n > kWCap) {
+      for (int ui = 0; ui < my_units; ++ui) {
+        const int unit = int(blockIdx.x) + ui * int(gridDim.x);
+        for (int r = unit * kWUnit; r < min(a.V, (unit + 1) * kWUnit); ++r)
+          best = better(best, Best{exact_logit<4>(xr, a.w + int64_t(r) * a.K, a.K, lane), r});
+      }
+    } else {
+      const Entry* e = a.list + (size_t(t) * kWMaxGrid + blockIdx.x) * kWCap;
+      for (int i0 = 0; i0 < n; i0 += 32) {
+        const int i = i0 + lane;
+        Entry en{0, -INFINITY};
+        if (i < n) en = e[i];  // written by this block before the barrier
+        unsigned keepers = __ballot_sync(0xffffffffu, i < n && en.hi >= L);
+        while (keepers) {
+          const int src = __ffs(keepers) - 1;
+          keepers &= keepers - 1;
+          const int r = __shfl_sync(0xffffffffu, en.row, src);
+          best = better(best, Best{exact_logit<4>(xr, a.w + int64_t(r) * a.K, a.K, lane), r});
+        }
+      }
+    }
+    if (lane == 0 && best.id != INT_MAX) atomicMax(a.best + t, best_key(best.v, best.id));
+  }
+  // The last block to finish writes the ids (its reads of best after the fence see every block's atomics).
+  __shared__ bool last;
+  __threadfence();
+  asm volatile("bar.sync 1, 256;\n" ::: "memory");
+  if (ctid == 0) last = atomicAdd(a.done, 1u) == gridDim.x - 1;
+  asm volatile("bar.sync 1, 256;\n" ::: "memory");
+  if (last && ctid < a.M) {
+    __threadfence();
+    const unsigned long long k = atomicAdd(a.best + ctid, 0ull);
+    a.out_ids[ctid] = k == 0 ? 0 : int(0xffffffffu - unsigned(k & 0xffffffffu));
+  }
+#else
+  (void)a;
+#endif
+}
+
+struct WidePickArgs {
+  const bf16* x;  // [M][K]
+  const bf16* w;  // [V][K]
+  int K, V, units, blocks;
+  const float* lo;
+  const int* cnt;
+  const Entry* list;
+  int32_t* out_ids;
+};
+
+// One block a token, in four phases, each with its global loads issued together (the pick is a chain of L2 and DRAM
+// round trips, not bandwidth): (1) every screen block's lower bound and list length at once (a thread a block): L,
+// and the lists' offsets by a block-wide scan; (2) the listed entries flat over all threads, 8 loads in flight a
+// thread: those with a + B >= L go to a shared candidate list; (3) a warp a candidate, its exact logit
+// (exact_logit); (4) every row of the blocks whose list overflowed (all warps, row by row), or of every block when
+// the candidates overflow their shared list (a NaN or infinite token row: every row a candidate). The best wins.
+constexpr int kWCand = 2048;  // a token's candidates the pick holds (~1-60 expected)
+__global__ void __launch_bounds__(kPickThreads) wide_pick_kernel(const __grid_constant__ WidePickArgs a) {
+  static_assert(kWMaxGrid <= kPickThreads, "a thread a screen block");
+  pdl_enter();
+  const int t = blockIdx.x, tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  __shared__ int off[kWMaxGrid + 1];
+  __shared__ float wmax[kPickThreads / 32];
+  __shared__ int wsum[kPickThreads / 32];
+  __shared__ Best wb[kPickThreads / 32];
+  __shared__ int n_over, n_cand;
+  __shared__ short over[kWMaxGrid];
+  __shared__ int cand[kWCand];
+  if (tid == 0) n_over = 0, n_cand = 0;
+  // (1) A thread a screen block: its lower bound and list length.
+  float lo = -INFINITY;
+  int len = 0;
+  if (tid < a.blocks) {
+    lo = __ldcg(a.lo + t * kMaxGrid + tid);
+    len = __ldcg(a.cnt + t * kMaxGrid + tid);
+  }
+  __syncthreads();  // n_over, n_cand
+  if (len > kWCap) over[atomicAdd(&n_over, 1)] = short(tid), len = 0;
+  int incl = len;
+#pragma unroll
+  for (int o = 1; o < 32; o *= 2) {
+    const int v = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += v;
+  }
+  float m = lo;
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  if (lane == 31) wsum[warp] = incl;
+  if (lane == 0) wmax[warp] = m;
+  __syncthreads();
+  int base = 0, sum = 0;
+  float L = -INFINITY;
+#pragma unroll
+  for (int w = 0; w < kPickThreads / 32; ++w) {
+    base += w < warp ? wsum[w] : 0;
+    sum += wsum[w];
+    L = fmaxf(L, wmax[w]);
+  }
+  if (tid < a.blocks) off[tid] = base + incl - len;
+  if (tid == 0) off[a.blocks] = sum;
+  __syncthreads();
+  // (2) The entries of all lists, flat: entry i of block b is at off[b] + i.
+  const int total = off[a.blocks];
+  for (int i0 = 0; i0 < total; i0 += 8 * kPickThreads) {
+    Entry en[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int i = i0 + tid + j * kPickThreads;
+      en[j] = Entry{-1, -INFINITY};
+      if (i < total) {
+        int lo_b = 0, hi_b = a.blocks - 1;  // the last b with off[b] <= i
+        while (lo_b < hi_b) {
+          const int mid = (lo_b + hi_b + 1) / 2;
+          if (off[mid] <= i) lo_b = mid;
+          else hi_b = mid - 1;
+        }
+        const Entry* e = a.list + (size_t(t) * kWMaxGrid + lo_b) * kWCap + (i - off[lo_b]);
+        en[j] = Entry{__ldcg(&e->row), __ldcg(&e->hi)};
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      if (en[j].row >= 0 && en[j].hi >= L) {
+        const int c = atomicAdd(&n_cand, 1);
+        if (c < kWCand) cand[c] = en[j].row;
+      }
+  }
+  __syncthreads();
+  const bf16* xr = a.x + int64_t(t) * a.K;
+  Best best{-INFINITY, INT_MAX};
+  const int nc = n_cand;
+  if (nc <= kWCand) {
+    // (3) A warp a candidate.
+    for (int i = warp; i < nc; i += kPickThreads / 32) {
+      const int r = cand[i];
+      best = better(best, Best{exact_logit(xr, a.w + int64_t(r) * a.K, a.K, lane), r});
+    }
+    // (4) The overflowed blocks' rows.
+    for (int i = 0; i < n_over; ++i)
+      for (int u = over[i]; u < a.units; u += a.blocks)
+        for (int r = u * kWUnit + warp; r < min(a.V, (u + 1) * kWUnit); r += kPickThreads / 32)
+          best = better(best, Best{exact_logit(xr, a.w + int64_t(r) * a.K, a.K, lane), r});
+  } else {
+    for (int r = warp; r < a.V; r += kPickThreads / 32)
+      best = better(best, Best{exact_logit(xr, a.w + int64_t(r) * a.K, a.K, lane), r});
+  }
+  if (lane == 0) wb[warp] = best;
+  __syncthreads();
+  if (tid == 0) {
+    Best b = wb[0];
+    for (int i = 1; i < kPickThreads / 32; ++i) b = better(b, wb[i]);
+    a.out_ids[t] = b.id == INT_MAX ? 0 : b.id;
+  }
+}
+
+int wide_blocks(int vocab) {
+  static const int sms = current_device_multiprocessors();
+  return std::min({sms, (vocab + kWUnit - 1) / kWUnit, kWMaxGrid});
+}
+
+void launch_wide(const bf16* x, int rows, int K, const bf16* w, const void* screen_weights, float amax_all, int vocab,
+                 int32_t* out_ids, void* workspace, cudaStream_t stream) {
+  const WideWs ws = carve_wide(workspace, K);
+  launch_pdl(wide_prep_kernel, dim3(unsigned(kWTok)), dim3(256), 0, stream, x, rows, K, amax_all, ws);
+  const char* p = static_cast<const char*>(screen_weights);
+  WideArgs a{};
+  encode_bf16_tma_2d(&a.wmap, p, vocab, K / 2, kWHalf);  // the int8 rows as 2-byte pairs: boxes of 128 bytes
+  encode_bf16_tma_2d(&a.xmap, ws.xp, kWTok, K, kWTok);
+  a.M = rows, a.K = K, a.V = vocab, a.units = (vocab + kWUnit - 1) / kWUnit;
+  a.meta = reinterpret_cast<const screen::RowMeta*>(p + meta_offset(vocab, K));
+  a.x1 = ws.x1, a.ex = ws.ex, a.glo = ws.glo, a.lo = ws.lo, a.cnt = ws.cnt, a.list = ws.list;
+  static const bool fold = env_flag("MOESERVE_LMHEAD_SCREEN_FOLD", false);
+  a.x = x, a.w = w, a.best = ws.best, a.done = ws.done, a.out_ids = out_ids;
+  const int blocks = wide_blocks(vocab);
+  const size_t smem = size_t(kWStages) * kWStageBytes + 2 * kWStages * 8 + 4 * kWTok * 4 + 1024;
+  auto* kernel = fold ? wide_screen_kernel<true> : wide_screen_kernel<false>;
+  MS_CHECK(raise_dynamic_smem(reinterpret_cast<const void*>(kernel), smem),
+           "lmhead_screen: the device refuses {} bytes of shared memory a block", smem);
+  launch_pdl(kernel, dim3(unsigned(blocks)), dim3(kWThreads), smem, stream, a);
+  if (fold) return;
+  WidePickArgs pa{x, w, K, vocab, a.units, blocks, ws.lo, ws.cnt, ws.list, out_ids};
+  launch_pdl(wide_pick_kernel, dim3(unsigned(rows)), dim3(kPickThreads), 0, stream, pa);
+}
+
+
+std::string wide_code(const DeviceInfo& dev) {
+  for (const void* k : {reinterpret_cast<const void*>(wide_prep_kernel),
+                        reinterpret_cast<const void*>(wide_screen_kernel<false>),
+                        reinterpret_cast<const void*>(wide_screen_kernel<true>),
+                        reinterpret_cast<const void*>(wide_pick_kernel)})
+    if (std::string why = check_kernel_present(k, dev); !why.empty()) return why;
+  return "";
+}
+
+}  // namespace screen_detail
+
+using namespace screen_detail;
+
+LmheadScreenLists lmhead_screen_wide_lists(const void* workspace, int rows, int K, int vocab) {
+  const WideWs ws = carve_wide(const_cast<void*>(workspace), K);
+  std::vector<int> cnt(size_t(kWTok) * kMaxGrid);
+  MS_CUDA_CHECK(cudaDeviceSynchronize());
+  MS_CUDA_CHECK(cudaMemcpy(cnt.data(), ws.cnt, cnt.size() * sizeof(int), cudaMemcpyDeviceToHost));
+  LmheadScreenLists r;
+  for (int t = 0; t < rows; ++t)
+    for (int b = 0; b < wide_blocks(vocab); ++b) {
+      const int n = cnt[size_t(t) * kMaxGrid + b];
+      r.longest = std::max(r.longest, n);
+      r.overflowed += n > kWCap;
+    }
+  return r;
+}
+
+}  // namespace moeserve::cuda
