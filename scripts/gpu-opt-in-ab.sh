@@ -2,7 +2,8 @@
 # Same-call A/B of the decode-step switches (docs/ARCHITECTURE.md, "opt-in GPU experiments") on the served decode
 # step of q30b8l at bs 1, 2, 8, 64 and 128 (scripts/gpu-ab.sh over build/bench/gpu_profile; ~7 s a variant), three
 # rounds: the defaults; the opt-in switches of decode steps (the final norm inside the streaming lm_head,
-# MOESERVE_LMHEAD_NORM_IN=1; the lm_head without its screen, MOESERVE_LMHEAD_SCREEN=0); the defaults' earlier forms (the cuBLASLt lm_head MOESERVE_GEMV_STREAM=0; session
+# MOESERVE_LMHEAD_NORM_IN=1; the lm_head without its screen, MOESERVE_LMHEAD_SCREEN=0; the screen's 9-64-row pick
+# folded into its stream kernel, MOESERVE_LMHEAD_SCREEN_FOLD=1); the defaults' earlier forms (the cuBLASLt lm_head MOESERVE_GEMV_STREAM=0; session
 # 18's greedy cluster form, 4-stage GEMV and down GEMV rings). Extra variants: AB_EXTRA="name=SETTINGS ...", added to
 # every round. Then kernel traces at bs 1 and 64 with the defaults (OUT/trace_bs1.log, OUT/trace_bs64.log).
 # Makes the model with gen-model when missing. Env: OUT (logs), MOESERVE_BUILD, MODEL (default
@@ -21,7 +22,8 @@ EARLIER="MOESERVE_GREEDY_GRID=0 MOESERVE_GEMV_RING_STAGES=4 MOESERVE_MOE_DOWN_GE
 read -r -a extra <<<"${AB_EXTRA:-}"
 variants=()
 for r in a b c; do
-  variants+=("base$r=" "normin$r=MOESERVE_LMHEAD_NORM_IN=1" "noscreen$r=MOESERVE_LMHEAD_SCREEN=0")
+  variants+=("base$r=" "normin$r=MOESERVE_LMHEAD_NORM_IN=1" "noscreen$r=MOESERVE_LMHEAD_SCREEN=0"
+             "fold$r=MOESERVE_LMHEAD_SCREEN_FOLD=1")
   for v in "${extra[@]}"; do variants+=("${v%%=*}$r=${v#*=}"); done
 done
 variants+=("cublas=MOESERVE_GEMV_STREAM=0" "earlier=$EARLIER")
