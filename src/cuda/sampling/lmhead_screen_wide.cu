@@ -14,6 +14,8 @@
 //    found so far anywhere (a 384-row unit alone lists ~10-25 rows a token on q30b8l-like rows; later units ~0-3);
 // 2. pick: a block a token takes L over the blocks, evaluates the listed rows with a + B >= L exactly (a warp a
 //    row), then every row of the blocks whose list overflowed (all warps, row by row), and writes the argmax.
+//    With MOESERVE_LMHEAD_SCREEN_FOLD=1 (wide_screen_kernel<true>, not yet measured) there is no pick launch: each
+//    screen block evaluates its own listed rows against the grid's bound at its end, and the last block writes ids.
 #include <algorithm>
 #include <vector>
 
@@ -29,7 +31,7 @@
 
 namespace moeserve::cuda {
 namespace screen_detail {
-constexpr int kWTok = 64;                  // token rows (the MMA's N)
+constexpr int kWTok = kWideRows;           // token rows (the MMA's N)
 constexpr int kWUnit = 384;                // rows a unit: two warpgroups x three m64 blocks
 constexpr int kWHalf = kWUnit / 2;         // a consumer warpgroup's rows (one 192-row TMA box)
 constexpr int kWSliceK = 128;              // int8 bytes a row a stage
