@@ -501,8 +501,8 @@ SelectedBackends select_backends(const DeviceInfo& dev, const ModelShapes& shape
   // The greedy sampler's fast paths, each used only where it passed its self-test and its switch is on; else the
   // lm_head GEMM + the sampler above. 32-64 rows: the lm_head with the argmax in its epilogue (MOESERVE_LMHEAD_ARGMAX=0
   // off). 1-64 rows without logprobs: an int8 screen of the lm_head, then the BF16 logits of the rows it cannot rule
-  // out (session 45: faster at every size it takes; MOESERVE_LMHEAD_SCREEN=0 off). It writes no logprob: with it on,
-  // a greedy step of 1-64 rows that wants one takes the general sampler (the captured greedy graphs hold the screen).
+  // out (session 45: faster at every size it takes; MOESERVE_LMHEAD_SCREEN=0 off). It writes no logprob: a greedy
+  // step of 1-64 rows that wants one takes the greedy path without it (the executor's kGreedyLogprob graphs).
   out.lmhead_argmax = add_greedy_fast_path(
       {"lmhead_argmax", OpFamily::Sampling, {90}, {"bf16"}, false, true,
        "greedy steps of 32-64 rows: the lm_head GEMM with the argmax and logprob in its epilogue"},

@@ -51,14 +51,14 @@ struct Workspace {
   float* lo;    // [kTok][kMaxGrid]: the screen blocks' max of a - B
   Best* best;   // [kTok][kMaxGrid]: the pick blocks' bests
 };
-Workspace carve(void* ws, int V) {
-  char* p = static_cast<char*>(ws);
+// The layout of the 1-8-row form's workspace (bytes: its size, when asked).
+Workspace carve(void* ws, int V, size_t* bytes = nullptr) {
+  WsCarve c(ws);
   Workspace w;
-  w.hi = reinterpret_cast<float*>(p);
-  p += (size_t(kTok) * size_t(V) * 4 + 255) / 256 * 256;
-  w.lo = reinterpret_cast<float*>(p);
-  p += size_t(kTok) * kMaxGrid * 4;
-  w.best = reinterpret_cast<Best*>(p);
+  w.hi = c.take<float>(size_t(kTok) * size_t(V) * 4);
+  w.lo = c.take<float>(size_t(kTok) * kMaxGrid * 4);
+  w.best = c.take<Best>(size_t(kTok) * kMaxGrid * sizeof(Best));
+  if (bytes != nullptr) *bytes = c.used;
   return w;
 }
 
@@ -400,7 +400,8 @@ float lmhead_screen_amax(const void* screen_weights, int vocab, int K, cudaStrea
 }
 
 size_t lmhead_screen_workspace_bytes(int vocab, int K) {
-  const size_t narrow = (size_t(kTok) * size_t(vocab) * 4 + 255) / 256 * 256 + size_t(kTok) * kMaxGrid * (4 + sizeof(Best));
+  size_t narrow = 0;
+  carve(nullptr, vocab, &narrow);
   return std::max(narrow, wide_ws_bytes(K));
 }
 

@@ -83,6 +83,20 @@ __device__ __forceinline__ int ordered(float f) {
 __device__ __forceinline__ float unordered(int i) { return __int_as_float(i >= 0 ? i : i ^ 0x7fffffff); }
 
 
+// Consecutive 256-byte-aligned pieces of a workspace, in the order they are taken; `used` is the bytes taken so far,
+// so that carving from a null base gives a layout's size from the same code that lays it out.
+struct WsCarve {
+  uintptr_t base;
+  size_t used = 0;
+  explicit WsCarve(void* ws) : base(reinterpret_cast<uintptr_t>(ws)) {}
+  template <class T>
+  T* take(size_t bytes) {
+    T* p = reinterpret_cast<T*>(base + used);
+    used += (bytes + 255) / 256 * 256;
+    return p;
+  }
+};
+
 constexpr int kWideRows = 64;  // the 9-64-row form's token rows (its MMA's N)
 
 // The 9-64-row form (lmhead_screen_wide.cu): its workspace bytes, whether this binary holds its kernels for `dev`

@@ -58,29 +58,26 @@ struct WideWs {
   int* cnt;       // [64][kMaxGrid]
   Entry* list;    // [64][kWMaxGrid][kWCap]
 };
-WideWs carve_wide(void* ws, int K) {
-  char* p = static_cast<char*>(ws);
+// The layout of the workspace (bytes: its size, when asked).
+WideWs carve_wide(void* ws, int K, size_t* bytes = nullptr) {
+  WsCarve c(ws);
   WideWs w;
-  auto take = [&](size_t bytes) {
-    char* r = p;
-    p += (bytes + 255) / 256 * 256;
-    return r;
-  };
-  w.xp = reinterpret_cast<__half*>(take(size_t(kWTok) * K * 2));
-  w.x1 = reinterpret_cast<float*>(take(kWTok * 4));
-  w.ex = reinterpret_cast<float*>(take(kWTok * 4));
-  w.glo = reinterpret_cast<int*>(take(kWTok * 4));
-  w.best = reinterpret_cast<unsigned long long*>(take(kWTok * 8));
-  w.done = reinterpret_cast<unsigned*>(take(4));
-  w.lo = reinterpret_cast<float*>(take(size_t(kWTok) * kMaxGrid * 4));
-  w.cnt = reinterpret_cast<int*>(take(size_t(kWTok) * kMaxGrid * 4));
-  w.list = reinterpret_cast<Entry*>(take(size_t(kWTok) * kWMaxGrid * kWCap * sizeof(Entry)));
+  w.xp = c.take<__half>(size_t(kWTok) * K * 2);
+  w.x1 = c.take<float>(kWTok * 4);
+  w.ex = c.take<float>(kWTok * 4);
+  w.glo = c.take<int>(kWTok * 4);
+  w.best = c.take<unsigned long long>(kWTok * 8);
+  w.done = c.take<unsigned>(4);
+  w.lo = c.take<float>(size_t(kWTok) * kMaxGrid * 4);
+  w.cnt = c.take<int>(size_t(kWTok) * kMaxGrid * 4);
+  w.list = c.take<Entry>(size_t(kWTok) * kWMaxGrid * kWCap * sizeof(Entry));
+  if (bytes != nullptr) *bytes = c.used;
   return w;
 }
 size_t wide_ws_bytes(int K) {
-  auto r = [](size_t b) { return (b + 255) / 256 * 256; };
-  return r(size_t(kWTok) * K * 2) + 3 * r(kWTok * 4) + r(kWTok * 8) + r(4) + 2 * r(size_t(kWTok) * kMaxGrid * 4) +
-         r(size_t(kWTok) * kWMaxGrid * kWCap * sizeof(Entry));
+  size_t bytes = 0;
+  carve_wide(nullptr, K, &bytes);
+  return bytes;
 }
 
 __device__ __forceinline__ int permuted_source(int l) {  // actual k (inside the 16-k group) of logical position l
