@@ -116,7 +116,8 @@ struct Screen {
 std::vector<int32_t> run_screen(const Dev<uint16_t>& x, int M, const Dev<uint16_t>& w, const Screen& s,
                                 cudaStream_t stream = nullptr, cuda::LmheadScreenLists* lists = nullptr) {
   Dev<char> ws(cuda::lmhead_screen_workspace_bytes(s.V, s.K));
-  ws.poison();
+  ws.poison();  // everything but the grid state, which lmhead_screen_workspace_init sets up once
+  cuda::lmhead_screen_workspace_init(ws.p, s.V, s.K, nullptr);
   Dev<int32_t> ids(static_cast<size_t>(M));
   ids.poison();
   cuda::lmhead_screen(reinterpret_cast<const cuda::bf16*>(x.p), M, s.K, reinterpret_cast<const cuda::bf16*>(w.p),
@@ -309,6 +310,7 @@ void check_graph_replay(int M) {
   Dev<uint16_t> w(hw), x(size_t(M) * K);
   const Screen s(w, V, K);
   Dev<char> ws(cuda::lmhead_screen_workspace_bytes(V, K));
+  cuda::lmhead_screen_workspace_init(ws.p, V, K, nullptr);
   Dev<int32_t> ids(static_cast<size_t>(M));
   cudaStream_t st;
   MS_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
@@ -344,6 +346,37 @@ TEST(LmheadScreen, ReplaysInACudaGraph) {
   }
 }
 
+// One workspace through launches of both forms and changing row counts (as the executor's steps use it): each launch
+// finds what it needs as the one before left it (MOESERVE_LMHEAD_SCREEN_FOLD=1: the grid state put back to zero).
+TEST(LmheadScreen, OneWorkspaceAcrossLaunchesOfBothForms) {
+  const int V = 7000, K = 384;
+  const std::vector<uint16_t> hw = level_rows(size_t(V) * K, 0.1f, 21);
+  Dev<uint16_t> w(hw);
+  const Screen s(w, V, K);
+  Dev<char> ws(cuda::lmhead_screen_workspace_bytes(V, K));
+  cuda::lmhead_screen_workspace_init(ws.p, V, K, nullptr);
+  int launches = 0;
+  for (const int M : {1, 12, 8, 64, 3, 40, 1, 9, 2}) {
+    if (!gpu_usable(M, K, V)) continue;
+    const std::vector<uint16_t> hx = token_rows(M, K, 300 + uint32_t(launches));
+    Dev<uint16_t> x(hx);
+    Dev<int32_t> ids(static_cast<size_t>(M));
+    ids.poison();
+    cuda::lmhead_screen(reinterpret_cast<const cuda::bf16*>(x.p), M, K, reinterpret_cast<const cuda::bf16*>(w.p),
+                        s.q.p, s.amax, V, ids.p, ws.p, nullptr);
+    MS_CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<int32_t> got = ids.download();
+    for (int m = 0; m < M; ++m) {
+      const Exact e = exact_logits(hx, m, K, hw, V);
+      if (e.clear) {
+        EXPECT_EQ(got[size_t(m)], e.arg) << "launch " << launches << " (" << M << " rows) row " << m;
+      }
+    }
+    ++launches;
+  }
+  if (launches == 0) GTEST_SKIP() << "needs a GPU with mma.sync f16";
+}
+
 // Timing on q30b8l's lm_head: the screen against gemv_stream + the greedy sampler (the served path at 1-8 rows).
 TEST(LmheadScreen, DISABLED_Timing) {
   constexpr int V = 151936, K = 2048;
@@ -352,6 +385,7 @@ TEST(LmheadScreen, DISABLED_Timing) {
   Dev<uint16_t> w(hw);
   const Screen s(w, V, K);
   Dev<char> ws(cuda::lmhead_screen_workspace_bytes(V, K));
+  cuda::lmhead_screen_workspace_init(ws.p, V, K, nullptr);
   Dev<float> logits(size_t(8) * V), lp(8);
   Dev<int32_t> ids(8);
   Dev<char> aws(cuda::lmhead_argmax_workspace_bytes(64, V));

@@ -263,6 +263,7 @@ std::string lmhead_screen_self_test_rows(int K, int rows) {
   MS_CUDA_CHECK(cudaMemcpy(dw.p, hw.data(), hw.size() * 2, cudaMemcpyHostToDevice));
   MS_CUDA_CHECK(cudaMemset(dids.p, 0xFF, rows * 4));
   lmhead_screen_quantize(dw.as<bf16>(), V, K, dq.p, nullptr);
+  lmhead_screen_workspace_init(ws.p, V, K, nullptr);
   const float amax = lmhead_screen_amax(dq.p, V, K, nullptr);
   lmhead_screen(dx.as<bf16>(), rows, K, dw.as<bf16>(), dq.p, amax, V, dids.as<int32_t>(), ws.p, nullptr);
   MS_CUDA_CHECK(cudaDeviceSynchronize());

@@ -266,6 +266,7 @@ GpuExecutor::GpuExecutor(const std::string& model_dir, const GpuOptions& opts) :
     lmhead_screen_quantize(model_->head_weight(), V, H, screen_weights_.get(), stream_);
     screen_amax_ = lmhead_screen_amax(screen_weights_.get(), V, H, stream_);
     screen_ws_ = DeviceArray<uint8_t>(alloc_, lmhead_screen_workspace_bytes(V, H), "activations");
+    lmhead_screen_workspace_init(screen_ws_.get(), V, H, stream_);
     log_info("lm_head screen: an int8 copy of the lm_head ({}) for greedy steps of 1-64 rows",
              format_bytes(screen_weights_.bytes()));
   }

@@ -14,6 +14,12 @@
 //     candidates exactly (a warp a candidate: BF16 weights and token row, f32 FMAs in a fixed order, a fixed
 //     butterfly), keeping the best (value, lowest id) a token;
 //  3. merge: one block a token folds the blocks' bests into the id.
+// With MOESERVE_LMHEAD_SCREEN_FOLD=1 (screen_kernel<true>, an experiment) the pick and the merge ride in the screen's
+// tail, one launch: each block trades its lower bound a token with a grid-wide one after every row block (a global
+// atomicMax whose answer is used one row block later), lists in shared memory the rows whose hi reaches the bound it
+// holds, and at its end evaluates those that reach the grid's bound as it stands then (every value of it is at most
+// the final L: the argmax row is evaluated by its block); the bests meet in a 64-bit atomicMax key a token and the
+// last block to finish writes the ids and puts the grid state back to zero for the next launch.
 #include "cuda/sampling/lmhead_screen.h"
 
 #include <cuda_fp16.h>
@@ -23,6 +29,7 @@
 #include <climits>
 #include <cstring>
 
+#include "core/env.h"
 #include "core/error.h"
 #include "cuda/device.h"
 #include "cuda/launch.h"
@@ -50,6 +57,14 @@ struct Workspace {
   float* hi;    // [kTok][V]: a + B
   float* lo;    // [kTok][kMaxGrid]: the screen blocks' max of a - B
   Best* best;   // [kTok][kMaxGrid]: the pick blocks' bests
+};
+// The folded form's grid state (MOESERVE_LMHEAD_SCREEN_FOLD=1), zero between launches: lmhead_screen_workspace_init
+// zeroes it once, the last block of each launch puts it back. Its own piece past both forms' layouts (the 9-64-row
+// form lays its workspace over the same bytes as this form's).
+struct FoldState {
+  unsigned glo[kTok];             // the grid's lower bound a token (bound_key; 0: none yet)
+  unsigned long long key[kTok];   // the best (logit, row) a token (best_key; 0: none yet)
+  unsigned done;                  // blocks finished
 };
 // The layout of the 1-8-row form's workspace (bytes: its size, when asked).
 Workspace carve(void* ws, int V, size_t* bytes = nullptr) {
@@ -117,7 +132,12 @@ struct ScreenArgs {
   float* hi;
   float* lo;
   int evict_first;
+  // The folded pick (screen_kernel<true>): the BF16 lm_head, the grid state, the ids.
+  const bf16* w;  // [V][K]
+  FoldState* fs;
+  int32_t* out_ids;
 };
+constexpr int kFoldCap = 64;  // listed rows a (token, block) in the folded form; more: the block's hi are scanned
 
 __device__ __forceinline__ void mma_f16(float (&c)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0,
                                         unsigned b1) {
@@ -128,14 +148,85 @@ __device__ __forceinline__ void mma_f16(float (&c)[4], unsigned a0, unsigned a1,
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+// The folded form's lower bound of a half-warp's token: the half-warp's running max of a - B, and the grid's answer
+// to the last trade (held by the half-warp's first thread). Warps 0-3, every lane.
+__device__ __forceinline__ float fold_bound(float lo_max, unsigned traded, int lane) {
+#pragma unroll
+  for (int o = 8; o > 0; o /= 2) lo_max = fmaxf(lo_max, __shfl_xor_sync(0xffffffffu, lo_max, o));
+  return fmaxf(lo_max, bound_of_key(__shfl_sync(0xffffffffu, traded, lane & 16)));
+}
+
+// A warp's exact pass over the rows whose hi (lane i: hi of row, keep when hi >= L) a ballot keeps.
+__device__ __forceinline__ Best exact_kept(Best best, unsigned keep, int row, const bf16* xr, const bf16* w, int K,
+                                           int lane) {
+  while (keep) {
+    const int src = __ffs(int(keep)) - 1;
+    keep &= keep - 1;
+    const int r = __shfl_sync(0xffffffffu, row, src);
+    best = better(best, Best{exact_logit(xr, w + int64_t(r) * K, K, lane), r});
+  }
+  return best;
+}
+
+// The folded form's end: the final lower bound a token (the block's, raised by the grid's as it stands now: every value
+// of either is at most the final L), a warp a token evaluates the block's listed rows that reach it (every row of the
+// block's run whose hi reaches it, from the hi rows, when the list overflowed), the bests into the grid's keys; the
+// last block writes the ids and zeroes the grid state for the next launch.
+__device__ __forceinline__ void fold_tail(const ScreenArgs& a, const Entry* flist, const int* fcnt, float* fbound,
+                                          float bound, float lo_max, unsigned traded, int64_t rb0, int64_t rb1) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, er = threadIdx.x % kRows, et = threadIdx.x / kRows;
+  if (threadIdx.x < kRows * kTok) {
+    bound = fmaxf(bound, fold_bound(lo_max, traded, lane));
+    if (er == 0 && et < a.M) fbound[et] = fmaxf(bound, bound_of_key(atomicMax(&a.fs->glo[et], bound_key(bound))));
+  }
+  __syncthreads();
+  for (int t = warp; t < a.M; t += kWarps) {
+    const float L = fbound[t];
+    const bf16* xr = a.x + int64_t(t) * a.K;
+    Best best{-INFINITY, INT_MAX};
+    const int n = fcnt[t];
+    if (n <= kFoldCap) {
+      for (int i0 = 0; i0 < n; i0 += 32) {
+        const int i = i0 + lane;
+        const Entry en = i < n ? flist[t * kFoldCap + i] : Entry{0, -INFINITY};
+        best = exact_kept(best, __ballot_sync(0xffffffffu, i < n && en.hi >= L), en.row, xr, a.w, a.K, lane);
+      }
+    } else {
+      const int64_t r1 = min(rb1 * kRows, int64_t(a.V));
+      for (int64_t r0 = rb0 * kRows; r0 < r1; r0 += 32) {
+        const int64_t r = r0 + lane;
+        const float h = r < r1 ? __ldcg(a.hi + int64_t(t) * a.V + r) : -INFINITY;
+        best = exact_kept(best, __ballot_sync(0xffffffffu, r < r1 && h >= L), int(r), xr, a.w, a.K, lane);
+      }
+    }
+    if (lane == 0 && best.id != INT_MAX) atomicMax(&a.fs->key[t], best_key(best.v, best.id));
+  }
+  __shared__ bool last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(&a.fs->done, 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (last && threadIdx.x < kTok) {
+    __threadfence();
+    const unsigned long long k = atomicExch(&a.fs->key[threadIdx.x], 0ull);
+    atomicExch(&a.fs->glo[threadIdx.x], 0u);
+    if (threadIdx.x < a.M) a.out_ids[threadIdx.x] = row_of_key(k);
+    if (threadIdx.x == 0) atomicExch(&a.fs->done, 0u);
+  }
+}
+
 // Dynamic shared memory: the rings, the fp16 token rows [M][K + kXPad], the run's row metadata.
 size_t screen_smem(int M, int K, int max_run_rows) {
   return size_t(kRingBytes) + size_t(M) * size_t(K + kXPad) * 2 + size_t(max_run_rows) * sizeof(screen::RowMeta);
 }
 
+template <bool kFold>
 __global__ void __launch_bounds__(kWarps * 32) screen_kernel(const __grid_constant__ ScreenArgs a) {
   __shared__ float partial[2][kWarps][kRows][kTok];
   __shared__ float x1s[kTok], exs[kTok];
+  __shared__ Entry flist[kFold ? kTok * kFoldCap : 1];  // the folded form's lists, its counts and final bounds
+  __shared__ int fcnt[kTok];
+  __shared__ float fbound[kTok];
   extern __shared__ __align__(16) unsigned char screen_smem_raw[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
   const int M = a.M, K = a.K, V = a.V;
@@ -194,6 +285,7 @@ __global__ void __launch_bounds__(kWarps * 32) screen_kernel(const __grid_consta
     }
     if (lane == 0) x1s[t] = screen::round_up_l1(s, K), exs[t] = screen::ex_term(e, K, a.amax_all);
   }
+  if (kFold && threadIdx.x < kTok) fcnt[threadIdx.x] = 0;
   __syncthreads();
   const bool has_token = g < M;
   const __half* xr = xs + (has_token ? g : 0) * ldxs;
@@ -202,6 +294,10 @@ __global__ void __launch_bounds__(kWarps * 32) screen_kernel(const __grid_consta
   const bool epi = threadIdx.x < kRows * kTok && et < M;
   const float ex1 = epi ? x1s[et] : 0.0f, eex = epi ? exs[et] : 0.0f;
   float lo_max = -INFINITY;
+  // The folded form: the thread's copy of the block's lower bound for token et (the same in its half-warp), and the
+  // grid's answer to its last trade (held by the half-warp's er == 0 thread, used one row block later).
+  float bound = -INFINITY;
+  unsigned traded = 0;
   float c[4] = {0.f, 0.f, 0.f, 0.f};
   int64_t rb = rb0;
   int u = 0;
@@ -247,27 +343,36 @@ __global__ void __launch_bounds__(kWarps * 32) screen_kernel(const __grid_consta
     partial[buf][warp][g + 8][2 * q + 1] = c[3];
     c[0] = c[1] = c[2] = c[3] = 0.f;
     __syncthreads();  // buffer buf is complete; the other was summed before any warp got here
-    if (epi) {
-      const int64_t n = rb * kRows + er;
-      if (n < V) {
-        float acc = 0.f;
+    const int64_t n = rb * kRows + er;
+    float hi = -INFINITY;
+    if (epi && n < V) {
+      float acc = 0.f;
 #pragma unroll
-        for (int w = 0; w < kWarps; ++w) acc += partial[buf][w][er][et];
-        const screen::RowMeta m = metas[n - rb0 * kRows];
-        const float approx = m.scale * acc;
-        const float b = screen::bound(approx, m.c, ex1, eex);
-        float hi = approx + b;
-        const float lo = approx - b;
-        if (!(hi == hi)) hi = INFINITY;  // NaN: a candidate the exact pass decides on
-        a.hi[int64_t(et) * V + n] = hi;
-        lo_max = fmaxf(lo_max, lo);      // (fmaxf drops a NaN)
+      for (int w = 0; w < kWarps; ++w) acc += partial[buf][w][er][et];
+      const screen::RowMeta m = metas[n - rb0 * kRows];
+      const float approx = m.scale * acc;
+      const float b = screen::bound(approx, m.c, ex1, eex);
+      hi = approx + b;
+      const float lo = approx - b;
+      if (!(hi == hi)) hi = INFINITY;  // NaN: a candidate the exact pass decides on
+      a.hi[int64_t(et) * V + n] = hi;
+      lo_max = fmaxf(lo_max, lo);      // (fmaxf drops a NaN)
+    }
+    if (kFold && threadIdx.x < kRows * kTok) {  // warps 0-3 whole: a half-warp a token
+      bound = fmaxf(bound, fold_bound(lo_max, traded, lane));
+      if (epi && n < V && hi >= bound) {
+        const int slot = atomicAdd(&fcnt[et], 1);
+        if (slot < kFoldCap) flist[et * kFoldCap + slot] = Entry{int(n), hi};
       }
+      if (er == 0 && et < M) traded = atomicMax(&a.fs->glo[et], bound_key(bound));
     }
     u = 0, ++rb;
   }
   moe_ptx::cp_async_wait<0>();
-  // The block's lo a token: the 16 epilogue threads of token et are one half-warp.
-  if (threadIdx.x < kRows * kTok) {
+  if constexpr (kFold) {
+    fold_tail(a, flist, fcnt, fbound, bound, lo_max, traded, rb0, rb1);
+  } else if (threadIdx.x < kRows * kTok) {
+    // The block's lo a token: the 16 epilogue threads of token et are one half-warp.
 #pragma unroll
     for (int o = 8; o > 0; o /= 2) lo_max = fmaxf(lo_max, __shfl_xor_sync(0xffffffffu, lo_max, o));
     if (er == 0 && et < M) a.lo[et * kMaxGrid + blockIdx.x] = lo_max;
@@ -361,22 +466,39 @@ struct Grids {
   int pick_blocks;
   size_t pick_smem;
 };
-Grids grids_for(int M, int K, int V) {
+Grids grids_for(int M, int K, int V, bool fold) {
   static const int sms = current_device_multiprocessors();
   Grids g{};
   const int64_t row_blocks = (V + kRows - 1) / kRows;
+  // The screen's static shared memory: the partial sums (and the folded form's lists).
+  const size_t static_smem = sizeof(float) * 2 * kWarps * kRows * kTok + (fold ? sizeof(Entry) * kTok * kFoldCap : 0);
   for (int per_sm : {2, 1}) {
     g.screen_blocks = int(std::min<int64_t>(int64_t(sms) * per_sm, std::min<int64_t>(row_blocks, kMaxGrid)));
     const int run_rows = int((row_blocks + g.screen_blocks - 1) / g.screen_blocks) * kRows;
     g.screen_smem = screen_smem(M, K, run_rows);
-    if (per_sm == 1 || 2 * (g.screen_smem + sizeof(float) * 2 * kWarps * kRows * kTok + 1024) <= (228u << 10)) break;
+    if (per_sm == 1 || 2 * (g.screen_smem + static_smem + 1024) <= (228u << 10)) break;
   }
   g.pick_blocks = std::min(sms, std::max(1, V));
   g.pick_smem = size_t((V + g.pick_blocks - 1) / g.pick_blocks + 1) * size_t(M) * sizeof(int);
   return g;
 }
 
+// The folded form's grid state: past both forms' layouts.
+size_t fold_state_offset(int vocab, int K) {
+  size_t narrow = 0;
+  carve(nullptr, vocab, &narrow);
+  return (std::max(narrow, wide_ws_bytes(K)) + 255) / 256 * 256;
+}
+FoldState* fold_state(void* workspace, int vocab, int K) {
+  return reinterpret_cast<FoldState*>(static_cast<char*>(workspace) + fold_state_offset(vocab, K));
+}
+
 }  // namespace
+
+bool screen_detail::screen_fold() {
+  static const bool on = env_flag("MOESERVE_LMHEAD_SCREEN_FOLD", false);
+  return on;
+}
 
 size_t lmhead_screen_weight_bytes(int vocab, int K) { return amax_offset(vocab, K) + 256; }
 
@@ -399,10 +521,10 @@ float lmhead_screen_amax(const void* screen_weights, int vocab, int K, cudaStrea
   return f;
 }
 
-size_t lmhead_screen_workspace_bytes(int vocab, int K) {
-  size_t narrow = 0;
-  carve(nullptr, vocab, &narrow);
-  return std::max(narrow, wide_ws_bytes(K));
+size_t lmhead_screen_workspace_bytes(int vocab, int K) { return fold_state_offset(vocab, K) + sizeof(FoldState); }
+
+void lmhead_screen_workspace_init(void* workspace, int vocab, int K, cudaStream_t stream) {
+  MS_CUDA_CHECK(cudaMemsetAsync(fold_state(workspace, vocab, K), 0, sizeof(FoldState), stream));
 }
 
 bool lmhead_screen_supported(int rows, int K, int vocab) {
@@ -412,8 +534,10 @@ bool lmhead_screen_supported(int rows, int K, int vocab) {
 }
 
 std::string lmhead_screen_code(const DeviceInfo& dev) {
-  for (const void* k : {reinterpret_cast<const void*>(screen_quantize_kernel), reinterpret_cast<const void*>(screen_kernel),
-                        reinterpret_cast<const void*>(pick_kernel), reinterpret_cast<const void*>(merge_kernel)})
+  for (const void* k :
+       {reinterpret_cast<const void*>(screen_quantize_kernel), reinterpret_cast<const void*>(screen_kernel<false>),
+        reinterpret_cast<const void*>(screen_kernel<true>), reinterpret_cast<const void*>(pick_kernel),
+        reinterpret_cast<const void*>(merge_kernel)})
     if (std::string why = check_kernel_present(k, dev); !why.empty()) return why;
   return wide_code(dev);
 }
@@ -423,7 +547,8 @@ void lmhead_screen(const bf16* x, int rows, int K, const bf16* w, const void* sc
   MS_CHECK(lmhead_screen_supported(rows, K, vocab), "lmhead_screen: {} rows of K {} over {} (1-{} rows, K % {} == 0)",
            rows, K, vocab, kWideRows, kSliceK);
   if (rows > kTok) return launch_wide(x, rows, K, w, screen_weights, amax_all, vocab, out_ids, workspace, stream);
-  const Grids g = grids_for(rows, K, vocab);
+  const bool fold = screen_fold();
+  const Grids g = grids_for(rows, K, vocab, fold);
   const Workspace ws = carve(workspace, vocab);
   const char* p = static_cast<const char*>(screen_weights);
   ScreenArgs sa{x,
@@ -435,10 +560,15 @@ void lmhead_screen(const bf16* x, int rows, int K, const bf16* w, const void* sc
                 amax_all,
                 ws.hi,
                 ws.lo,
-                l2_evict_first_weights() ? 1 : 0};
-  MS_CHECK(raise_dynamic_smem(reinterpret_cast<const void*>(screen_kernel), g.screen_smem),
+                l2_evict_first_weights() ? 1 : 0,
+                w,
+                fold_state(workspace, vocab, K),
+                out_ids};
+  auto* kernel = fold ? screen_kernel<true> : screen_kernel<false>;
+  MS_CHECK(raise_dynamic_smem(reinterpret_cast<const void*>(kernel), g.screen_smem),
            "lmhead_screen: the device refuses {} bytes of shared memory a block", g.screen_smem);
-  launch_pdl(screen_kernel, dim3(unsigned(g.screen_blocks)), dim3(kWarps * 32), g.screen_smem, stream, sa);
+  launch_pdl(kernel, dim3(unsigned(g.screen_blocks)), dim3(kWarps * 32), g.screen_smem, stream, sa);
+  if (fold) return;
   PickArgs pa{x, w, rows, K, vocab, g.screen_blocks, ws.hi, ws.lo, ws.best};
   MS_CHECK(raise_dynamic_smem(reinterpret_cast<const void*>(pick_kernel), g.pick_smem),
            "lmhead_screen: the device refuses {} bytes of shared memory a block", g.pick_smem);

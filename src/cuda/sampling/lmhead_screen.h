@@ -7,7 +7,7 @@
 // mma.sync, a pick, a merge); 9-64 rows (sm_90): three (the token rows' fp16 copy, the stream on wgmma, a pick a
 // token); programmatic dependents. The executor runs it for all-greedy steps of 1-64 rows without logprobs
 // (MOESERVE_LMHEAD_SCREEN=0 turns it off). MOESERVE_LMHEAD_SCREEN_FOLD=1 (an experiment, not yet run on a GPU): the
-// 9-64-row pick inside the stream kernel's tail (two launches).
+// picks inside the stream kernels' tails (1-8 rows: one launch; 9-64 rows: two).
 #pragma once
 
 #include <cstddef>
@@ -29,8 +29,10 @@ size_t lmhead_screen_weight_bytes(int vocab, int K);
 void lmhead_screen_quantize(const bf16* w, int vocab, int K, void* screen_weights, cudaStream_t stream);
 // The largest |w| over the lm_head (A of the bound), read back once after lmhead_screen_quantize (synchronizes).
 float lmhead_screen_amax(const void* screen_weights, int vocab, int K, cudaStream_t stream);
-// Device memory a launch uses (any 1-64 rows).
+// Device memory a launch uses (any 1-64 rows), and its one-time initialization (before the first launch on it: the
+// folded form's grid state, which each launch leaves as it found it).
 size_t lmhead_screen_workspace_bytes(int vocab, int K);
+void lmhead_screen_workspace_init(void* workspace, int vocab, int K, cudaStream_t stream);
 // x: [rows, K] bf16 (the final norm's rows), w: [vocab, K] bf16 (the lm_head the copy was made from); out_ids[rows].
 void lmhead_screen(const bf16* x, int rows, int K, const bf16* w, const void* screen_weights, float amax_all,
                    int vocab, int32_t* out_ids, void* workspace, cudaStream_t stream);

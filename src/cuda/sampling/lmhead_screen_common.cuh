@@ -20,6 +20,11 @@ namespace moeserve::cuda::screen_detail {
 constexpr int kPickThreads = 256;
 constexpr int kMaxGrid = 1024;     // blocks of the screen / pick grids the workspace is sized for
 
+// A listed row of a screen block: a row that may reach the lower bound, with its hi = a + B.
+struct Entry {
+  int row;
+  float hi;
+};
 struct Best {
   float v;
   int id;
@@ -82,6 +87,21 @@ __device__ __forceinline__ int ordered(float f) {
 }
 __device__ __forceinline__ float unordered(int i) { return __int_as_float(i >= 0 ? i : i ^ 0x7fffffff); }
 
+// The folded picks' grid-wide values (MOESERVE_LMHEAD_SCREEN_FOLD=1) as unsigned keys for atomicMax, 0 below every
+// key. A (logit, row) pair as one 64-bit key whose order is the pick's: the larger logit, then the lower row (a NaN
+// logit never gets one); the row of key 0 (no row: every logit NaN) is token 0, as the unfolded picks answer.
+__device__ __forceinline__ unsigned long long best_key(float v, int row) {
+  return (static_cast<unsigned long long>(unsigned(ordered(v)) ^ 0x80000000u) << 32) | (0xffffffffu - unsigned(row));
+}
+__device__ __forceinline__ int row_of_key(unsigned long long k) {
+  return k == 0 ? 0 : int(0xffffffffu - unsigned(k & 0xffffffffu));
+}
+// A lower bound (never NaN) as a 32-bit key, and back: key 0 (none yet) is -inf.
+__device__ __forceinline__ unsigned bound_key(float v) { return unsigned(ordered(v)) ^ 0x80000000u; }
+__device__ __forceinline__ float bound_of_key(unsigned k) {
+  return k == 0 ? -INFINITY : unordered(int(k ^ 0x80000000u));
+}
+
 
 // Consecutive 256-byte-aligned pieces of a workspace, in the order they are taken; `used` is the bytes taken so far,
 // so that carving from a null base gives a layout's size from the same code that lays it out.
@@ -98,6 +118,9 @@ struct WsCarve {
 };
 
 constexpr int kWideRows = 64;  // the 9-64-row form's token rows (its MMA's N)
+
+// MOESERVE_LMHEAD_SCREEN_FOLD=1 (an experiment): both forms' picks inside their stream kernels' tails.
+bool screen_fold();
 
 // The 9-64-row form (lmhead_screen_wide.cu): its workspace bytes, whether this binary holds its kernels for `dev`
 // ("" if so), and its launches (a prep, the stream, a pick unless MOESERVE_LMHEAD_SCREEN_FOLD=1).

@@ -19,7 +19,6 @@
 #include <algorithm>
 #include <vector>
 
-#include "core/env.h"
 #include "core/error.h"
 #include "cuda/launch.h"
 #include "cuda/moe/moe_kernel_params.h"
@@ -43,10 +42,6 @@ constexpr int kWStageBytes = kWRowBytes + 2 * kWTokBoxBytes;  // 64 KB
 constexpr int kWCap = 128;                 // listed rows a (token, block): ~10-40 expected, more is an overflow
 constexpr int kWMaxGrid = 256;             // blocks of the wide screen the lists are sized for (one an SM)
 
-struct Entry {
-  int row;
-  float hi;
-};
 struct WideWs {
   __half* xp;     // [64][K] permuted fp16 token rows
   float* x1;      // [64]
@@ -160,12 +155,6 @@ struct WideArgs {
   unsigned* done;
   int32_t* out_ids;
 };
-
-// A (logit, row) pair as one 64-bit key whose unsigned order is the pick's: the larger logit, then the lower row.
-// 0 is below every key; a NaN logit never gets one.
-__device__ __forceinline__ unsigned long long best_key(float v, int row) {
-  return (static_cast<unsigned long long>(unsigned(ordered(v)) ^ 0x80000000u) << 32) | (0xffffffffu - unsigned(row));
-}
 
 template <bool kFold>
 __global__ void __launch_bounds__(kWThreads, 1) wide_screen_kernel(const __grid_constant__ WideArgs a) {
@@ -387,8 +376,7 @@ __global__ void __launch_bounds__(kWThreads, 1) wide_screen_kernel(const __grid_
   asm volatile("bar.sync 1, 256;\n" ::: "memory");
   if (last && ctid < a.M) {
     __threadfence();
-    const unsigned long long k = atomicAdd(a.best + ctid, 0ull);
-    a.out_ids[ctid] = k == 0 ? 0 : int(0xffffffffu - unsigned(k & 0xffffffffu));
+    a.out_ids[ctid] = row_of_key(atomicAdd(a.best + ctid, 0ull));
   }
 #else
   (void)a;
@@ -526,7 +514,7 @@ void launch_wide(const bf16* x, int rows, int K, const bf16* w, const void* scre
   a.M = rows, a.K = K, a.V = vocab, a.units = (vocab + kWUnit - 1) / kWUnit;
   a.meta = reinterpret_cast<const screen::RowMeta*>(p + meta_offset(vocab, K));
   a.x1 = ws.x1, a.ex = ws.ex, a.glo = ws.glo, a.lo = ws.lo, a.cnt = ws.cnt, a.list = ws.list;
-  static const bool fold = env_flag("MOESERVE_LMHEAD_SCREEN_FOLD", false);
+  const bool fold = screen_fold();
   a.x = x, a.w = w, a.best = ws.best, a.done = ws.done, a.out_ids = out_ids;
   const int blocks = wide_blocks(vocab);
   const size_t smem = size_t(kWStages) * kWStageBytes + 2 * kWStages * 8 + 4 * kWTok * 4 + 1024;
