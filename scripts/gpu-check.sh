@@ -132,7 +132,7 @@ run test_gpu_parity_opt_in ok env "${OPT_IN[@]}" "$BUILD/tests/test_gpu_parity" 
 run test_gpu_model_noscreen ok env MOESERVE_LMHEAD_SCREEN=0 "$BUILD/tests/test_gpu_model" --gtest_brief=1
 run test_gpu_parity_noscreen ok env MOESERVE_LMHEAD_SCREEN=0 "$BUILD/tests/test_gpu_parity" --gtest_brief=1 \
   --gtest_filter='*Bf16*'
-# The opt-in folded pick of the 9-64-row screen (MOESERVE_LMHEAD_SCREEN_FOLD=1, session 45, not yet run on a GPU).
+# The opt-in folded picks of the screen (MOESERVE_LMHEAD_SCREEN_FOLD=1: 9-64 rows session 45, 1-8 rows session 46).
 run test_gpu_lmhead_screen_fold ok env MOESERVE_LMHEAD_SCREEN_FOLD=1 "$BUILD/tests/test_gpu_lmhead_screen" --gtest_brief=1
 run test_gpu_model_screen_fold ok env MOESERVE_LMHEAD_SCREEN_FOLD=1 "$BUILD/tests/test_gpu_model" --gtest_brief=1 \
   --gtest_filter='*Screen*:*32Sequences*:*LaunchedAhead*'
