@@ -132,9 +132,9 @@ run test_gpu_parity_opt_in ok env "${OPT_IN[@]}" "$BUILD/tests/test_gpu_parity" 
 run test_gpu_model_noscreen ok env MOESERVE_LMHEAD_SCREEN=0 "$BUILD/tests/test_gpu_model" --gtest_brief=1
 run test_gpu_parity_noscreen ok env MOESERVE_LMHEAD_SCREEN=0 "$BUILD/tests/test_gpu_parity" --gtest_brief=1 \
   --gtest_filter='*Bf16*'
-# The opt-in folded picks of the screen (MOESERVE_LMHEAD_SCREEN_FOLD=1: 9-64 rows session 45, 1-8 rows session 46).
-run test_gpu_lmhead_screen_fold ok env MOESERVE_LMHEAD_SCREEN_FOLD=1 "$BUILD/tests/test_gpu_lmhead_screen" --gtest_brief=1
-run test_gpu_model_screen_fold ok env MOESERVE_LMHEAD_SCREEN_FOLD=1 "$BUILD/tests/test_gpu_model" --gtest_brief=1 \
+# The screen's picks as their own launches (MOESERVE_LMHEAD_SCREEN_FOLD=0; folded by default since session 46).
+run test_gpu_lmhead_screen_unfolded ok env MOESERVE_LMHEAD_SCREEN_FOLD=0 "$BUILD/tests/test_gpu_lmhead_screen" --gtest_brief=1
+run test_gpu_model_screen_unfolded ok env MOESERVE_LMHEAD_SCREEN_FOLD=0 "$BUILD/tests/test_gpu_model" --gtest_brief=1 \
   --gtest_filter='*Screen*:*32Sequences*:*LaunchedAhead*'
 for g in 0 1; do
   run "test_cuda_sampling_greedy_grid$g" ok env MOESERVE_GREEDY_GRID=$g "$BUILD/tests/test_cuda_sampling_greedy" \

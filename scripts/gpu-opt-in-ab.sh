@@ -3,7 +3,7 @@
 # step of q30b8l at bs 1, 2, 8, 64 and 128 (scripts/gpu-ab.sh over build/bench/gpu_profile; ~7 s a variant), three
 # rounds: the defaults; the opt-in switches of decode steps (the final norm inside the streaming lm_head,
 # MOESERVE_LMHEAD_NORM_IN=1; the lm_head without its screen, MOESERVE_LMHEAD_SCREEN=0; the screen's picks
-# folded into its stream kernels, MOESERVE_LMHEAD_SCREEN_FOLD=1); the defaults' earlier forms (the cuBLASLt lm_head MOESERVE_GEMV_STREAM=0; session
+# as their own launches, MOESERVE_LMHEAD_SCREEN_FOLD=0); the defaults' earlier forms (the cuBLASLt lm_head MOESERVE_GEMV_STREAM=0; session
 # 18's greedy cluster form, 4-stage GEMV and down GEMV rings). Extra variants: AB_EXTRA="name=SETTINGS ...", added to
 # every round. Then kernel traces at bs 1 and 64 with the defaults (OUT/trace_bs1.log, OUT/trace_bs64.log).
 # Makes the model with gen-model when missing. Env: OUT (logs), MOESERVE_BUILD, MODEL (default
@@ -23,7 +23,7 @@ read -r -a extra <<<"${AB_EXTRA:-}"
 variants=()
 for r in a b c; do
   variants+=("base$r=" "normin$r=MOESERVE_LMHEAD_NORM_IN=1" "noscreen$r=MOESERVE_LMHEAD_SCREEN=0"
-             "fold$r=MOESERVE_LMHEAD_SCREEN_FOLD=1")
+             "nofold$r=MOESERVE_LMHEAD_SCREEN_FOLD=0")
   for v in "${extra[@]}"; do variants+=("${v%%=*}$r=${v#*=}"); done
 done
 variants+=("cublas=MOESERVE_GEMV_STREAM=0" "earlier=$EARLIER")

@@ -347,7 +347,7 @@ TEST(LmheadScreen, ReplaysInACudaGraph) {
 }
 
 // One workspace through launches of both forms and changing row counts (as the executor's steps use it): each launch
-// finds what it needs as the one before left it (MOESERVE_LMHEAD_SCREEN_FOLD=1: the grid state put back to zero).
+// finds what it needs as the one before left it (the folded picks: the grid state put back to zero).
 TEST(LmheadScreen, OneWorkspaceAcrossLaunchesOfBothForms) {
   const int V = 7000, K = 384;
   if (!gpu_usable(1, K, V)) GTEST_SKIP() << "needs a GPU with mma.sync f16";

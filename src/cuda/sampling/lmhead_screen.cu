@@ -14,8 +14,8 @@
 //     candidates exactly (a warp a candidate: BF16 weights and token row, f32 FMAs in a fixed order, a fixed
 //     butterfly), keeping the best (value, lowest id) a token;
 //  3. merge: one block a token folds the blocks' bests into the id.
-// With MOESERVE_LMHEAD_SCREEN_FOLD=1 (screen_kernel<true>, an experiment) the pick and the merge ride in the screen's
-// tail, one launch: each block trades its lower bound a token with a grid-wide one after every row block (a global
+// By default (screen_kernel<true>; MOESERVE_LMHEAD_SCREEN_FOLD=0: the three launches above) the pick and the merge ride
+// in the screen's tail, one launch: each block trades its lower bound a token with a grid-wide one after every row block (a global
 // atomicMax whose answer is used one row block later), lists in shared memory the rows whose hi reaches the bound it
 // holds, and at its end evaluates those that reach the grid's bound as it stands then (every value of it is at most
 // the final L: the argmax row is evaluated by its block); the bests meet in a 64-bit atomicMax key a token and the
@@ -58,7 +58,7 @@ struct Workspace {
   float* lo;    // [kTok][kMaxGrid]: the screen blocks' max of a - B
   Best* best;   // [kTok][kMaxGrid]: the pick blocks' bests
 };
-// The folded form's grid state (MOESERVE_LMHEAD_SCREEN_FOLD=1), zero between launches: lmhead_screen_workspace_init
+// The folded form's grid state (the default; MOESERVE_LMHEAD_SCREEN_FOLD=0 does without), zero between launches: lmhead_screen_workspace_init
 // zeroes it once, the last block of each launch puts it back. Its own piece past both forms' layouts (the 9-64-row
 // form lays its workspace over the same bytes as this form's).
 struct FoldState {
@@ -496,7 +496,7 @@ FoldState* fold_state(void* workspace, int vocab, int K) {
 }  // namespace
 
 bool screen_detail::screen_fold() {
-  static const bool on = env_flag("MOESERVE_LMHEAD_SCREEN_FOLD", false);
+  static const bool on = env_flag("MOESERVE_LMHEAD_SCREEN_FOLD", true);
   return on;
 }
 

@@ -87,7 +87,7 @@ __device__ __forceinline__ int ordered(float f) {
 }
 __device__ __forceinline__ float unordered(int i) { return __int_as_float(i >= 0 ? i : i ^ 0x7fffffff); }
 
-// The folded picks' grid-wide values (MOESERVE_LMHEAD_SCREEN_FOLD=1) as unsigned keys for atomicMax, 0 below every
+// The folded picks' grid-wide values (the default) as unsigned keys for atomicMax, 0 below every
 // key. A (logit, row) pair as one 64-bit key whose order is the pick's: the larger logit, then the lower row (a NaN
 // logit never gets one); the row of key 0 (no row: every logit NaN) is token 0, as the unfolded picks answer.
 __device__ __forceinline__ unsigned long long best_key(float v, int row) {
@@ -119,11 +119,11 @@ struct WsCarve {
 
 constexpr int kWideRows = 64;  // the 9-64-row form's token rows (its MMA's N)
 
-// MOESERVE_LMHEAD_SCREEN_FOLD=1 (an experiment): both forms' picks inside their stream kernels' tails.
+// Both forms' picks inside their stream kernels' tails (the default; MOESERVE_LMHEAD_SCREEN_FOLD=0: their own launches).
 bool screen_fold();
 
 // The 9-64-row form (lmhead_screen_wide.cu): its workspace bytes, whether this binary holds its kernels for `dev`
-// ("" if so), and its launches (a prep, the stream, a pick unless MOESERVE_LMHEAD_SCREEN_FOLD=1).
+// ("" if so), and its launches (a prep, the stream, a pick with MOESERVE_LMHEAD_SCREEN_FOLD=0).
 size_t wide_ws_bytes(int K);
 std::string wide_code(const DeviceInfo& dev);
 void launch_wide(const bf16* x, int rows, int K, const bf16* w, const void* screen_weights, float amax_all, int vocab,

@@ -1,6 +1,6 @@
 // The lm_head screen's 9-64-row form (lmhead_screen.h; the shared pieces in lmhead_screen_common.cuh, the bound in
 // lmhead_screen_math.h): the same int8 copy as the 1-8-row form, on sm_90's wgmma, in three launches
-// (two with MOESERVE_LMHEAD_SCREEN_FOLD=1):
+// (two by default, the pick folded into the screen; MOESERVE_LMHEAD_SCREEN_FOLD=0: three):
 // 0. prep: the token rows as fp16 with k permuted inside each 16-k group (logical 2q + i <- actual 4q + i, 8 + 2q + i
 //    <- 4q + 2 + i: what each lane's 32-bit read of 4 int8 weights becomes in the MMA's A fragment), zero rows up to
 //    64, X1 and e_x a token;
@@ -14,7 +14,7 @@
 //    found so far anywhere (a 384-row unit alone lists ~10-25 rows a token on q30b8l-like rows; later units ~0-3);
 // 2. pick: a block a token takes L over the blocks, evaluates the listed rows with a + B >= L exactly (a warp a
 //    row), then every row of the blocks whose list overflowed (all warps, row by row), and writes the argmax.
-//    With MOESERVE_LMHEAD_SCREEN_FOLD=1 (wide_screen_kernel<true>, not yet measured) there is no pick launch: each
+//    By default (wide_screen_kernel<true>; session 46, H100: the bs 64 step -11 to -16 us) there is no pick launch: each
 //    screen block evaluates its own listed rows against the grid's bound at its end, and the last block writes ids.
 #include <algorithm>
 #include <vector>
@@ -146,7 +146,7 @@ struct WideArgs {
   float* lo;
   int* cnt;
   Entry* list;
-  // The folded pick (wide_screen_kernel<true>, MOESERVE_LMHEAD_SCREEN_FOLD=1): each block evaluates its own listed
+  // The folded pick (wide_screen_kernel<true>, the default): each block evaluates its own listed
   // rows that reach the grid's lower bound as it finds it at the end, folds them into best (a 64-bit atomicMax a
   // token), and the last block to finish writes the ids; no pick launch.
   const bf16* x;  // [M][K]
