@@ -32,6 +32,7 @@
 #include "core/env.h"
 #include "core/error.h"
 #include "cuda/device.h"
+#include "cuda/fused_norm.cuh"
 #include "cuda/launch.h"
 #include "cuda/moe/moe_ptx.cuh"
 #include "cuda/pdl.cuh"
@@ -64,7 +65,7 @@ struct Workspace {
 struct FoldState {
   unsigned glo[kTok];             // the grid's lower bound a token (bound_key; 0: none yet)
   unsigned long long key[kTok];   // the best (logit, row) a token (best_key; 0: none yet)
-  unsigned done;                  // blocks finished
+  int done;                       // blocks finished (finished_last's counter)
 };
 // The layout of the 1-8-row form's workspace (bytes: its size, when asked).
 Workspace carve(void* ws, int V, size_t* bytes = nullptr) {
@@ -148,24 +149,16 @@ __device__ __forceinline__ void mma_f16(float (&c)[4], unsigned a0, unsigned a1,
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// The folded form's lower bound of a half-warp's token: the half-warp's running max of a - B, and the grid's answer
-// to the last trade (held by the half-warp's first thread). Warps 0-3, every lane.
-__device__ __forceinline__ float fold_bound(float lo_max, unsigned traded, int lane) {
+// The block's max of a - B for a token so far: its 16 epilogue threads are one half-warp.
+__device__ __forceinline__ float half_warp_max(float v) {
 #pragma unroll
-  for (int o = 8; o > 0; o /= 2) lo_max = fmaxf(lo_max, __shfl_xor_sync(0xffffffffu, lo_max, o));
-  return fmaxf(lo_max, bound_of_key(__shfl_sync(0xffffffffu, traded, lane & 16)));
+  for (int o = 8; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
 }
-
-// A warp's exact pass over the rows whose hi (lane i: hi of row, keep when hi >= L) a ballot keeps.
-__device__ __forceinline__ Best exact_kept(Best best, unsigned keep, int row, const bf16* xr, const bf16* w, int K,
-                                           int lane) {
-  while (keep) {
-    const int src = __ffs(int(keep)) - 1;
-    keep &= keep - 1;
-    const int r = __shfl_sync(0xffffffffu, row, src);
-    best = better(best, Best{exact_logit(xr, w + int64_t(r) * K, K, lane), r});
-  }
-  return best;
+// The folded form's lower bound of a half-warp's token: the block's, and the grid's answer to the last trade (held by
+// the half-warp's first thread). Warps 0-3, every lane.
+__device__ __forceinline__ float fold_bound(float lo_max, unsigned traded, int lane) {
+  return fmaxf(half_warp_max(lo_max), bound_of_key(__shfl_sync(0xffffffffu, traded, lane & 16)));
 }
 
 // The folded form's end: the final lower bound a token (the block's, raised by the grid's as it stands now: every value
@@ -186,11 +179,7 @@ __device__ __forceinline__ void fold_tail(const ScreenArgs& a, const Entry* flis
     Best best{-INFINITY, INT_MAX};
     const int n = fcnt[t];
     if (n <= kFoldCap) {
-      for (int i0 = 0; i0 < n; i0 += 32) {
-        const int i = i0 + lane;
-        const Entry en = i < n ? flist[t * kFoldCap + i] : Entry{0, -INFINITY};
-        best = exact_kept(best, __ballot_sync(0xffffffffu, i < n && en.hi >= L), en.row, xr, a.w, a.K, lane);
-      }
+      best = exact_listed(best, flist + t * kFoldCap, n, L, xr, a.w, a.K, lane);
     } else {
       const int64_t r1 = min(rb1 * kRows, int64_t(a.V));
       for (int64_t r0 = rb0 * kRows; r0 < r1; r0 += 32) {
@@ -201,17 +190,11 @@ __device__ __forceinline__ void fold_tail(const ScreenArgs& a, const Entry* flis
     }
     if (lane == 0 && best.id != INT_MAX) atomicMax(&a.fs->key[t], best_key(best.v, best.id));
   }
-  __shared__ bool last;
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(&a.fs->done, 1u) == gridDim.x - 1;
-  __syncthreads();
-  if (last && threadIdx.x < kTok) {
-    __threadfence();
+  // The last block (finished_last puts the counter back) reads every block's keys and zeroes them and the bounds.
+  if (finished_last(&a.fs->done, int(gridDim.x)) && threadIdx.x < kTok) {
     const unsigned long long k = atomicExch(&a.fs->key[threadIdx.x], 0ull);
     atomicExch(&a.fs->glo[threadIdx.x], 0u);
     if (threadIdx.x < a.M) a.out_ids[threadIdx.x] = row_of_key(k);
-    if (threadIdx.x == 0) atomicExch(&a.fs->done, 0u);
   }
 }
 
@@ -372,9 +355,7 @@ __global__ void __launch_bounds__(kWarps * 32) screen_kernel(const __grid_consta
   if constexpr (kFold) {
     fold_tail(a, flist, fcnt, fbound, bound, lo_max, traded, rb0, rb1);
   } else if (threadIdx.x < kRows * kTok) {
-    // The block's lo a token: the 16 epilogue threads of token et are one half-warp.
-#pragma unroll
-    for (int o = 8; o > 0; o /= 2) lo_max = fmaxf(lo_max, __shfl_xor_sync(0xffffffffu, lo_max, o));
+    lo_max = half_warp_max(lo_max);
     if (er == 0 && et < M) a.lo[et * kMaxGrid + blockIdx.x] = lo_max;
   }
 }

@@ -64,6 +64,31 @@ __device__ __forceinline__ float exact_logit(const bf16* xr, const bf16* wr, int
   return s;
 }
 
+// A warp's exact pass over the rows a ballot keeps (lane i holds a row; keep's bit i: evaluate it), into best.
+template <int kBatch = 8>
+__device__ __forceinline__ Best exact_kept(Best best, unsigned keep, int row, const bf16* xr, const bf16* w, int K,
+                                           int lane) {
+  while (keep) {
+    const int src = __ffs(int(keep)) - 1;
+    keep &= keep - 1;
+    const int r = __shfl_sync(0xffffffffu, row, src);
+    best = better(best, Best{exact_logit<kBatch>(xr, w + int64_t(r) * K, K, lane), r});
+  }
+  return best;
+}
+// ... over the n listed entries of a (token, block) whose hi reaches L, 32 at a time (the list written by this block
+// before a barrier).
+template <int kBatch = 8>
+__device__ __forceinline__ Best exact_listed(Best best, const Entry* list, int n, float L, const bf16* xr,
+                                             const bf16* w, int K, int lane) {
+  for (int i0 = 0; i0 < n; i0 += 32) {
+    const int i = i0 + lane;
+    const Entry en = i < n ? list[i] : Entry{0, -INFINITY};
+    best = exact_kept<kBatch>(best, __ballot_sync(0xffffffffu, i < n && en.hi >= L), en.row, xr, w, K, lane);
+  }
+  return best;
+}
+
 // The screen's weights in one allocation: q [V][K] int8, then the row metadata [V], then the largest |w| (A).
 inline size_t meta_offset(int V, int K) { return (size_t(V) * size_t(K) + 255) / 256 * 256; }
 inline size_t amax_offset(int V, int K) { return meta_offset(V, K) + (size_t(V) * sizeof(screen::RowMeta) + 255) / 256 * 256; }

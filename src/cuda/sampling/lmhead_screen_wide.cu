@@ -352,19 +352,7 @@ __global__ void __launch_bounds__(kWThreads, 1) wide_screen_kernel(const __grid_
           best = better(best, Best{exact_logit<4>(xr, a.w + int64_t(r) * a.K, a.K, lane), r});
       }
     } else {
-      const Entry* e = a.list + (size_t(t) * kWMaxGrid + blockIdx.x) * kWCap;
-      for (int i0 = 0; i0 < n; i0 += 32) {
-        const int i = i0 + lane;
-        Entry en{0, -INFINITY};
-        if (i < n) en = e[i];  // written by this block before the barrier
-        unsigned keepers = __ballot_sync(0xffffffffu, i < n && en.hi >= L);
-        while (keepers) {
-          const int src = __ffs(keepers) - 1;
-          keepers &= keepers - 1;
-          const int r = __shfl_sync(0xffffffffu, en.row, src);
-          best = better(best, Best{exact_logit<4>(xr, a.w + int64_t(r) * a.K, a.K, lane), r});
-        }
-      }
+      best = exact_listed<4>(best, a.list + (size_t(t) * kWMaxGrid + blockIdx.x) * kWCap, n, L, xr, a.w, a.K, lane);
     }
     if (lane == 0 && best.id != INT_MAX) atomicMax(a.best + t, best_key(best.v, best.id));
   }
