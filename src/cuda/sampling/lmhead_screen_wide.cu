@@ -80,20 +80,36 @@ __device__ __forceinline__ int permuted_source(int l) {  // actual k (inside the
   return 4 * q + i + (l >= 8 ? 2 : 0);
 }
 
-__global__ void __launch_bounds__(256) wide_prep_kernel(const bf16* x, int M, int K, float amax_all, WideWs w) {
+// A thread a 16-k group of token blockIdx.x: two 16-byte loads, the permutation in registers, two 16-byte stores - one
+// L2 round trip a thread instead of one a k (session 47: the k-strided form's loads serialized behind its stores,
+// which may alias x, ~9 us of chain at 64 rows).
+constexpr int kWPrepThreads = 128;
+__global__ void __launch_bounds__(kWPrepThreads) wide_prep_kernel(const bf16* x, int M, int K, float amax_all,
+                                                                 WideWs w) {
   pdl_enter();
   const int t = blockIdx.x;
   float s = 0.0f, e = 0.0f;
-  for (int k = threadIdx.x; k < K; k += 256) {
-    const int src = (k & ~15) + permuted_source(k & 15);
-    const float v = t < M ? __bfloat162float(__ldcg(x + int64_t(t) * K + src)) : 0.0f;
-    const __half h = __float2half_rn(v);
-    w.xp[int64_t(t) * K + k] = h;
-    s += fabsf(v);
-    const float d = fabsf(v - __half2float(h));
-    e = fmaxf(e, d == d ? d : INFINITY);
+  for (int g = threadIdx.x; g < K / 16; g += kWPrepThreads) {
+    uint4 in[2] = {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)};
+    if (t < M) {
+      const uint4* src = reinterpret_cast<const uint4*>(x + int64_t(t) * K + 16 * g);
+      in[0] = __ldcg(src), in[1] = __ldcg(src + 1);
+    }
+    const bf16* v = reinterpret_cast<const bf16*>(in);
+    alignas(16) __half h[16];
+#pragma unroll
+    for (int l = 0; l < 16; ++l) {
+      const float f = __bfloat162float(v[permuted_source(l)]);
+      h[l] = __float2half_rn(f);
+      s += fabsf(f);
+      const float d = fabsf(f - __half2float(h[l]));
+      e = fmaxf(e, d == d ? d : INFINITY);
+    }
+    uint4* dst = reinterpret_cast<uint4*>(w.xp + int64_t(t) * K + 16 * g);
+    dst[0] = reinterpret_cast<const uint4*>(h)[0], dst[1] = reinterpret_cast<const uint4*>(h)[1];
   }
-  __shared__ float rs[8], re[8];
+  constexpr int kWarps = kWPrepThreads / 32;
+  __shared__ float rs[kWarps], re[kWarps];
   for (int o = 16; o > 0; o /= 2) {
     s += __shfl_xor_sync(0xffffffffu, s, o);
     e = fmaxf(e, __shfl_xor_sync(0xffffffffu, e, o));
@@ -102,7 +118,7 @@ __global__ void __launch_bounds__(256) wide_prep_kernel(const bf16* x, int M, in
   __syncthreads();
   if (threadIdx.x == 0) {
     float S = 0.0f, E = 0.0f;
-    for (int i = 0; i < 8; ++i) S += rs[i], E = fmaxf(E, re[i]);  // (a NaN sum stays NaN: every row a candidate)
+    for (int i = 0; i < kWarps; ++i) S += rs[i], E = fmaxf(E, re[i]);  // (a NaN sum stays NaN: every row a candidate)
     w.x1[t] = screen::round_up_l1(S, K);
     w.ex[t] = screen::ex_term(E, K, amax_all);
     w.glo[t] = ordered(-INFINITY);
@@ -337,14 +353,73 @@ __global__ void __launch_bounds__(kWThreads, 1) wide_screen_kernel(const __grid_
   if constexpr (!kFold) return;
   // The folded pick. The lower bound a token: this block's, raised by the grid's as it stands now (every value of
   // either is at most the final L, so every row that reaches the final L, the argmax among them, is evaluated by its
-  // block). A warp a token at a time; its listed entries 32 at a time, a ballot; every row of the block's units when
-  // its list overflowed.
+  // block). Flat over the block's (token, entry) pairs rather than a warp a token (session 47: a warp's eight tokens at
+  // 64 rows were eight chains of L2 and DRAM round trips, ~20 us): (1) every token's L at once; (2) every listed entry,
+  // four loads in flight a thread, those that reach their token's L to a candidate list in the ring (free now: every
+  // slice is consumed); (3) a warp a candidate, its exact logit, into the token's best. A token whose list
+  // overflowed evaluates every row of the block's units (a warp a token), and so does every token when the candidates
+  // overflow theirs (a NaN or infinite token row).
   const int cwarp = ctid / 32;
+  float* Ls = reinterpret_cast<float*>(smem);   // [64]
+  int* off = reinterpret_cast<int*>(Ls + kWTok);  // [65]: token t's entries at off[t] of the flat order
+  int* ncand = off + kWTok + 1;
+  int2* cand = reinterpret_cast<int2*>(smem + 1024);  // [kWTailCap] (token, row)
+  constexpr int kWTailCap = (kWStages * kWStageBytes - 1024) / int(sizeof(int2));
+  if (ctid < kWTok) Ls[ctid] = ctid < a.M ? fmaxf(unordered(lo_s[ctid]), unordered(__ldcg(a.glo + ctid))) : INFINITY;
+  if (cwarp == 0) {  // a lane two tokens: the listed counts' exclusive scan (overflowed lists count 0 here)
+    const int t0 = 2 * lane;
+    const int c0 = t0 < a.M && cnt_s[t0] <= kWCap ? cnt_s[t0] : 0;
+    const int c1 = t0 + 1 < a.M && cnt_s[t0 + 1] <= kWCap ? cnt_s[t0 + 1] : 0;
+    int incl = c0 + c1;
+    for (int o = 1; o < 32; o *= 2) {
+      const int v = __shfl_up_sync(0xffffffffu, incl, o);
+      if (lane >= o) incl += v;
+    }
+    off[t0] = incl - c0 - c1, off[t0 + 1] = incl - c1;
+    if (lane == 31) off[kWTok] = incl, *ncand = 0;
+  }
+  asm volatile("bar.sync 1, 256;\n" ::: "memory");
+  const int n_flat = off[kWTok];
+  const Entry* blist = a.list + size_t(blockIdx.x) * kWCap;  // (t, i) at blist[t kWMaxGrid kWCap + i]
+  for (int base = 0; base < n_flat; base += 4 * 256) {
+    Entry en[4];
+    int tok[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int i = base + 256 * u + ctid;
+      tok[u] = -1;
+      if (i < n_flat) {
+        int lo = 0, hi = kWTok;  // the token: the last t with off[t] <= i (a listed token has off[t + 1] > off[t])
+        while (hi - lo > 1) {
+          const int mid = (lo + hi) / 2;
+          if (off[mid] <= i) lo = mid; else hi = mid;
+        }
+        tok[u] = lo;
+        en[u] = blist[size_t(lo) * kWMaxGrid * kWCap + (i - off[lo])];
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+      if (tok[u] >= 0 && en[u].hi >= Ls[tok[u]]) {
+        const int slot = atomicAdd(ncand, 1);
+        if (slot < kWTailCap) cand[slot] = make_int2(tok[u], en[u].row);
+      }
+  }
+  asm volatile("bar.sync 1, 256;\n" ::: "memory");
+  const int nc = *ncand;
+  const bool cand_over = nc > kWTailCap;
+  if (!cand_over) {
+    for (int c = cwarp; c < nc; c += 8) {
+      const int2 tr = cand[c];
+      const float v = exact_logit<8>(a.x + int64_t(tr.x) * a.K, a.w + int64_t(tr.y) * a.K, a.K, lane);
+      if (lane == 0 && v == v) atomicMax(a.best + tr.x, best_key(v, tr.y));  // (a NaN logit never wins)
+    }
+  }
   for (int t = cwarp; t < a.M; t += 8) {
-    const float L = fmaxf(unordered(lo_s[t]), unordered(__ldcg(a.glo + t)));
+    const int n = cnt_s[t];
+    if (n <= kWCap && !cand_over) continue;
     const bf16* xr = a.x + int64_t(t) * a.K;
     Best best{-INFINITY, INT_MAX};
-    const int n = cnt_s[t];
     if (n > kWCap) {
       for (int ui = 0; ui < my_units; ++ui) {
         const int unit = int(blockIdx.x) + ui * int(gridDim.x);
@@ -352,7 +427,7 @@ __global__ void __launch_bounds__(kWThreads, 1) wide_screen_kernel(const __grid_
           best = better(best, Best{exact_logit<4>(xr, a.w + int64_t(r) * a.K, a.K, lane), r});
       }
     } else {
-      best = exact_listed<4>(best, a.list + (size_t(t) * kWMaxGrid + blockIdx.x) * kWCap, n, L, xr, a.w, a.K, lane);
+      best = exact_listed<4>(best, a.list + (size_t(t) * kWMaxGrid + blockIdx.x) * kWCap, n, Ls[t], xr, a.w, a.K, lane);
     }
     if (lane == 0 && best.id != INT_MAX) atomicMax(a.best + t, best_key(best.v, best.id));
   }
@@ -494,7 +569,7 @@ int wide_blocks(int vocab) {
 void launch_wide(const bf16* x, int rows, int K, const bf16* w, const void* screen_weights, float amax_all, int vocab,
                  int32_t* out_ids, void* workspace, cudaStream_t stream) {
   const WideWs ws = carve_wide(workspace, K);
-  launch_pdl(wide_prep_kernel, dim3(unsigned(kWTok)), dim3(256), 0, stream, x, rows, K, amax_all, ws);
+  launch_pdl(wide_prep_kernel, dim3(unsigned(kWTok)), dim3(kWPrepThreads), 0, stream, x, rows, K, amax_all, ws);
   const char* p = static_cast<const char*>(screen_weights);
   WideArgs a{};
   encode_bf16_tma_2d(&a.wmap, p, vocab, K / 2, kWHalf);  // the int8 rows as 2-byte pairs: boxes of 128 bytes
