@@ -197,7 +197,10 @@ __global__ void __launch_bounds__(kWThreads, 1) wide_screen_kernel(const __grid_
   const int KT = a.K / kWSliceK;
   const int my_units = a.units > int(blockIdx.x) ? (a.units - 1 - int(blockIdx.x)) / int(gridDim.x) + 1 : 0;
   const int total = my_units * KT;
+  // The register file rebalanced: the producer warpgroup (one TMA thread) needs few, the MMA warpgroups hold two
+  // sets of A fragments beside 96 accumulators (128 x 40 + 256 x 232 <= 64 K).
   if (wg == 0) {
+    setmaxnreg_dec<40>();
     if (tid == 0) {
       // Slice s: unit blockIdx.x + (s / KT) gridDim.x, k bytes (s % KT) 128. The first pass's weight boxes before the
       // wait; the token boxes (written by the prep launch) after it.
@@ -233,15 +236,17 @@ __global__ void __launch_bounds__(kWThreads, 1) wide_screen_kernel(const __grid_
     }
     return;
   }
+  setmaxnreg_inc<232>();
   pdl_wait();
   const int cw = wg - 1, ctid = tid - 128, warp = (ctid / 32) & 3, lane = ctid % 32, g = lane / 4, q = lane % 4;
   if (ctid < kWTok) x1_s[ctid] = __ldcg(a.x1 + ctid), ex_s[ctid] = __ldcg(a.ex + ctid);
   asm volatile("bar.sync 1, 256;\n" ::: "memory");
   int s = 0;  // slices consumed
-  // One set of A fragments a warpgroup: rebuilt after the wgmmas that read it complete; the other warpgroup's
-  // MMAs keep the tensor pipe busy meanwhile.
-  unsigned A[3][4];
-  bool pending = false;
+  // Two sets of A fragments a warpgroup, alternating by k step: step kk's weights are loaded and converted while
+  // step kk - 1's wgmmas run (wgmma_wait<1> frees the set step kk - 2 read), so a warpgroup keeps one group in
+  // flight through its conversions (session 47: one set, rebuilt after a full wait, left the consumers the wide
+  // screen's limit - ~2.6 us a slice against the TMA ring's ~2.2 on an H100).
+  unsigned A[2][3][4];
   for (int ui = 0; ui < my_units; ++ui) {
     const int unit = int(blockIdx.x) + ui * int(gridDim.x);
     float d[3][32];
@@ -256,27 +261,25 @@ __global__ void __launch_bounds__(kWThreads, 1) wide_screen_kernel(const __grid_
       const unsigned tok = ring + unsigned(stage * kWStageBytes + kWRowBytes);
 #pragma unroll
       for (int kk = 0; kk < kWSliceK / 16; ++kk) {
-        if (pending) {
-          wgmma_wait<0>();
-          keep(A);
-        }
-        // Slice s - 1 of this unit is read once its last wgmmas are done (the unit's last slice: after the loop).
-        if (kk == 0 && kt > 0 && ctid % 128 == 0) mbar_arrive(empty0 + ((s - 1) % kWStages) * 8);
+        unsigned (&Ab)[3][4] = A[kk & 1];
+        wgmma_wait<1>();  // the groups before the last: the one that read this set (step kk - 2) is done
+        keep(Ab);
+        // Slice s - 1's last group (two steps back) is done: its stage is free (the unit's last slice: after the loop).
+        if (kk == 1 && kt > 0 && ctid % 128 == 0) mbar_arrive(empty0 + ((s - 1) % kWStages) * 8);
 #pragma unroll
         for (int j = 0; j < 3; ++j) {
           const int r = 64 * j + 16 * warp + g;  // r and r + 8 share r % 8, hence the 16-byte chunk's swizzle
           const int off = 16 * (kk ^ (r & 7)) + 4 * q;
           const unsigned w0 = *reinterpret_cast<const unsigned*>(wt + r * kWSliceK + off);
           const unsigned w1 = *reinterpret_cast<const unsigned*>(wt + (r + 8) * kWSliceK + off);
-          int8x4_to_half2x2(w0, A[j][0], A[j][2]);
-          int8x4_to_half2x2(w1, A[j][1], A[j][3]);
+          int8x4_to_half2x2(w0, Ab[j][0], Ab[j][2]);
+          int8x4_to_half2x2(w1, Ab[j][1], Ab[j][3]);
         }
         wgmma_fence();
         const unsigned long long bd = wgmma_desc_sw128(tok + unsigned((kk / 4) * kWTokBoxBytes + (kk % 4) * 32));
 #pragma unroll
-        for (int j = 0; j < 3; ++j) wgmma_rs_f16_n64(d[j], A[j], bd);
+        for (int j = 0; j < 3; ++j) wgmma_rs_f16_n64(d[j], Ab[j], bd);
         wgmma_commit();
-        pending = true;
       }
     }
     // This thread's six rows (block j, rows 16 warp + g (+ 8)): their metadata, loaded while the last MMAs run. Rows
@@ -291,10 +294,10 @@ __global__ void __launch_bounds__(kWThreads, 1) wide_screen_kernel(const __grid_
         meta[j][h] = r < a.V ? a.meta[r] : screen::RowMeta{NAN, 0.0f};
       }
     wgmma_wait<0>();
-    keep(A);
+    keep(A[0]);
+    keep(A[1]);
 #pragma unroll
     for (int j = 0; j < 3; ++j) keep(d[j]);
-    pending = false;
     if (ctid % 128 == 0) mbar_arrive(empty0 + ((s - 1) % kWStages) * 8);  // the unit's last slice
     // Epilogue. d[j][4 i + 2 h + e]: row 64 j + 16 warp + g + 8 h, token 8 i + 2 q + e. Each accumulator becomes
     // its hi = a + B; the token's max of a - B over this warp's rows goes to the block's (shared, monotone).
