@@ -254,6 +254,9 @@ __global__ void __launch_bounds__(kWThreads, 1) wide_screen_kernel(const __grid_
     for (int j = 0; j < 3; ++j)
 #pragma unroll
       for (int i = 0; i < 32; ++i) d[j][i] = 0.0f;
+    // The grid's lower bound a token as it stands now (ordered; the earlier units' maxima of every block that traded),
+    // its load in flight through the unit's MMAs.
+    const int grid_lo = ui > 0 && ctid < a.M ? __ldcg(a.glo + ctid) : ordered(-INFINITY);
     for (int kt = 0; kt < KT; ++kt, ++s) {
       const int stage = s % kWStages;
       mbar_wait(full0 + stage * 8, (s / kWStages) & 1);
@@ -324,7 +327,8 @@ __global__ void __launch_bounds__(kWThreads, 1) wide_screen_kernel(const __grid_
         m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 16));
         if (g == 0 && n < a.M && m == m) atomicMax(lo_s + n, ordered(m));
       }
-    asm volatile("bar.sync 1, 256;\n" ::: "memory");  // the unit's maxima are in
+    if (ctid < a.M) atomicMax(lo_s + ctid, grid_lo);
+    asm volatile("bar.sync 1, 256;\n" ::: "memory");  // the unit's maxima and the grid's are in
 #pragma unroll
     for (int j = 0; j < 3; ++j)
 #pragma unroll
@@ -341,12 +345,10 @@ __global__ void __launch_bounds__(kWThreads, 1) wide_screen_kernel(const __grid_
               if (slot < kWCap) a.list[(size_t(n) * kWMaxGrid + blockIdx.x) * kWCap + slot] = Entry{r, hi};
             }
           }
-    // The block's maximum to the grid's and the grid's back (its latency hides behind the next unit's MMAs; any value
-    // read by a listing thread meanwhile is a lower bound of the exact maximum, as every value of either is).
-    if (ctid < a.M) {
-      if (ui + 1 < my_units) atomicMax(lo_s + ctid, atomicMax(a.glo + ctid, lo_s[ctid]));
-      else atomicMax(a.glo + ctid, lo_s[ctid]);  // the last unit: for the blocks still running (no wait)
-    }
+    // The block's maximum to the grid's, without waiting for an answer (a reduction: session 47, a returning
+    // atomic held the first MMA warpgroup a round trip a unit); the grid's comes back by the load at the next unit's
+    // start, applied in that unit's epilogue (any value of either is a lower bound of the exact maximum).
+    if (ctid < a.M) atomicMax(a.glo + ctid, lo_s[ctid]);
   }
   asm volatile("bar.sync 1, 256;\n" ::: "memory");
   if (ctid < a.M) {
