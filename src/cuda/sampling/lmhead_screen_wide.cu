@@ -7,15 +7,19 @@
 // 1. screen: one CTA an SM walking units of 384 rows x all K; a producer thread streams each unit's int8 rows (two
 //    192-row TMA boxes of 128 bytes) and the 64 token rows (two 64-column fp16 boxes) into a 3-deep ring of 64 KB
 //    stages; two MMA warpgroups of 192 rows (three m64 blocks each) read their weights from shared memory into
-//    registers, convert them to fp16 and run wgmma m64n64k16 with A from registers and the token tile as B. A
-//    unit's epilogue folds a - B into the block's max a token (shared, monotone), then lists every (row, a + B) that
-//    reaches it: a superset of the rows that can reach the global L; after its list, the block trades its max with
-//    a grid-wide one (global atomicMax, reset by the prep), so that later units list against the best lower bound
-//    found so far anywhere (a 384-row unit alone lists ~10-25 rows a token on q30b8l-like rows; later units ~0-3);
+//    registers, convert them to fp16 and run wgmma m64n64k16 with A from registers and the token tile as B (two
+//    fragment sets, so that a k step's conversion runs under the step before). A unit's epilogue folds a - B into
+//    the block's max a token (shared, monotone), then lists every (row, a + B) that reaches it: a superset of the
+//    rows that can reach the global L; after its list, the block reduces its max into a grid-wide one (global
+//    atomicMax, reset by the prep) and loads that back at its next unit's start, so that later units list against
+//    the best lower bound found so far anywhere (a 384-row unit alone lists ~10-25 rows a token on q30b8l-like rows;
+//    later units ~0-3). On an H100 its stream bounds it; on an H200 its MMAs would (N = 64 tokens: ~87-95 us of
+//    consumers alone, measured on an H100, against a ~71 us stream; docs/PERF.md session 47);
 // 2. pick: a block a token takes L over the blocks, evaluates the listed rows with a + B >= L exactly (a warp a
 //    row), then every row of the blocks whose list overflowed (all warps, row by row), and writes the argmax.
 //    By default (wide_screen_kernel<true>; session 46, H100: the bs 64 step -11 to -16 us) there is no pick launch: each
-//    screen block evaluates its own listed rows against the grid's bound at its end, and the last block writes ids.
+//    screen block evaluates its own listed rows that reach the grid's bound at its end (flat over its (token, entry)
+//    pairs, a warp a candidate), and the last block writes ids.
 #include <algorithm>
 #include <vector>
 
