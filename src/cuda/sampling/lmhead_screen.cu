@@ -251,22 +251,50 @@ __global__ void __launch_bounds__(kWarps * 32) screen_kernel(const __grid_consta
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) metas[i] = a.meta[r0 + i];
   }
   pdl_enter();
-  // The token rows as fp16 (|x16 - x| <= e_x; an infinite e_x when a value overflows), X1 = sum |x| a token.
-  for (int t = warp; t < M; t += kWarps) {
-    float s = 0.0f, e = 0.0f;
-    for (int k = lane; k < K; k += 32) {
-      const float v = __bfloat162float(__ldcg(a.x + int64_t(t) * K + k));
-      const __half h = __float2half_rn(v);
-      xs[t * ldxs + k] = h;
-      s += fabsf(v);
-      const float d = fabsf(v - __half2float(h));
-      e = fmaxf(e, d == d ? d : INFINITY);
+  // The token rows as fp16 (|x16 - x| <= e_x; an infinite e_x when a value overflows), X1 = sum |x| a token: a thread
+  // a 16-byte chunk of every token row at a time, all of them in flight together (session 47: a warp a token, a k a
+  // lane, was a chain of L2 round trips on the step's critical path while the ring waited), per-warp sums through
+  // shared memory (`partial`, free until the first row block ends) added in warp order.
+  {
+    float s[kTok], e[kTok];
+#pragma unroll
+    for (int t = 0; t < kTok; ++t) s[t] = 0.0f, e[t] = 0.0f;
+    for (int c = threadIdx.x; c < K / 8; c += kWarps * 32) {
+      uint4 v[kTok];
+#pragma unroll
+      for (int t = 0; t < kTok; ++t)
+        v[t] = t < M ? __ldcg(reinterpret_cast<const uint4*>(a.x + int64_t(t) * K) + c) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+      for (int t = 0; t < kTok; ++t) {
+        if (t >= M) continue;
+        const bf16* xv = reinterpret_cast<const bf16*>(&v[t]);
+        alignas(16) __half h[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const float f = __bfloat162float(xv[i]);
+          h[i] = __float2half_rn(f);
+          s[t] += fabsf(f);
+          const float d = fabsf(f - __half2float(h[i]));
+          e[t] = fmaxf(e[t], d == d ? d : INFINITY);
+        }
+        *reinterpret_cast<uint4*>(xs + t * ldxs + 8 * c) = *reinterpret_cast<const uint4*>(h);
+      }
     }
-    for (int o = 16; o > 0; o /= 2) {
-      s += __shfl_xor_sync(0xffffffffu, s, o);
-      e = fmaxf(e, __shfl_xor_sync(0xffffffffu, e, o));
+    float* red = &partial[0][0][0][0];  // [2][kWarps][kTok]: sums, then maxima
+#pragma unroll
+    for (int t = 0; t < kTok; ++t) {
+      for (int o = 16; o > 0; o /= 2) {
+        s[t] += __shfl_xor_sync(0xffffffffu, s[t], o);
+        e[t] = fmaxf(e[t], __shfl_xor_sync(0xffffffffu, e[t], o));
+      }
+      if (lane == 0) red[warp * kTok + t] = s[t], red[(kWarps + warp) * kTok + t] = e[t];
     }
-    if (lane == 0) x1s[t] = screen::round_up_l1(s, K), exs[t] = screen::ex_term(e, K, a.amax_all);
+    __syncthreads();
+    if (threadIdx.x < M) {
+      float S = 0.0f, E = 0.0f;  // (a NaN sum stays NaN: every row a candidate)
+      for (int w = 0; w < kWarps; ++w) S += red[w * kTok + threadIdx.x], E = fmaxf(E, red[(kWarps + w) * kTok + threadIdx.x]);
+      x1s[threadIdx.x] = screen::round_up_l1(S, K), exs[threadIdx.x] = screen::ex_term(E, K, a.amax_all);
+    }
   }
   if (kFold && threadIdx.x < kTok) fcnt[threadIdx.x] = 0;
   __syncthreads();
