@@ -5,7 +5,9 @@
 # "served / overlapped": one step launched and collected at a time, then the overlap schedule's regime (the next
 # step launched before the last is collected), which is what a server's decode runs at.
 #   scripts/gpu-ab.sh MODEL_DIR 'base=' 'nopdl=MOESERVE_PDL=0' 'gemv=--gemm-backend gemv' ...
-# A variant is NAME=WORDS: words with '=' are environment settings, the rest are gpu_profile flags.
+# A variant is NAME=WORDS: `build=DIR` runs that variant's gpu_profile from DIR (DIR/bench/ or DIR/: a baseline packed
+# with `scripts/pack-for-gpu.sh --baseline`, e.g. build=build-base, or scripts/build-ab-binaries.sh's), other words with '=' are environment settings, the rest
+# gpu_profile flags. Alternate the variants (a= b= a2= b2=): machines drift within a call.
 # Env: OUT (where logs.tgz goes), MOESERVE_BUILD (default build), AB_FLAGS (gpu_profile flags for every variant,
 # e.g. "--batch-sizes 1,64 --prefill=false": the columns then follow those batch sizes).
 set -uo pipefail
@@ -30,10 +32,19 @@ for v in "$@"; do
   words=${v#*=}
   envs=()
   flags=(${AB_FLAGS:-})  # AB_FLAGS: gpu_profile flags for every variant
+  vbuild=$BUILD
   for w in $words; do
-    if [[ $w == *=* && $w != --* ]]; then envs+=("$w"); else flags+=("$w"); fi
+    if [[ $w == build=* ]]; then vbuild=${w#build=}
+    elif [[ $w == *=* && $w != --* ]]; then envs+=("$w")
+    else flags+=("$w"); fi
   done
-  env "${envs[@]}" "$BUILD/bench/gpu_profile" --model-path "$MODEL" "${flags[@]}" >"$LOGS/$name.log" 2>&1
+  prof=$vbuild/bench/gpu_profile  # a build's layout, or a folder of binaries (scripts/build-ab-binaries.sh)
+  [[ -x $prof ]] || prof=$vbuild/gpu_profile
+  if [[ ! -x $prof ]]; then
+    printf '%-14s no gpu_profile in %s or %s/bench\n' "$name" "$vbuild" "$vbuild"
+    continue
+  fi
+  env "${envs[@]}" "$prof" --model-path "$MODEL" "${flags[@]}" >"$LOGS/$name.log" 2>&1
   mapfile -t served < <(grep 'served decode step' "$LOGS/$name.log" | grep -oE '[0-9]+\.[0-9]+ us' | cut -d' ' -f1)
   mapfile -t over < <(grep 'overlapped decode step' "$LOGS/$name.log" | grep -oE '[0-9]+\.[0-9]+ us' | cut -d' ' -f1)
   cell() { echo "${served[$1]:-fail} / ${over[$1]:-fail}"; }
