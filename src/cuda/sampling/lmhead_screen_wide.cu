@@ -248,8 +248,8 @@ __global__ void __launch_bounds__(kWThreads, 1) wide_screen_kernel(const __grid_
   int s = 0;  // slices consumed
   // Two sets of A fragments a warpgroup, alternating by k step: step kk's weights are loaded and converted while
   // step kk - 1's wgmmas run (wgmma_wait<1> frees the set step kk - 2 read), so a warpgroup keeps one group in
-  // flight through its conversions (session 47: one set, rebuilt after a full wait, left the consumers the wide
-  // screen's limit - ~2.6 us a slice against the TMA ring's ~2.2 on an H100).
+  // flight through its conversions (session 47, H100: -2.5 us at 16-64 rows against one set rebuilt after a full
+  // wait; the consumers alone still take ~87-95 us, the MMAs at N = 64 tokens, docs/PERF.md).
   unsigned A[2][3][4];
   for (int ui = 0; ui < my_units; ++ui) {
     const int unit = int(blockIdx.x) + ui * int(gridDim.x);
