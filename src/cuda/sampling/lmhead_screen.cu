@@ -270,13 +270,7 @@ __global__ void __launch_bounds__(kWarps * 32) screen_kernel(const __grid_consta
         const bf16* xv = reinterpret_cast<const bf16*>(&v[t]);
         alignas(16) __half h[8];
 #pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          const float f = __bfloat162float(xv[i]);
-          h[i] = __float2half_rn(f);
-          s[t] += fabsf(f);
-          const float d = fabsf(f - __half2float(h[i]));
-          e[t] = fmaxf(e[t], d == d ? d : INFINITY);
-        }
+        for (int i = 0; i < 8; ++i) h[i] = screen_half(__bfloat162float(xv[i]), s[t], e[t]);
         *reinterpret_cast<uint4*>(xs + t * ldxs + 8 * c) = *reinterpret_cast<const uint4*>(h);
       }
     }

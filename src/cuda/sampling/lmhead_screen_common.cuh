@@ -89,6 +89,16 @@ __device__ __forceinline__ Best exact_listed(Best best, const Entry* list, int n
   return best;
 }
 
+// A token value as the fp16 the screen's MMAs take, its |x| added to X1's sum and its rounding error to e_x's maximum
+// (infinite when the value overflows fp16 or is NaN): what both forms' token staging feeds the bound.
+__device__ __forceinline__ __half screen_half(float f, float& sum_abs, float& max_err) {
+  const __half h = __float2half_rn(f);
+  sum_abs += fabsf(f);
+  const float d = fabsf(f - __half2float(h));
+  max_err = fmaxf(max_err, d == d ? d : INFINITY);
+  return h;
+}
+
 // The screen's weights in one allocation: q [V][K] int8, then the row metadata [V], then the largest |w| (A).
 inline size_t meta_offset(int V, int K) { return (size_t(V) * size_t(K) + 255) / 256 * 256; }
 inline size_t amax_offset(int V, int K) { return meta_offset(V, K) + (size_t(V) * sizeof(screen::RowMeta) + 255) / 256 * 256; }

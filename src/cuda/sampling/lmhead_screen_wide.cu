@@ -102,13 +102,7 @@ __global__ void __launch_bounds__(kWPrepThreads) wide_prep_kernel(const bf16* x,
     const bf16* v = reinterpret_cast<const bf16*>(in);
     alignas(16) __half h[16];
 #pragma unroll
-    for (int l = 0; l < 16; ++l) {
-      const float f = __bfloat162float(v[permuted_source(l)]);
-      h[l] = __float2half_rn(f);
-      s += fabsf(f);
-      const float d = fabsf(f - __half2float(h[l]));
-      e = fmaxf(e, d == d ? d : INFINITY);
-    }
+    for (int l = 0; l < 16; ++l) h[l] = screen_half(__bfloat162float(v[permuted_source(l)]), s, e);
     uint4* dst = reinterpret_cast<uint4*>(w.xp + int64_t(t) * K + 16 * g);
     dst[0] = reinterpret_cast<const uint4*>(h)[0], dst[1] = reinterpret_cast<const uint4*>(h)[1];
   }
