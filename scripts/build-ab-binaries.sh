@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Builds the GPU test and profiling binaries of several git refs for a same-call A/B on the GPU machine
-# (scripts/gpu-moe-binary-ab.sh): for each NAME=REF, checks REF out in this tree, rebuilds build/ incrementally (only
-# what differs from the last ref recompiles) and copies the stripped binaries to OUT/NAME/; then checks the starting
-# branch out again and rebuilds it. Needs a clean tree (nothing uncommitted) and a configured build/.
-#   scripts/build-ab-binaries.sh OUT main=main silu=next/silu-fast-divide ws11=next/gu-swiglu-regs
-# Then carry OUT (e.g. under .gpu-carry/) and run, on the GPU machine,
-#   scripts/gpu-moe-binary-ab.sh MODEL main=OUT/main silu=OUT/silu ws11=OUT/ws11,MOESERVE_MOE_WS_PREFILL=11
+# (scripts/gpu-moe-binary-ab.sh, gpu-ab.sh's build=DIR, gpu-bench.sh's MOESERVE_BUILD): for each NAME=REF, checks REF
+# out in this tree, rebuilds build/ incrementally (only what differs from the last ref recompiles) and packs that
+# build with `scripts/pack-for-gpu.sh --baseline NAME OUT` (OUT/baseline-NAME.tar.xz: moeserve, gpu_profile and
+# test_cuda_moe, test_gpu_model, test_gpu_parity, stripped and compressed to fit the device tool's carry); then checks
+# the starting branch out again and rebuilds it. Needs a clean tree (nothing uncommitted) and a configured build/.
+#   scripts/build-ab-binaries.sh .gpu-carry main=main silu=next/silu-fast-divide ws11=next/gu-swiglu-regs
+# With OUT = .gpu-carry, unpack.sh extracts each to build-NAME/ on the GPU machine; then
+#   scripts/gpu-moe-binary-ab.sh MODEL main=build-main silu=build-silu ws11=build-ws11,MOESERVE_MOE_WS_PREFILL=11
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -16,7 +18,12 @@ shift
 start=$(git symbolic-ref -q --short HEAD || git rev-parse HEAD)
 restore() { git checkout -q "$start"; }
 trap restore EXIT
-targets=(test_cuda_moe test_gpu_model test_gpu_parity gpu_profile)
+# This ref's packer, kept under build/ (ignored, untouched by checkouts) so that older refs, whose
+# pack-for-gpu.sh has no --baseline, pack the same way; from there its root is still this tree.
+pack=$ROOT/build/.pack-for-gpu.sh
+cp "$ROOT/scripts/pack-for-gpu.sh" "$pack"
+tests=(test_cuda_moe test_gpu_model test_gpu_parity)
+targets=("${tests[@]}" gpu_profile moeserve)
 for v in "$@"; do
   name=${v%%=*} ref=${v#*=}
   git checkout -q "$ref"
@@ -24,11 +31,7 @@ for v in "$@"; do
   # One target a call: `--target a b c` after a checkout once left some of them linked against the previous ref's
   # libraries (session 29).
   for t in "${targets[@]}"; do cmake --build build -j "$(nproc)" --target "$t" >/dev/null; done
-  mkdir -p "$OUT/$name"
-  bins=(build/tests/test_cuda_moe build/tests/test_gpu_model build/tests/test_gpu_parity build/bench/gpu_profile)
-  cp "${bins[@]}" "$OUT/$name/"
-  for b in "${bins[@]}"; do strip "$OUT/$name/$(basename "$b")"; done
-  git rev-parse HEAD >"$OUT/$name/COMMIT"
+  BASELINE_TESTS="${tests[*]}" bash "$pack" --baseline "$name" "$OUT"
 done
 restore
 trap - EXIT

@@ -37,6 +37,7 @@ if [[ -n $baseline ]]; then
   strip -o "$D/bin/moeserve" "$BUILD/bin/moeserve"
   strip -o "$D/bench/gpu_profile" "$BUILD/bench/gpu_profile"
   for t in ${BASELINE_TESTS:-}; do strip -o "$D/tests/$t" "$BUILD/tests/$t"; done
+  git -C "$ROOT" describe --always --dirty >"$D/COMMIT" 2>/dev/null || true  # what the build was made from
   tar cf - -C "$B" "build-$baseline" | xz -T0 -6 >"$OUT/baseline-$baseline.tar.xz"
   ls -la "$OUT/baseline-$baseline.tar.xz"
   exit 0
