@@ -6,7 +6,8 @@
 # step launched before the last is collected), which is what a server's decode runs at.
 #   scripts/gpu-ab.sh MODEL_DIR 'base=' 'nopdl=MOESERVE_PDL=0' 'gemv=--gemm-backend gemv' ...
 # A variant is NAME=WORDS: `build=DIR` runs that variant's gpu_profile from DIR (DIR/bench/ or DIR/: a baseline packed
-# with `scripts/pack-for-gpu.sh --baseline`, e.g. build=build-base, or scripts/build-ab-binaries.sh's), other words with '=' are environment settings, the rest
+# with `scripts/pack-for-gpu.sh --baseline` or scripts/build-ab-binaries.sh, e.g. build=build-base, or a folder the
+# binaries were copied to), other words with '=' are environment settings, the rest
 # gpu_profile flags. Alternate the variants (a= b= a2= b2=): machines drift within a call.
 # Env: OUT (where logs.tgz goes), MOESERVE_BUILD (default build), AB_FLAGS (gpu_profile flags for every variant,
 # e.g. "--batch-sizes 1,64 --prefill=false": the columns then follow those batch sizes).
@@ -38,7 +39,7 @@ for v in "$@"; do
     elif [[ $w == *=* && $w != --* ]]; then envs+=("$w")
     else flags+=("$w"); fi
   done
-  prof=$vbuild/bench/gpu_profile  # a build's layout, or a folder of binaries (scripts/build-ab-binaries.sh)
+  prof=$vbuild/bench/gpu_profile  # a build's layout, or a folder the binaries were copied to
   [[ -x $prof ]] || prof=$vbuild/gpu_profile
   if [[ ! -x $prof ]]; then
     printf '%-14s no gpu_profile in %s or %s/bench\n' "$name" "$vbuild" "$vbuild"
