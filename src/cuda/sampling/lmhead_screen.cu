@@ -113,7 +113,7 @@ __global__ void __launch_bounds__(kQuantThreads) screen_quantize_kernel(const bf
   for (int k = threadIdx.x; k < K; k += kQuantThreads) {
     const float x = __bfloat162float(row[k]);
     const int qi = screen::quantize(x, s);
-    q[size_t(r) * K + k] = int8_t(qi);
+    q[size_t(r) * K + k] = int8_t(qi ^ 0x80);  // biased: the byte qi + 128 (int8x4_to_half2x2)
     e = fmaxf(e, screen::quant_error(x, s, qi, amax));
   }
   const float err = block_max(e);

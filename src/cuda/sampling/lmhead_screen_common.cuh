@@ -99,14 +99,15 @@ __device__ __forceinline__ __half screen_half(float f, float& sum_abs, float& ma
   return h;
 }
 
-// The screen's weights in one allocation: q [V][K] int8, then the row metadata [V], then the largest |w| (A).
+// The screen's weights in one allocation: q [V][K] int8 stored biased (the byte q + 128, i.e. q ^ 0x80, so that the
+// fp16 conversion needs no xor), then the row metadata [V], then the largest |w| (A).
 inline size_t meta_offset(int V, int K) { return (size_t(V) * size_t(K) + 255) / 256 * 256; }
 inline size_t amax_offset(int V, int K) { return meta_offset(V, K) + (size_t(V) * sizeof(screen::RowMeta) + 255) / 256 * 256; }
 
-// 4 int8 (one 32-bit word) as two fp16 pairs holding the same integers: bytes + 128 placed under 0x64 (1024 + u),
-// then 1152 subtracted (exact: every integer of [-128, 127] is an fp16).
-__device__ __forceinline__ void int8x4_to_half2x2(unsigned w, unsigned& lo, unsigned& hi) {
-  const unsigned u = w ^ 0x80808080u;
+// 4 biased int8 (one 32-bit word of bytes q + 128) as two fp16 pairs holding the integers q: each byte u placed under
+// 0x64 (1024 + u), then 1152 subtracted (exact: every integer of [-128, 127] is an fp16). Two PRMT and two HADD2 a
+// word (session 48: the xor of unbiased bytes was a fifth instruction in the wide screen's issue-bound loop).
+__device__ __forceinline__ void int8x4_to_half2x2(unsigned u, unsigned& lo, unsigned& hi) {
   const unsigned a = __byte_perm(u, 0x64646464u, 0x5140), b = __byte_perm(u, 0x64646464u, 0x5342);
   const __half2 bias = __halves2half2(__ushort_as_half(0x6480), __ushort_as_half(0x6480));
   const __half2 ha = __hsub2(*reinterpret_cast<const __half2*>(&a), bias);

@@ -4,9 +4,9 @@
 // 0. prep: the token rows as fp16 with k permuted inside each 16-k group (logical 2q + i <- actual 4q + i, 8 + 2q + i
 //    <- 4q + 2 + i: what each lane's 32-bit read of 4 int8 weights becomes in the MMA's A fragment), zero rows up to
 //    64, X1 and e_x a token;
-// 1. screen: one CTA an SM walking units of 384 rows x all K; a producer thread streams each unit's int8 rows (two
-//    192-row TMA boxes of 128 bytes) and the 64 token rows (two 64-column fp16 boxes) into a 3-deep ring of 64 KB
-//    stages; two MMA warpgroups of 192 rows (three m64 blocks each) read their weights from shared memory into
+// 1. screen: one CTA an SM walking units of 384 rows x all K; a producer thread streams each unit's int8 rows (three
+//    128-row TMA boxes of 128 bytes) and the 64 token rows (two 64-column fp16 boxes) into a 3-deep ring of 64 KB
+//    stages; three MMA warpgroups of 128 rows (two m64 blocks each) read their weights from shared memory into
 //    registers, convert them to fp16 and run wgmma m64n64k16 with A from registers and the token tile as B (two
 //    fragment sets, so that a k step's conversion runs under the step before). A unit's epilogue folds a - B into
 //    the block's max a token (shared, monotone), then lists every (row, a + B) that reaches it: a superset of the
@@ -35,11 +35,17 @@
 namespace moeserve::cuda {
 namespace screen_detail {
 constexpr int kWTok = kWideRows;           // token rows (the MMA's N)
-constexpr int kWUnit = 384;                // rows a unit: two warpgroups x three m64 blocks
-constexpr int kWHalf = kWUnit / 2;         // a consumer warpgroup's rows (one 192-row TMA box)
+constexpr int kWCW = 3;                    // consumer (MMA) warpgroups
+constexpr int kWMB = 2;                    // m64 blocks a consumer warpgroup
+constexpr int kWPart = 64 * kWMB;          // a consumer warpgroup's rows (one TMA box)
+constexpr int kWUnit = kWCW * kWPart;      // rows a unit (384)
 constexpr int kWSliceK = 128;              // int8 bytes a row a stage
 constexpr int kWStages = 3;
-constexpr int kWThreads = 384;
+constexpr int kWConsumers = 128 * kWCW;    // consumer threads (named barrier 1)
+constexpr int kWThreads = 128 + kWConsumers;
+// Registers a thread after setmaxnreg: the producer warpgroup few, the consumers the rest of the 64 K (multiples of 8).
+constexpr int kWProducerRegs = 40;
+constexpr int kWConsumerRegs = (65536 - 128 * kWProducerRegs) / kWConsumers / 8 * 8;
 constexpr int kWRowBytes = kWUnit * kWSliceK;        // 48 KB
 constexpr int kWTokBoxBytes = kWTok * 128;           // 8 KB: 64 tokens x 64 fp16
 constexpr int kWStageBytes = kWRowBytes + 2 * kWTokBoxBytes;  // 64 KB
@@ -138,10 +144,13 @@ __device__ __forceinline__ void wgmma_rs_f16_n64(float (&d)[32], const unsigned 
         "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(1));
 }
+// The consumer warpgroups' named barrier (the producer warpgroup has left or never joins).
+__device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, %0;\n" ::"n"(kWConsumers) : "memory"); }
 // Registers a wgmma still reads (A) or writes (D) stay where they are until after its wait (the compiler sees a use).
-__device__ __forceinline__ void keep(unsigned (&a)[3][4]) {
+template <int N>
+__device__ __forceinline__ void keep(unsigned (&a)[N][4]) {
 #pragma unroll
-  for (int j = 0; j < 3; ++j) asm volatile("" : "+r"(a[j][0]), "+r"(a[j][1]), "+r"(a[j][2]), "+r"(a[j][3]));
+  for (int j = 0; j < N; ++j) asm volatile("" : "+r"(a[j][0]), "+r"(a[j][1]), "+r"(a[j][2]), "+r"(a[j][3]));
 }
 __device__ __forceinline__ void keep(float (&d)[32]) {
 #pragma unroll
@@ -186,7 +195,7 @@ __global__ void __launch_bounds__(kWThreads, 1) wide_screen_kernel(const __grid_
   if (tid == 0) {
     for (int s = 0; s < kWStages; ++s) {
       mbar_init(full0 + s * 8, 1);
-      mbar_init(empty0 + s * 8, 2);
+      mbar_init(empty0 + s * 8, kWCW);  // a consumer warpgroup's arrival each
     }
     fence_proxy_async_smem();
   }
@@ -196,9 +205,9 @@ __global__ void __launch_bounds__(kWThreads, 1) wide_screen_kernel(const __grid_
   const int my_units = a.units > int(blockIdx.x) ? (a.units - 1 - int(blockIdx.x)) / int(gridDim.x) + 1 : 0;
   const int total = my_units * KT;
   // The register file rebalanced: the producer warpgroup (one TMA thread) needs few, the MMA warpgroups hold two
-  // sets of A fragments beside 96 accumulators (128 x 40 + 256 x 232 <= 64 K).
+  // sets of A fragments beside 64 accumulators (128 x 40 + 384 x 152 <= 64 K).
   if (wg == 0) {
-    setmaxnreg_dec<40>();
+    setmaxnreg_dec<kWProducerRegs>();
     if (tid == 0) {
       // Slice s: unit blockIdx.x + (s / KT) gridDim.x, k bytes (s % KT) 128. The first pass's weight boxes before the
       // wait; the token boxes (written by the prep launch) after it.
@@ -206,8 +215,9 @@ __global__ void __launch_bounds__(kWThreads, 1) wide_screen_kernel(const __grid_
       auto weights = [&](int s, unsigned st) {
         const int unit = int(blockIdx.x) + (s / KT) * int(gridDim.x);
         const int c0 = (s % KT) * (kWSliceK / 2);
-        tma_load_2d(st, &a.wmap, c0, unit * kWUnit, full0 + (s % kWStages) * 8);
-        tma_load_2d(st + kWHalf * kWSliceK, &a.wmap, c0, unit * kWUnit + kWHalf, full0 + (s % kWStages) * 8);
+#pragma unroll
+        for (int c = 0; c < kWCW; ++c)
+          tma_load_2d(st + c * kWPart * kWSliceK, &a.wmap, c0, unit * kWUnit + c * kWPart, full0 + (s % kWStages) * 8);
       };
       auto tokens = [&](int s, unsigned st) {
         const int c0 = (s % KT) * kWSliceK;  // fp16 columns
@@ -234,22 +244,22 @@ __global__ void __launch_bounds__(kWThreads, 1) wide_screen_kernel(const __grid_
     }
     return;
   }
-  setmaxnreg_inc<232>();
+  setmaxnreg_inc<kWConsumerRegs>();
   pdl_wait();
   const int cw = wg - 1, ctid = tid - 128, warp = (ctid / 32) & 3, lane = ctid % 32, g = lane / 4, q = lane % 4;
   if (ctid < kWTok) x1_s[ctid] = __ldcg(a.x1 + ctid), ex_s[ctid] = __ldcg(a.ex + ctid);
-  asm volatile("bar.sync 1, 256;\n" ::: "memory");
+  consumers_sync();
   int s = 0;  // slices consumed
   // Two sets of A fragments a warpgroup, alternating by k step: step kk's weights are loaded and converted while
   // step kk - 1's wgmmas run (wgmma_wait<1> frees the set step kk - 2 read), so a warpgroup keeps one group in
   // flight through its conversions (session 47, H100: -2.5 us at 16-64 rows against one set rebuilt after a full
   // wait; the consumers alone still take ~87-95 us, the MMAs at N = 64 tokens, docs/PERF.md).
-  unsigned A[2][3][4];
+  unsigned A[2][kWMB][4];
   for (int ui = 0; ui < my_units; ++ui) {
     const int unit = int(blockIdx.x) + ui * int(gridDim.x);
-    float d[3][32];
+    float d[kWMB][32];
 #pragma unroll
-    for (int j = 0; j < 3; ++j)
+    for (int j = 0; j < kWMB; ++j)
 #pragma unroll
       for (int i = 0; i < 32; ++i) d[j][i] = 0.0f;
     // The grid's lower bound a token as it stands now (ordered; the earlier units' maxima of every block that traded),
@@ -258,17 +268,19 @@ __global__ void __launch_bounds__(kWThreads, 1) wide_screen_kernel(const __grid_
     for (int kt = 0; kt < KT; ++kt, ++s) {
       const int stage = s % kWStages;
       mbar_wait(full0 + stage * 8, (s / kWStages) & 1);
-      const char* wt = smem + stage * kWStageBytes + cw * kWHalf * kWSliceK;
-      const unsigned tok = ring + unsigned(stage * kWStageBytes + kWRowBytes);
+      const char* wt = smem + stage * kWStageBytes + cw * kWPart * kWSliceK;
+      // The token tile's descriptor once a slice; a k step's is it plus a constant (the start address field, bits
+      // 0-13 in 16-byte units, cannot carry: shared addresses stay below 256 KB).
+      const unsigned long long bd0 = wgmma_desc_sw128(ring + unsigned(stage * kWStageBytes + kWRowBytes));
 #pragma unroll
       for (int kk = 0; kk < kWSliceK / 16; ++kk) {
-        unsigned (&Ab)[3][4] = A[kk & 1];
+        unsigned (&Ab)[kWMB][4] = A[kk & 1];
         wgmma_wait<1>();  // the groups before the last: the one that read this set (step kk - 2) is done
         keep(Ab);
         // Slice s - 1's last group (two steps back) is done: its stage is free (the unit's last slice: after the loop).
         if (kk == 1 && kt > 0 && ctid % 128 == 0) mbar_arrive(empty0 + ((s - 1) % kWStages) * 8);
 #pragma unroll
-        for (int j = 0; j < 3; ++j) {
+        for (int j = 0; j < kWMB; ++j) {
           const int r = 64 * j + 16 * warp + g;  // r and r + 8 share r % 8, hence the 16-byte chunk's swizzle
           const int off = 16 * (kk ^ (r & 7)) + 4 * q;
           const unsigned w0 = *reinterpret_cast<const unsigned*>(wt + r * kWSliceK + off);
@@ -277,28 +289,28 @@ __global__ void __launch_bounds__(kWThreads, 1) wide_screen_kernel(const __grid_
           int8x4_to_half2x2(w1, Ab[j][1], Ab[j][3]);
         }
         wgmma_fence();
-        const unsigned long long bd = wgmma_desc_sw128(tok + unsigned((kk / 4) * kWTokBoxBytes + (kk % 4) * 32));
+        const unsigned long long bd = bd0 + unsigned(((kk / 4) * kWTokBoxBytes + (kk % 4) * 32) >> 4);
 #pragma unroll
-        for (int j = 0; j < 3; ++j) wgmma_rs_f16_n64(d[j], Ab[j], bd);
+        for (int j = 0; j < kWMB; ++j) wgmma_rs_f16_n64(d[j], Ab[j], bd);
         wgmma_commit();
       }
     }
     // This thread's six rows (block j, rows 16 warp + g (+ 8)): their metadata, loaded while the last MMAs run. Rows
     // past V (the TMA's zero fill) get a NaN scale: they never raise the maximum (fmaxf drops a NaN) and are never
     // listed.
-    screen::RowMeta meta[3][2];
+    screen::RowMeta meta[kWMB][2];
 #pragma unroll
-    for (int j = 0; j < 3; ++j)
+    for (int j = 0; j < kWMB; ++j)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int r = unit * kWUnit + cw * kWHalf + 64 * j + 16 * warp + g + 8 * h;
+        const int r = unit * kWUnit + cw * kWPart + 64 * j + 16 * warp + g + 8 * h;
         meta[j][h] = r < a.V ? a.meta[r] : screen::RowMeta{NAN, 0.0f};
       }
     wgmma_wait<0>();
     keep(A[0]);
     keep(A[1]);
 #pragma unroll
-    for (int j = 0; j < 3; ++j) keep(d[j]);
+    for (int j = 0; j < kWMB; ++j) keep(d[j]);
     if (ctid % 128 == 0) mbar_arrive(empty0 + ((s - 1) % kWStages) * 8);  // the unit's last slice
     // Epilogue. d[j][4 i + 2 h + e]: row 64 j + 16 warp + g + 8 h, token 8 i + 2 q + e. Each accumulator becomes
     // its hi = a + B; the token's max of a - B over this warp's rows goes to the block's (shared, monotone).
@@ -310,7 +322,7 @@ __global__ void __launch_bounds__(kWThreads, 1) wide_screen_kernel(const __grid_
         const float x1n = x1_s[n], exn = ex_s[n];
         float m = -INFINITY;
 #pragma unroll
-        for (int j = 0; j < 3; ++j)
+        for (int j = 0; j < kWMB; ++j)
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             float& v = d[j][4 * i + 2 * h + e];
@@ -326,29 +338,47 @@ __global__ void __launch_bounds__(kWThreads, 1) wide_screen_kernel(const __grid_
         if (g == 0 && n < a.M && m == m) atomicMax(lo_s + n, ordered(m));
       }
     if (ctid < a.M) atomicMax(lo_s + ctid, grid_lo);
-    asm volatile("bar.sync 1, 256;\n" ::: "memory");  // the unit's maxima and the grid's are in
+    consumers_sync();  // the unit's maxima and the grid's are in
+    // The list: a warp none of whose entries reaches its token's bound skips the per-entry pass (session 48: after a
+    // block's first unit, with the grid's bound in, most warps list nothing, and the pass's 64 branches a thread were
+    // a fifth of the epilogue). Tokens past M get an infinite bound.
+    float lon[8][2];
+    bool any = false;
 #pragma unroll
-    for (int j = 0; j < 3; ++j)
+    for (int i = 0; i < 8; ++i)
 #pragma unroll
-      for (int i = 0; i < 8; ++i)
+      for (int e = 0; e < 2; ++e) {
+        const int n = 8 * i + 2 * q + e;
+        lon[i][e] = n < a.M ? unordered(lo_s[n]) : INFINITY;
 #pragma unroll
-        for (int h = 0; h < 2; ++h)
+        for (int j = 0; j < kWMB; ++j)
 #pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int n = 8 * i + 2 * q + e;
-            const int r = unit * kWUnit + cw * kWHalf + 64 * j + 16 * warp + g + 8 * h;
-            const float hi = d[j][4 * i + 2 * h + e];
-            if (n < a.M && r < a.V && hi >= unordered(lo_s[n])) {
-              const int slot = atomicAdd(cnt_s + n, 1);
-              if (slot < kWCap) a.list[(size_t(n) * kWMaxGrid + blockIdx.x) * kWCap + slot] = Entry{r, hi};
+          for (int h = 0; h < 2; ++h) any |= d[j][4 * i + 2 * h + e] >= lon[i][e];
+      }
+    if (__any_sync(0xffffffffu, any)) {
+#pragma unroll
+      for (int j = 0; j < kWMB; ++j)
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int n = 8 * i + 2 * q + e;
+              const int r = unit * kWUnit + cw * kWPart + 64 * j + 16 * warp + g + 8 * h;
+              const float hi = d[j][4 * i + 2 * h + e];
+              if (r < a.V && hi >= lon[i][e]) {
+                const int slot = atomicAdd(cnt_s + n, 1);
+                if (slot < kWCap) a.list[(size_t(n) * kWMaxGrid + blockIdx.x) * kWCap + slot] = Entry{r, hi};
+              }
             }
-          }
+    }
     // The block's maximum to the grid's, without waiting for an answer (a reduction: session 47, a returning
     // atomic held the first MMA warpgroup a round trip a unit); the grid's comes back by the load at the next unit's
     // start, applied in that unit's epilogue (any value of either is a lower bound of the exact maximum).
     if (ctid < a.M) atomicMax(a.glo + ctid, lo_s[ctid]);
   }
-  asm volatile("bar.sync 1, 256;\n" ::: "memory");
+  consumers_sync();
   if (ctid < a.M) {
     a.lo[ctid * kMaxGrid + blockIdx.x] = unordered(lo_s[ctid]);
     a.cnt[ctid * kMaxGrid + blockIdx.x] = cnt_s[ctid];
@@ -381,15 +411,15 @@ __global__ void __launch_bounds__(kWThreads, 1) wide_screen_kernel(const __grid_
     off[t0] = incl - c0 - c1, off[t0 + 1] = incl - c1;
     if (lane == 31) off[kWTok] = incl, *ncand = 0;
   }
-  asm volatile("bar.sync 1, 256;\n" ::: "memory");
+  consumers_sync();
   const int n_flat = off[kWTok];
   const Entry* blist = a.list + size_t(blockIdx.x) * kWCap;  // (t, i) at blist[t kWMaxGrid kWCap + i]
-  for (int base = 0; base < n_flat; base += 4 * 256) {
+  for (int base = 0; base < n_flat; base += 4 * kWConsumers) {
     Entry en[4];
     int tok[4];
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
-      const int i = base + 256 * u + ctid;
+      const int i = base + kWConsumers * u + ctid;
       tok[u] = -1;
       if (i < n_flat) {
         int lo = 0, hi = kWTok;  // the token: the last t with off[t] <= i (a listed token has off[t + 1] > off[t])
@@ -408,17 +438,17 @@ __global__ void __launch_bounds__(kWThreads, 1) wide_screen_kernel(const __grid_
         if (slot < kWTailCap) cand[slot] = make_int2(tok[u], en[u].row);
       }
   }
-  asm volatile("bar.sync 1, 256;\n" ::: "memory");
+  consumers_sync();
   const int nc = *ncand;
   const bool cand_over = nc > kWTailCap;
   if (!cand_over) {
-    for (int c = cwarp; c < nc; c += 8) {
+    for (int c = cwarp; c < nc; c += kWConsumers / 32) {
       const int2 tr = cand[c];
       const float v = exact_logit<8>(a.x + int64_t(tr.x) * a.K, a.w + int64_t(tr.y) * a.K, a.K, lane);
       if (lane == 0 && v == v) atomicMax(a.best + tr.x, best_key(v, tr.y));  // (a NaN logit never wins)
     }
   }
-  for (int t = cwarp; t < a.M; t += 8) {
+  for (int t = cwarp; t < a.M; t += kWConsumers / 32) {
     const int n = cnt_s[t];
     if (n <= kWCap && !cand_over) continue;
     const bf16* xr = a.x + int64_t(t) * a.K;
@@ -437,9 +467,9 @@ __global__ void __launch_bounds__(kWThreads, 1) wide_screen_kernel(const __grid_
   // The last block to finish writes the ids (its reads of best after the fence see every block's atomics).
   __shared__ bool last;
   __threadfence();
-  asm volatile("bar.sync 1, 256;\n" ::: "memory");
+  consumers_sync();
   if (ctid == 0) last = atomicAdd(a.done, 1u) == gridDim.x - 1;
-  asm volatile("bar.sync 1, 256;\n" ::: "memory");
+  consumers_sync();
   if (last && ctid < a.M) {
     __threadfence();
     a.out_ids[ctid] = row_of_key(atomicAdd(a.best + ctid, 0ull));
@@ -575,7 +605,7 @@ void launch_wide(const bf16* x, int rows, int K, const bf16* w, const void* scre
   launch_pdl(wide_prep_kernel, dim3(unsigned(kWTok)), dim3(kWPrepThreads), 0, stream, x, rows, K, amax_all, ws);
   const char* p = static_cast<const char*>(screen_weights);
   WideArgs a{};
-  encode_bf16_tma_2d(&a.wmap, p, vocab, K / 2, kWHalf);  // the int8 rows as 2-byte pairs: boxes of 128 bytes
+  encode_bf16_tma_2d(&a.wmap, p, vocab, K / 2, kWPart);  // the int8 rows as 2-byte pairs: boxes of 128 bytes
   encode_bf16_tma_2d(&a.xmap, ws.xp, kWTok, K, kWTok);
   a.M = rows, a.K = K, a.V = vocab, a.units = (vocab + kWUnit - 1) / kWUnit;
   a.meta = reinterpret_cast<const screen::RowMeta*>(p + meta_offset(vocab, K));
