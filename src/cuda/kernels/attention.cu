@@ -291,6 +291,11 @@ void launch_decode_gqa(AttnParams p, dim3 grid, bool split, cudaStream_t stream)
   constexpr size_t smem = detail::gqa_smem_bytes<128>();
   static const bool prewait = env_flag("MOESERVE_ATTN_KV_PREWAIT", true);  // A/B switch
   p.kv_prewait = prewait ? 1 : 0;
+  // The entry's metadata loads in one round trip where the grid has no split parts (session 43: at bs 64 a block
+  // took 2.8 us from entry to its first cached keys issued - three dependent loads: the new length, the KV length,
+  // the block table - on the step's path, as cuBLASLt's q/k/v before it does not release its dependents early).
+  static const bool early = env_flag("MOESERVE_ATTN_EARLY_META", true);  // A/B switch
+  p.early_meta = early ? 1 : 0;
   // (cudaFuncSetAttribute done by decode_cluster_merge)
   if (const int stages = split ? decode_cluster_merge<FUSED_IN>(grid) : 0; stages > 0) {
     if (stages == 2)

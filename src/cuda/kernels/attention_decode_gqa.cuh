@@ -91,13 +91,22 @@ __global__ void __launch_bounds__(128) paged_attention_decode_gqa_kernel(const A
   // Before the programmatic wait only what the step's metadata upload and earlier steps wrote is read: the
   // lengths, the block table and the old keys (every kernel before the previous one has completed, see launch.h).
   const int s = blockIdx.z, kvh = blockIdx.y, split = SPLIT ? int(blockIdx.x) : 0;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  // Without split parts a block's keys start at page 0, so its block-table entries are known at entry: with
+  // early_meta they are loaded beside the lengths and the q row (one round trip instead of three dependent ones; a
+  // padding sequence's row is in the table's allocation, its entries unused).
+  const bool early = !SPLIT && p.early_meta != 0;
+  const int32_t* tab_row = p.block_tables + int64_t(s) * p.max_pages;
   const int new_len = p.new_lens[s];
+  const int kv_len = p.kv_lens[s];
+  const int q_row_base = p.q_rows[s];
+  const int tab0 = early && tid < p.max_pages ? tab_row[tid] : 0;  // entry tid (tid < 128 <= kGqaStagedPages)
   if (new_len <= 0) {  // padding sequence (a whole cluster: same s)
     pdl_enter();
     return;
   }
   const int G = p.group;
-  const int start = p.kv_lens[s] - new_len;  // position of the (first) new token
+  const int start = kv_len - new_len;  // position of the (first) new token
   const int key_end = visible_key_end(start, G - 1, G);
   int k_begin = 0, k_end = key_end, parts = 1;
   if constexpr (SPLIT) {
@@ -114,8 +123,6 @@ __global__ void __launch_bounds__(128) paged_attention_decode_gqa_kernel(const A
     if (split >= parts) k_begin = k_end = 0;  // idle block of a cluster: no keys, lse -inf
   }
   const int n_tiles = k_end > k_begin ? (k_end - k_begin + BN - 1) / BN : 0;
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int q_row_base = p.q_rows[s];
 
   // K / V tiles (PagedKvLoader of attention_mma.cuh), with the block's table entries from shared memory when they
   // fit (the table is the step's metadata upload: readable before the programmatic wait).
@@ -123,8 +130,9 @@ __global__ void __launch_bounds__(128) paged_attention_decode_gqa_kernel(const A
   const int n_pages_blk = k_end > k_begin ? (k_end - 1) / p.page_size + 1 - page0 : 0;
   const bool staged = n_pages_blk <= kGqaStagedPages;
   if (staged) {
-    const int32_t* tab = p.block_tables + int64_t(s) * p.max_pages + page0;
-    for (int i = tid; i < n_pages_blk; i += 128) sTable[i] = tab[i];
+    const int32_t* tab = tab_row + page0;
+    if (early && tid < n_pages_blk) sTable[tid] = tab0;
+    for (int i = early ? tid + 128 : tid; i < n_pages_blk; i += 128) sTable[i] = tab[i];
     __syncthreads();
   }
   const PagedKvLoader<D> kv(p, s, kvh, k_end, start, tid, staged ? sTable : nullptr, page0);

@@ -58,6 +58,8 @@ struct AttnParams {
   float* ws_lse;   // SPLIT only: [num_seqs, num_splits, heads] log2-sum-exp of the part (-inf: empty)
   int min_split_keys;  // SPLIT only: no part shorter than this (effective_splits)
   int kv_prewait;      // keys-as-M decode: issue the old keys of the prologue tiles before the programmatic wait
+  int early_meta;      // keys-as-M decode without split parts: the lengths, the q row and the block-table row in one
+                       // round trip at entry (MOESERVE_ATTN_EARLY_META=0 off)
   long long* phase_clocks;  // AttnMeta::phase_clocks
   // FUSED_IN only (decode with the input stage inside): q is the raw q/k/v row of the token (q heads, then k
   // heads, then v heads); q and k are RMS-normed (weights q_norm / k_norm, skipped when null) and rotated over
