@@ -13,8 +13,9 @@
 //    rows that can reach the global L; after its list, the block reduces its max into a grid-wide one (global
 //    atomicMax, reset by the prep) and loads that back at its next unit's start, so that later units list against
 //    the best lower bound found so far anywhere (a 384-row unit alone lists ~10-25 rows a token on q30b8l-like rows;
-//    later units ~0-3). On an H100 its stream bounds it; on an H200 its MMAs would (N = 64 tokens: ~87-95 us of
-//    consumers alone, measured on an H100, against a ~71 us stream; docs/PERF.md session 47);
+//    later units ~0-3). On an H100 its stream bounds it; on an H200 its consumers would (~73-77 us alone at 16-64
+//    rows, measured on an H100 with three warpgroups, against a ~71 us stream: latency-bound warps, the tensor pipe
+//    ~45% busy at N = 64 tokens; docs/PERF.md sessions 47-48);
 // 2. pick: a block a token takes L over the blocks, evaluates the listed rows with a + B >= L exactly (a warp a
 //    row), then every row of the blocks whose list overflowed (all warps, row by row), and writes the argmax.
 //    By default (wide_screen_kernel<true>; session 46, H100: the bs 64 step -11 to -16 us) there is no pick launch: each
