@@ -342,7 +342,7 @@ __global__ void __launch_bounds__(kWThreads, 1) wide_screen_kernel(const __grid_
     consumers_sync();  // the unit's maxima and the grid's are in
     // The list: a warp none of whose entries reaches its token's bound skips the per-entry pass (session 48: after a
     // block's first unit, with the grid's bound in, most warps list nothing, and the pass's 64 branches a thread were
-    // a fifth of the epilogue). Tokens past M get an infinite bound.
+    // a fifth of the epilogue). Tokens past M get a NaN bound: no entry (not even an infinite one) compares >= it.
     float lon[8][2];
     bool any = false;
 #pragma unroll
@@ -350,7 +350,7 @@ __global__ void __launch_bounds__(kWThreads, 1) wide_screen_kernel(const __grid_
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int n = 8 * i + 2 * q + e;
-        lon[i][e] = n < a.M ? unordered(lo_s[n]) : INFINITY;
+        lon[i][e] = n < a.M ? unordered(lo_s[n]) : NAN;
 #pragma unroll
         for (int j = 0; j < kWMB; ++j)
 #pragma unroll
