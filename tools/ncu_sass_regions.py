@@ -9,7 +9,12 @@ consumers' EXIT), the producer (the rest) - and prints each region's share of th
 and top stall reasons, then the top instructions. Shares are of all warps' samples: with 1 producer and 2 consumer
 warpgroups the consumers' regions add up to about two thirds.
 
-    python3 tools/ncu_sass_regions.py sass.csv [--top N]
+--by-count groups the instructions instead by how many times each executed (a k loop's body, a unit's epilogue, a
+block's tail and a producer's spin each have their own count, whatever the kernel's landmarks): a class a count, its
+share of the samples, top stall reasons and most executed opcodes (session 48: the lm_head screen's k loop 64%, its
+epilogue 22%, its tail 6%).
+
+    python3 tools/ncu_sass_regions.py sass.csv [--top N] [--by-count]
 """
 import argparse
 import csv
@@ -57,10 +62,37 @@ def regions(rows):
             ("producer", epi_end, len(rows))]
 
 
+def opcode(src):
+    s = src.strip()
+    if s.startswith("@"):
+        s = s.split(None, 1)[1] if " " in s else s
+    return s.split()[0] if s else "?"
+
+
+def by_count(rows, ix, stalls, total, top):
+    """A class a distinct execution count: (samples, count, rows) sorted by samples."""
+    s_all, s_ex = ix["Warp Stall Sampling (All Samples)"], ix["Instructions Executed"]
+    classes = {}
+    for r in rows:
+        classes.setdefault(num(r[s_ex]), []).append(r)
+    ranked = sorted(((sum(num(r[s_all]) for r in part), c, part) for c, part in classes.items()), reverse=True)
+    for samples, count, part in ranked[:top]:
+        by = sorted(((sum(num(r[ix[c]]) for r in part), c[6:]) for c in stalls), reverse=True)[:4]
+        reasons = " ".join(f"{n} {100 * v / total:.1f}" for v, n in by if v > 0)
+        ops = {}
+        for r in part:
+            ops[opcode(r[1])] = ops.get(opcode(r[1]), 0.0) + num(r[s_ex])
+        executed = sum(ops.values()) or 1.0
+        mix = " ".join(f"{o} {100 * v / executed:.0f}%" for o, v in sorted(ops.items(), key=lambda kv: -kv[1])[:6])
+        print(f"   executed {int(count):>9d}x  {len(part):5d} instr  {100 * samples / total:5.1f}%  {reasons}")
+        print(f"                                 mix: {mix}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("csv")
     ap.add_argument("--top", type=int, default=8)
+    ap.add_argument("--by-count", action="store_true", help="classes by execution count instead of the GEMM's regions")
     a = ap.parse_args()
     kernels = read_kernels(a.csv)
     if not kernels:
@@ -75,6 +107,11 @@ def main():
         rows = k["rows"]
         total = sum(num(r[s_all]) for r in rows) or 1.0
         print(f"== {k['name']}\n   {int(total)} samples, {len(rows)} instructions")
+        if a.by_count:
+            if "Instructions Executed" not in ix:
+                sys.exit(f"{a.csv}: no 'Instructions Executed' column (collect with --section SourceCounters)")
+            by_count(rows, ix, stalls, total, a.top)
+            continue
         for name, a0, a1 in regions(rows):
             part = rows[a0:a1]
             share = 100 * sum(num(r[s_all]) for r in part) / total
