@@ -117,8 +117,8 @@ run test_gpu_model_unfolded ok env MOESERVE_ROUTER_FOLD=0 MOESERVE_EMBED_PARTIAL
 # Session 17's experiments made defaults in session 18 (greedy grid form up to 128 rows, o_proj's 8/6-stage GEMV
 # ring, the down GEMV's 8-stage ring): the earlier forms once more (MOESERVE_GREEDY_GRID=0 / 1,
 # MOESERVE_GEMV_RING_STAGES=4, MOESERVE_MOE_DOWN_GEMV_STAGES=2, 3, 4), and the decode attention's three dependent
-# entry loads (MOESERVE_ATTN_EARLY_META=0; one round trip by default since session 48). The opt-in switches (off by default; their
-# same-call A/Bs measured even or slower): the final norm inside the streaming lm_head GEMV at decode
+# entry loads (MOESERVE_ATTN_EARLY_META=0; one round trip by default since session 48). The opt-in switches (off by
+# default; their same-call A/Bs measured even or slower): the final norm inside the streaming lm_head GEMV at decode
 # (MOESERVE_LMHEAD_NORM_IN=1; also test_cuda_gemm's StreamingGemvNormInMatchesNormInRows, which runs it directly) and
 # the folded route of 9-128-token decode steps (MOESERVE_ROUTER_FOLD_MID=1; test_gpu_router_fold runs its kernel).
 # The other opt-in experiments were removed after their A/Bs (docs/ARCHITECTURE.md lists them, docs/PERF.md has

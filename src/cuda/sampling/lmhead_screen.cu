@@ -286,7 +286,8 @@ __global__ void __launch_bounds__(kWarps * 32) screen_kernel(const __grid_consta
     __syncthreads();
     if (threadIdx.x < M) {
       float S = 0.0f, E = 0.0f;  // (a NaN sum stays NaN: every row a candidate)
-      for (int w = 0; w < kWarps; ++w) S += red[w * kTok + threadIdx.x], E = fmaxf(E, red[(kWarps + w) * kTok + threadIdx.x]);
+      for (int w = 0; w < kWarps; ++w)
+        S += red[w * kTok + threadIdx.x], E = fmaxf(E, red[(kWarps + w) * kTok + threadIdx.x]);
       x1s[threadIdx.x] = screen::round_up_l1(S, K), exs[threadIdx.x] = screen::ex_term(E, K, a.amax_all);
     }
   }

@@ -296,7 +296,7 @@ __global__ void __launch_bounds__(kWThreads, 1) wide_screen_kernel(const __grid_
         wgmma_commit();
       }
     }
-    // This thread's six rows (block j, rows 16 warp + g (+ 8)): their metadata, loaded while the last MMAs run. Rows
+    // This thread's 2 kWMB rows (block j, rows 16 warp + g (+ 8)): their metadata, loaded while the last MMAs run. Rows
     // past V (the TMA's zero fill) get a NaN scale: they never raise the maximum (fmaxf drops a NaN) and are never
     // listed.
     screen::RowMeta meta[kWMB][2];
