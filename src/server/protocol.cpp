@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 
 #include "core/json_depth.h"
 #include "parsers/tool_calls.h"
@@ -27,14 +28,28 @@ struct Body {
     if (!(v >= lo && v <= hi)) bad(k, fmt::format("'{}' must be between {} and {}, got {}", k, lo, hi, v));
     return v;
   }
+  // An integer, or a float with an integral value (1e3), as an int64 in [lo, hi]. Compared exactly: a double near
+  // 2^63 and an unsigned above INT64_MAX are out of range before any conversion (9.3e18 as an int64 was UB).
   int64_t integer(const char* k, int64_t def, int64_t lo, int64_t hi) const {
     if (!has(k)) return def;
     const json& v = j[k];
-    bool integral = v.is_number_integer() || (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>());
-    if (!integral) bad(k, fmt::format("'{}' must be an integer, got {}", k, v.dump()));
-    double d = v.get<double>();
-    if (d < double(lo) || d > double(hi)) bad(k, fmt::format("'{}' must be between {} and {}, got {}", k, lo, hi, v.dump()));
-    return v.is_number_integer() ? v.get<int64_t>() : int64_t(d);
+    auto out_of_range = [&] { bad(k, fmt::format("'{}' must be between {} and {}, got {}", k, lo, hi, v.dump())); };
+    int64_t x = 0;
+    if (v.is_number_unsigned()) {
+      const uint64_t u = v.get<uint64_t>();
+      if (u > uint64_t(INT64_MAX)) out_of_range();
+      x = int64_t(u);
+    } else if (v.is_number_integer()) {
+      x = v.get<int64_t>();
+    } else if (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>()) {
+      const double d = v.get<double>();
+      if (!(d >= -0x1p63 && d < 0x1p63)) out_of_range();
+      x = int64_t(d);
+    } else {
+      bad(k, fmt::format("'{}' must be an integer, got {}", k, v.dump()));
+    }
+    if (x < lo || x > hi) out_of_range();
+    return x;
   }
   bool boolean(const char* k, bool def) const {
     if (!has(k)) return def;
@@ -278,6 +293,9 @@ ApiRequest parse_chat_request(const json& body, const ParseContext& ctx) {
   while (!tail.empty() && (tail.back() == '\n' || tail.back() == ' ')) tail.pop_back();
   r.starts_in_reasoning = tail.size() >= 7 && tail.compare(tail.size() - 7, 7, "<think>") == 0;
   r.prompts.push_back(ctx.text->encode(prompt, false));
+  if (r.prompts.back().empty())
+    bad("messages", "the chat template renders these messages as an empty prompt (a template may skip roles it does "
+                    "not know, e.g. Qwen3's skips 'developer'): nothing to generate from");
   r.prompt_texts.push_back(prompt);
   set_max_tokens(b, ctx, r);
   return r;
@@ -290,18 +308,24 @@ ApiRequest parse_completion_request(const json& body, const ParseContext& ctx) {
   check_model(b, ctx, r);
   if (!b.has("prompt")) bad("prompt", "'prompt' is required");
   const json& p = body["prompt"];
+  std::vector<bool> text_prompt;  // by prompt: given as text (its text in prompt_texts) or as token ids
   auto add_text = [&](const std::string& s) {
     r.prompts.push_back(ctx.text->encode(s, true));
     r.prompt_texts.push_back(s);
+    text_prompt.push_back(true);
+  };
+  auto add_ids = [&](const json& ids) {
+    r.prompts.push_back(token_list(ids, "prompt", ctx.vocab_size));
+    text_prompt.push_back(false);
   };
   if (p.is_string()) {
     add_text(p.get<std::string>());
   } else if (p.is_array() && !p.empty() && p[0].is_number_integer()) {
-    r.prompts.push_back(token_list(p, "prompt", ctx.vocab_size));
+    add_ids(p);
   } else if (p.is_array() && !p.empty()) {
     for (auto& e : p) {
       if (e.is_string()) add_text(e.get<std::string>());
-      else if (e.is_array()) r.prompts.push_back(token_list(e, "prompt", ctx.vocab_size));
+      else if (e.is_array()) add_ids(e);
       else bad("prompt", "'prompt' must be a string, a list of strings, token ids or lists of token ids");
     }
   } else {
@@ -312,6 +336,18 @@ ApiRequest parse_completion_request(const json& body, const ParseContext& ctx) {
   if (r.prompts.size() > 256) bad("prompt", "at most 256 prompts per request");
   openai_sampling(b, ctx, r);
   r.echo = b.boolean("echo", false);
+  // prompt_texts is what echo prepends, by prompt index: one a prompt, a token-id prompt's decoded (as vLLM echoes
+  // it); nothing without echo. (Filled by text prompts only, a list such as [[ids], "text"] echoed "text" before
+  // the ids' completion.)
+  if (!r.echo) {
+    r.prompt_texts.clear();
+  } else if (r.prompt_texts.size() != r.prompts.size()) {
+    std::vector<std::string> texts;
+    size_t next_text = 0;
+    for (size_t i = 0; i < r.prompts.size(); ++i)
+      texts.push_back(text_prompt[i] ? std::move(r.prompt_texts[next_text++]) : ctx.text->decode(r.prompts[i], false));
+    r.prompt_texts = std::move(texts);
+  }
   r.top_logprobs = b.integer("logprobs", 0, 0, 20);
   r.logprobs = b.has("logprobs");
   set_max_tokens(b, ctx, r);

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "fuzz_api_checks.h"
 #include "fuzz_checks.h"
 
 namespace moeserve::fuzz {
@@ -130,6 +131,12 @@ TEST(FuzzRegressions, Template) { replay("template", check_template); }
 TEST(FuzzRegressions, ToolCalls) { replay("tool_calls", check_tool_calls); }
 
 TEST(FuzzRegressions, Reasoning) { replay("reasoning", check_reasoning); }
+
+TEST(FuzzRegressions, ApiRequest) {
+  ASSERT_TRUE(fs::exists(fs::path(qwen3_tokenizer_dir()) / "tokenizer_config.json"))
+      << "the Qwen3 tokenizer is missing: run `npm ci` at the repository root";
+  replay("api_request", check_api_request);
+}
 
 // The checks themselves must catch what they are meant to catch.
 TEST(FuzzRegressions, ChecksDetectFailures) {

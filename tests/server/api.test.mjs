@@ -96,6 +96,13 @@ test('completions with token ids, logprobs and echo', async () => {
   assert.ok(e.choices[0].text.startsWith('Hello'));
   const batch = await client.completions.create({ model: MODEL, prompt: ['a b', 'c d'], max_tokens: 2, temperature: 0 });
   assert.equal(batch.choices.length, 2);
+  // Echo by prompt: token ids echo their decoded text, a text its own (the ids' choice once echoed the text).
+  const mixed = await client.completions.create({ model: MODEL, prompt: [[9707, 11, 1879], 'Once upon'], max_tokens: 2,
+    temperature: 0, echo: true });
+  const byIndex = Object.fromEntries(mixed.choices.map((c) => [c.index, c.text]));
+  assert.ok(byIndex[0].startsWith('Hello, world'), byIndex[0]);
+  assert.ok(byIndex[1].startsWith('Once upon'), byIndex[1]);
+  assert.ok(!byIndex[0].includes('Once upon'), byIndex[0]);
 });
 
 test('n and seed: n choices, same seed same samples', async () => {
@@ -183,6 +190,12 @@ test('errors use the OpenAI shape with the right status', async () => {
     ['POST', '/generate', JSON.stringify({ text: 'x', sampling_params: { top_p: 0 } }), 400],
     ['POST', '/detokenize', JSON.stringify({ tokens: [1, 'a'] }), 400],
     ['POST', '/generate', JSON.stringify({ text: 'x', input_ids: [1, 2] }), 400],
+    // Out of the int64 range: refused before any conversion (9.3e18 as an int64 was undefined behaviour).
+    ['POST', '/v1/completions', JSON.stringify({ prompt: 'x', seed: 9.3e18 }), 400],
+    ['POST', '/v1/completions', '{"prompt": "x", "seed": 18446744073709551615}', 400],
+    // A template that renders nothing (Qwen3's skips a lone 'developer' message without a generation prompt).
+    ['POST', '/v1/chat/completions', JSON.stringify({ messages: [{ role: 'developer', content: 'x' }],
+      add_generation_prompt: false }), 400],
     // Nesting deep enough to exhaust a thread's stack in a JSON library's recursive copy / print / compare.
     ['POST', '/v1/completions', `{"prompt": ${'['.repeat(200000)}${']'.repeat(200000)}}`, 400],
     ['POST', '/generate', `{"text": "x", "sampling_params": ${'{"a":'.repeat(100000)}1${'}'.repeat(100000)}}`, 400],

@@ -1,0 +1,9 @@
+// libFuzzer target: api_request (see fuzz_api_checks.h for the input layout).
+#include "fuzz_api_checks.h"
+#include "fuzz_main.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  moeserve::fuzz::run_or_abort("api_request",
+                               [&] { moeserve::fuzz::check_api_request(moeserve::fuzz::as_view(data, size)); });
+  return 0;
+}
