@@ -5,7 +5,7 @@
 #   scripts/fuzz.sh [SECONDS_PER_TARGET] [TARGET...]      (default 60 s; all targets)
 #
 # Targets: tokenizer_encode tokenizer_decode tokenizer_json template tool_calls reasoning api_request
-# (fuzz/fuzz_checks.h and fuzz/fuzz_api_checks.h say what each checks and its input layout).
+# model_config (fuzz/fuzz_checks.h, fuzz_api_checks.h and fuzz_config_checks.h say what each checks and its input layout).
 # Environment: FUZZ_CXX / FUZZ_CC (default clang++-14 / clang-14), FUZZ_TIMEOUT (seconds one input may take,
 # default 30), FUZZ_RSS_MB (default 4096), JOBS (build parallelism, default nproc).
 #
@@ -21,7 +21,7 @@ ROOT=$PWD
 BUILD=$ROOT/build-fuzz
 SECONDS_PER_TARGET=${1:-60}
 shift || true
-ALL_TARGETS=(tokenizer_encode tokenizer_decode tokenizer_json template tool_calls reasoning api_request)
+ALL_TARGETS=(tokenizer_encode tokenizer_decode tokenizer_json template tool_calls reasoning api_request model_config)
 if [[ $# -gt 0 ]]; then TARGETS=("$@"); else TARGETS=("${ALL_TARGETS[@]}"); fi
 for t in "${TARGETS[@]}"; do
   [[ " ${ALL_TARGETS[*]} " == *" $t "* ]] || { echo "unknown target '$t' (${ALL_TARGETS[*]})" >&2; exit 2; }
@@ -99,6 +99,9 @@ for f in glob.glob(os.path.join(root, "fuzz/seeds/api_request/*.json")):
     endpoint = 1 if name.startswith("completion") else 2 if name.startswith("generate") else 0
     for extra in (0, 4, 8, 16, 32):
         put("api_request", bytes([endpoint | extra]) + read(f))
+# Checkpoint configs: byte 0 = 0 for config.json, 1 for generation_config.json (fuzz_config_checks.h).
+for f in glob.glob(os.path.join(root, "fuzz/seeds/model_config/*.json")):
+    put("model_config", bytes([1 if os.path.basename(f).startswith("generation") else 0]) + read(f))
 # Past crashes stay in the corpus.
 for d in glob.glob(os.path.join(root, "tests/fuzz_regressions/data/*")):
     for f in glob.glob(os.path.join(d, "*")):
@@ -107,7 +110,8 @@ EOF
 
 # --- run -------------------------------------------------------------------------------------------------------
 declare -A MAX_LEN=([tokenizer_encode]=4096 [tokenizer_decode]=3072 [tokenizer_json]=8192 [template]=16384
-                    [tool_calls]=4096 [reasoning]=1024 [api_request]=4096)
+                    [tool_calls]=4096 [reasoning]=1024 [api_request]=4096
+                    [model_config]=4096)
 mkdir -p "$BUILD/logs"
 failed=()
 summary=()

@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "core/json_depth.h"
+#include "core/json_int.h"
 
 namespace moeserve {
 
@@ -28,9 +29,11 @@ struct Fields {
       if (required) throw_user("{}: missing required field '{}'", where, k);
       return def;
     }
-    if (!j[k].is_number_integer() && !(j[k].is_number_float() && std::floor(j[k].get<double>()) == j[k].get<double>()))
-      throw_user("{}: field '{}' must be an integer, got {}", where, k, j[k].dump());
-    return j[k].is_number_integer() ? j[k].get<int64_t>() : int64_t(j[k].get<double>());
+    int64_t v = 0;
+    const JsonInt got = json_to_int64(j[k], v);
+    if (got == JsonInt::NotInteger) throw_user("{}: field '{}' must be an integer, got {}", where, k, j[k].dump());
+    if (got == JsonInt::OutOfRange) throw_user("{}: field '{}' is out of the int64 range: {}", where, k, j[k].dump());
+    return v;
   }
   double f64(const char* k, double def) const {
     if (!has(k)) return def;
@@ -62,6 +65,10 @@ struct Fields {
 
 void positive(int64_t v, const char* name, const std::string& where) {
   if (v <= 0) throw_user("{}: '{}' must be positive, got {}", where, name, v);
+}
+constexpr int64_t kMaxDim = int64_t(1) << 30, kMaxCount = int64_t(1) << 16;
+void at_most(int64_t v, int64_t most, const char* name, const std::string& where) {
+  if (v > most) throw_user("{}: '{}' is {}, more than any model this server can load ({})", where, name, v, most);
 }
 
 RopeConfig parse_rope(const json& j, const std::string& where) {
@@ -172,6 +179,28 @@ float RopeConfig::attention_scaling() const {
   return float(yarn_mscale(factor, 1.0));
 }
 
+namespace {
+// The rope parameters give positive, finite frequencies and scaling (transformers does not check; a zero or negative
+// theta or factor would turn every position into NaN, silently): checked on the values the model will use.
+void check_rope(const RopeConfig& r, int head_dim, const std::string& where) {
+  if (!(std::isfinite(r.theta) && r.theta > 0))
+    throw_user("{}: rope_theta must be a positive number, got {}", where, r.theta);
+  if (!(r.partial_rotary_factor > 0 && r.partial_rotary_factor <= 1))
+    throw_user("{}: partial_rotary_factor must be in (0, 1], got {}", where, r.partial_rotary_factor);
+  if (r.type != "default" && !(std::isfinite(r.factor) && r.factor > 0))
+    throw_user("{}: rope scaling factor must be a positive number, got {} (rope_type {})", where, r.factor, r.type);
+  const std::vector<float> inv = r.inv_freq(head_dim);
+  for (size_t i = 0; i < inv.size(); ++i)
+    if (!(std::isfinite(inv[i]) && inv[i] > 0))
+      throw_user("{}: the rope parameters (rope_type {}, rope_theta {}, factor {}) give frequency {} at index {}: "
+                 "not a positive finite number", where, r.type, r.theta, r.factor, inv[i], i);
+  const float scale = r.attention_scaling();
+  if (!(std::isfinite(scale) && scale > 0))
+    throw_user("{}: the rope parameters (rope_type {}) give attention scaling {}: not a positive finite number", where,
+               r.type, scale);
+}
+}  // namespace
+
 bool ModelConfig::is_moe_layer(int64_t layer) const {
   if (num_experts <= 0) return false;
   if (std::find(mlp_only_layers.begin(), mlp_only_layers.end(), layer) != mlp_only_layers.end()) return false;
@@ -185,7 +214,8 @@ ModelConfig ModelConfig::from_json(const json& root, const std::string& where) {
   if (root.contains("architectures") && root["architectures"].is_array() && !root["architectures"].empty() &&
       root["architectures"][0].is_string())
     arch = root["architectures"][0].get<std::string>();
-  std::string model_type = root.value("model_type", std::string());
+  std::string model_type =
+      root.contains("model_type") && root["model_type"].is_string() ? root["model_type"].get<std::string>() : "";
   const json& j = *jp;
   Fields f{j, where};
   ModelConfig c;
@@ -244,6 +274,16 @@ ModelConfig ModelConfig::from_json(const json& root, const std::string& where) {
   positive(c.num_kv_heads, "num_key_value_heads", where);
   positive(c.head_dim, "head_dim", where);
   positive(c.max_position_embeddings, "max_position_embeddings", where);
+  // Upper bounds far past any real model, so that sizes, their products and int casts cannot overflow downstream.
+  at_most(c.vocab_size, kMaxDim, "vocab_size", where);
+  at_most(c.hidden_size, kMaxDim, "hidden_size", where);
+  at_most(c.intermediate_size, kMaxDim, "intermediate_size", where);
+  at_most(c.moe_intermediate_size, kMaxDim, "moe_intermediate_size", where);
+  at_most(c.num_heads, kMaxCount, "num_attention_heads", where);
+  at_most(c.head_dim, kMaxCount, "head_dim", where);
+  at_most(c.num_layers, kMaxCount, "num_hidden_layers", where);
+  at_most(c.num_experts, kMaxCount, "num_experts", where);
+  check_rope(c.rope, int(c.head_dim), where);
   if (c.num_heads % c.num_kv_heads != 0)
     throw_user("{}: num_attention_heads ({}) must be a multiple of num_key_value_heads ({})", where, c.num_heads,
                c.num_kv_heads);
@@ -308,7 +348,11 @@ GenerationDefaults GenerationDefaults::from_dir(const std::string& model_dir) {
   std::string path = model_dir + "/generation_config.json";
   std::ifstream in(path);
   if (!in) return g;
-  const json j = read_json_file(in, path);
+  return from_json(read_json_file(in, path), path);
+}
+
+GenerationDefaults GenerationDefaults::from_json(const json& j, const std::string& path) {
+  GenerationDefaults g;
   if (!j.is_object()) throw_user("{}: expected a JSON object", path);
   Fields f{j, path};
   g.present = true;
@@ -319,6 +363,16 @@ GenerationDefaults GenerationDefaults::from_dir(const std::string& model_dir) {
   g.min_p = f.f64("min_p", 0.0);
   g.repetition_penalty = f.f64("repetition_penalty", 1.0);
   g.do_sample = f.boolean("do_sample", true);
+  // These become every request's defaults, which skip the request checks: the same ranges as a request's fields.
+  auto in_range = [&](const char* k, double v, double lo, double hi, bool lo_open) {
+    if (!(lo_open ? v > lo : v >= lo) || !(v <= hi))
+      throw_user("{}: '{}' must be in {}{}, {}], got {} (the server's default sampling parameters come from this "
+                 "file: fix the value or remove the field)", path, k, lo_open ? "(" : "[", lo, hi, v);
+  };
+  in_range("temperature", g.temperature, 0.0, 100.0, false);
+  in_range("top_p", g.top_p, 0.0, 1.0, true);
+  in_range("min_p", g.min_p, 0.0, 1.0, false);
+  in_range("repetition_penalty", g.repetition_penalty, 0.0, 10.0, true);
   return g;
 }
 

@@ -82,7 +82,8 @@ struct GenerationDefaults {
   int64_t top_k = -1;
   bool do_sample = true;
   bool present = false;  // the file existed
-  static GenerationDefaults from_dir(const std::string& model_dir);
+  static GenerationDefaults from_dir(const std::string& model_dir);  // present = false without the file
+  static GenerationDefaults from_json(const nlohmann::json& j, const std::string& path);  // UserError naming path
 };
 
 }  // namespace moeserve

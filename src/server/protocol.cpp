@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "core/json_depth.h"
+#include "core/json_int.h"
 #include "parsers/tool_calls.h"
 #include "server/text.h"
 
@@ -28,27 +29,15 @@ struct Body {
     if (!(v >= lo && v <= hi)) bad(k, fmt::format("'{}' must be between {} and {}, got {}", k, lo, hi, v));
     return v;
   }
-  // An integer, or a float with an integral value (1e3), as an int64 in [lo, hi]. Compared exactly: a double near
-  // 2^63 and an unsigned above INT64_MAX are out of range before any conversion (9.3e18 as an int64 was UB).
+  // An int64 in [lo, hi] (core/json_int.h: integral floats such as 1e3 too, compared exactly).
   int64_t integer(const char* k, int64_t def, int64_t lo, int64_t hi) const {
     if (!has(k)) return def;
     const json& v = j[k];
-    auto out_of_range = [&] { bad(k, fmt::format("'{}' must be between {} and {}, got {}", k, lo, hi, v.dump())); };
     int64_t x = 0;
-    if (v.is_number_unsigned()) {
-      const uint64_t u = v.get<uint64_t>();
-      if (u > uint64_t(INT64_MAX)) out_of_range();
-      x = int64_t(u);
-    } else if (v.is_number_integer()) {
-      x = v.get<int64_t>();
-    } else if (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>()) {
-      const double d = v.get<double>();
-      if (!(d >= -0x1p63 && d < 0x1p63)) out_of_range();
-      x = int64_t(d);
-    } else {
-      bad(k, fmt::format("'{}' must be an integer, got {}", k, v.dump()));
-    }
-    if (x < lo || x > hi) out_of_range();
+    const JsonInt got = json_to_int64(v, x);
+    if (got == JsonInt::NotInteger) bad(k, fmt::format("'{}' must be an integer, got {}", k, v.dump()));
+    if (got == JsonInt::OutOfRange || x < lo || x > hi)
+      bad(k, fmt::format("'{}' must be between {} and {}, got {}", k, lo, hi, v.dump()));
     return x;
   }
   bool boolean(const char* k, bool def) const {

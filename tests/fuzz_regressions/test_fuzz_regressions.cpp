@@ -19,6 +19,7 @@
 
 #include "fuzz_api_checks.h"
 #include "fuzz_checks.h"
+#include "fuzz_config_checks.h"
 
 namespace moeserve::fuzz {
 namespace {
@@ -131,6 +132,8 @@ TEST(FuzzRegressions, Template) { replay("template", check_template); }
 TEST(FuzzRegressions, ToolCalls) { replay("tool_calls", check_tool_calls); }
 
 TEST(FuzzRegressions, Reasoning) { replay("reasoning", check_reasoning); }
+
+TEST(FuzzRegressions, ModelConfig) { replay("model_config", check_model_config); }
 
 TEST(FuzzRegressions, ApiRequest) {
   ASSERT_TRUE(fs::exists(fs::path(qwen3_tokenizer_dir()) / "tokenizer_config.json"))

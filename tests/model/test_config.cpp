@@ -103,3 +103,46 @@ TEST(Config, ClearErrors) {
   EXPECT_NE(err(j).find("hidden_act 'gelu'"), std::string::npos);
   EXPECT_NE(err(json::array()).find("JSON object"), std::string::npos);
 }
+
+// Values that parse as JSON but would turn every position into NaN, overflow a size or an int cast, or convert a
+// double outside int64 (UB): each refused with the field's name (the fuzz target model_config's properties).
+TEST(Config, RefusesValuesThatBreakTheMath) {
+  auto expect = [](json j, const char* field, const char* value_json, const char* message) {
+    j[field] = json::parse(value_json);
+    const std::string e = err(j);
+    EXPECT_NE(e.find(message), std::string::npos) << field << " = " << value_json << ": got '" << e << "'";
+  };
+  expect(qwen3_moe_v4(), "rope_theta", "-5", "rope_theta must be a positive number");
+  expect(qwen3_moe_v4(), "rope_theta", "1e-300", "not a positive finite number");  // 1 / theta^x overflows
+  expect(qwen3_moe_v4(), "partial_rotary_factor", "-1.0", "partial_rotary_factor must be in (0, 1]");
+  expect(qwen3_moe_v4(), "partial_rotary_factor", "1e300", "partial_rotary_factor must be in (0, 1]");
+  expect(qwen3_moe_v4(), "rope_scaling", R"({"rope_type": "linear", "factor": -1})", "factor must be a positive");
+  expect(qwen3_moe_v4(), "head_dim", "4294967312", "'head_dim' is 4294967312, more than");
+  expect(qwen3_moe_v4(), "vocab_size", "9000000000000", "'vocab_size' is 9000000000000, more than");
+  expect(qwen3_moe_v4(), "num_hidden_layers", "1e300", "'num_hidden_layers' is out of the int64 range");
+  expect(qwen3_moe_v4(), "num_hidden_layers", "9223372036854775808.0", "out of the int64 range");
+  expect(qwen3_moe_v4(), "hidden_size", "18446744073709551615", "out of the int64 range");
+  expect(qwen3_moe_v4(), "model_type", "5", "unsupported architecture");  // not a type error
+  // Still accepted: an integral float, yarn's own scaling.
+  json j = qwen3_moe_v4();
+  j["num_hidden_layers"] = 4.0;
+  EXPECT_EQ(err(j), "");
+}
+
+TEST(Config, GenerationDefaultsInRequestRanges) {
+  auto gerr = [](const char* text) {
+    try {
+      GenerationDefaults::from_json(json::parse(text), "generation_config.json");
+    } catch (const UserError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_EQ(gerr(R"({"temperature": 0.6, "top_p": 0.95, "top_k": 20, "min_p": 0, "repetition_penalty": 1.05})"), "");
+  EXPECT_EQ(gerr(R"({"temperature": 0, "do_sample": false})"), "");
+  EXPECT_NE(gerr(R"({"temperature": -3})").find("'temperature' must be in [0, 100], got -3"), std::string::npos);
+  EXPECT_NE(gerr(R"({"top_p": 0})").find("'top_p' must be in (0, 1]"), std::string::npos);
+  EXPECT_NE(gerr(R"({"min_p": 7})").find("'min_p' must be in [0, 1]"), std::string::npos);
+  EXPECT_NE(gerr(R"({"repetition_penalty": -1})").find("'repetition_penalty' must be in (0, 10]"), std::string::npos);
+  EXPECT_NE(gerr("[]").find("JSON object"), std::string::npos);
+}
