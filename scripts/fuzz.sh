@@ -5,7 +5,7 @@
 #   scripts/fuzz.sh [SECONDS_PER_TARGET] [TARGET...]      (default 60 s; all targets)
 #
 # Targets: tokenizer_encode tokenizer_decode tokenizer_json template tool_calls reasoning api_request
-# model_config (fuzz/fuzz_checks.h, fuzz_api_checks.h and fuzz_config_checks.h say what each checks and its input layout).
+# model_config http_response sglang_event (fuzz/fuzz_checks.h and the fuzz_*_checks.h beside it say what each checks and its input layout).
 # Environment: FUZZ_CXX / FUZZ_CC (default clang++-14 / clang-14), FUZZ_TIMEOUT (seconds one input may take,
 # default 30), FUZZ_RSS_MB (default 4096), JOBS (build parallelism, default nproc).
 #
@@ -21,7 +21,8 @@ ROOT=$PWD
 BUILD=$ROOT/build-fuzz
 SECONDS_PER_TARGET=${1:-60}
 shift || true
-ALL_TARGETS=(tokenizer_encode tokenizer_decode tokenizer_json template tool_calls reasoning api_request model_config)
+ALL_TARGETS=(tokenizer_encode tokenizer_decode tokenizer_json template tool_calls reasoning api_request model_config http_response
+             sglang_event)
 if [[ $# -gt 0 ]]; then TARGETS=("$@"); else TARGETS=("${ALL_TARGETS[@]}"); fi
 for t in "${TARGETS[@]}"; do
   [[ " ${ALL_TARGETS[*]} " == *" $t "* ]] || { echo "unknown target '$t' (${ALL_TARGETS[*]})" >&2; exit 2; }
@@ -102,6 +103,12 @@ for f in glob.glob(os.path.join(root, "fuzz/seeds/api_request/*.json")):
 # Checkpoint configs: byte 0 = 0 for config.json, 1 for generation_config.json (fuzz_config_checks.h).
 for f in glob.glob(os.path.join(root, "fuzz/seeds/model_config/*.json")):
     put("model_config", bytes([1 if os.path.basename(f).startswith("generation") else 0]) + read(f))
+# What a server sends the bench client: whole responses (5-byte ParserHeader, then the bytes) and single events.
+for f in glob.glob(os.path.join(root, "fuzz/seeds/http_response/*")):
+    for c in chunkings:
+        put("http_response", bytes([1]) + c + read(f))
+for f in glob.glob(os.path.join(root, "fuzz/seeds/sglang_event/*")):
+    put("sglang_event", read(f))
 # Past crashes stay in the corpus.
 for d in glob.glob(os.path.join(root, "tests/fuzz_regressions/data/*")):
     for f in glob.glob(os.path.join(d, "*")):
@@ -111,7 +118,7 @@ EOF
 # --- run -------------------------------------------------------------------------------------------------------
 declare -A MAX_LEN=([tokenizer_encode]=4096 [tokenizer_decode]=3072 [tokenizer_json]=8192 [template]=16384
                     [tool_calls]=4096 [reasoning]=1024 [api_request]=4096
-                    [model_config]=4096)
+                    [model_config]=4096 [http_response]=4096 [sglang_event]=2048)
 mkdir -p "$BUILD/logs"
 failed=()
 summary=()

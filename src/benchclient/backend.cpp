@@ -4,6 +4,7 @@
 
 #include "benchclient/event_skim.h"
 #include "core/error.h"
+#include "core/json_int.h"
 
 namespace moeserve::bench {
 
@@ -24,11 +25,14 @@ const std::pair<const char*, Backend> kBackends[] = {
 };
 
 // Integer field of an object, -1 when absent or not a number.
+// An integer count (an integral float too), -1 when absent or not one: a server's 1e300 is no count, and converting
+// it to int64 was undefined behaviour (core/json_int.h).
 int64_t int_field(const json& obj, const char* key) {
   if (!obj.is_object()) return -1;
   auto it = obj.find(key);
-  if (it == obj.end() || !it->is_number()) return -1;
-  return it->get<int64_t>();
+  int64_t v = -1;
+  if (it == obj.end() || json_to_int64(*it, v) != JsonInt::Ok) return -1;
+  return v;
 }
 
 size_t string_size(const json& obj, const char* key) {

@@ -1,5 +1,9 @@
 #include "benchclient/event_skim.h"
 
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
 namespace moeserve::bench {
 
 namespace {
@@ -52,55 +56,100 @@ class Skimmer {
     }
   }
 
-  // Keys are compared raw: a key with escapes never matches the plain names we look for, which is fine.
+  // Keys are compared raw, so a key with an escape declines (its unescaped form could be one of our names).
   bool key_string(std::string_view* key) {
     const char* start = p_ + 1;
     int64_t ignored;
     if (!string_value(&ignored)) return false;
     *key = std::string_view(start, size_t(p_ - 1 - start));
+    return key->find('\\') == std::string_view::npos;
+  }
+
+  // Four hex digits of a \u escape.
+  bool hex4(unsigned* cp) {
+    if (end_ - p_ < 4) return false;
+    *cp = 0;
+    for (int i = 0; i < 4; ++i) {
+      const char h = *p_++;
+      const int d = h >= '0' && h <= '9' ? h - '0' : h >= 'a' && h <= 'f' ? h - 'a' + 10 : h >= 'A' && h <= 'F' ? h - 'A' + 10 : -1;
+      if (d < 0) return false;
+      *cp = *cp << 4 | unsigned(d);
+    }
     return true;
   }
 
-  // A string; *decoded gets its UTF-8 length after unescaping.
+  // A string as RFC 8259 has it (what the full parser accepts: no raw control characters, valid escapes, paired
+  // surrogates, well-formed UTF-8); *decoded gets its UTF-8 length after unescaping. ASCII costs one compare a byte.
   bool string_value(int64_t* decoded) {
     if (!eat('"')) return false;
     int64_t n = 0;
     while (p_ < end_) {
-      char c = *p_++;
+      const auto c = static_cast<unsigned char>(*p_++);
       if (c == '"') {
         *decoded = n;
         return true;
+      }
+      if (c < 0x20) return false;
+      if (c >= 0x80) {
+        const int len = utf8_tail(c);
+        if (len < 0) return false;
+        n += 1 + len;
+        continue;
       }
       if (c != '\\') {
         ++n;
         continue;
       }
       if (p_ >= end_) return false;
-      char e = *p_++;
+      const char e = *p_++;
       if (e != 'u') {
+        if (e != '"' && e != '\\' && e != '/' && e != 'b' && e != 'f' && e != 'n' && e != 'r' && e != 't') return false;
         ++n;
         continue;
       }
-      if (end_ - p_ < 4) return false;
-      unsigned cp = 0;
-      for (int i = 0; i < 4; ++i) {
-        char h = *p_++;
-        int d = h >= '0' && h <= '9'   ? h - '0'
-                : h >= 'a' && h <= 'f' ? h - 'a' + 10
-                : h >= 'A' && h <= 'F' ? h - 'A' + 10
-                                       : -1;
-        if (d < 0) return false;
-        cp = cp << 4 | unsigned(d);
+      unsigned cp;
+      if (!hex4(&cp)) return false;
+      if (cp >= 0xDC00 && cp < 0xE000) return false;  // a low surrogate without its high half
+      if (cp >= 0xD800 && cp < 0xDC00) {             // a high surrogate: its low half must follow
+        unsigned lo;
+        if (end_ - p_ < 2 || p_[0] != '\\' || p_[1] != 'u') return false;
+        p_ += 2;
+        if (!hex4(&lo) || lo < 0xDC00 || lo >= 0xE000) return false;
+        n += 4;
+        continue;
       }
-      // A surrogate pair is 4 bytes in UTF-8: count them on the high half.
-      n += cp < 0x80 ? 1 : cp < 0x800 ? 2 : (cp >= 0xD800 && cp < 0xDC00) ? 4 : (cp >= 0xDC00 && cp < 0xE000) ? 0 : 3;
+      n += cp < 0x80 ? 1 : cp < 0x800 ? 2 : 3;
     }
     return false;
+  }
+
+  // The continuation bytes of a UTF-8 sequence whose lead byte c was just read, checked and consumed: their count,
+  // or -1 when the sequence is ill-formed (overlong, a surrogate, past U+10FFFF, truncated).
+  int utf8_tail(unsigned char c) {
+    int len;
+    unsigned char lo = 0x80, hi = 0xBF;
+    if (c >= 0xC2 && c <= 0xDF) len = 1;
+    else if (c == 0xE0) len = 2, lo = 0xA0;
+    else if (c >= 0xE1 && c <= 0xEC) len = 2;
+    else if (c == 0xED) len = 2, hi = 0x9F;
+    else if (c >= 0xEE && c <= 0xEF) len = 2;
+    else if (c == 0xF0) len = 3, lo = 0x90;
+    else if (c >= 0xF1 && c <= 0xF3) len = 3;
+    else if (c == 0xF4) len = 3, hi = 0x8F;
+    else return -1;
+    if (end_ - p_ < len) return -1;
+    for (int i = 0; i < len; ++i) {
+      const auto b = static_cast<unsigned char>(p_[i]);
+      if (b < (i == 0 ? lo : 0x80) || b > (i == 0 ? hi : 0xBF)) return -1;
+    }
+    p_ += len;
+    return len;
   }
 
   bool integer(int64_t* v) {
     bool neg = eat('-');
     if (p_ >= end_ || *p_ < '0' || *p_ > '9') return false;
+    if (*p_ == '0' && p_ + 1 < end_ && p_[1] >= '0' && p_[1] <= '9') return false;  // a leading zero: not JSON
     int64_t r = 0;
     while (p_ < end_ && *p_ >= '0' && *p_ <= '9') {
       if (r > (INT64_MAX - 9) / 10) return false;
@@ -142,13 +191,37 @@ class Skimmer {
     if (c == 't') return literal("true");
     if (c == 'f') return literal("false");
     if (c == 'n') return literal("null");
-    // A number: sign, digits, fraction, exponent.
+    return number();
+  }
+
+  // A number as RFC 8259 writes it: -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?
+  // and within a double's range (the full parser refuses 1e400 and a 400-digit integer as overflows).
+  bool number() {
     const char* start = p_;
     eat('-');
-    while (p_ < end_ && ((*p_ >= '0' && *p_ <= '9') || *p_ == '.' || *p_ == 'e' || *p_ == 'E' || *p_ == '+' ||
-                         *p_ == '-'))
-      ++p_;
-    return p_ > start && (p_[-1] >= '0' && p_[-1] <= '9');
+    if (eat('0')) {
+    } else if (!digits()) {
+      return false;
+    }
+    if (eat('.') && !digits()) return false;
+    bool exponent = false;
+    if (eat('e') || eat('E')) {
+      if (!eat('+')) eat('-');
+      if (!digits()) return false;
+      exponent = true;
+    }
+    const size_t len = size_t(p_ - start);
+    if (!exponent && len <= 300) return true;  // |x| < 10^300 whatever its digits
+    char buf[512];
+    if (len >= sizeof(buf)) return false;
+    std::memcpy(buf, start, len);
+    buf[len] = '\0';
+    return std::isfinite(std::strtod(buf, nullptr));
+  }
+  bool digits() {  // one or more
+    const char* start = p_;
+    while (p_ < end_ && *p_ >= '0' && *p_ <= '9') ++p_;
+    return p_ > start;
   }
 
   void ws() {

@@ -137,10 +137,12 @@ bool HttpResponseParser::on_status_line(const std::string& line) {
   minor_version_ = line[7] - '0';
   int code = 0;
   for (int i = 9; i < 12; ++i) {
-    if (!std::isdigit(static_cast<unsigned char>(line[i]))) return fail("bad HTTP status line: '" + line + "'");
+    if (!std::isdigit(static_cast<unsigned char>(line[i]))) return fail("bad HTTP status line: '" + line.substr(0, 80) + "'");
     code = code * 10 + (line[i] - '0');
   }
-  if (line.size() > 12 && line[12] != ' ') return fail("bad HTTP status line: '" + line + "'");
+  // Three digits, 100-999 (RFC 9110 15: a first digit of 0 is no status class).
+  if ((line.size() > 12 && line[12] != ' ') || code < 100)
+    return fail("bad HTTP status line: '" + line.substr(0, 80) + "'");
   status_ = code;
   reason_ = line.size() > 13 ? line.substr(13) : "";
   headers_.clear();

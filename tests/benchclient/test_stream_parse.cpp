@@ -170,6 +170,7 @@ TEST(HttpParser, BodyUntilCloseInterimResponsesAndNoBody) {
 TEST(HttpParser, ProtocolErrors) {
   EXPECT_TRUE(parse_in_pieces("SSH-2.0-OpenSSH\r\n", {}).failed);
   EXPECT_TRUE(parse_in_pieces("HTTP/1.1 2x0 OK\r\n\r\n", {}).failed);
+  EXPECT_TRUE(parse_in_pieces("HTTP/1.0 040 Bad\r\n\r\n", {}).failed);  // no status class 0 (fuzz: http_response)
   EXPECT_TRUE(parse_in_pieces("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", {}).failed);
   EXPECT_TRUE(parse_in_pieces("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nabX\r\n", {}).failed);
   EXPECT_TRUE(parse_in_pieces("HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n", {}).failed);
@@ -310,6 +311,22 @@ TEST(EventSkim, AgreesWithTheJsonParser) {
                                R"({"meta_info":{"completion_tokens":3.5}})", R"({"text":"\u12"})", "[1,2]",
                                R"({"a":tru})", R"({"a":-})", ""})
     EXPECT_FALSE(skim_sglang_event(declined, f)) << declined;
+  // What the full parser refuses, the skimmer declines too (found by the sglang_event fuzz target): raw control
+  // characters, ill-formed UTF-8, unknown escapes, unpaired surrogates, leading zeros, numbers past a double; and a
+  // key with an escape (it may spell "text").
+  for (const std::string& declined :
+       {std::string("{\"text\":\"a\x01\"}"), std::string("{\"text\":\"\xff\"}"), std::string("{\"text\":\"\xc3\"}"),
+        std::string("{\"text\":\"\xed\xa0\x80\"}"), std::string(R"({"text":"\x41"})"), std::string(R"({"text":"\ud83d"})"),
+        std::string(R"({"text":"\ude00"})"), std::string(R"({"meta_info":{"completion_tokens":007}})"),
+        std::string(R"({"w":01})"), std::string(R"({"w":1e400})"), std::string(R"({"w":1.})"), std::string(R"({"w":1e})"),
+        std::string("{\"w\":" + std::string(400, '9') + "}"), std::string(R"({"te\u0078t":"abc"})")}) {
+    EXPECT_FALSE(skim_sglang_event(declined, f)) << declined;
+    EXPECT_TRUE(json::parse(declined, nullptr, false).is_discarded() || declined.find("\\u0078") != std::string::npos)
+        << declined << ": the full parser accepts it, so the skimmer should not decline it";
+  }
+  const char* accepted = R"({"w":[0, -0, 1e-400, 1.5E+3, 123456789012345678901234567890]})";  // both parsers
+  EXPECT_TRUE(skim_sglang_event(accepted, f));
+  EXPECT_FALSE(json::parse(accepted, nullptr, false).is_discarded());
 }
 
 TEST(Backend, RequestBodiesAndNames) {

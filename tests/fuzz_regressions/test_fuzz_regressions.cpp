@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "fuzz_api_checks.h"
+#include "fuzz_bench_checks.h"
 #include "fuzz_checks.h"
 #include "fuzz_config_checks.h"
 
@@ -132,6 +133,10 @@ TEST(FuzzRegressions, Template) { replay("template", check_template); }
 TEST(FuzzRegressions, ToolCalls) { replay("tool_calls", check_tool_calls); }
 
 TEST(FuzzRegressions, Reasoning) { replay("reasoning", check_reasoning); }
+
+TEST(FuzzRegressions, HttpResponse) { replay("http_response", check_http_response); }
+
+TEST(FuzzRegressions, SglangEvent) { replay("sglang_event", check_sglang_event); }
 
 TEST(FuzzRegressions, ModelConfig) { replay("model_config", check_model_config); }
 
