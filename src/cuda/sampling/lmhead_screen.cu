@@ -531,10 +531,19 @@ void lmhead_screen_workspace_init(void* workspace, int vocab, int K, cudaStream_
   MS_CUDA_CHECK(cudaMemsetAsync(fold_state(workspace, vocab, K), 0, sizeof(FoldState), stream));
 }
 
+namespace {
+// EXPERIMENT (session 49): the fewest rows the 9-64-row form takes on sm_90 (MOESERVE_SCREEN_WIDE_FROM, 2-9; default 9:
+// the 1-8-row form up to 8). On an H100 the 1-8-row form took 127 us at 8 rows where the wide one took 121 at 16.
+bool use_wide(int rows, int sm) {
+  static const int from = int(env_int("MOESERVE_SCREEN_WIDE_FROM", kTok + 1, 2, kTok + 1));
+  return rows > kTok || (sm / 10 == 9 && rows >= from);
+}
+}  // namespace
+
 bool lmhead_screen_supported(int rows, int K, int vocab) {
   static const int sm = current_device_sm();
   const bool shape = K >= kSliceK && K % kSliceK == 0 && K <= 8192 && vocab >= 1 && vocab < (1 << 24);
-  return shape && rows >= 1 && (rows <= kTok ? sm >= 80 : rows <= kWideRows && sm / 10 == 9);
+  return shape && rows >= 1 && rows <= kWideRows && (use_wide(rows, sm) ? sm / 10 == 9 : sm >= 80);
 }
 
 std::string lmhead_screen_code(const DeviceInfo& dev) {
@@ -550,7 +559,8 @@ void lmhead_screen(const bf16* x, int rows, int K, const bf16* w, const void* sc
                    int vocab, int32_t* out_ids, void* workspace, cudaStream_t stream) {
   MS_CHECK(lmhead_screen_supported(rows, K, vocab), "lmhead_screen: {} rows of K {} over {} (1-{} rows, K % {} == 0)",
            rows, K, vocab, kWideRows, kSliceK);
-  if (rows > kTok) return launch_wide(x, rows, K, w, screen_weights, amax_all, vocab, out_ids, workspace, stream);
+  static const int sm = current_device_sm();
+  if (use_wide(rows, sm)) return launch_wide(x, rows, K, w, screen_weights, amax_all, vocab, out_ids, workspace, stream);
   const bool fold = screen_fold();
   const Grids g = grids_for(rows, K, vocab, fold);
   const Workspace ws = carve(workspace, vocab);
