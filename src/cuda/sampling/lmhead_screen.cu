@@ -532,10 +532,11 @@ void lmhead_screen_workspace_init(void* workspace, int vocab, int K, cudaStream_
 }
 
 namespace {
-// EXPERIMENT (session 49): the fewest rows the 9-64-row form takes on sm_90 (MOESERVE_SCREEN_WIDE_FROM, 2-9; default 9:
-// the 1-8-row form up to 8). On an H100 the 1-8-row form took 127 us at 8 rows where the wide one took 121 at 16.
+// The fewest rows the 9-64-row form takes on sm_90 (MOESERVE_SCREEN_WIDE_FROM, 2-9; 9: the 1-8-row form up to 8).
+// Default 8 (session 49, H100: at 8 rows the 1-8-row form took 127.1 us, the wide one 120.1-120.5, the served bs 8 step
+// -16 to -18 us; at 2 and 4 rows the wide form was 5 us slower, the step 2-4 us; 5-7 rows not measured).
 bool use_wide(int rows, int sm) {
-  static const int from = int(env_int("MOESERVE_SCREEN_WIDE_FROM", kTok + 1, 2, kTok + 1));
+  static const int from = int(env_int("MOESERVE_SCREEN_WIDE_FROM", 8, 2, kTok + 1));
   return rows > kTok || (sm / 10 == 9 && rows >= from);
 }
 }  // namespace
