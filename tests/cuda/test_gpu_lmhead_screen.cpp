@@ -391,7 +391,7 @@ TEST(LmheadScreen, DISABLED_Timing) {
   Dev<char> aws(cuda::lmhead_argmax_workspace_bytes(64, V));
   Dev<int32_t> aids(64);
   Dev<float> alp(64);
-  for (const int M : {1, 2, 4, 8, 16, 32, 64}) {
+  for (const int M : {1, 2, 4, 5, 6, 7, 8, 16, 32, 64}) {
     if (!gpu_usable(M, K, V)) continue;
     Dev<uint16_t> x(token_rows(M, K, 900 + uint32_t(M)));
     auto time_us = [&](auto&& f) {
