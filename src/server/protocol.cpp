@@ -331,6 +331,8 @@ ApiRequest parse_completion_request(const json& body, const ParseContext& ctx) {
   if (!r.echo) {
     r.prompt_texts.clear();
   } else if (r.prompt_texts.size() != r.prompts.size()) {
+    if (!ctx.text->has_tokenizer())
+      bad("echo", "'echo' of token-id prompts needs the tokenizer (this server runs with --skip-tokenizer-init)");
     std::vector<std::string> texts;
     size_t next_text = 0;
     for (size_t i = 0; i < r.prompts.size(); ++i)
