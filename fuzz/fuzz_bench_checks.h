@@ -140,7 +140,8 @@ inline void check_sglang_event(std::string_view data) {
   }
   FUZZ_CHECK(j.is_object(), "accepted a non-object: {}", show(data));
   FUZZ_CHECK(!j.contains("error") || j["error"].is_null(), "accepted an error event: {}", show(data));
-  const int64_t text = j.contains("text") && j["text"].is_string() ? int64_t(j["text"].get_ref<const std::string&>().size()) : -1;
+  const int64_t text =
+      j.contains("text") && j["text"].is_string() ? int64_t(j["text"].get_ref<const std::string&>().size()) : -1;
   FUZZ_CHECK(f.text_bytes == text, "text bytes {} (the parser's {}): {}", f.text_bytes, text, show(data));
   const nlohmann::json meta = j.contains("meta_info") ? j["meta_info"] : nlohmann::json();
   FUZZ_CHECK(meta.is_null() || meta.is_object(), "meta_info {}", meta.dump());

@@ -72,7 +72,8 @@ inline void check_model_config(std::string_view data) {
   back["architectures"] = nlohmann::json::array({c.architecture});
   back.erase("rope_type");
   back["partial_rotary_factor"] = c.rope.partial_rotary_factor;  // nor does it write this one
-  back["dtype"] = c.dtype == DType::F32 ? "float32" : c.dtype == DType::F16 ? "float16" : "bfloat16";  // to_json: "BF16"
+  // to_json() writes the safetensors spelling ("BF16"); config.json takes torch's.
+  back["dtype"] = c.dtype == DType::F32 ? "float32" : c.dtype == DType::F16 ? "float16" : "bfloat16";
   ModelConfig c2;
   try {
     c2 = ModelConfig::from_json(back, "to_json");

@@ -24,7 +24,6 @@ const std::pair<const char*, Backend> kBackends[] = {
     {"sglang-oai-chat", Backend::kOpenAiChat},
 };
 
-// Integer field of an object, -1 when absent or not a number.
 // An integer count (an integral float too), -1 when absent or not one: a server's 1e300 is no count, and converting
 // it to int64 was undefined behaviour (core/json_int.h).
 int64_t int_field(const json& obj, const char* key) {

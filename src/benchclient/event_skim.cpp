@@ -4,6 +4,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "tokenizer/unicode.h"
+
 namespace moeserve::bench {
 
 namespace {
@@ -71,7 +73,10 @@ class Skimmer {
     *cp = 0;
     for (int i = 0; i < 4; ++i) {
       const char h = *p_++;
-      const int d = h >= '0' && h <= '9' ? h - '0' : h >= 'a' && h <= 'f' ? h - 'a' + 10 : h >= 'A' && h <= 'F' ? h - 'A' + 10 : -1;
+      const int d = h >= '0' && h <= '9'   ? h - '0'
+                    : h >= 'a' && h <= 'f' ? h - 'a' + 10
+                    : h >= 'A' && h <= 'F' ? h - 'A' + 10
+                                           : -1;
       if (d < 0) return false;
       *cp = *cp << 4 | unsigned(d);
     }
@@ -90,10 +95,13 @@ class Skimmer {
         return true;
       }
       if (c < 0x20) return false;
-      if (c >= 0x80) {
-        const int len = utf8_tail(c);
-        if (len < 0) return false;
-        n += 1 + len;
+      if (c >= 0x80) {  // a whole, well-formed UTF-8 sequence (the tokenizer's stepper: overlongs, surrogates refused)
+        size_t len = 0;
+        if (tok::unicode::utf8_step(std::string_view(p_ - 1, size_t(end_ - p_) + 1), 0, len) !=
+            tok::unicode::Utf8Step::kValid)
+          return false;
+        p_ += len - 1;
+        n += int64_t(len);
         continue;
       }
       if (c != '\\') {
@@ -121,29 +129,6 @@ class Skimmer {
       n += cp < 0x80 ? 1 : cp < 0x800 ? 2 : 3;
     }
     return false;
-  }
-
-  // The continuation bytes of a UTF-8 sequence whose lead byte c was just read, checked and consumed: their count,
-  // or -1 when the sequence is ill-formed (overlong, a surrogate, past U+10FFFF, truncated).
-  int utf8_tail(unsigned char c) {
-    int len;
-    unsigned char lo = 0x80, hi = 0xBF;
-    if (c >= 0xC2 && c <= 0xDF) len = 1;
-    else if (c == 0xE0) len = 2, lo = 0xA0;
-    else if (c >= 0xE1 && c <= 0xEC) len = 2;
-    else if (c == 0xED) len = 2, hi = 0x9F;
-    else if (c >= 0xEE && c <= 0xEF) len = 2;
-    else if (c == 0xF0) len = 3, lo = 0x90;
-    else if (c >= 0xF1 && c <= 0xF3) len = 3;
-    else if (c == 0xF4) len = 3, hi = 0x8F;
-    else return -1;
-    if (end_ - p_ < len) return -1;
-    for (int i = 0; i < len; ++i) {
-      const auto b = static_cast<unsigned char>(p_[i]);
-      if (b < (i == 0 ? lo : 0x80) || b > (i == 0 ? hi : 0xBF)) return -1;
-    }
-    p_ += len;
-    return len;
   }
 
   bool integer(int64_t* v) {

@@ -137,7 +137,8 @@ bool HttpResponseParser::on_status_line(const std::string& line) {
   minor_version_ = line[7] - '0';
   int code = 0;
   for (int i = 9; i < 12; ++i) {
-    if (!std::isdigit(static_cast<unsigned char>(line[i]))) return fail("bad HTTP status line: '" + line.substr(0, 80) + "'");
+    if (!std::isdigit(static_cast<unsigned char>(line[i])))
+      return fail("bad HTTP status line: '" + line.substr(0, 80) + "'");
     code = code * 10 + (line[i] - '0');
   }
   // Three digits, 100-999 (RFC 9110 15: a first digit of 0 is no status class).

@@ -297,15 +297,18 @@ ApiRequest parse_completion_request(const json& body, const ParseContext& ctx) {
   check_model(b, ctx, r);
   if (!b.has("prompt")) bad("prompt", "'prompt' is required");
   const json& p = body["prompt"];
-  std::vector<bool> text_prompt;  // by prompt: given as text (its text in prompt_texts) or as token ids
+  // prompt_texts is what echo prepends, one a prompt (by index); a token-id prompt echoes its decoded text, as vLLM's.
+  r.echo = b.boolean("echo", false);
   auto add_text = [&](const std::string& s) {
     r.prompts.push_back(ctx.text->encode(s, true));
-    r.prompt_texts.push_back(s);
-    text_prompt.push_back(true);
+    if (r.echo) r.prompt_texts.push_back(s);
   };
   auto add_ids = [&](const json& ids) {
     r.prompts.push_back(token_list(ids, "prompt", ctx.vocab_size));
-    text_prompt.push_back(false);
+    if (!r.echo) return;
+    if (!ctx.text->has_tokenizer())
+      bad("echo", "'echo' of token-id prompts needs the tokenizer (this server runs with --skip-tokenizer-init)");
+    r.prompt_texts.push_back(ctx.text->decode(r.prompts.back(), false));
   };
   if (p.is_string()) {
     add_text(p.get<std::string>());
@@ -324,21 +327,6 @@ ApiRequest parse_completion_request(const json& body, const ParseContext& ctx) {
     if (pr.empty()) bad("prompt", "a prompt is empty");
   if (r.prompts.size() > 256) bad("prompt", "at most 256 prompts per request");
   openai_sampling(b, ctx, r);
-  r.echo = b.boolean("echo", false);
-  // prompt_texts is what echo prepends, by prompt index: one a prompt, a token-id prompt's decoded (as vLLM echoes
-  // it); nothing without echo. (Filled by text prompts only, a list such as [[ids], "text"] echoed "text" before
-  // the ids' completion.)
-  if (!r.echo) {
-    r.prompt_texts.clear();
-  } else if (r.prompt_texts.size() != r.prompts.size()) {
-    if (!ctx.text->has_tokenizer())
-      bad("echo", "'echo' of token-id prompts needs the tokenizer (this server runs with --skip-tokenizer-init)");
-    std::vector<std::string> texts;
-    size_t next_text = 0;
-    for (size_t i = 0; i < r.prompts.size(); ++i)
-      texts.push_back(text_prompt[i] ? std::move(r.prompt_texts[next_text++]) : ctx.text->decode(r.prompts[i], false));
-    r.prompt_texts = std::move(texts);
-  }
   r.top_logprobs = b.integer("logprobs", 0, 0, 20);
   r.logprobs = b.has("logprobs");
   set_max_tokens(b, ctx, r);

@@ -315,10 +315,11 @@ TEST(EventSkim, AgreesWithTheJsonParser) {
   // characters, ill-formed UTF-8, unknown escapes, unpaired surrogates, leading zeros, numbers past a double; and a
   // key with an escape (it may spell "text").
   for (const std::string& declined :
-       {std::string("{\"text\":\"a\x01\"}"), std::string("{\"text\":\"\xff\"}"), std::string("{\"text\":\"\xc3\"}"),
-        std::string("{\"text\":\"\xed\xa0\x80\"}"), std::string(R"({"text":"\x41"})"), std::string(R"({"text":"\ud83d"})"),
-        std::string(R"({"text":"\ude00"})"), std::string(R"({"meta_info":{"completion_tokens":007}})"),
-        std::string(R"({"w":01})"), std::string(R"({"w":1e400})"), std::string(R"({"w":1.})"), std::string(R"({"w":1e})"),
+       {std::string("{\"text\":\"a\x01\"}"), std::string("{\"text\":\"\xff\"}"),
+        std::string("{\"text\":\"\xc3\"}"), std::string("{\"text\":\"\xed\xa0\x80\"}"),
+        std::string(R"({"text":"\x41"})"), std::string(R"({"text":"\ud83d"})"), std::string(R"({"text":"\ude00"})"),
+        std::string(R"({"meta_info":{"completion_tokens":007}})"), std::string(R"({"w":01})"),
+        std::string(R"({"w":1e400})"), std::string(R"({"w":1.})"), std::string(R"({"w":1e})"),
         std::string("{\"w\":" + std::string(400, '9') + "}"), std::string(R"({"te\u0078t":"abc"})")}) {
     EXPECT_FALSE(skim_sglang_event(declined, f)) << declined;
     EXPECT_TRUE(json::parse(declined, nullptr, false).is_discarded() || declined.find("\\u0078") != std::string::npos)

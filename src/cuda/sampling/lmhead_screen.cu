@@ -535,7 +535,8 @@ namespace {
 // The fewest rows the 9-64-row form takes on sm_90 (MOESERVE_SCREEN_WIDE_FROM, 2-9; 9: the 1-8-row form up to 8).
 // Default 8 (session 49, H100: at 8 rows the 1-8-row form took 127.1 us, the wide one 120.1-120.5, the served bs 8 step
 // -16 to -18 us; at 2 and 4 rows the wide form was 5 us slower, the step 2-4 us; 5-7 rows not measured).
-bool use_wide(int rows, int sm) {
+bool use_wide(int rows) {
+  static const int sm = current_device_sm();
   static const int from = int(env_int("MOESERVE_SCREEN_WIDE_FROM", 8, 2, kTok + 1));
   return rows > kTok || (sm / 10 == 9 && rows >= from);
 }
@@ -544,7 +545,7 @@ bool use_wide(int rows, int sm) {
 bool lmhead_screen_supported(int rows, int K, int vocab) {
   static const int sm = current_device_sm();
   const bool shape = K >= kSliceK && K % kSliceK == 0 && K <= 8192 && vocab >= 1 && vocab < (1 << 24);
-  return shape && rows >= 1 && rows <= kWideRows && (use_wide(rows, sm) ? sm / 10 == 9 : sm >= 80);
+  return shape && rows >= 1 && rows <= kWideRows && (use_wide(rows) ? sm / 10 == 9 : sm >= 80);
 }
 
 std::string lmhead_screen_code(const DeviceInfo& dev) {
@@ -560,8 +561,7 @@ void lmhead_screen(const bf16* x, int rows, int K, const bf16* w, const void* sc
                    int vocab, int32_t* out_ids, void* workspace, cudaStream_t stream) {
   MS_CHECK(lmhead_screen_supported(rows, K, vocab), "lmhead_screen: {} rows of K {} over {} (1-{} rows, K % {} == 0)",
            rows, K, vocab, kWideRows, kSliceK);
-  static const int sm = current_device_sm();
-  if (use_wide(rows, sm)) return launch_wide(x, rows, K, w, screen_weights, amax_all, vocab, out_ids, workspace, stream);
+  if (use_wide(rows)) return launch_wide(x, rows, K, w, screen_weights, amax_all, vocab, out_ids, workspace, stream);
   const bool fold = screen_fold();
   const Grids g = grids_for(rows, K, vocab, fold);
   const Workspace ws = carve(workspace, vocab);
