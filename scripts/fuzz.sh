@@ -5,7 +5,7 @@
 #   scripts/fuzz.sh [SECONDS_PER_TARGET] [TARGET...]      (default 60 s; all targets)
 #
 # Targets: tokenizer_encode tokenizer_decode tokenizer_json template tool_calls reasoning api_request
-# model_config http_response sglang_event (fuzz/fuzz_checks.h and the fuzz_*_checks.h beside it say what each checks and its input layout).
+# model_config http_response sglang_event safetensors (fuzz/fuzz_checks.h and the fuzz_*_checks.h beside it say what each checks and its input layout).
 # Environment: FUZZ_CXX / FUZZ_CC (default clang++-14 / clang-14), FUZZ_TIMEOUT (seconds one input may take,
 # default 30), FUZZ_RSS_MB (default 4096), JOBS (build parallelism, default nproc).
 #
@@ -22,7 +22,7 @@ BUILD=$ROOT/build-fuzz
 SECONDS_PER_TARGET=${1:-60}
 shift || true
 ALL_TARGETS=(tokenizer_encode tokenizer_decode tokenizer_json template tool_calls reasoning api_request model_config http_response
-             sglang_event)
+             sglang_event safetensors)
 if [[ $# -gt 0 ]]; then TARGETS=("$@"); else TARGETS=("${ALL_TARGETS[@]}"); fi
 for t in "${TARGETS[@]}"; do
   [[ " ${ALL_TARGETS[*]} " == *" $t "* ]] || { echo "unknown target '$t' (${ALL_TARGETS[*]})" >&2; exit 2; }
@@ -109,6 +109,29 @@ for f in glob.glob(os.path.join(root, "fuzz/seeds/http_response/*")):
         put("http_response", bytes([1]) + c + read(f))
 for f in glob.glob(os.path.join(root, "fuzz/seeds/sglang_event/*")):
     put("sglang_event", read(f))
+# Checkpoint weights (fuzz_safetensors_checks.h): byte 0 = 0 for model.safetensors, 1 for an index, a 0x00 byte and
+# its one shard. Small files written here as the format defines them (8-byte little-endian header length, the JSON
+# header, the data section).
+import struct
+def st_file(tensors, meta=None, pad=True):
+    header, blob = {}, b""
+    if meta is not None:
+        header["__metadata__"] = meta
+    for name, dtype, shape, size in tensors:
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [len(blob), len(blob) + size]}
+        blob += bytes((i * 37 + len(name)) % 256 for i in range(size))
+    h = json.dumps(header, separators=(",", ":")).encode()
+    if pad:
+        h += b" " * (-(8 + len(h)) % 8)
+    return struct.pack("<Q", len(h)) + h + blob
+small = [("model.embed_tokens.weight", "BF16", [4, 8], 64), ("model.norm.weight", "F32", [8], 32),
+         ("lm_head.weight", "F16", [4, 8], 64), ("model.layers.0.mlp.experts.0.down_proj.weight", "F8_E4M3", [8, 4], 32),
+         ("scale", "F32", [], 4), ("empty", "BF16", [0, 8], 0)]
+put("safetensors", b"\x00" + st_file(small, {"format": "pt"}))
+put("safetensors", b"\x00" + st_file(small[:2], pad=False))
+put("safetensors", b"\x00" + st_file([("w", "U8", [3, 5], 15), ("i", "I64", [2], 16)]))
+index = {"metadata": {"total_size": 160}, "weight_map": {n: "model-00001-of-00001.safetensors" for n, *_ in small}}
+put("safetensors", b"\x01" + json.dumps(index).encode() + b"\x00" + st_file(small))
 # Past crashes stay in the corpus.
 for d in glob.glob(os.path.join(root, "tests/fuzz_regressions/data/*")):
     for f in glob.glob(os.path.join(d, "*")):
@@ -118,7 +141,7 @@ EOF
 # --- run -------------------------------------------------------------------------------------------------------
 declare -A MAX_LEN=([tokenizer_encode]=4096 [tokenizer_decode]=3072 [tokenizer_json]=8192 [template]=16384
                     [tool_calls]=4096 [reasoning]=1024 [api_request]=4096
-                    [model_config]=4096 [http_response]=4096 [sglang_event]=2048)
+                    [model_config]=4096 [http_response]=4096 [sglang_event]=2048 [safetensors]=4096)
 mkdir -p "$BUILD/logs"
 failed=()
 summary=()

@@ -74,7 +74,9 @@ std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) 
   file->size_ = size;
   uint64_t data_size = size - 8 - header_len;
   std::vector<const TensorInfo*> by_offset;
-  for (auto& [name, v] : j.items()) {
+  for (auto& item : j.items()) {
+    const std::string& name = item.key();  // not a structured binding: the lambda below captures it (clang 14)
+    auto& v = item.value();
     if (name == "__metadata__") {
       file->metadata_ = v;
       continue;
@@ -111,13 +113,17 @@ std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) 
                       shape_str(t.shape), numel * dtype_size(t.dtype)));
     file->tensors_.emplace(name, std::move(t));
   }
-  for (auto& [n, t] : file->tensors_) by_offset.push_back(&t);
+  // Empty tensors take no bytes; each non-empty one must start at or after the furthest end of those before it
+  // (a neighbour-only check misses a long tensor overlapping one past an empty or a short one).
+  for (auto& [n, t] : file->tensors_)
+    if (t.begin != t.end) by_offset.push_back(&t);
   std::sort(by_offset.begin(), by_offset.end(), [](auto* a, auto* b) { return a->begin < b->begin; });
-  for (size_t i = 1; i < by_offset.size(); ++i)
-    if (by_offset[i]->begin < by_offset[i - 1]->end && by_offset[i]->begin != by_offset[i]->end &&
-        by_offset[i - 1]->begin != by_offset[i - 1]->end)
-      throw_user("{}: tensors '{}' and '{}' overlap in the data section", path, by_offset[i - 1]->name,
-                 by_offset[i]->name);
+  const TensorInfo* reach = nullptr;  // the non-empty tensor with the furthest end so far
+  for (const TensorInfo* t : by_offset) {
+    if (reach && t->begin < reach->end)
+      throw_user("{}: tensors '{}' and '{}' overlap in the data section", path, reach->name, t->name);
+    if (!reach || t->end > reach->end) reach = t;
+  }
 
   void* m = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, f.fd, 0);
   if (m == MAP_FAILED) throw_user("{}: mmap failed: {}", path, std::strerror(errno));

@@ -21,6 +21,7 @@
 #include "fuzz_bench_checks.h"
 #include "fuzz_checks.h"
 #include "fuzz_config_checks.h"
+#include "fuzz_safetensors_checks.h"
 
 namespace moeserve::fuzz {
 namespace {
@@ -139,6 +140,8 @@ TEST(FuzzRegressions, HttpResponse) { replay("http_response", check_http_respons
 TEST(FuzzRegressions, SglangEvent) { replay("sglang_event", check_sglang_event); }
 
 TEST(FuzzRegressions, ModelConfig) { replay("model_config", check_model_config); }
+
+TEST(FuzzRegressions, Safetensors) { replay("safetensors", check_safetensors); }
 
 TEST(FuzzRegressions, ApiRequest) {
   ASSERT_TRUE(fs::exists(fs::path(qwen3_tokenizer_dir()) / "tokenizer_config.json"))

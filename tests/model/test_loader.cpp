@@ -134,6 +134,18 @@ TEST(Safetensors, CorruptFilesAreClearErrors) {
             R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},"b":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})",
             std::string(16, '\0'));
   EXPECT_USER_ERROR(SafetensorsFile::open(p.string()), "overlap", "'a'", "'b'");
+  // A long tensor overlapping one that starts past an empty tensor (the check must keep the furthest end, not
+  // compare neighbours only): 'a' [0, 32) holds 'c' [12, 16); 'e' [8, 8) sorts between them.
+  write_raw(p,
+            R"({"a":{"dtype":"F32","shape":[8],"data_offsets":[0,32]},"e":{"dtype":"F32","shape":[0],"data_offsets":[8,8]},)"
+            R"("c":{"dtype":"F32","shape":[1],"data_offsets":[12,16]}})",
+            std::string(32, '\0'));
+  EXPECT_USER_ERROR(SafetensorsFile::open(p.string()), "overlap", "'a'", "'c'");
+  write_raw(p,
+            R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"e":{"dtype":"F32","shape":[0],"data_offsets":[4,4]},)"
+            R"("c":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})",
+            std::string(12, '\0'));
+  EXPECT_NO_THROW(SafetensorsFile::open(p.string()));  // an empty tensor inside another's bytes takes none of them
 
   write_raw(p, R"({"w":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", std::string(8, '\0'));
   EXPECT_USER_ERROR(SafetensorsFile::open(p.string()), "'w'", "dimension");
