@@ -284,7 +284,7 @@ ApiRequest parse_chat_request(const json& body, const ParseContext& ctx) {
   r.prompts.push_back(ctx.text->encode(prompt, false));
   if (r.prompts.back().empty())
     bad("messages", "the chat template renders these messages as an empty prompt (a template may skip roles it does "
-                    "not know, e.g. Qwen3's skips 'developer'): nothing to generate from");
+                    "not know): nothing to generate from");
   r.prompt_texts.push_back(prompt);
   set_max_tokens(b, ctx, r);
   return r;

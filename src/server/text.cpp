@@ -9,6 +9,13 @@ namespace moeserve::server {
 
 namespace fs = std::filesystem;
 
+namespace {
+// Whether a template's source compares a role with 'developer' (then it decides what such a message means).
+bool names_developer_role(const std::string& src) {
+  return src.find("'developer'") != std::string::npos || src.find("\"developer\"") != std::string::npos;
+}
+}  // namespace
+
 TextLayer::TextLayer(const std::string& model_dir, const std::string& tokenizer_dir,
                      const std::string& chat_template_file, bool skip)
     : model_dir_(model_dir), override_file_(chat_template_file) {
@@ -26,6 +33,7 @@ TextLayer::TextLayer(const std::string& model_dir, const std::string& tokenizer_
       std::string src = tpl::load_chat_template(dir, override_file_, tools);
       if (src.empty()) continue;
       (tools ? tool_template_ : template_) = tpl::Template::parse(src);
+      (tools ? tool_template_knows_developer_ : template_knows_developer_) = names_developer_role(src);
     } catch (const UserError& e) {
       if (!override_file_.empty()) throw;  // an explicit --chat-template must work
       template_error_ = e.what();
@@ -59,14 +67,21 @@ const tpl::Template& TextLayer::chat_template(bool has_tools) const {
 
 std::string TextLayer::render_chat(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
                                    bool add_generation_prompt, const nlohmann::ordered_json& template_kwargs) const {
+  const bool has_tools = tools.is_array() && !tools.empty();
+  const tpl::Template& t = chat_template(has_tools);
+  const bool knows_developer =
+      has_tools && tool_template_ ? tool_template_knows_developer_ : template_knows_developer_;
   tpl::ChatTemplateInputs in;
   in.messages = messages;
+  if (!knows_developer && in.messages.is_array()) {
+    for (auto& m : in.messages)
+      if (m.is_object() && m.contains("role") && m["role"] == "developer") m["role"] = "system";
+  }
   in.tools = tools;
   in.add_generation_prompt = add_generation_prompt;
   in.extra_kwargs = template_kwargs.is_object() ? template_kwargs : nlohmann::ordered_json::object();
   in.special_tokens = special_tokens_;
-  bool has_tools = tools.is_array() && !tools.empty();
-  return tpl::render_chat(chat_template(has_tools), in);
+  return tpl::render_chat(t, in);
 }
 
 std::optional<int32_t> TextLayer::token_id(const std::string& content) const {

@@ -26,7 +26,10 @@ class TextLayer {
   std::vector<int32_t> encode(const std::string& text, bool add_special_tokens) const;
   std::string decode(const std::vector<int32_t>& ids, bool skip_special_tokens) const;
 
-  // The prompt text the model's chat template renders (as Python jinja2 would).
+  // The prompt text the model's chat template renders (as Python jinja2 would). A template that never names the
+  // 'developer' role (OpenAI's newer name for system messages, which agents and reasoning clients send) gets those
+  // messages as 'system' ones: Qwen3's template drops unknown roles silently, Qwen3.5's raises; one that names it
+  // gets them as they are.
   std::string render_chat(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
                           bool add_generation_prompt, const nlohmann::ordered_json& template_kwargs) const;
   // Special token strings (eos etc.) for stop handling; ids of tokens by content.
@@ -37,6 +40,7 @@ class TextLayer {
   std::string model_dir_, override_file_;
   std::unique_ptr<tok::Tokenizer> tok_;
   std::optional<tpl::Template> template_, tool_template_;
+  bool template_knows_developer_ = false, tool_template_knows_developer_ = false;
   std::string template_error_;
   nlohmann::ordered_json special_tokens_;
 };
