@@ -168,14 +168,10 @@ void add_routes(http::Server& srv, App& app) {
                              : !has_messages;
       std::vector<int32_t> ids;
       if (has_messages) {
-        json messages = normalize_messages(body["messages"]);
-        json tools = body.contains("tools") ? body["tools"] : json(nullptr);
-        bool agp = body.contains("add_generation_prompt") && body["add_generation_prompt"].is_boolean()
-                       ? body["add_generation_prompt"].get<bool>()
-                       : true;
-        json kwargs = body.contains("chat_template_kwargs") ? body["chat_template_kwargs"] : json::object();
-        // As apply_chat_template(tokenize=True): the rendered text is encoded without extra special tokens.
-        std::string prompt = app.text->render_chat(messages, tools, agp, kwargs);
+        // Checked as /v1/chat/completions checks them; as apply_chat_template(tokenize=True), the rendered text is
+        // encoded without extra special tokens.
+        const ChatTemplateInputs in = parse_chat_template_inputs(body);
+        std::string prompt = app.text->render_chat(in.messages, in.tools, in.add_generation_prompt, in.kwargs);
         ids = app.text->encode(prompt, add_special);
       } else if (body.contains("prompt") && body["prompt"].is_string()) {
         ids = app.text->encode(body["prompt"].get<std::string>(), add_special);

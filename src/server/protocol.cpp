@@ -221,33 +221,41 @@ json normalize_messages(const json& messages) {
   return out;
 }
 
-ApiRequest parse_chat_request(const json& body, const ParseContext& ctx) {
+ChatTemplateInputs parse_chat_template_inputs(const json& body) {
   Body b{body};
-  ApiRequest r;
-  r.kind = ApiKind::Chat;
-  check_model(b, ctx, r);
+  ChatTemplateInputs in;
   if (!b.has("messages")) bad("messages", "'messages' is required");
-  json messages = normalize_messages(body["messages"]);
-  openai_sampling(b, ctx, r);
-  r.logprobs = b.boolean("logprobs", false);
-  r.top_logprobs = b.integer("top_logprobs", 0, 0, 20);
-  if (r.top_logprobs > 0 && !r.logprobs) bad("top_logprobs", "'top_logprobs' needs 'logprobs': true");
-  r.separate_reasoning = b.boolean("separate_reasoning", true);
-  json kwargs = json::object();
+  in.messages = normalize_messages(body["messages"]);
   if (b.has("chat_template_kwargs")) {
     if (!body["chat_template_kwargs"].is_object()) bad("chat_template_kwargs", "'chat_template_kwargs' must be an object");
-    kwargs = body["chat_template_kwargs"];
+    in.kwargs = body["chat_template_kwargs"];
   }
-  if (kwargs.contains("enable_thinking") && kwargs["enable_thinking"].is_boolean())
-    r.thinking_enabled = kwargs["enable_thinking"].get<bool>();
   if (b.has("tools")) {
     if (!body["tools"].is_array()) bad("tools", "'tools' must be a list");
     for (auto& t : body["tools"])
       if (!t.is_object() || !t.contains("function") || !t["function"].is_object() || !t["function"].contains("name") ||
           !t["function"]["name"].is_string())
         bad("tools", "each tool must be {\"type\": \"function\", \"function\": {\"name\": ..., \"parameters\": ...}}");
-    r.tools = body["tools"];
+    in.tools = body["tools"];
   }
+  in.add_generation_prompt = b.boolean("add_generation_prompt", true);
+  return in;
+}
+
+ApiRequest parse_chat_request(const json& body, const ParseContext& ctx) {
+  Body b{body};
+  ApiRequest r;
+  r.kind = ApiKind::Chat;
+  check_model(b, ctx, r);
+  openai_sampling(b, ctx, r);
+  r.logprobs = b.boolean("logprobs", false);
+  r.top_logprobs = b.integer("top_logprobs", 0, 0, 20);
+  if (r.top_logprobs > 0 && !r.logprobs) bad("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+  r.separate_reasoning = b.boolean("separate_reasoning", true);
+  ChatTemplateInputs in = parse_chat_template_inputs(body);
+  if (in.kwargs.contains("enable_thinking") && in.kwargs["enable_thinking"].is_boolean())
+    r.thinking_enabled = in.kwargs["enable_thinking"].get<bool>();
+  r.tools = in.tools;
   if (b.has("tool_choice")) {
     const json& tc = body["tool_choice"];
     if (tc.is_string()) {
@@ -269,8 +277,7 @@ ApiRequest parse_chat_request(const json& body, const ParseContext& ctx) {
       if (!found) bad("tool_choice", fmt::format("'tool_choice' names '{}', which is not in 'tools'", r.tool_choice_function));
     }
   }
-  bool add_generation_prompt = b.boolean("add_generation_prompt", true);
-  std::string prompt = ctx.text->render_chat(messages, r.tools, add_generation_prompt, kwargs);
+  std::string prompt = ctx.text->render_chat(in.messages, in.tools, in.add_generation_prompt, in.kwargs);
   if ((r.tool_choice == "required" || r.tool_choice == "function") && !ctx.tool_call_parser.empty()) {
     // The model continues inside a call of the right function (or some function): no thinking first.
     r.forced_prefix = parsers::forced_tool_call_prefix(ctx.tool_call_parser, r.tool_choice_function);

@@ -61,6 +61,14 @@ struct ParseContext {
   std::string tool_call_parser;  // "" when none
 };
 
+// What a chat template renders from a request: messages (normalised), tools, chat_template_kwargs and
+// add_generation_prompt, each checked (400 naming the field). /v1/chat/completions and /tokenize with messages.
+struct ChatTemplateInputs {
+  nlohmann::ordered_json messages, tools, kwargs = nlohmann::ordered_json::object();
+  bool add_generation_prompt = true;
+};
+ChatTemplateInputs parse_chat_template_inputs(const nlohmann::ordered_json& body);
+
 ApiRequest parse_chat_request(const nlohmann::ordered_json& body, const ParseContext& ctx);
 ApiRequest parse_completion_request(const nlohmann::ordered_json& body, const ParseContext& ctx);
 ApiRequest parse_generate_request(const nlohmann::ordered_json& body, const ParseContext& ctx);

@@ -189,6 +189,10 @@ test('errors use the OpenAI shape with the right status', async () => {
     ['POST', '/generate', JSON.stringify({ input_ids: new Array(40000).fill(5) }), 400],
     ['POST', '/generate', JSON.stringify({ text: 'x', sampling_params: { top_p: 0 } }), 400],
     ['POST', '/detokenize', JSON.stringify({ tokens: [1, 'a'] }), 400],
+    // /tokenize with messages checks them as chat completions do.
+    ['POST', '/tokenize', JSON.stringify({ messages: [{ role: 'user', content: 'x' }], tools: 'x' }), 400],
+    ['POST', '/tokenize', JSON.stringify({ messages: [{ role: 'user', content: 'x' }], chat_template_kwargs: [1] }), 400],
+    ['POST', '/tokenize', JSON.stringify({ messages: [{ role: 'user', content: 'x' }], add_generation_prompt: 1 }), 400],
     ['POST', '/generate', JSON.stringify({ text: 'x', input_ids: [1, 2] }), 400],
     // Out of the int64 range: refused before any conversion (9.3e18 as an int64 was undefined behaviour).
     ['POST', '/v1/completions', JSON.stringify({ prompt: 'x', seed: 9.3e18 }), 400],
