@@ -137,8 +137,8 @@ run test_gpu_parity_noscreen ok env MOESERVE_LMHEAD_SCREEN=0 "$BUILD/tests/test_
 run test_gpu_lmhead_screen_unfolded ok env MOESERVE_LMHEAD_SCREEN_FOLD=0 "$BUILD/tests/test_gpu_lmhead_screen" --gtest_brief=1
 run test_gpu_model_screen_unfolded ok env MOESERVE_LMHEAD_SCREEN_FOLD=0 "$BUILD/tests/test_gpu_model" --gtest_brief=1 \
   --gtest_filter='*Screen*:*32Sequences*:*LaunchedAhead*'
-# The 1-8-row screen form at every row count it may take (MOESERVE_SCREEN_WIDE_FROM=9; 8 rows go to the wide form on
-# sm_90 by default since session 49), and the wide form from 2 rows.
+# The 1-8-row screen form at every row count it may take (MOESERVE_SCREEN_WIDE_FROM=9; from 5 rows the wide form takes
+# them on sm_90 by default since session 50), and the wide form from 2 rows.
 for w in 9 2; do
   run "test_gpu_lmhead_screen_wide_from$w" ok env MOESERVE_SCREEN_WIDE_FROM=$w "$BUILD/tests/test_gpu_lmhead_screen" \
     --gtest_brief=1

@@ -533,11 +533,12 @@ void lmhead_screen_workspace_init(void* workspace, int vocab, int K, cudaStream_
 
 namespace {
 // The fewest rows the 9-64-row form takes on sm_90 (MOESERVE_SCREEN_WIDE_FROM, 2-9; 9: the 1-8-row form up to 8).
-// Default 8 (session 49, H100: at 8 rows the 1-8-row form took 127.1 us, the wide one 120.1-120.5, the served bs 8 step
-// -16 to -18 us; at 2 and 4 rows the wide form was 5 us slower, the step 2-4 us; 5-7 rows not measured).
+// Default 5 (H100s; served steps overlapped): at 2 and 4 rows the wide form was 5 us slower alone and the step 2-4 us
+// slower (session 49); at 5-7 rows the step 8-13 us faster with it, though alone it is 1.5 us slower at 5-6 rows and
+// 3.3 faster at 7 (session 50); at 8 rows 5-7 us faster alone, the step -16 to -18 us (session 49).
 bool use_wide(int rows) {
   static const int sm = current_device_sm();
-  static const int from = int(env_int("MOESERVE_SCREEN_WIDE_FROM", 8, 2, kTok + 1));
+  static const int from = int(env_int("MOESERVE_SCREEN_WIDE_FROM", 5, 2, kTok + 1));
   return rows > kTok || (sm / 10 == 9 && rows >= from);
 }
 }  // namespace
