@@ -12,7 +12,7 @@ int cmd_serve(const std::vector<std::string>& args) {
   server::register_serve_flags(f, o);
   if (!f.parse(args)) return 0;
   set_log_level(parse_log_level(o.log_level));
-  server::validate_serve_options(o);
+  server::validate_serve_options(o, f.was_set("cuda-graph-max-bs"));
   if (o.model_path.empty()) {
     o.model_path = ensure_demo_model();
     if (o.served_model_name.empty()) o.served_model_name = "moeserve-demo";

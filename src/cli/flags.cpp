@@ -21,6 +21,16 @@ int64_t parse_int(const std::string& flag, const std::string& v) {
   return r;
 }
 
+// An integer flag's value within [min, max], or a UserError naming the flag and the range.
+int64_t parse_int_in(const std::string& flag, const std::string& v, int64_t min, int64_t max) {
+  const int64_t r = parse_int(flag, v);
+  if (r < min || r > max) {
+    if (max == INT64_MAX) throw_user("--{}: must be at least {}, got {}", flag, min, r);
+    throw_user("--{}: must be between {} and {}, got {}", flag, min, max, r);
+  }
+  return r;
+}
+
 double parse_double(const std::string& flag, const std::string& v) {
   errno = 0;
   char* end = nullptr;
@@ -63,14 +73,7 @@ void FlagSet::add_string(const std::string& name, std::string* dst, const std::s
 
 void FlagSet::add_int(const std::string& name, int64_t* dst, const std::string& help, int64_t min, int64_t max) {
   Flag f{name, help, "INT", std::to_string(*dst), {}, nullptr};
-  f.set = [name, dst, min, max](const std::string& v) {
-    int64_t r = parse_int(name, v);
-    if (r < min || r > max) {
-      if (max == INT64_MAX) throw_user("--{}: must be at least {}, got {}", name, min, r);
-      throw_user("--{}: must be between {} and {}, got {}", name, min, max, r);
-    }
-    *dst = r;
-  };
+  f.set = [name, dst, min, max](const std::string& v) { *dst = parse_int_in(name, v, min, max); };
   flags_.push_back(std::move(f));
 }
 
@@ -95,14 +98,15 @@ void FlagSet::add_bool(const std::string& name, bool* dst, const std::string& he
   flags_.push_back(std::move(f));
 }
 
-void FlagSet::add_int_list(const std::string& name, std::vector<int64_t>* dst, const std::string& help) {
+void FlagSet::add_int_list(const std::string& name, std::vector<int64_t>* dst, const std::string& help, int64_t min,
+                           int64_t max) {
   Flag f{name, help, "INT[,INT...]", "", {}, nullptr};
   f.is_list = true;
-  f.set = [name, dst](const std::string& v) {
+  f.set = [name, dst, min, max](const std::string& v) {
     std::string cur;
     for (char c : v + ",") {
       if (c == ',' || c == ' ') {
-        if (!cur.empty()) dst->push_back(parse_int(name, cur));
+        if (!cur.empty()) dst->push_back(parse_int_in(name, cur, min, max));
         cur.clear();
       } else {
         cur += c;

@@ -21,7 +21,8 @@ class FlagSet {
                   double max = 1e300);
   void add_bool(const std::string& name, bool* dst, const std::string& help);
   // A list of integers: "1,2,3" or "1 2 3" as one value, or the flag followed by several values.
-  void add_int_list(const std::string& name, std::vector<int64_t>* dst, const std::string& help);
+  void add_int_list(const std::string& name, std::vector<int64_t>* dst, const std::string& help,
+                    int64_t min = INT64_MIN, int64_t max = INT64_MAX);
   // Same flag under another name (e.g. --tp for --tp-size).
   void alias(const std::string& alias, const std::string& name);
 

@@ -1,5 +1,7 @@
 #include "server/options.h"
 
+#include <algorithm>
+
 #include "cli/flags.h"
 #include "core/error.h"
 #include "core/threadpool.h"
@@ -41,7 +43,9 @@ void register_serve_flags(cli::FlagSet& f, ServeOptions& o) {
   f.add_int("chunked-prefill-size", &o.chunked_prefill_size, "tokens per step (0: automatic)", 0);
   f.add_int("page-size", &o.page_size, "KV cache page size in tokens (0: automatic)", 0, 4096);
   f.add_bool("disable-radix-cache", &o.disable_radix_cache, "disable prefix caching");
-  f.add_int_list("cuda-graph-bs", &o.cuda_graph_bs, "decode batch sizes to capture");
+  f.add_int_list("cuda-graph-bs", &o.cuda_graph_bs,
+                 "decode batch sizes to capture (1-4096; the largest sets --cuda-graph-max-bs unless it is given)", 1,
+                 4096);
   f.add_int("cuda-graph-max-bs", &o.cuda_graph_max_bs, "largest captured decode batch", 1, 4096);
   f.add_bool("disable-cuda-graph", &o.disable_cuda_graph, "no CUDA graphs");
   f.add_bool("disable-overlap-schedule", &o.disable_overlap_schedule,
@@ -63,7 +67,16 @@ void register_serve_flags(cli::FlagSet& f, ServeOptions& o) {
   f.add_bool("enable-metrics", &o.enable_metrics, "serve /metrics (always on)");
 }
 
-void validate_serve_options(const ServeOptions& o) {
+void validate_serve_options(ServeOptions& o, bool cuda_graph_max_bs_given) {
+  if (!o.cuda_graph_bs.empty()) {
+    const int64_t largest = *std::max_element(o.cuda_graph_bs.begin(), o.cuda_graph_bs.end());
+    if (!cuda_graph_max_bs_given) {
+      o.cuda_graph_max_bs = largest;  // as SGLang: the list decides
+    } else if (largest > o.cuda_graph_max_bs) {
+      throw_user("--cuda-graph-bs {} is larger than --cuda-graph-max-bs {}: raise --cuda-graph-max-bs or drop it",
+                 largest, o.cuda_graph_max_bs);
+    }
+  }
   if (o.tp_size > 1 || o.ep_size > 1)
     throw_user("--tp-size {} / --ep-size {}: tensor and expert parallelism need the CUDA backend, which this build "
                "cannot run yet; use --tp-size 1", o.tp_size, o.ep_size);

@@ -39,7 +39,9 @@ struct ServeOptions {
 };
 
 void register_serve_flags(cli::FlagSet& f, ServeOptions& o);
-// Checks combinations the flag parser cannot (UserError naming the flag and what would work).
-void validate_serve_options(const ServeOptions& o);
+// Checks combinations the flag parser cannot (UserError naming the flag and what would work) and resolves the ones
+// that depend on each other: --cuda-graph-bs sets --cuda-graph-max-bs to its largest size unless that flag was given
+// (cuda_graph_max_bs_given), and may not exceed it when it was.
+void validate_serve_options(ServeOptions& o, bool cuda_graph_max_bs_given = false);
 
 }  // namespace moeserve::server

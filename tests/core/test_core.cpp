@@ -96,6 +96,14 @@ TEST(Flags, ParsesAndRejectsClearly) {
   EXPECT_NE(msg({"--cuont", "1"}).find("did you mean --count"), std::string::npos);
   EXPECT_NE(msg({"--name"}).find("needs a value"), std::string::npos);
   EXPECT_NE(msg({"stray"}).find("unexpected argument"), std::string::npos);
+  // A bounded list checks every element.
+  std::vector<int64_t> sizes;
+  f.add_int_list("sizes", &sizes, "", 1, 64);
+  EXPECT_TRUE(f.parse({"--sizes", "1,64", "8"}));
+  EXPECT_EQ(sizes, (std::vector<int64_t>{1, 64, 8}));
+  EXPECT_NE(msg({"--sizes", "4,0"}).find("--sizes: must be between 1 and 64, got 0"), std::string::npos);
+  EXPECT_NE(msg({"--sizes", "65"}).find("between 1 and 64"), std::string::npos);
+  EXPECT_NE(msg({"--sizes", "4294967297"}).find("between 1 and 64"), std::string::npos);
 }
 
 TEST(Env, SwitchValuesParseOrAreRejected) {
