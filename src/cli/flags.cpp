@@ -195,7 +195,9 @@ std::string FlagSet::help() const {
       if (t == f.name) head += ", --" + a;
     std::string tail = f.help;
     if (!f.choices.empty()) tail += " {" + join(f.choices) + "}";
-    if (!f.default_text.empty() && !f.is_list) tail += " (default: " + f.default_text + ")";
+    // A help text that says its own default ("the model's") keeps it; the stored value would contradict it.
+    if (!f.default_text.empty() && !f.is_list && f.help.find("(default:") == std::string::npos)
+      tail += " (default: " + f.default_text + ")";
     if (head.size() < 34) r += fmt::format("{:<34}{}\n", head, tail);
     else r += head + "\n" + std::string(34, ' ') + tail + "\n";
   }

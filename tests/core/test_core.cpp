@@ -104,6 +104,12 @@ TEST(Flags, ParsesAndRejectsClearly) {
   EXPECT_NE(msg({"--sizes", "4,0"}).find("--sizes: must be between 1 and 64, got 0"), std::string::npos);
   EXPECT_NE(msg({"--sizes", "65"}).find("between 1 and 64"), std::string::npos);
   EXPECT_NE(msg({"--sizes", "4294967297"}).find("between 1 and 64"), std::string::npos);
+  // --help shows each default once: the stored value, unless the help text says its own.
+  int64_t ctx = 0;
+  f.add_int("context", &ctx, "maximum context (default: the model's)");
+  const std::string h = f.help();
+  EXPECT_NE(h.find("maximum context (default: the model's)\n"), std::string::npos) << h;
+  EXPECT_NE(h.find("(default: 0)"), std::string::npos) << h;  // --count's
 }
 
 TEST(Env, SwitchValuesParseOrAreRejected) {
