@@ -1,5 +1,7 @@
 #include "executor/cpu_executor.h"
 
+#include <unistd.h>
+
 #include <cmath>
 #include <unordered_map>
 
@@ -48,6 +50,15 @@ CpuExecutor::CpuExecutor(std::unique_ptr<CausalLM> model, int64_t kv_tokens, int
   s.num_pages = (kv_tokens + page_size - 1) / page_size;
   s.kv_heads = c.num_kv_heads;
   s.head_dim = c.head_dim;
+  // The f32 pool is allocated and zeroed at once: a capacity past the machine's memory would swap it to a halt (or
+  // overflow the byte count), so it is refused first, in doubles.
+  const double need = double(s.num_layers) * double(s.num_pages) * double(s.page_size) * double(s.kv_heads) *
+                      double(s.head_dim) * 2.0 * sizeof(float);
+  const double have = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGESIZE));
+  if (have > 0 && need > 0.9 * have)
+    throw_user("--max-total-tokens {}: the CPU KV cache (f32) would need {:.1f} GiB, more than 90% of this machine's "
+               "{:.1f} GiB of memory; give a smaller --max-total-tokens",
+               kv_tokens, need / double(1 << 30), have / double(1 << 30));
   kv_ = std::make_unique<KVPool>(s);
   log_info("KV cache: {} tokens in {} pages of {} ({:.1f} MiB, f32, CPU); {} threads", s.num_pages * s.page_size,
            s.num_pages, s.page_size, double(s.bytes()) / (1 << 20), pool_.num_threads());

@@ -36,11 +36,13 @@ void register_serve_flags(cli::FlagSet& f, ServeOptions& o) {
   f.add_string("reasoning-parser", &o.reasoning_parser, "split reasoning from content",
                {"", "qwen3", "qwen3-thinking", "deepseek-r1"});
   f.add_string("tool-call-parser", &o.tool_call_parser, "parse tool calls", {"", "qwen3_coder", "hermes", "qwen25"});
-  f.add_int("context-length", &o.context_length, "maximum context (default: the model's)", 0);
+  f.add_int("context-length", &o.context_length, "maximum context (default: the model's)", 0, int64_t(1) << 30);
   f.add_double("mem-fraction-static", &o.mem_fraction_static, "fraction of GPU memory for weights + KV", 0, 1);
-  f.add_int("max-running-requests", &o.max_running_requests, "requests decoded together (0: automatic)", 0);
-  f.add_int("max-total-tokens", &o.max_total_tokens, "KV cache capacity in tokens (0: automatic)", 0);
-  f.add_int("chunked-prefill-size", &o.chunked_prefill_size, "tokens per step (0: automatic)", 0);
+  f.add_int("max-running-requests", &o.max_running_requests, "requests decoded together (0: automatic)", 0,
+            int64_t(1) << 20);
+  f.add_int("max-total-tokens", &o.max_total_tokens, "KV cache capacity in tokens (0: automatic)", 0,
+            int64_t(1) << 40);
+  f.add_int("chunked-prefill-size", &o.chunked_prefill_size, "tokens per step (0: automatic)", 0, int64_t(1) << 24);
   f.add_int("page-size", &o.page_size, "KV cache page size in tokens (0: automatic)", 0, 4096);
   f.add_bool("disable-radix-cache", &o.disable_radix_cache, "disable prefix caching");
   f.add_int_list("cuda-graph-bs", &o.cuda_graph_bs,

@@ -484,3 +484,17 @@ TEST_P(SchedulerP, StepTraceAccountsForEveryToken) {
   EXPECT_EQ(decodes, N * (M - 1));
   EXPECT_EQ(sampled, N * M);
 }
+
+// A KV capacity past the machine's memory is refused before the pool is allocated (it swapped the host to a halt,
+// or past int64 its byte count overflowed and std::bad_alloc was all the operator saw).
+TEST(ModelRunnerKv, CapacityPastTheMachinesMemoryIsAClearError) {
+  for (int64_t tokens : {int64_t(1) << 40, int64_t(9000000000000000000)}) {
+    try {
+      ModelRunner r(load_model(tiny_model()), RunnerOptions{tokens, 16, 512, 2});
+      FAIL() << tokens << " tokens were accepted";
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find("--max-total-tokens"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("GiB of memory"), std::string::npos) << e.what();
+    }
+  }
+}

@@ -46,5 +46,19 @@ TEST(ServeOptions, CudaGraphSizesSetTheLargestCapturedBatch) {
   }
 }
 
+// Sizes the engine holds in int (the CUDA executor's step limits) or that no machine could hold are refused at the
+// flag (--chunked-prefill-size 4294967296 became 0 tokens a step on the GPU).
+TEST(ServeOptions, StepAndCacheSizesAreBounded) {
+  for (const auto& [flag, value] : std::vector<std::pair<std::string, std::string>>{
+           {"--chunked-prefill-size", "4294967296"}, {"--max-running-requests", "4294967297"},
+           {"--context-length", "9000000000000000000"}, {"--max-total-tokens", "9000000000000000000"}}) {
+    ServeOptions o;
+    EXPECT_NE(resolve({flag, value}, o).find(flag + ": must be between 0 and"), std::string::npos) << flag;
+  }
+  ServeOptions o;
+  EXPECT_EQ(resolve({"--chunked-prefill-size", "16384", "--max-running-requests", "1024"}, o), "");
+  EXPECT_EQ(o.chunked_prefill_size, 16384);
+}
+
 }  // namespace
 }  // namespace moeserve::server
