@@ -50,7 +50,7 @@ CpuExecutor::CpuExecutor(std::unique_ptr<CausalLM> model, int64_t kv_tokens, int
   s.num_pages = (kv_tokens + page_size - 1) / page_size;
   s.kv_heads = c.num_kv_heads;
   s.head_dim = c.head_dim;
-  // The f32 pool is allocated and zeroed at once: a capacity past the machine's memory would swap it to a halt (or
+  // The f32 pool is allocated and zeroed at once: a capacity past the machine's memory would exhaust it (or
   // overflow the byte count), so it is refused first, in doubles.
   const double need = double(s.num_layers) * double(s.num_pages) * double(s.page_size) * double(s.kv_heads) *
                       double(s.head_dim) * 2.0 * sizeof(float);

@@ -485,7 +485,7 @@ TEST_P(SchedulerP, StepTraceAccountsForEveryToken) {
   EXPECT_EQ(sampled, N * M);
 }
 
-// A KV capacity past the machine's memory is refused before the pool is allocated (it swapped the host to a halt,
+// A KV capacity past the machine's memory is refused before the pool is allocated (it sat allocating for as long as the host allowed,
 // or past int64 its byte count overflowed and std::bad_alloc was all the operator saw).
 TEST(ModelRunnerKv, CapacityPastTheMachinesMemoryIsAClearError) {
   for (int64_t tokens : {int64_t(1) << 40, int64_t(9000000000000000000)}) {
