@@ -53,9 +53,9 @@ int cmd_generate(const std::vector<std::string>& args) {
   f.add_bool("disable-cuda-graph", &disable_graphs, "no CUDA graphs");
   f.add_string("moe-runner-backend", &moe_backend, "MoE kernel backend (auto, or a name from `moeserve backends`)");
   f.add_string("gemm-backend", &gemm_backend, "dense GEMM backend (auto, or a name from `moeserve backends`)");
-  f.add_int("max-total-tokens", &max_total, "KV cache capacity in tokens (0: automatic)", 0);
+  f.add_int("max-total-tokens", &max_total, "KV cache capacity in tokens (0: automatic)", 0, int64_t(1) << 40);
   f.add_int("page-size", &page_size, "KV cache page size in tokens", 1, 4096);
-  f.add_int("chunked-prefill-size", &chunk, "prefill chunk in tokens", 1);
+  f.add_int("chunked-prefill-size", &chunk, "prefill chunk in tokens", 1, int64_t(1) << 24);  // as serve's bounds
   f.add_string("log-level", &log_level, "log level", {"debug", "info", "warning", "error"});
   if (!f.parse(args)) return 0;
   set_log_level(parse_log_level(log_level));
