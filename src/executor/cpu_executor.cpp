@@ -61,7 +61,7 @@ CpuExecutor::CpuExecutor(std::unique_ptr<CausalLM> model, int64_t kv_tokens, int
                kv_tokens, need / double(1 << 30), have / double(1 << 30));
   kv_ = std::make_unique<KVPool>(s);
   log_info("KV cache: {} tokens in {} pages of {} ({:.1f} MiB, f32, CPU); {} threads", s.num_pages * s.page_size,
-           s.num_pages, s.page_size, double(s.bytes()) / (1 << 20), pool_.num_threads());
+           s.num_pages, s.page_size, need / (1 << 20), pool_.num_threads());
 }
 
 nlohmann::json CpuExecutor::info() const {

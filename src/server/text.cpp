@@ -32,8 +32,7 @@ TextLayer::TextLayer(const std::string& model_dir, const std::string& tokenizer_
     try {
       std::string src = tpl::load_chat_template(dir, override_file_, tools);
       if (src.empty()) continue;
-      (tools ? tool_template_ : template_) = tpl::Template::parse(src);
-      (tools ? tool_template_knows_developer_ : template_knows_developer_) = names_developer_role(src);
+      (tools ? tool_template_ : template_) = ChatTemplate{tpl::Template::parse(src), names_developer_role(src)};
     } catch (const UserError& e) {
       if (!override_file_.empty()) throw;  // an explicit --chat-template must work
       template_error_ = e.what();
@@ -56,7 +55,7 @@ std::string TextLayer::decode(const std::vector<int32_t>& ids, bool skip_special
   return tokenizer().decode(ids, skip_special_tokens);
 }
 
-const tpl::Template& TextLayer::chat_template(bool has_tools) const {
+const TextLayer::ChatTemplate& TextLayer::chat_template(bool has_tools) const {
   tokenizer();
   if (has_tools && tool_template_) return *tool_template_;
   if (!template_)
@@ -67,13 +66,10 @@ const tpl::Template& TextLayer::chat_template(bool has_tools) const {
 
 std::string TextLayer::render_chat(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
                                    bool add_generation_prompt, const nlohmann::ordered_json& template_kwargs) const {
-  const bool has_tools = tools.is_array() && !tools.empty();
-  const tpl::Template& t = chat_template(has_tools);
-  const bool knows_developer =
-      has_tools && tool_template_ ? tool_template_knows_developer_ : template_knows_developer_;
+  const ChatTemplate& t = chat_template(tools.is_array() && !tools.empty());
   tpl::ChatTemplateInputs in;
   in.messages = messages;
-  if (!knows_developer && in.messages.is_array()) {
+  if (!t.names_developer && in.messages.is_array()) {
     for (auto& m : in.messages)
       if (m.is_object() && m.contains("role") && m["role"] == "developer") m["role"] = "system";
   }
@@ -81,7 +77,7 @@ std::string TextLayer::render_chat(const nlohmann::ordered_json& messages, const
   in.add_generation_prompt = add_generation_prompt;
   in.extra_kwargs = template_kwargs.is_object() ? template_kwargs : nlohmann::ordered_json::object();
   in.special_tokens = special_tokens_;
-  return tpl::render_chat(t, in);
+  return tpl::render_chat(t.program, in);
 }
 
 std::optional<int32_t> TextLayer::token_id(const std::string& content) const {

@@ -36,11 +36,14 @@ class TextLayer {
   std::optional<int32_t> token_id(const std::string& content) const;
 
  private:
-  const tpl::Template& chat_template(bool has_tools) const;
+  struct ChatTemplate {
+    tpl::Template program;
+    bool names_developer = false;  // its source compares a role with 'developer'
+  };
+  const ChatTemplate& chat_template(bool has_tools) const;
   std::string model_dir_, override_file_;
   std::unique_ptr<tok::Tokenizer> tok_;
-  std::optional<tpl::Template> template_, tool_template_;
-  bool template_knows_developer_ = false, tool_template_knows_developer_ = false;
+  std::optional<ChatTemplate> template_, tool_template_;
   std::string template_error_;
   nlohmann::ordered_json special_tokens_;
 };
