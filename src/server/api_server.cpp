@@ -3,10 +3,12 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <atomic>
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <future>
+#include <mutex>
 #include <thread>
 
 #include "core/env.h"
@@ -36,6 +38,9 @@ struct App {
   std::string failure;
   std::unique_ptr<TextLayer> text;
   std::unique_ptr<Engine> engine;
+  // `engine` once built, published for the HTTP threads (the loader thread builds it while they answer /health,
+  // /metrics and /get_server_info): they read this, never the unique_ptr.
+  std::atomic<Engine*> engine_view{nullptr};
   Metrics metrics;
   ServerContext ctx;
   json server_info;
@@ -49,11 +54,42 @@ struct App {
   }
   std::string not_ready_message() {
     std::lock_guard<std::mutex> lk(mu);
-    if (engine && engine->failed()) return "the engine has failed: " + engine->failure();
+    if (Engine* e = started_engine(); e && e->failed()) return "the engine has failed: " + e->failure();
     if (phase == Phase::Failed) return "the engine has failed: " + failure;
     return "the server is starting (" + starting_what + ")";
   }
   bool engine_ok() const { return phase == Phase::Ready && engine && !engine->failed(); }
+  Engine* started_engine() const { return engine_view.load(std::memory_order_acquire); }
+
+  // The scheduler's state as SGLang's /get_server_info gives it, one object per data-parallel rank under
+  // "internal_states": SGLang's bench_serving reads internal_states[0] after every run against a server it calls
+  // "sglang" (a KeyError without it, after the whole run). last_gen_throughput: tokens generated per second of the
+  // engine's step time since the previous call that saw new tokens (SGLang: over its last decode log interval).
+  json internal_state() {
+    Engine* e = started_engine();
+    const SchedulerStats s = e ? e->stats() : SchedulerStats{};
+    std::lock_guard<std::mutex> lk(throughput_mu);
+    const double busy = s.step_seconds - throughput_seconds;
+    const int64_t made = s.generated_tokens - throughput_tokens;
+    if (made > 0 && busy > 0) {
+      last_gen_throughput = double(made) / busy;
+      throughput_seconds = s.step_seconds;
+      throughput_tokens = s.generated_tokens;
+    }
+    return {{"last_gen_throughput", last_gen_throughput},
+            {"running_requests", s.running},
+            {"waiting_requests", s.waiting},
+            {"kv_cache_used_tokens", s.kv_pages_used * page_size},
+            {"kv_cache_total_tokens", s.kv_pages_total * page_size},
+            {"prompt_tokens", s.prompt_tokens},
+            {"generated_tokens", s.generated_tokens},
+            {"steps", s.steps}};
+  }
+
+ private:
+  std::mutex throughput_mu;  // guards the three below
+  double throughput_seconds = 0, last_gen_throughput = 0;
+  int64_t throughput_tokens = 0;
 };
 
 std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
@@ -80,7 +116,7 @@ void guarded(const std::shared_ptr<http::Responder>& r, F&& body) {
 // Requests that need the engine wait for readiness: 503 before.
 bool require_ready(App& app, const std::shared_ptr<http::Responder>& r) {
   if (app.engine_ok()) return true;
-  if (app.engine && app.engine->failed()) app.phase = Phase::Failed;
+  if (Engine* e = app.started_engine(); e && e->failed()) app.phase = Phase::Failed;
   r->respond_error(503, app.not_ready_message(), "server_error");
   return false;
 }
@@ -104,7 +140,7 @@ void probe_generation(App& app, std::function<void(bool, std::string)> done) {
 void add_routes(http::Server& srv, App& app) {
   srv.route("GET", "/health", [&app](const http::Request&, std::shared_ptr<http::Responder> r) {
     if (app.engine_ok()) return (void)r->respond(200, "text/plain", "");
-    if (app.engine && app.engine->failed()) app.phase = Phase::Failed;
+    if (Engine* e = app.started_engine(); e && e->failed()) app.phase = Phase::Failed;
     r->respond_error(503, app.not_ready_message(), "server_error");
   });
   srv.route("GET", "/health_generate", [&app](const http::Request&, std::shared_ptr<http::Responder> r) {
@@ -131,12 +167,18 @@ void add_routes(http::Server& srv, App& app) {
     reply(r, 200, app.model_info);
   });
   srv.route("GET", "/get_server_info", [&app](const http::Request&, std::shared_ptr<http::Responder> r) {
-    json info = app.server_info;
+    json info;
+    {
+      std::lock_guard<std::mutex> lk(app.mu);  // bring_up fills it on the loader thread
+      info = app.server_info;
+    }
     info["status"] = app.engine_ok() ? "ready" : app.not_ready_message();
+    info["internal_states"] = json::array({app.internal_state()});
     reply(r, 200, info);
   });
   srv.route("GET", "/metrics", [&app](const http::Request&, std::shared_ptr<http::Responder> r) {
-    SchedulerStats s = app.engine ? app.engine->stats() : SchedulerStats{};
+    Engine* e = app.started_engine();
+    SchedulerStats s = e ? e->stats() : SchedulerStats{};
     r->respond(200, "text/plain; version=0.0.4", app.metrics.render(s, app.page_size, false));
   });
   srv.route("POST", "/flush_cache", [&app](const http::Request&, std::shared_ptr<http::Responder> r) {
@@ -258,6 +300,7 @@ void bring_up(App& app) {
   app.page_size = ro.page_size;
   app.engine_info = runner->executor().info();
   app.engine = std::make_unique<Engine>(std::move(runner), so);
+  app.engine_view.store(app.engine.get(), std::memory_order_release);
 
   app.ctx.engine = app.engine.get();
   app.ctx.text = app.text.get();
@@ -284,20 +327,23 @@ void bring_up(App& app) {
                     {"max_context_length", ctx_len},
                     {"config", json::parse(cfg.to_json().dump())}};
   const json exec_info = app.engine_info;
-  app.server_info["model_path"] = o.model_path;
-  app.server_info["device"] = exec_info.value("device", device);
-  app.server_info["context_length"] = ctx_len;
-  app.server_info["max_total_tokens"] = ro.max_total_tokens;
-  app.server_info["page_size"] = ro.page_size;
-  app.server_info["chunked_prefill_size"] = so.chunked_prefill_size;
-  app.server_info["max_running_requests"] = so.max_running_requests;
-  app.server_info["disable_radix_cache"] = o.disable_radix_cache;
-  app.server_info["disable_overlap_schedule"] = o.disable_overlap_schedule;
-  app.server_info["skip_tokenizer_init"] = o.skip_tokenizer_init;
-  app.server_info["reasoning_parser"] = o.reasoning_parser.empty() ? json(nullptr) : json(o.reasoning_parser);
-  app.server_info["tool_call_parser"] = o.tool_call_parser.empty() ? json(nullptr) : json(o.tool_call_parser);
-  app.server_info["kernel_backends"] = exec_info.at("kernel_backends");
-  app.server_info["cuda_graphs"] = exec_info.at("cuda_graphs");
+  {
+    std::lock_guard<std::mutex> lk(app.mu);  // /get_server_info reads it on the HTTP thread
+    app.server_info["model_path"] = o.model_path;
+    app.server_info["device"] = exec_info.value("device", device);
+    app.server_info["context_length"] = ctx_len;
+    app.server_info["max_total_tokens"] = ro.max_total_tokens;
+    app.server_info["page_size"] = ro.page_size;
+    app.server_info["chunked_prefill_size"] = so.chunked_prefill_size;
+    app.server_info["max_running_requests"] = so.max_running_requests;
+    app.server_info["disable_radix_cache"] = o.disable_radix_cache;
+    app.server_info["disable_overlap_schedule"] = o.disable_overlap_schedule;
+    app.server_info["skip_tokenizer_init"] = o.skip_tokenizer_init;
+    app.server_info["reasoning_parser"] = o.reasoning_parser.empty() ? json(nullptr) : json(o.reasoning_parser);
+    app.server_info["tool_call_parser"] = o.tool_call_parser.empty() ? json(nullptr) : json(o.tool_call_parser);
+    app.server_info["kernel_backends"] = exec_info.at("kernel_backends");
+    app.server_info["cuda_graphs"] = exec_info.at("cuda_graphs");
+  }
   app.set_stage("warm-up generation");
   std::promise<std::pair<bool, std::string>> warm;
   probe_generation(app, [&warm](bool ok, std::string why) { warm.set_value({ok, why}); });

@@ -276,6 +276,81 @@ test('native /generate with logprobs; streaming events', async () => {
   assert.equal(last.text, r.json.text);
 });
 
+// The requests of the serving benchmarks operators run against every server (SGLang's bench_serving with its
+// sglang, sglang-oai and sglang-oai-chat backends; vLLM's `vllm bench serve` with openai and openai-chat), with
+// the fields they send (nulls and extensions included) and what their stream parsers need to count tokens:
+// /generate events whose text grows and whose meta_info.completion_tokens counts, [DONE] last; OpenAI chunks that
+// all carry choices[0] unless usage was asked for, and then one usage chunk with empty choices; and
+// /get_server_info's internal_states[0], which bench_serving reads after a run against an "sglang" server.
+function sseData(body) {
+  return body.split('\n\n').map((e) => e.trim()).filter((e) => e.startsWith('data: ')).map((e) => e.slice(6));
+}
+
+async function postStream(pathName, payload) {
+  const r = await fetch(`${srv.base}${pathName}`, { method: 'POST', headers: { 'content-type': 'application/json' },
+    body: JSON.stringify(payload) });
+  assert.equal(r.status, 200, `${pathName}: ${r.status}`);
+  const events = sseData(await r.text());
+  assert.equal(events.at(-1), '[DONE]', `${pathName}: the stream ends with [DONE]`);
+  return events.slice(0, -1).map((e) => JSON.parse(e));
+}
+
+test('benchmark clients: SGLang bench_serving and vLLM bench serve requests parse as they expect', async () => {
+  const N = 6;
+  const prompt = 'The quick brown fox jumps over the lazy dog.';
+  const promptTokens = (await postJson(srv.base, '/tokenize', { prompt })).json.count;
+  // bench_serving --backend sglang: text, or input_ids with --tokenize-prompt.
+  for (const input of [{ text: prompt }, { input_ids: [9707, 11, 1879, 0, 576, 3974] }]) {
+    const events = await postStream('/generate', { ...input,
+      sampling_params: { temperature: 0.0, max_new_tokens: N, ignore_eos: true },
+      stream: true, lora_path: null, return_logprob: false, logprob_start_len: -1 });
+    let text = '';
+    let count = 0;
+    for (const e of events) {
+      assert.ok(e.text.startsWith(text), 'each event carries the whole text so far');
+      assert.ok(e.meta_info.completion_tokens >= count, 'completion_tokens never goes back');
+      text = e.text;
+      count = e.meta_info.completion_tokens;
+    }
+    assert.equal(count, N, JSON.stringify(events.at(-1).meta_info));
+    assert.equal(events.at(-1).output_ids.length, N);
+  }
+  const info = await (await fetch(`${srv.base}/get_server_info`)).json();
+  assert.ok(Array.isArray(info.internal_states) && info.internal_states.length >= 1, JSON.stringify(info));
+  const state = info.internal_states[0];
+  assert.equal(state.avg_spec_accept_length, undefined, 'no speculative decoding: no accept length');
+  assert.ok(state.last_gen_throughput > 0, JSON.stringify(state));
+  assert.ok(state.kv_cache_total_tokens > 0 && state.generated_tokens >= 2 * N, JSON.stringify(state));
+
+  // bench_serving --backend sglang-oai: every chunk's choices[0].text is read (no usage chunk without asking).
+  const oai = await postStream('/v1/completions', { model: MODEL, prompt, temperature: 0.0, best_of: 1,
+    max_tokens: N, stream: true, ignore_eos: true });
+  assert.ok(oai.length >= 1 && oai.every((c) => c.choices.length === 1 && typeof c.choices[0].text === 'string'));
+  assert.equal(oai.at(-1).choices[0].finish_reason, 'length');
+  // bench_serving --backend sglang-oai-chat: choices[0].delta in every chunk.
+  const chat = await postStream('/v1/chat/completions', { model: MODEL, messages: [{ role: 'user', content: prompt }],
+    temperature: 0.0, max_tokens: N, stream: true, ignore_eos: true });
+  assert.ok(chat.every((c) => c.choices.length === 1 && typeof c.choices[0].delta === 'object'));
+  assert.equal(chat.at(-1).choices[0].finish_reason, 'length');
+
+  // vllm bench serve (openai): chunks with choices count tokens; one chunk with empty choices carries the usage.
+  const vllm = await postStream('/v1/completions', { model: MODEL, prompt, repetition_penalty: 1.0, max_tokens: N,
+    logprobs: null, stream: true, stream_options: { include_usage: true }, ignore_eos: true });
+  const usage = vllm.filter((c) => !(c.choices && c.choices.length));
+  assert.equal(usage.length, 1, 'one usage chunk');
+  assert.equal(usage[0].usage.completion_tokens, N);
+  assert.equal(usage[0].usage.prompt_tokens, promptTokens);
+  assert.ok(vllm.some((c) => c.choices && c.choices.length), 'token chunks before the usage chunk');
+  // vllm bench serve (openai-chat): text parts, max_completion_tokens.
+  const vchat = await postStream('/v1/chat/completions', { model: MODEL,
+    messages: [{ role: 'user', content: [{ type: 'text', text: prompt }] }], max_completion_tokens: N, stream: true,
+    stream_options: { include_usage: true }, ignore_eos: true });
+  const vusage = vchat.filter((c) => !(c.choices && c.choices.length));
+  assert.equal(vusage.length, 1);
+  assert.equal(vusage[0].usage.completion_tokens, N);
+  assert.ok(vchat.slice(0, -1).every((c) => typeof c.choices[0].delta === 'object'));
+});
+
 test('prefix cache: a repeated prompt reports cached tokens; flush_cache empties it', async () => {
   const ids = Array.from({ length: 70 }, (_, i) => (i * 37) % 5000);
   await greedyGenerate(srv.base, ids, 2);
