@@ -291,7 +291,7 @@ void Generation::stream_piece(Choice& c, const std::string& piece) {
   if (req_.kind == ApiKind::Generate) {
     if (!c.tokens.empty() || c.finished) {
       json ev = {{"text", c.text.substr(0, c.released)}, {"output_ids", c.tokens}, {"meta_info", native_meta(c)}};
-      if (choices_.size() > 1) ev["index"] = c.index;
+      if (req_.batch || choices_.size() > 1) ev["index"] = c.index;
       send_json(ev);
     }
     return;
@@ -430,7 +430,7 @@ void Generation::finish_all() {
     json items = json::array();
     for (auto& c : choices_)
       items.push_back({{"text", c->text}, {"output_ids", c->tokens}, {"meta_info", native_meta(*c)}});
-    respond_ordered(items.size() == 1 ? items[0] : items);
+    respond_ordered(items.size() == 1 && !req_.batch ? items[0] : items);
     return;
   }
   json out_choices = json::array();

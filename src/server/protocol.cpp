@@ -346,23 +346,40 @@ ApiRequest parse_generate_request(const json& body, const ParseContext& ctx) {
   ApiRequest r;
   r.kind = ApiKind::Generate;
   r.model = ctx.served_model_name;
-  // As SGLang: exactly one of the two (which one to serve would otherwise be a guess).
+  // As SGLang: exactly one of the two (which one to serve would otherwise be a guess). Either may be a batch (a list
+  // of texts, a list of token-id lists): one result a prompt, in order, as a list (streamed: events with "index").
   if (b.has("input_ids") && b.has("text")) bad("text", "give either 'text' or 'input_ids', not both");
   if (b.has("input_ids")) {
     const json& ids = body["input_ids"];
     if (!ids.is_array() || ids.empty()) bad("input_ids", "'input_ids' must be a non-empty list of token ids");
-    if (ids[0].is_array()) bad("input_ids", "batched input_ids are not supported: send one request per prompt");
-    r.prompts.push_back(token_list(ids, "input_ids", ctx.vocab_size));
+    r.batch = ids[0].is_array();
+    if (!r.batch) r.prompts.push_back(token_list(ids, "input_ids", ctx.vocab_size));
+    for (size_t i = 0; r.batch && i < ids.size(); ++i) {
+      if (!ids[i].is_array() || ids[i].empty())
+        bad("input_ids", fmt::format("input_ids[{}] must be a non-empty list of token ids (a batch is a list of them)", i));
+      r.prompts.push_back(token_list(ids[i], "input_ids", ctx.vocab_size));
+    }
   } else if (b.has("text")) {
-    if (!body["text"].is_string()) bad("text", "'text' must be a string (send one request per prompt)");
-    r.prompt_texts.push_back(body["text"]);
-    r.prompts.push_back(ctx.text->encode(body["text"].get<std::string>(), true));
-    if (r.prompts[0].empty()) bad("text", "'text' is empty");
+    const json& t = body["text"];
+    r.batch = t.is_array();
+    if (r.batch && t.empty()) bad("text", "'text' is an empty list");
+    if (!t.is_string() && !r.batch) bad("text", "'text' must be a string or a list of strings");
+    for (size_t i = 0; i < (r.batch ? t.size() : 1); ++i) {
+      const json& one = r.batch ? t[i] : t;
+      if (!one.is_string()) bad("text", fmt::format("text[{}] must be a string", i));
+      r.prompt_texts.push_back(one);
+      r.prompts.push_back(ctx.text->encode(one.get<std::string>(), true));
+      if (r.prompts.back().empty()) bad("text", r.batch ? fmt::format("text[{}] is empty", i) : "'text' is empty");
+    }
   } else {
     bad("text", "give 'text' or 'input_ids'");
   }
+  if (r.prompts.size() > 256) bad(r.prompt_texts.empty() ? "input_ids" : "text", "at most 256 prompts per request");
   json sp = json::object();
   if (b.has("sampling_params")) {
+    if (body["sampling_params"].is_array())
+      bad("sampling_params", "a list of sampling_params (one a prompt) is not supported: give one object for the whole "
+                             "batch, or send one request per prompt");
     if (!body["sampling_params"].is_object()) bad("sampling_params", "'sampling_params' must be an object");
     sp = body["sampling_params"];
   }
@@ -375,7 +392,8 @@ ApiRequest parse_generate_request(const json& body, const ParseContext& ctx) {
   r.top_logprobs = b.integer("top_logprobs_num", 0, 0, 100);
   if (r.top_logprobs > 0) r.logprobs = true;
   r.return_text_in_logprobs = b.boolean("return_text_in_logprobs", false);
-  int64_t P = int64_t(r.prompts[0].size());
+  int64_t P = 0;  // the longest prompt: every prompt's output must fit beside it (as set_max_tokens)
+  for (auto& pr : r.prompts) P = std::max<int64_t>(P, int64_t(pr.size()));
   if (P >= ctx.context_length)
     bad(r.prompt_texts.empty() ? "input_ids" : "text",
         fmt::format("The prompt has {} tokens, but the context length is {}", P, ctx.context_length));

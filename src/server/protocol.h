@@ -28,7 +28,8 @@ enum class ApiKind { Chat, Completion, Generate };
 struct ApiRequest {
   ApiKind kind = ApiKind::Chat;
   std::string model;
-  std::vector<std::vector<int32_t>> prompts;  // completions may carry several; the others exactly one
+  std::vector<std::vector<int32_t>> prompts;  // completions and a native batch may carry several; chat exactly one
+  bool batch = false;  // native /generate given a list of prompts: a list of results (streamed events carry "index")
   std::vector<std::string> prompt_texts;      // for echo (empty when the prompt was token ids)
   SamplingParams sampling;
   bool max_tokens_given = false;

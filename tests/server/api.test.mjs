@@ -276,6 +276,58 @@ test('native /generate with logprobs; streaming events', async () => {
   assert.equal(last.text, r.json.text);
 });
 
+test('native /generate batches: lists of texts or token-id lists give a list of results, streamed with index', async () => {
+  const N = 4;
+  const idsBatch = [[9707, 11, 1879], [785, 6722, 315, 9625, 374], [151643, 40]];
+  const solo = [];
+  for (const ids of idsBatch) solo.push((await greedyGenerate(srv.base, ids, N)).json);
+  const batch = await greedyGenerate(srv.base, idsBatch, N);
+  assert.equal(batch.status, 200, batch.text);
+  assert.ok(Array.isArray(batch.json) && batch.json.length === idsBatch.length, batch.text);
+  for (const [i, r] of batch.json.entries()) {
+    assert.equal(r.meta_info.prompt_tokens, idsBatch[i].length, `prompt ${i}`);
+    await assertSameGreedy(srv.base, idsBatch[i], N, r, solo[i].output_ids, `batch item ${i}`);
+  }
+  // A batch of one is still a list (SGLang's shape follows the request's).
+  const one = await greedyGenerate(srv.base, [idsBatch[0]], N);
+  assert.ok(Array.isArray(one.json) && one.json.length === 1, one.text);
+  // Texts: each item's text and prompt as its own request's.
+  const texts = ['Hello', 'The capital of France is'];
+  const tb = await postJson(srv.base, '/generate', { text: texts, sampling_params: { max_new_tokens: N, temperature: 0 } });
+  assert.equal(tb.status, 200, tb.text);
+  for (const [i, t] of texts.entries()) {
+    const alone = await postJson(srv.base, '/generate', { text: t, sampling_params: { max_new_tokens: N, temperature: 0 } });
+    assert.equal(tb.json[i].meta_info.prompt_tokens, alone.json.meta_info.prompt_tokens, `text ${i}`);
+  }
+  // Streamed: every event names its prompt by index; each index's last event holds that prompt's whole output.
+  const s = await fetch(`${srv.base}/generate`, { method: 'POST', body: JSON.stringify({ input_ids: idsBatch,
+    sampling_params: { max_new_tokens: N, temperature: 0, ignore_eos: true }, stream: true }) });
+  const events = (await s.text()).split('\n\n').filter((e) => e.startsWith('data: ')).map((e) => e.slice(6));
+  assert.equal(events.at(-1), '[DONE]');
+  const last = new Map();
+  for (const e of events.slice(0, -1).map((x) => JSON.parse(x))) {
+    assert.ok(Number.isInteger(e.index) && e.index >= 0 && e.index < idsBatch.length, JSON.stringify(e));
+    last.set(e.index, e);
+  }
+  assert.equal(last.size, idsBatch.length);
+  for (const [i, e] of last) {
+    assert.equal(e.output_ids.length, N);
+    assert.equal(e.meta_info.finish_reason.type, 'length', `stream item ${i}`);
+  }
+  // What a batch cannot be: a 400 naming the field.
+  for (const [body, param] of [
+    [{ input_ids: [[1, 2], []] }, 'input_ids'],
+    [{ input_ids: [[1, 2], 3] }, 'input_ids'],
+    [{ text: [] }, 'text'],
+    [{ text: ['a', 5] }, 'text'],
+    [{ text: ['a', 'b'], sampling_params: [{ max_new_tokens: 1 }, { max_new_tokens: 2 }] }, 'sampling_params'],
+  ]) {
+    const r = await postJson(srv.base, '/generate', body);
+    assert.equal(r.status, 400, `${JSON.stringify(body)}: ${r.text}`);
+    assert.equal(r.json.error.param, param, r.text);
+  }
+});
+
 // The requests of the serving benchmarks operators run against every server (SGLang's bench_serving with its
 // sglang, sglang-oai and sglang-oai-chat backends; vLLM's `vllm bench serve` with openai and openai-chat), with
 // the fields they send (nulls and extensions included) and what their stream parsers need to count tokens:
