@@ -68,6 +68,7 @@ struct App {
   json internal_state() {
     Engine* e = started_engine();
     const SchedulerStats s = e ? e->stats() : SchedulerStats{};
+    const int64_t page = e ? page_size : 0;  // written before the engine is published
     std::lock_guard<std::mutex> lk(throughput_mu);
     const double busy = s.step_seconds - throughput_seconds;
     const int64_t made = s.generated_tokens - throughput_tokens;
@@ -79,8 +80,8 @@ struct App {
     return {{"last_gen_throughput", last_gen_throughput},
             {"running_requests", s.running},
             {"waiting_requests", s.waiting},
-            {"kv_cache_used_tokens", s.kv_pages_used * page_size},
-            {"kv_cache_total_tokens", s.kv_pages_total * page_size},
+            {"kv_cache_used_tokens", s.kv_pages_used * page},
+            {"kv_cache_total_tokens", s.kv_pages_total * page},
             {"prompt_tokens", s.prompt_tokens},
             {"generated_tokens", s.generated_tokens},
             {"steps", s.steps}};
@@ -179,7 +180,7 @@ void add_routes(http::Server& srv, App& app) {
   srv.route("GET", "/metrics", [&app](const http::Request&, std::shared_ptr<http::Responder> r) {
     Engine* e = app.started_engine();
     SchedulerStats s = e ? e->stats() : SchedulerStats{};
-    r->respond(200, "text/plain; version=0.0.4", app.metrics.render(s, app.page_size, false));
+    r->respond(200, "text/plain; version=0.0.4", app.metrics.render(s, e ? app.page_size : 0, false));
   });
   srv.route("POST", "/flush_cache", [&app](const http::Request&, std::shared_ptr<http::Responder> r) {
     if (!require_ready(app, r)) return;

@@ -194,6 +194,9 @@ test('errors use the OpenAI shape with the right status', async () => {
     ['POST', '/tokenize', JSON.stringify({ messages: [{ role: 'user', content: 'x' }], chat_template_kwargs: [1] }), 400],
     ['POST', '/tokenize', JSON.stringify({ messages: [{ role: 'user', content: 'x' }], add_generation_prompt: 1 }), 400],
     ['POST', '/generate', JSON.stringify({ text: 'x', input_ids: [1, 2] }), 400],
+    // Prompt logprobs are not computed: asked for, a clear error (not lists that silently cover the output only).
+    ['POST', '/v1/completions', JSON.stringify({ prompt: 'x', echo: true, logprobs: 1, max_tokens: 1 }), 400],
+    ['POST', '/generate', JSON.stringify({ text: 'x', return_logprob: true, logprob_start_len: 0 }), 400],
     // Out of the int64 range: refused before any conversion (9.3e18 as an int64 was undefined behaviour).
     ['POST', '/v1/completions', JSON.stringify({ prompt: 'x', seed: 9.3e18 }), 400],
     ['POST', '/v1/completions', '{"prompt": "x", "seed": 18446744073709551615}', 400],
