@@ -28,6 +28,9 @@ Sampled sample_on_cpu(const float* logits, int64_t V, const SampleSpec& s, std::
     }
     for (auto& [t, n] : counts) lg[t] -= s.presence_penalty + s.frequency_penalty * float(n);
   }
+  if (s.biased())
+    for (auto [t, b] : *s.bias)
+      if (t >= 0 && t < V) lg[t] += b;
   for (int32_t b : s.banned)
     if (b >= 0 && b < V) lg[b] = -INFINITY;
   Sampled out;

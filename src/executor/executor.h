@@ -8,6 +8,7 @@
 #include <deque>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -25,6 +26,7 @@ struct SampleSpec {
   float repetition_penalty = 1.0f;                          // over prompt and generated tokens
   const std::vector<int32_t>* prompt = nullptr;             // for the penalties (may be null when none apply)
   const std::vector<int32_t>* output = nullptr;
+  const std::vector<std::pair<int32_t, float>>* bias = nullptr;  // logit_bias (may be null): added after the penalties
   std::vector<int32_t> banned;                              // ids that may not be picked (eos under min_tokens)
   std::mt19937_64* rng = nullptr;                           // the request's generator
   bool logprob = false;                                     // logprob of the chosen token
@@ -32,6 +34,9 @@ struct SampleSpec {
   bool penalized() const {
     return presence_penalty != 0.0f || frequency_penalty != 0.0f || repetition_penalty != 1.0f;
   }
+  bool biased() const { return bias != nullptr && !bias->empty(); }
+  // Whether the logits are changed before sampling (penalties, logit_bias or bans).
+  bool modifies_logits() const { return penalized() || biased() || !banned.empty(); }
 };
 
 struct Sampled {

@@ -9,6 +9,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/sampling/sampling.h"
@@ -27,6 +28,9 @@ struct SamplingParams {
   int64_t max_new_tokens = 128;
   int64_t min_new_tokens = 0;
   std::vector<int64_t> stop_token_ids;
+  // OpenAI's logit_bias: (token, bias) pairs, tokens unique, added to the logits after the penalties; the
+  // returned logprobs stay those of the raw logits, as with the penalties.
+  std::vector<std::pair<int32_t, float>> logit_bias;
   bool ignore_eos = false;
   std::optional<uint64_t> seed;
   int64_t top_logprobs = 0;  // per output token; 0: none

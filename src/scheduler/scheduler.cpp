@@ -162,6 +162,7 @@ SampleSpec Scheduler::sample_spec(Request& r, int64_t pending) const {
     for (int64_t e : p.stop_token_ids)
       if (e >= 0 && e < V) s.banned.push_back(int32_t(e));
   }
+  if (!p.logit_bias.empty()) s.bias = &p.logit_bias;
   s.rng = &r.rng;
   s.logprob = p.return_logprob || p.top_logprobs > 0;
   s.top_logprobs = p.top_logprobs;

@@ -93,6 +93,30 @@ std::vector<int64_t> id_list(const Body& b, const char* k) {
   return r;
 }
 
+// OpenAI's logit_bias: {"token id": bias in [-100, 100]}; the ids decimal and inside the vocabulary.
+std::vector<std::pair<int32_t, float>> logit_bias(const Body& b, int64_t vocab) {
+  std::vector<std::pair<int32_t, float>> r;
+  if (!b.has("logit_bias")) return r;
+  const json& m = b.j["logit_bias"];
+  if (!m.is_object()) bad("logit_bias", "'logit_bias' must be an object mapping token ids to biases");
+  for (auto it = m.begin(); it != m.end(); ++it) {
+    const std::string& k = it.key();
+    int64_t id = 0;
+    // Canonical decimal (no sign, no leading zero): the object's keys are unique, so the ids are.
+    bool digits = !k.empty() && k.size() <= 10 && (k.size() == 1 || k[0] != '0');
+    for (char c : k) digits = digits && c >= '0' && c <= '9';
+    if (digits) id = std::stoll(k);
+    if (!digits || id >= vocab)
+      bad("logit_bias", fmt::format("logit_bias: '{}' is not a token id (0 to {}, decimal)", k.substr(0, 40), vocab - 1));
+    const json& v = it.value();
+    if (!v.is_number() || !(v.get<double>() >= -100.0 && v.get<double>() <= 100.0))
+      bad("logit_bias", fmt::format("logit_bias: the bias of token {} must be a number from -100 to 100, got {}", id,
+                                    v.dump().substr(0, 40)));
+    r.emplace_back(int32_t(id), float(v.get<double>()));
+  }
+  return r;
+}
+
 void check_model(const Body& b, const ParseContext& ctx, ApiRequest& r) {
   r.model = b.str("model", ctx.served_model_name);
   if (r.model != ctx.served_model_name && r.model != ctx.model_path && !r.model.empty())
@@ -117,6 +141,7 @@ void sampling_fields(const Body& b, const ParseContext& ctx, double max_temperat
   s.ignore_eos = b.boolean("ignore_eos", false);
   s.min_new_tokens = b.integer(min_tokens_key, 0, 0, 1 << 30);
   s.stop_token_ids = id_list(b, "stop_token_ids");
+  s.logit_bias = logit_bias(b, ctx.vocab_size);
   if (b.has("seed")) s.seed = uint64_t(b.integer("seed", 0, INT64_MIN, INT64_MAX));
   r.stop = stop_list(b, "stop");
   r.n = b.integer("n", 1, 1, 128);

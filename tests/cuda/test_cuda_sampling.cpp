@@ -32,15 +32,18 @@ struct Batch {
   std::vector<float> logits;
   std::vector<SampleRowParams> params;
   std::vector<int32_t> pen_ids, pen_counts, ban_ids;
+  std::vector<float> ban_values;  // beside ban_ids: a logit bias, or -inf for a ban
   // Per row, for the CPU side.
   std::vector<std::vector<std::pair<int32_t, int32_t>>> pens;
   std::vector<std::vector<int32_t>> bans;
+  std::vector<std::vector<std::pair<int32_t, float>>> biases;
 
   explicit Batch(int vocab) : V(vocab) {}
   int rows() const { return int(params.size()); }
   const float* row(int r) const { return logits.data() + size_t(r) * V; }
+  // `bias` and `ban` hold distinct tokens (as the executor merges them).
   void add(const std::vector<float>& lg, SampleRowParams p, const std::vector<std::pair<int32_t, int32_t>>& pen = {},
-           const std::vector<int32_t>& ban = {}) {
+           const std::vector<int32_t>& ban = {}, const std::vector<std::pair<int32_t, float>>& bias = {}) {
     logits.insert(logits.end(), lg.begin(), lg.end());
     p.pen_begin = int32_t(pen_ids.size());
     for (auto [t, n] : pen) {
@@ -49,11 +52,13 @@ struct Batch {
     }
     p.pen_end = int32_t(pen_ids.size());
     p.ban_begin = int32_t(ban_ids.size());
-    ban_ids.insert(ban_ids.end(), ban.begin(), ban.end());
+    for (auto [t, v] : bias) ban_ids.push_back(t), ban_values.push_back(v);
+    for (int32_t t : ban) ban_ids.push_back(t), ban_values.push_back(-INFINITY);
     p.ban_end = int32_t(ban_ids.size());
     params.push_back(p);
     pens.push_back(pen);
     bans.push_back(ban);
+    biases.push_back(bias);
   }
 };
 
@@ -71,12 +76,14 @@ Result run_gpu(const Batch& b, int max_top, bool graph = false) {
   Dev<SampleRowParams> params(R);
   Dev<int32_t> pen_ids(b.pen_ids.size()), pen_counts(b.pen_counts.size()), ban_ids(b.ban_ids.size()), ids(R),
       top_ids(size_t(R) * max_top);
+  Dev<float> ban_values(b.ban_values.size());
   Dev<uint8_t> ws(cuda::sample_workspace_bytes(R, b.V));
   logits.upload(b.logits);
   params.upload(b.params);
   pen_ids.upload(b.pen_ids);
   pen_counts.upload(b.pen_counts);
   ban_ids.upload(b.ban_ids);
+  ban_values.upload(b.ban_values);
   for (auto* d : {&lps, &top_lps}) d->poison();
   for (auto* d : {&ids, &top_ids}) d->poison();
   ws.poison();
@@ -88,6 +95,7 @@ Result run_gpu(const Batch& b, int max_top, bool graph = false) {
   a.pen_ids = pen_ids.p;
   a.pen_counts = pen_counts.p;
   a.ban_ids = ban_ids.p;
+  a.ban_values = ban_values.p;
   a.max_top = max_top;
   a.out_ids = ids.p;
   a.out_logprobs = lps.p;
@@ -116,8 +124,8 @@ Result run_gpu(const Batch& b, int max_top, bool graph = false) {
                 max_top ? top_lps.download() : std::vector<float>{}};
 }
 
-// Scheduler::sample_and_deliver's modifications: repetition penalty on tokens seen, presence / frequency
-// on generated ones, then bans.
+// sample_on_cpu's modifications: repetition penalty on tokens seen, presence / frequency on generated ones, then
+// logit biases, then bans.
 std::vector<float> cpu_modified(const Batch& b, int r) {
   std::vector<float> lg(b.row(r), b.row(r) + b.V);
   const SampleRowParams& p = b.params[r];
@@ -127,6 +135,7 @@ std::vector<float> cpu_modified(const Batch& b, int r) {
     for (auto [t, n] : b.pens[r])
       if (n > 0) lg[t] -= p.presence_penalty + p.frequency_penalty * float(n);
   }
+  for (auto [t, v] : b.biases[r]) lg[t] += v;
   for (int32_t t : b.bans[r]) lg[t] = -INFINITY;
   return lg;
 }
@@ -515,7 +524,18 @@ TEST(CudaSampling, MixedRowsInOneCallMatchTheCpu) {
         for (int32_t t : seen) pen.push_back({t, int32_t(g() % 3)});
         ban = {int32_t(g() % V), int32_t(g() % V)};
       }
-      b.add(lg, p, pen, ban);
+      // Logit biases on a third of the rows (some penalised too): a large one on a random token (the argmax moves
+      // to it when greedy), small ones on others, a negative one on the argmax; none on a banned token.
+      std::vector<std::pair<int32_t, float>> bias;
+      if (r % 3 == 2) {
+        std::set<int32_t> taken(ban.begin(), ban.end());
+        auto fresh = [&](int32_t t) { return taken.insert(t).second; };
+        const int32_t top = int32_t(std::max_element(lg.begin(), lg.end()) - lg.begin());
+        if (fresh(top)) bias.push_back({top, -7.5f});
+        for (int i = 0; i < 40; ++i)
+          if (int32_t t = int32_t(g() % V); fresh(t)) bias.push_back({t, i == 0 ? 30.0f : float(int(g() % 13) - 6) * 0.25f});
+      }
+      b.add(lg, p, pen, ban, bias);
     }
     const Result res = run_gpu(b, 20), replay = run_gpu(b, 20, /*graph=*/true);
     for (int r = 0; r < b.rows(); ++r) {

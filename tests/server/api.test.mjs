@@ -105,6 +105,30 @@ test('completions with token ids, logprobs and echo', async () => {
   assert.ok(!byIndex[0].includes('Once upon'), byIndex[0]);
 });
 
+test('logit_bias moves greedy choices as OpenAI describes; bad maps are 400s', async () => {
+  const prompt = [9707, 11, 1879];
+  // +100 on one token: greedy picks it every step (OpenAI: "exclusive selection"), natively and through the client.
+  const forced = await greedyGenerate(srv.base, prompt, 4, { sampling_params: { max_new_tokens: 4, temperature: 0,
+    ignore_eos: true, logit_bias: { 42: 100 } } });
+  assert.equal(forced.status, 200, forced.text);
+  assert.deepEqual(forced.json.output_ids, [42, 42, 42, 42]);
+  const viaClient = await client.completions.create({ model: MODEL, prompt, max_tokens: 3, temperature: 0,
+    logit_bias: { 42: 100 } });
+  const expected = (await postJson(srv.base, '/detokenize', { tokens: [42, 42, 42] })).json.prompt;
+  assert.equal(viaClient.choices[0].text, expected);
+  // -100 on the greedy first token: another one comes first; the logprobs stay the raw distribution's.
+  const solo = (await greedyGenerate(srv.base, prompt, 1)).json;
+  const avoided = await greedyGenerate(srv.base, prompt, 1, { sampling_params: { max_new_tokens: 1, temperature: 0,
+    ignore_eos: true, logit_bias: { [solo.output_ids[0]]: -100 } } });
+  assert.notEqual(avoided.json.output_ids[0], solo.output_ids[0]);
+  assert.ok(avoided.json.meta_info.output_token_logprobs[0][0] < solo.meta_info.output_token_logprobs[0][0]);
+  for (const lb of [[1], { abc: 1 }, { '01': 1 }, { '-1': 1 }, { 99999999: 1 }, { 5: 101 }, { 5: 'x' }]) {
+    const r = await postJson(srv.base, '/v1/completions', { prompt: 'x', max_tokens: 1, logit_bias: lb });
+    assert.equal(r.status, 400, `${JSON.stringify(lb)}: ${r.text}`);
+    assert.equal(r.json.error.param, 'logit_bias', r.text);
+  }
+});
+
 test('n and seed: n choices, same seed same samples', async () => {
   const req = { model: MODEL, messages: [{ role: 'user', content: 'Tell me a story' }], max_tokens: 8, n: 3, seed: 42,
     temperature: 1.0 };

@@ -1,6 +1,7 @@
 #include "cuda/model/gpu_executor.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <chrono>
 #include <cstring>
@@ -165,6 +166,7 @@ class GpuExecutor : public Executor {
   // Penalty inputs (one set: a step with penalties orders its upload after both sets' steps) and the sampler's
   // workspace (used on the compute stream only).
   DeviceArray<int32_t> pen_ids_, pen_counts_, ban_ids_;
+  DeviceArray<float> ban_values_;
   DeviceArray<uint8_t> sample_ws_, greedy_ws_, head_argmax_ws_;
   // The lm_head screen's int8 copy of the lm_head, its largest |w| and its workspace (be_.lmhead_screen).
   DeviceArray<uint8_t> screen_weights_, screen_ws_;
@@ -177,6 +179,7 @@ class GpuExecutor : public Executor {
   };
   std::deque<Launched> in_flight_;
   std::vector<int32_t> h_pen_ids_, h_pen_counts_, h_ban_ids_;
+  std::vector<float> h_ban_values_;  // beside h_ban_ids_: the logit_bias value, -inf for a ban
   StepProfile profile_;
 };
 
@@ -414,6 +417,7 @@ StepInputs GpuExecutor::prepare(const ForwardBatch& batch, const std::vector<Sam
   h_pen_ids_.clear();
   h_pen_counts_.clear();
   h_ban_ids_.clear();
+  h_ban_values_.clear();
   for (int r = 0; r < Rp; ++r) {
     SampleRowParams p;
     if (r < int(specs.size())) {
@@ -440,8 +444,16 @@ StepInputs GpuExecutor::prepare(const ForwardBatch& batch, const std::vector<Sam
         }
         p.pen_end = int32_t(h_pen_ids_.size());
       }
+      // The row's logit biases and bans as unique entries (the sampler writes each token's slot once): a banned
+      // token's bias is dropped, repeated bans are kept once.
       p.ban_begin = int32_t(h_ban_ids_.size());
-      h_ban_ids_.insert(h_ban_ids_.end(), s.banned.begin(), s.banned.end());
+      auto banned = [&](int32_t t) { return std::find(s.banned.begin(), s.banned.end(), t) != s.banned.end(); };
+      if (s.biased())
+        for (auto [t, v] : *s.bias)
+          if (!banned(t)) h_ban_ids_.push_back(t), h_ban_values_.push_back(v);
+      for (size_t i = 0; i < s.banned.size(); ++i)
+        if (std::find(s.banned.begin(), s.banned.begin() + i, s.banned[i]) == s.banned.begin() + i)
+          h_ban_ids_.push_back(s.banned[i]), h_ban_values_.push_back(-INFINITY);
       p.ban_end = int32_t(h_ban_ids_.size());
     } else {
       p.temperature = 0.0f;
@@ -494,17 +506,18 @@ void GpuExecutor::upload_meta(cudaStream_t s, size_t bytes, int table_rows, int 
     MS_CUDA_CHECK(cudaMemcpy2DAsync(dev + off, pitch, host_meta() + off, pitch, size_t(table_pages) * 4,
                                     size_t(table_rows), cudaMemcpyHostToDevice, s));
   }
-  auto grow_upload = [&](DeviceArray<int32_t>& dst, const std::vector<int32_t>& src) {
+  auto grow_upload = [&]<typename T>(DeviceArray<T>& dst, const std::vector<T>& src) {
     if (src.empty()) return;
     if (dst.size() < src.size()) {
       sync_streams(true);  // the old array may still be read by a step in flight
-      dst = DeviceArray<int32_t>(alloc_, src.size() * 2, "activations");
+      dst = DeviceArray<T>(alloc_, src.size() * 2, "activations");
     }
-    MS_CUDA_CHECK(cudaMemcpyAsync(dst.get(), src.data(), src.size() * 4, cudaMemcpyHostToDevice, s));
+    MS_CUDA_CHECK(cudaMemcpyAsync(dst.get(), src.data(), src.size() * sizeof(T), cudaMemcpyHostToDevice, s));
   };
   grow_upload(pen_ids_, h_pen_ids_);
   grow_upload(pen_counts_, h_pen_counts_);
   grow_upload(ban_ids_, h_ban_ids_);
+  grow_upload(ban_values_, h_ban_values_);
 }
 
 void GpuExecutor::run_sampling(int rows, bool with_penalties) {
@@ -517,6 +530,7 @@ void GpuExecutor::run_sampling(int rows, bool with_penalties) {
   a.pen_ids = with_penalties ? pen_ids_.get() : nullptr;
   a.pen_counts = with_penalties ? pen_counts_.get() : nullptr;
   a.ban_ids = with_penalties ? ban_ids_.get() : nullptr;
+  a.ban_values = with_penalties ? ban_values_.get() : nullptr;
   a.max_top = kMaxTop;
   a.out_ids = b.out_ids.get();
   a.out_logprobs = b.out_lp.get();
@@ -535,8 +549,8 @@ void GpuExecutor::launch(const ForwardBatch& batch, const std::vector<SampleSpec
   for (int32_t r : batch.previous_samples)
     MS_CHECK(r < 0 || (!in_flight_.empty() && r < in_flight_.back().rows() && in_flight_.back().buf == (cur_ ^ 1)),
              "a step takes sample {} of the previous step, which is not in flight or has fewer rows", r);
-  bool plain = true;  // no penalties or bans: the captured graphs handle the step
-  for (auto& s : specs) plain = plain && !s.penalized() && s.banned.empty();
+  bool plain = true;  // no penalties, logit biases or bans: the captured graphs handle the step
+  for (auto& s : specs) plain = plain && !s.modifies_logits();
   bool greedy = plain;  // and every row greedy without top logprobs: the fast sampler
   bool logprob = false;
   for (auto& s : specs) {

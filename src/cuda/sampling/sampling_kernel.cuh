@@ -331,8 +331,8 @@ __device__ void sample_cluster(const SampleArgs& a, float* overrides, char* smem
   c.wide = (c.vec ? (c.slice / 4 + kThreads - 1) / kThreads * 4 : (c.slice + kThreads - 1) / kThreads) * 32 >= 4096;
   c.seq = 0;
 
-  // Penalties (as Scheduler::sample_and_deliver, the same float operations in the same order; __f*_rn keeps
-  // nvcc from contracting them into an FMA the CPU does not do), then bans; each block those of its slice.
+  // Penalties (as sample_on_cpu, the same float operations in the same order; __f*_rn keeps nvcc from contracting
+  // them into an FMA the CPU does not do), then logit biases and bans; each block those of its slice.
   // The modified values go to the workspace, a bitmap of the slice says which tokens read from there.
   const bool rep = p.repetition_penalty != 1.0f;
   const bool penalise = a.pen_ids && a.pen_counts && (rep || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) &&
@@ -359,8 +359,12 @@ __device__ void sample_cluster(const SampleArgs& a, float* overrides, char* smem
       for (int i = p.ban_begin + tid; i < p.ban_end; i += kThreads) {
         const int t = a.ban_ids[i];
         if (t < c.lo || t >= c.hi) continue;
-        over[t] = -INFINITY;
-        atomicOr(&bits[(t - c.lo) >> 5], 1u << ((t - c.lo) & 31));
+        const float add = a.ban_values ? a.ban_values[i] : -INFINITY;
+        // A row's entries are unique (the host merges them), so the bit's old value says whether a penalty set
+        // over[t] above (its __syncthreads orders that write before this read).
+        const unsigned m = 1u << ((t - c.lo) & 31);
+        const bool penalised = atomicOr(&bits[(t - c.lo) >> 5], m) & m;
+        over[t] = add == -INFINITY ? -INFINITY : __fadd_rn(penalised ? over[t] : c.raw[t], add);
       }
     __syncthreads();
   }

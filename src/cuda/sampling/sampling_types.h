@@ -14,7 +14,8 @@ struct SampleRowParams {
   float presence_penalty = 0.0f, frequency_penalty = 0.0f, repetition_penalty = 1.0f;
   uint64_t random = 0;       // 64 random bits drawn by the host from the request's generator
   int32_t pen_begin = 0, pen_end = 0;  // range in the penalty arrays (tokens seen in prompt or output)
-  int32_t ban_begin = 0, ban_end = 0;  // range in ban_ids: tokens whose logit becomes -inf (eos under min_tokens)
+  int32_t ban_begin = 0, ban_end = 0;  // range in ban_ids / ban_values: tokens whose logit gets a value added
+                                       // (logit_bias) or becomes -inf (eos under min_tokens); unique in a row
   int32_t top_logprobs = 0;  // how many top logprobs to return (<= max_top)
 };
 
@@ -25,6 +26,7 @@ struct SampleArgs {
   const int32_t* pen_ids = nullptr;    // token ids seen (prompt or output), unique per row
   const int32_t* pen_counts = nullptr; // times each was generated (0 if only in the prompt)
   const int32_t* ban_ids = nullptr;
+  const float* ban_values = nullptr;   // added to ban_ids' logits after the penalties (-inf: banned); null: all -inf
   int max_top = 0;                     // row stride of top_ids / top_logprobs
   // Outputs, device:
   int32_t* out_ids = nullptr;          // [rows]
