@@ -5,7 +5,7 @@
 #   scripts/fuzz.sh [SECONDS_PER_TARGET] [TARGET...]      (default 60 s; all targets)
 #
 # Targets: tokenizer_encode tokenizer_decode tokenizer_json template tool_calls reasoning api_request
-# model_config http_response sglang_event safetensors (fuzz/fuzz_checks.h and the fuzz_*_checks.h beside it say what each checks and its input layout).
+# model_config http_response sglang_event safetensors http_request (fuzz/fuzz_checks.h and the fuzz_*_checks.h beside it say what each checks and its input layout).
 # Environment: FUZZ_CXX / FUZZ_CC (default clang++-14 / clang-14), FUZZ_TIMEOUT (seconds one input may take,
 # default 30), FUZZ_RSS_MB (default 4096), JOBS (build parallelism, default nproc).
 #
@@ -22,7 +22,7 @@ BUILD=$ROOT/build-fuzz
 SECONDS_PER_TARGET=${1:-60}
 shift || true
 ALL_TARGETS=(tokenizer_encode tokenizer_decode tokenizer_json template tool_calls reasoning api_request model_config http_response
-             sglang_event safetensors)
+             sglang_event safetensors http_request)
 if [[ $# -gt 0 ]]; then TARGETS=("$@"); else TARGETS=("${ALL_TARGETS[@]}"); fi
 for t in "${TARGETS[@]}"; do
   [[ " ${ALL_TARGETS[*]} " == *" $t "* ]] || { echo "unknown target '$t' (${ALL_TARGETS[*]})" >&2; exit 2; }
@@ -132,6 +132,23 @@ put("safetensors", b"\x00" + st_file(small[:2], pad=False))
 put("safetensors", b"\x00" + st_file([("w", "U8", [3, 5], 15), ("i", "I64", [2], 16)]))
 index = {"metadata": {"total_size": 160}, "weight_map": {n: "model-00001-of-00001.safetensors" for n, *_ in small}}
 put("safetensors", b"\x01" + json.dumps(index).encode() + b"\x00" + st_file(small))
+# Raw requests to the HTTP transport (fuzz_http_checks.h): byte 0 = flags (bit 0: two writes), byte 1 = the split.
+auth = "Authorization: Bearer k\r\n"
+reqs = [
+    "GET /health HTTP/1.1\r\nHost: x\r\n\r\n",
+    "POST /echo HTTP/1.1\r\nHost: x\r\n" + auth + "Content-Length: 5\r\n\r\nhello",
+    "POST /json HTTP/1.1\r\nHost: x\r\n" + auth + "Content-Type: application/json\r\nContent-Length: 9\r\n\r\n{\"a\": [1]}",
+    "POST /echo HTTP/1.1\r\nHost: x\r\n" + auth + "Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+    "POST /echo HTTP/1.1\r\nHost: x\r\n" + auth + "Expect: 100-continue\r\nContent-Length: 3\r\n\r\nabc",
+    "GET /stream HTTP/1.1\r\nHost: x\r\n" + auth + "\r\n",
+    "GET /stream HTTP/1.0\r\n" + auth + "\r\n",
+    "GET /health HTTP/1.1\r\nHost: x\r\n\r\nGET /stream HTTP/1.1\r\nHost: x\r\n" + auth + "\r\nGET /nope HTTP/1.1\r\n\r\n",
+    "HEAD /health HTTP/1.1\r\nHost: x\r\n\r\n",
+    "DELETE /echo HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+]
+for i, r in enumerate(reqs):
+    put("http_request", bytes([0, 0]) + r.encode())
+    put("http_request", bytes([1, 37 + 20 * i]) + r.encode())
 # Past crashes stay in the corpus.
 for d in glob.glob(os.path.join(root, "tests/fuzz_regressions/data/*")):
     for f in glob.glob(os.path.join(d, "*")):
@@ -141,7 +158,8 @@ EOF
 # --- run -------------------------------------------------------------------------------------------------------
 declare -A MAX_LEN=([tokenizer_encode]=4096 [tokenizer_decode]=3072 [tokenizer_json]=8192 [template]=16384
                     [tool_calls]=4096 [reasoning]=1024 [api_request]=4096
-                    [model_config]=4096 [http_response]=4096 [sglang_event]=2048 [safetensors]=4096)
+                    [model_config]=4096 [http_response]=4096 [sglang_event]=2048 [safetensors]=4096
+                    [http_request]=4096)
 mkdir -p "$BUILD/logs"
 failed=()
 summary=()

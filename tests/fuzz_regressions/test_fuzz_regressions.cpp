@@ -21,6 +21,7 @@
 #include "fuzz_bench_checks.h"
 #include "fuzz_checks.h"
 #include "fuzz_config_checks.h"
+#include "fuzz_http_checks.h"
 #include "fuzz_safetensors_checks.h"
 
 namespace moeserve::fuzz {
@@ -138,6 +139,8 @@ TEST(FuzzRegressions, Reasoning) { replay("reasoning", check_reasoning); }
 TEST(FuzzRegressions, HttpResponse) { replay("http_response", check_http_response); }
 
 TEST(FuzzRegressions, SglangEvent) { replay("sglang_event", check_sglang_event); }
+
+TEST(FuzzRegressions, HttpRequest) { replay("http_request", check_http_request); }
 
 TEST(FuzzRegressions, ModelConfig) { replay("model_config", check_model_config); }
 
