@@ -175,6 +175,12 @@ void Scheduler::accept_token(Request& r, const Sampled& smp, std::vector<Request
   const auto& eos = runner_.eos_ids();
   const int32_t tok = smp.token;
   RequestOutput o;
+  if (p.max_new_tokens == 0) {  // the prompt only (SGLang's way to cache a prefix; OpenAI's echo of the prompt)
+    finish(r, FinishReason::Length);
+    o.finish = r.finish;
+    outs.push_back(std::move(o));
+    return;
+  }
   o.new_tokens.push_back(tok);
   if (p.return_logprob || p.top_logprobs > 0) {
     o.new_logprobs.push_back(smp.logprob);

@@ -212,7 +212,10 @@ void Generation::on_output(Choice& c, const RequestOutput& o) {
 
 void Generation::release(Choice& c) {
   size_t upto = c.finished ? c.text.size() : c.text.size() - stop_holdback(c.text, req_.stop);
-  if (upto <= c.released && !(req_.stream && req_.kind == ApiKind::Generate && !c.tokens.empty())) return;
+  // /generate streams an event for every token (its text may not have grown) and a last one at the finish, which
+  // with max_new_tokens 0 is the only one.
+  if (upto <= c.released && !(req_.stream && req_.kind == ApiKind::Generate && (!c.tokens.empty() || c.finished)))
+    return;
   std::string piece = upto > c.released ? c.text.substr(c.released, upto - c.released) : "";
   c.released = std::max(c.released, upto);
   if (req_.stream) stream_piece(c, piece);

@@ -430,6 +430,25 @@ test('benchmark clients: SGLang bench_serving and vLLM bench serve requests pars
   assert.ok(vchat.slice(0, -1).every((c) => typeof c.choices[0].delta === 'object'));
 });
 
+test('max_tokens 0: the prompt only, no token (it still fills the prefix cache)', async () => {
+  const ids = Array.from({ length: 40 }, (_, i) => (i * 53 + 11) % 5000);
+  const g = await greedyGenerate(srv.base, ids, 0);
+  assert.equal(g.status, 200, g.text);
+  assert.deepEqual(g.json.output_ids, []);
+  assert.equal(g.json.meta_info.completion_tokens, 0);
+  assert.equal(g.json.meta_info.finish_reason.type, 'length');
+  const again = await greedyGenerate(srv.base, ids, 1);
+  assert.ok(again.json.meta_info.cached_tokens >= 32, JSON.stringify(again.json.meta_info));
+  const c = await client.completions.create({ model: MODEL, prompt: 'Hello there', max_tokens: 0, echo: true });
+  assert.equal(c.choices[0].text, 'Hello there');
+  assert.equal(c.usage.completion_tokens, 0);
+  const s = await fetch(`${srv.base}/generate`, { method: 'POST', body: JSON.stringify({ input_ids: ids,
+    sampling_params: { max_new_tokens: 0 }, stream: true }) });
+  const events = (await s.text()).split('\n\n').filter((e) => e.startsWith('data: ')).map((e) => e.slice(6));
+  assert.equal(events.at(-1), '[DONE]');
+  assert.deepEqual(JSON.parse(events.at(-2)).output_ids, []);
+});
+
 test('prefix cache: a repeated prompt reports cached tokens; flush_cache empties it', async () => {
   const ids = Array.from({ length: 70 }, (_, i) => (i * 37) % 5000);
   await greedyGenerate(srv.base, ids, 2);
