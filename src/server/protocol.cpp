@@ -347,6 +347,7 @@ ApiRequest parse_completion_request(const json& body, const ParseContext& ctx) {
   } else if (p.is_array() && !p.empty() && p[0].is_number_integer()) {
     add_ids(p);
   } else if (p.is_array() && !p.empty()) {
+    if (p.size() > 256) bad("prompt", "at most 256 prompts per request");  // before encoding any of them
     for (auto& e : p) {
       if (e.is_string()) add_text(e.get<std::string>());
       else if (e.is_array()) add_ids(e);
@@ -357,7 +358,6 @@ ApiRequest parse_completion_request(const json& body, const ParseContext& ctx) {
   }
   for (auto& pr : r.prompts)
     if (pr.empty()) bad("prompt", "a prompt is empty");
-  if (r.prompts.size() > 256) bad("prompt", "at most 256 prompts per request");
   openai_sampling(b, ctx, r);
   r.top_logprobs = b.integer("logprobs", 0, 0, 20);
   r.logprobs = b.has("logprobs");
@@ -383,6 +383,7 @@ ApiRequest parse_generate_request(const json& body, const ParseContext& ctx) {
     const json& ids = body["input_ids"];
     if (!ids.is_array() || ids.empty()) bad("input_ids", "'input_ids' must be a non-empty list of token ids");
     r.batch = ids[0].is_array();
+    if (r.batch && ids.size() > 256) bad("input_ids", "at most 256 prompts per request");
     if (!r.batch) r.prompts.push_back(token_list(ids, "input_ids", ctx.vocab_size));
     for (size_t i = 0; r.batch && i < ids.size(); ++i) {
       if (!ids[i].is_array() || ids[i].empty())
@@ -393,6 +394,7 @@ ApiRequest parse_generate_request(const json& body, const ParseContext& ctx) {
     const json& t = body["text"];
     r.batch = t.is_array();
     if (r.batch && t.empty()) bad("text", "'text' is an empty list");
+    if (r.batch && t.size() > 256) bad("text", "at most 256 prompts per request");
     if (!t.is_string() && !r.batch) bad("text", "'text' must be a string or a list of strings");
     for (size_t i = 0; i < (r.batch ? t.size() : 1); ++i) {
       const json& one = r.batch ? t[i] : t;
@@ -404,7 +406,6 @@ ApiRequest parse_generate_request(const json& body, const ParseContext& ctx) {
   } else {
     bad("text", "give 'text' or 'input_ids'");
   }
-  if (r.prompts.size() > 256) bad(r.prompt_texts.empty() ? "input_ids" : "text", "at most 256 prompts per request");
   json sp = json::object();
   if (b.has("sampling_params")) {
     if (body["sampling_params"].is_array())

@@ -347,6 +347,8 @@ test('native /generate batches: lists of texts or token-id lists give a list of 
     [{ input_ids: [[1, 2], 3] }, 'input_ids'],
     [{ text: [] }, 'text'],
     [{ text: ['a', 5] }, 'text'],
+    [{ text: new Array(257).fill('a') }, 'text'],
+    [{ input_ids: new Array(257).fill([1]) }, 'input_ids'],
     [{ text: ['a', 'b'], sampling_params: [{ max_new_tokens: 1 }, { max_new_tokens: 2 }] }, 'sampling_params'],
   ]) {
     const r = await postJson(srv.base, '/generate', body);
