@@ -94,6 +94,11 @@ class Generation : public std::enable_shared_from_this<Generation> {
 
   // nlohmann::ordered_json keeps OpenAI's field order; the responder's json overloads would sort keys.
   void send_json(const json& j) { resp_->send_data(dump(j)); }
+  // An OpenAI stream chunk, with the usage so far when the client asked for it in every chunk.
+  void send_chunk(json j) {
+    if (req_.continuous_usage && j.contains("choices") && !j["choices"].empty()) j["usage"] = usage();
+    send_json(j);
+  }
   void respond_ordered(const json& j) { resp_->respond(200, "application/json", dump(j)); }
 
   ServerContext& ctx_;
@@ -190,7 +195,7 @@ void Generation::on_output(Choice& c, const RequestOutput& o) {
       if (p != std::string::npos && p < best) best = p, which = &s;
     }
     if (which) {
-      c.text.resize(best);
+      c.text.resize(best + (req_.include_stop_str ? which->size() : 0));
       c.finished = true;
       c.finish_reason = "stop";
       c.matched = *which;
@@ -307,15 +312,15 @@ void Generation::stream_piece(Choice& c, const std::string& piece) {
     json ch = {{"index", c.index}, {"text", text}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
     if (req_.logprobs) ch["logprobs"] = completion_logprobs(c, c.logprobs_released, lp_to);
     c.logprobs_released = lp_to;
-    send_json({{"id", id_}, {"object", "text_completion"}, {"created", created_}, {"model", req_.model},
-                       {"choices", json::array({ch})}});
+    send_chunk({{"id", id_}, {"object", "text_completion"}, {"created", created_}, {"model", req_.model},
+                {"choices", json::array({ch})}});
     return;
   }
   // Chat: role first, then reasoning / content / tool-call deltas.
   auto send_delta = [&](json delta, json logprobs) {
     json ch = {{"index", c.index}, {"delta", std::move(delta)}, {"logprobs", std::move(logprobs)}, {"finish_reason", nullptr}};
-    send_json({{"id", id_}, {"object", "chat.completion.chunk"}, {"created", created_}, {"model", req_.model},
-                       {"choices", json::array({ch})}});
+    send_chunk({{"id", id_}, {"object", "chat.completion.chunk"}, {"created", created_}, {"model", req_.model},
+                {"choices", json::array({ch})}});
   };
   if (!c.sent_role) {
     send_delta({{"role", "assistant"}, {"content", ""}}, nullptr);
@@ -374,12 +379,12 @@ void Generation::stream_finish(Choice& c) {
   if (req_.kind == ApiKind::Chat) {
     ch["delta"] = json::object();
     if (c.finish_reason == "stop" && c.matched.is_string()) ch["matched_stop"] = c.matched;
-    send_json({{"id", id_}, {"object", "chat.completion.chunk"}, {"created", created_}, {"model", req_.model},
-                       {"choices", json::array({ch})}});
+    send_chunk({{"id", id_}, {"object", "chat.completion.chunk"}, {"created", created_}, {"model", req_.model},
+                {"choices", json::array({ch})}});
   } else {
     ch["text"] = "";
-    send_json({{"id", id_}, {"object", "text_completion"}, {"created", created_}, {"model", req_.model},
-                       {"choices", json::array({ch})}});
+    send_chunk({{"id", id_}, {"object", "text_completion"}, {"created", created_}, {"model", req_.model},
+                {"choices", json::array({ch})}});
   }
 }
 

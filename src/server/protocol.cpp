@@ -146,6 +146,7 @@ void sampling_fields(const Body& b, const ParseContext& ctx, double max_temperat
   r.stop = stop_list(b, "stop");
   r.n = b.integer("n", 1, 1, 128);
   r.skip_special_tokens = b.boolean("skip_special_tokens", true);
+  r.include_stop_str = b.boolean("include_stop_str_in_output", false) || b.boolean("no_stop_trim", false);
 }
 
 // Sampling and streaming fields shared by the OpenAI endpoints (and their common extensions).
@@ -156,6 +157,7 @@ void openai_sampling(const Body& b, const ParseContext& ctx, ApiRequest& r) {
     if (!b.j["stream_options"].is_object()) bad("stream_options", "'stream_options' must be an object");
     Body so{b.j["stream_options"]};
     r.include_usage = so.boolean("include_usage", false);
+    r.continuous_usage = so.boolean("continuous_usage_stats", false);
   }
 }
 

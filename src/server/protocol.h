@@ -36,6 +36,9 @@ struct ApiRequest {
   std::vector<std::string> stop;
   int64_t n = 1;
   bool stream = false, include_usage = false;
+  bool continuous_usage = false;  // vLLM's stream_options.continuous_usage_stats: usage so far in every chunk
+  bool include_stop_str = false;  // vLLM's include_stop_str_in_output / SGLang's no_stop_trim: a matched stop
+                                  // string stays at the end of the text
   bool logprobs = false;        // OpenAI logprobs / native return_logprob
   int64_t top_logprobs = 0;
   bool return_text_in_logprobs = false;  // native

@@ -153,6 +153,22 @@ test('stop strings are matched across tokens and not emitted', async () => {
   let text = '';
   for await (const c of s) text += c.choices[0]?.text ?? '';
   assert.equal(text, cut);
+  // Kept when asked (vLLM's include_stop_str_in_output; SGLang's no_stop_trim in /generate), streamed or not.
+  const kept = await client.completions.create({ ...base, stop: [stop], include_stop_str_in_output: true });
+  assert.equal(kept.choices[0].text, cut + stop);
+  const ks = await client.completions.create({ ...base, stop: [stop], include_stop_str_in_output: true, stream: true });
+  let kt = '';
+  for await (const c of ks) kt += c.choices[0]?.text ?? '';
+  assert.equal(kt, cut + stop);
+  const native = await postJson(srv.base, '/generate', { text: 'The quick brown fox',
+    sampling_params: { max_new_tokens: 24, temperature: 0, stop: [stop], no_stop_trim: true } });
+  assert.equal(native.json.text, cut + stop);
+  // vLLM's continuous_usage_stats: every chunk with choices carries the usage so far.
+  const cu = await client.completions.create({ ...base, max_tokens: 4, stream: true,
+    stream_options: { include_usage: true, continuous_usage_stats: true } });
+  const seen = [];
+  for await (const c of cu) if (c.choices.length) seen.push(c.usage.completion_tokens);
+  assert.ok(seen.length >= 2 && seen.every((n, i) => i === 0 || n >= seen[i - 1]) && seen.at(-1) === 4, String(seen));
 });
 
 test('tools are accepted; tool_choice is validated', async () => {
