@@ -386,11 +386,11 @@ ApiRequest parse_generate_request(const json& body, const ParseContext& ctx) {
     if (!ids.is_array() || ids.empty()) bad("input_ids", "'input_ids' must be a non-empty list of token ids");
     r.batch = ids[0].is_array();
     if (r.batch && ids.size() > 256) bad("input_ids", "at most 256 prompts per request");
-    if (!r.batch) r.prompts.push_back(token_list(ids, "input_ids", ctx.vocab_size));
-    for (size_t i = 0; r.batch && i < ids.size(); ++i) {
-      if (!ids[i].is_array() || ids[i].empty())
+    for (size_t i = 0; i < (r.batch ? ids.size() : 1); ++i) {
+      const json& one = r.batch ? ids[i] : ids;
+      if (!one.is_array() || one.empty())
         bad("input_ids", fmt::format("input_ids[{}] must be a non-empty list of token ids (a batch is a list of them)", i));
-      r.prompts.push_back(token_list(ids[i], "input_ids", ctx.vocab_size));
+      r.prompts.push_back(token_list(one, "input_ids", ctx.vocab_size));
     }
   } else if (b.has("text")) {
     const json& t = body["text"];
