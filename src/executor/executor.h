@@ -69,6 +69,9 @@ class Executor {
   virtual nlohmann::json info() const = 0;
   // The most top logprobs per token this executor returns (the CPU: any number).
   virtual int64_t max_top_logprobs() const { return INT64_MAX; }
+  // The most logit rows a step may have (each row's logits are held at once: the prompt logprobs' rows are capped
+  // by it). The CPU: 256 rows (~155 MB of logits at a 151,936-token vocabulary).
+  virtual int64_t max_logit_rows() const { return 256; }
   // Runs the batch once with per-op device timing and returns the breakdown (GPU executors; for benchmarks).
   virtual std::string profile_step(const ForwardBatch& batch) {
     (void)batch;

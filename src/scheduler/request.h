@@ -35,6 +35,10 @@ struct SamplingParams {
   std::optional<uint64_t> seed;
   int64_t top_logprobs = 0;  // per output token; 0: none
   bool return_logprob = false;
+  // Prompt logprobs (OpenAI's echo with logprobs, SGLang's logprob_start_len): >= 0 scores the prompt tokens at
+  // positions max(1, this) .. (each from the logits of the position before it; position 0 has none), with
+  // top_logprobs of them each; -1: none. The prefix cache serves only the positions before the first scored one.
+  int64_t prompt_logprob_start = -1;
 };
 
 enum class FinishReason { None, Length, Stop, Abort };
@@ -45,6 +49,10 @@ struct RequestOutput {
   std::vector<int32_t> new_tokens;                               // tokens added since the last delivery
   std::vector<float> new_logprobs;                               // one per new token (if asked)
   std::vector<std::vector<kernels::TokenLogprob>> new_top_logprobs;  // one list per new token (if asked)
+  // Prompt logprobs (SamplingParams::prompt_logprob_start): the next scored prompt positions in order, from
+  // max(1, start) on; all of them arrive before the first new token.
+  std::vector<float> new_prompt_logprobs;
+  std::vector<std::vector<kernels::TokenLogprob>> new_prompt_top_logprobs;  // (if top_logprobs > 0)
   FinishReason finish = FinishReason::None;
   int64_t matched_stop_token = -1;
   std::string abort_message;  // why, for Abort
@@ -68,6 +76,7 @@ struct Request {
   int64_t computed = 0;               // positions whose KV is in the cache
   int64_t cached_tokens = 0;          // prompt tokens served by the prefix cache
   int64_t admitted_order = 0;         // for preemption: the newest is preempted first
+  int64_t prompt_scored = 0;          // prompt logprobs: the next prompt position to score (prompt size: none left)
   std::mt19937_64 rng;
   FinishReason finish = FinishReason::None;
   int64_t matched_stop_token = -1;
@@ -78,6 +87,7 @@ struct Request {
   // request recomputes prompt and outputs the same way.
   int64_t total_tokens() const { return int64_t(prompt.size() + output.size()); }
   int64_t remaining() const { return total_tokens() - computed; }
+  bool scoring_prompt() const { return prompt_scored < int64_t(prompt.size()); }
   int32_t token_at(int64_t pos) const {
     return pos < int64_t(prompt.size()) ? prompt[pos] : output[pos - prompt.size()];
   }

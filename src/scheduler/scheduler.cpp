@@ -78,6 +78,8 @@ void Scheduler::validate(const Request& r) const {
 void Scheduler::add(std::shared_ptr<Request> r) {
   if (!r->params.seed) r->rng.seed(std::random_device{}());
   else r->rng.seed(*r->params.seed);
+  const int64_t P = int64_t(r->prompt.size()), start = r->params.prompt_logprob_start;
+  r->prompt_scored = start >= 0 ? std::min(std::max<int64_t>(start, 1), P) : P;
   r->arrival_s = now_s();
   waiting_.push_back(std::move(r));
 }
@@ -125,7 +127,9 @@ bool Scheduler::try_admit(const std::shared_ptr<Request>& r) {
   // At least the last token is computed, so that the step yields logits.
   std::vector<int32_t> tokens(static_cast<size_t>(total));
   for (int64_t i = 0; i < total; ++i) tokens[i] = r->token_at(i);
-  PrefixCache::Match m = cache_.match(tokens.data(), total - 1);
+  // A request scoring its prompt computes every position from the one before its next scored token.
+  const int64_t limit = r->scoring_prompt() ? std::min(total - 1, r->prompt_scored - 1) : total - 1;
+  PrefixCache::Match m = cache_.match(tokens.data(), limit);
   cache_.lock(m);
   std::vector<int32_t> pages = m.pages;
   const int64_t need = runner_.kv().pages_for(total) - int64_t(m.pages.size());
@@ -287,6 +291,7 @@ bool Scheduler::step() {
     budget -= chunk;
   }
 
+  fit_logit_rows(plan);
   if (plan.empty()) {
     deliver(deliveries);
     return !deliveries.empty();
@@ -299,6 +304,32 @@ bool Scheduler::step() {
   collect_oldest(deliveries);
   deliver(deliveries);
   return true;
+}
+
+int64_t Scheduler::logit_rows_for(const Request& r, int64_t computed, int64_t chunk) const {
+  // Position q's logits score the prompt token at q + 1, for q + 1 in [prompt_scored, prompt size).
+  const int64_t lo = std::max(computed, r.prompt_scored - 1), hi = std::min(computed + chunk, int64_t(r.prompt.size()) - 1);
+  return std::max<int64_t>(hi - lo, 0) + (computed + chunk == r.total_tokens() ? 1 : 0);
+}
+
+void Scheduler::fit_logit_rows(Plan& plan) const {
+  bool any = false;
+  for (auto& [r, chunk] : plan) any |= r->scoring_prompt();
+  if (!any) return;
+  const int64_t max_rows = runner_.executor().max_logit_rows();
+  int64_t used = 0;  // every other entry: at most its sampling row
+  for (auto& [r, chunk] : plan)
+    if (!r->scoring_prompt()) ++used;
+  for (auto& [r, chunk] : plan) {
+    if (!r->scoring_prompt()) continue;
+    const int64_t left = max_rows - used;
+    // The rows grow by at most one a token: shrink to the first scored positions that fit (none: wait a step).
+    const int64_t first = std::max(r->computed, r->prompt_scored - 1) - r->computed;  // unscored positions before
+    chunk = std::min(chunk, std::max<int64_t>(first + left, 0));
+    while (chunk > 0 && logit_rows_for(*r, r->computed, chunk) > left) --chunk;
+    used += chunk > 0 ? logit_rows_for(*r, r->computed, chunk) : 0;
+  }
+  plan.erase(std::remove_if(plan.begin(), plan.end(), [](auto& e) { return e.second == 0; }), plan.end());
 }
 
 void Scheduler::add_chunk(StepBatch& b, const std::shared_ptr<Request>& r, int64_t computed, int64_t chunk,
@@ -316,6 +347,22 @@ void Scheduler::add_chunk(StepBatch& b, const std::shared_ptr<Request>& r, int64
     fb.positions.push_back(p);
   }
   fb.seqs.push_back({r->pages.data(), computed, chunk, row});
+  // Prompt logprobs: a row a scored position, its prompt token forced by a bias (the sampler's logprobs are those of
+  // the raw logits), before the sampling row.
+  b.step.score_first.push_back(int64_t(fb.logit_rows.size()));
+  const int64_t P = int64_t(r->prompt.size());
+  for (int64_t q = std::max(computed, r->prompt_scored - 1); q < std::min(computed + chunk, P - 1); ++q) {
+    fb.logit_rows.push_back(row + (q - computed));
+    b.score_bias.push_back({{r->prompt[size_t(q + 1)], 1e9f}});
+    SampleSpec s;
+    s.sampler.temperature = 0.0f;
+    s.bias = &b.score_bias.back();
+    s.rng = &r->rng;
+    s.logprob = true;
+    s.top_logprobs = r->params.top_logprobs;
+    b.specs.push_back(std::move(s));
+  }
+  b.step.score_rows.push_back(int64_t(fb.logit_rows.size()) - b.step.score_first.back());
   int64_t logit_row = -1;
   if (computed + chunk == r->total_tokens() + pending) {
     logit_row = int64_t(fb.logit_rows.size());
@@ -396,7 +443,8 @@ bool Scheduler::launch_ahead_mixed() {
   };
   std::vector<Next> state;
   for (auto& r : running_) {
-    if (r->abort_requested || r->finish != FinishReason::None) return false;
+    // (a request scoring its prompt: the ordinary path fits its rows, fit_logit_rows)
+    if (r->abort_requested || r->finish != FinishReason::None || r->scoring_prompt()) return false;
     Next n{r, r->computed, -1, std::nullopt};
     if (auto it = in_cur.find(r.get()); it != in_cur.end()) {
       n.computed += cur.plan[it->second].second;
@@ -429,7 +477,7 @@ bool Scheduler::launch_ahead_mixed() {
   admitted.reserve(waiting_.size());
   while (!waiting_.empty() && budget > 0 && int64_t(running_.size()) < opts_.max_running_requests) {
     auto r = waiting_.front();
-    if (!try_admit(r)) break;  // FCFS, as in step()
+    if (r->scoring_prompt() || !try_admit(r)) break;  // FCFS, as in step()
     waiting_.pop_front();
     running_.push_back(r);
     admitted.push_back({r, r->computed, -1, std::nullopt});
@@ -459,10 +507,20 @@ void Scheduler::collect_oldest(Delivery& deliveries) {
     // pages went back already; nothing of it is read again).
     if (r->finish != FinishReason::None) continue;
     r->computed += chunk;
-    if (st.logit_row_of[i] < 0) continue;
+    RequestOutput scored;
+    for (int64_t k = 0; k < st.score_rows[i]; ++k) {
+      const Sampled& s = sampled_.at(size_t(st.score_first[i] + k));
+      scored.new_prompt_logprobs.push_back(s.logprob);
+      if (r->params.top_logprobs > 0) scored.new_prompt_top_logprobs.push_back(s.top);
+    }
+    r->prompt_scored += st.score_rows[i];
+    if (st.logit_row_of[i] < 0 && st.score_rows[i] == 0) continue;
     outs.clear();
-    accept_token(*r, sampled_.at(size_t(st.logit_row_of[i])), outs);
+    if (st.logit_row_of[i] >= 0) accept_token(*r, sampled_.at(size_t(st.logit_row_of[i])), outs);
+    else outs.push_back(RequestOutput{});
     RequestOutput& o = outs.back();
+    o.new_prompt_logprobs = std::move(scored.new_prompt_logprobs);
+    o.new_prompt_top_logprobs = std::move(scored.new_prompt_top_logprobs);
     o.prompt_tokens = int64_t(r->prompt.size());
     o.completion_tokens = int64_t(r->output.size());
     o.cached_tokens = r->cached_tokens;

@@ -118,6 +118,8 @@ class Scheduler {
   struct LaunchedStep {
     Plan plan;
     std::vector<int64_t> logit_row_of;  // per plan entry: its logit row, or -1
+    // Per plan entry: its prompt-logprob rows (the first, and how many; they score its next prompt positions).
+    std::vector<int64_t> score_first, score_rows;
     double launched_s = 0, launch_s = 0;  // for the step trace: when the launch began, and how long it took
   };
   // A step's batch as it is built: the forward batch, the plan with its logit rows, one spec a logit row.
@@ -125,7 +127,12 @@ class Scheduler {
     ForwardBatch fb;
     LaunchedStep step;
     std::vector<SampleSpec> specs;
+    std::deque<std::vector<std::pair<int32_t, float>>> score_bias;  // the prompt-logprob rows' (stable addresses)
   };
+  // Prompt logprobs: the logit rows r's chunk [computed, computed + chunk) takes (a row a scored position, and the
+  // sampling row where the chunk ends r's tokens), and the chunks shrunk so that a step's rows fit the executor.
+  int64_t logit_rows_for(const Request& r, int64_t computed, int64_t chunk) const;
+  void fit_logit_rows(Plan& plan) const;
   // Appends r's tokens [computed, computed + chunk) to b, with a logit row where they end r's known tokens.
   // sample_row >= 0: r's token at total_tokens() is the one the running step samples for that logit row (a
   // placeholder here, filled in on the device), so r's tokens end one further. `spec`: r's sampling spec when

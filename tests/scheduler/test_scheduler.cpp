@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <future>
 #include <map>
@@ -38,8 +39,12 @@ const std::string& tiny_model() {
 struct Collected {
   std::vector<int32_t> tokens;
   std::vector<float> logprobs;
+  std::vector<kernels::TokenLogprob> tops;  // the first top logprob of each output token (when asked)
+  std::vector<float> prompt_logprobs;
+  std::vector<std::vector<kernels::TokenLogprob>> prompt_tops;
   FinishReason finish = FinishReason::None;
   int64_t cached = 0;
+  bool prompt_logprobs_after_tokens = false;  // a prompt logprob delivered after an output token (a bug)
 };
 
 // Runs requests through a scheduler stepped on this thread.
@@ -55,7 +60,8 @@ struct Harness {
     sched = std::make_unique<Scheduler>(*runner, so);
   }
   std::shared_ptr<Request> make(std::vector<int32_t> prompt, int64_t max_new, float temperature = 0,
-                                std::optional<uint64_t> seed = std::nullopt) {
+                                std::optional<uint64_t> seed = std::nullopt,
+                                const std::function<void(SamplingParams&)>& configure = nullptr) {
     auto r = std::make_shared<Request>();
     r->id = next_id++;
     r->prompt = std::move(prompt);
@@ -63,11 +69,17 @@ struct Harness {
     r->params.temperature = temperature;
     r->params.seed = seed;
     r->params.return_logprob = true;
+    if (configure) configure(r->params);
     uint64_t id = r->id;
     r->sink = [this, id](const RequestOutput& o) {
       auto& c = results[id];
       c.tokens.insert(c.tokens.end(), o.new_tokens.begin(), o.new_tokens.end());
       c.logprobs.insert(c.logprobs.end(), o.new_logprobs.begin(), o.new_logprobs.end());
+      for (auto& t : o.new_top_logprobs) c.tops.push_back(t.at(0));
+      c.prompt_logprobs_after_tokens |= !o.new_prompt_logprobs.empty() && !c.tokens.empty() &&
+                                        c.tokens.size() != o.new_tokens.size();
+      c.prompt_logprobs.insert(c.prompt_logprobs.end(), o.new_prompt_logprobs.begin(), o.new_prompt_logprobs.end());
+      c.prompt_tops.insert(c.prompt_tops.end(), o.new_prompt_top_logprobs.begin(), o.new_prompt_top_logprobs.end());
       if (o.finish != FinishReason::None) c.finish = o.finish;
       c.cached = o.cached_tokens;
     };
@@ -304,6 +316,86 @@ TEST(SchedulerOverlap, PreviousSamplesFeedTheNamedRows) {
   bad.seqs = {{pages.data(), 1, 1, 0}};
   bad.previous_samples = {1};  // the running step has one row
   EXPECT_THROW(h.runner->launch(bad, spec), InternalError);
+}
+
+// Prompt logprobs (SamplingParams::prompt_logprob_start): prompt token p's logprob from the logits after tokens
+// [0, p), against the same model asked for every logprob of its next token after the prompt [0, p) (top_logprobs =
+// the vocabulary); computed in chunks of 7, from 0 and from a later start, after a plain request cached the prompt
+// (the cache may serve only the positions before the first scored one), and with more positions than a step's logit
+// rows (the CPU executor's 256: the prompt is scored over several steps, as a run in chunks of 7 scores it). The
+// outputs stay the plain request's.
+TEST_P(SchedulerP, PromptLogprobsMatchTheNextTokenDistribution) {
+  const std::vector<int32_t> prompt = prompt_of(3, 40);
+  // The reference: every logprob after each prefix, from a request of that prefix.
+  std::vector<float> want(prompt.size(), 0.0f);
+  {
+    Harness h(4096, 16, opts());
+    for (size_t p = 1; p < prompt.size(); ++p) {
+      auto r = std::make_shared<Request>();
+      r->id = 1000 + p;
+      r->prompt.assign(prompt.begin(), prompt.begin() + int64_t(p));
+      r->params.max_new_tokens = 1;
+      r->params.temperature = 0;
+      r->params.top_logprobs = 512;
+      const int32_t target = prompt[p];
+      float* slot = &want[p];
+      r->sink = [slot, target](const RequestOutput& o) {
+        for (auto& tops : o.new_top_logprobs)
+          for (auto& t : tops)
+            if (t.id == target) *slot = t.logprob;
+      };
+      h.sched->add(r);
+    }
+    h.run();
+  }
+  for (size_t p = 1; p < prompt.size(); ++p) ASSERT_LT(want[p], 0.0f) << "no reference at " << p;
+
+  Harness h(4096, 16, opts(64, 7));
+  auto plain = h.make(prompt, 4);
+  h.run();
+  auto from0 = h.make(prompt, 4, 0, std::nullopt, [](SamplingParams& s) { s.prompt_logprob_start = 0, s.top_logprobs = 3; });
+  auto from20 = h.make(prompt, 4, 0, std::nullopt, [](SamplingParams& s) { s.prompt_logprob_start = 20; });
+  h.run();
+  const auto& a = h.results[from0->id];
+  const auto& b = h.results[from20->id];
+  ASSERT_EQ(a.prompt_logprobs.size(), prompt.size() - 1);
+  ASSERT_EQ(a.prompt_tops.size(), prompt.size() - 1);
+  ASSERT_EQ(b.prompt_logprobs.size(), prompt.size() - 20);
+  EXPECT_TRUE(b.prompt_tops.empty());
+  for (size_t p = 1; p < prompt.size(); ++p) {
+    EXPECT_NEAR(a.prompt_logprobs[p - 1], want[p], 1e-4) << "position " << p;
+    ASSERT_EQ(a.prompt_tops[p - 1].size(), 3u);
+    EXPECT_GE(a.prompt_tops[p - 1][0].logprob, a.prompt_logprobs[p - 1] - 1e-6f) << "position " << p;
+    if (p >= 20) {
+      EXPECT_NEAR(b.prompt_logprobs[p - 20], want[p], 1e-4) << "position " << p;
+    }
+  }
+  // The prefix cache served only what precedes the first scored position (the plain request cached all 40).
+  EXPECT_EQ(a.cached, 0);
+  EXPECT_EQ(b.cached, 16);  // pages of 16: the whole pages before position 19
+  for (auto* c : {&a, &b}) {
+    EXPECT_EQ(c->tokens, h.results[plain->id].tokens);
+    EXPECT_EQ(c->logprobs, h.results[plain->id].logprobs);
+    EXPECT_FALSE(c->prompt_logprobs_after_tokens);
+  }
+
+  // More scored positions than a step's logit rows (256 on the CPU), and the prompt only (max_new_tokens 0).
+  const std::vector<int32_t> longp = prompt_of(5, 300);
+  Harness hl(4096, 16, opts(64, 512));
+  auto score_all = [](SamplingParams& s) { s.prompt_logprob_start = 0; };
+  auto whole = hl.make(longp, 0, 0, std::nullopt, score_all);
+  hl.run();
+  Harness hs(4096, 16, opts(64, 7));
+  auto small = hs.make(longp, 0, 0, std::nullopt, score_all);
+  hs.run();
+  const auto& w = hl.results[whole->id];
+  EXPECT_TRUE(w.tokens.empty());
+  EXPECT_EQ(w.finish, FinishReason::Length);
+  ASSERT_EQ(w.prompt_logprobs.size(), 299u);
+  ASSERT_EQ(hs.results[small->id].prompt_logprobs.size(), 299u);
+  for (size_t i = 0; i < 299; ++i)
+    EXPECT_NEAR(w.prompt_logprobs[i], hs.results[small->id].prompt_logprobs[i], 1e-4) << "position " << i + 1;
+  EXPECT_GE(hl.sched->stats().steps, 2);
 }
 
 TEST_P(SchedulerP, TinyKVCachePreemptsAndStillMatches) {

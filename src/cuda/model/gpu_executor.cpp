@@ -97,6 +97,7 @@ class GpuExecutor : public Executor {
   nlohmann::json info() const override;
   std::string profile_step(const ForwardBatch& batch) override;
   int64_t max_top_logprobs() const override { return kMaxTop; }
+  int64_t max_logit_rows() const override { return layout_ ? layout_->max_rows : 1; }
 
  private:
   // Fills buffer set `cur_`'s metadata for a batch and uploads it on `upload`; returns the step inputs. pad_to > T
