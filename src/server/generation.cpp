@@ -59,6 +59,9 @@ class Generation : public std::enable_shared_from_this<Generation> {
     std::vector<int32_t> tokens;
     std::vector<float> logprobs;
     std::vector<std::vector<kernels::TokenLogprob>> tops;
+    // The prompt's logprobs (SamplingParams::prompt_logprob_start): positions max(1, start) .. in order.
+    std::vector<float> prompt_logprobs;
+    std::vector<std::vector<kernels::TokenLogprob>> prompt_tops;
     std::unique_ptr<tok::StreamingDetokenizer> detok;
     std::string text;      // visible text so far (after a stop string is cut)
     size_t released = 0;   // bytes of text handed on (streamed or final)
@@ -82,7 +85,8 @@ class Generation : public std::enable_shared_from_this<Generation> {
   void fail(const std::string& message, int status);
   json usage() const;
   json chat_logprobs(const Choice& c, size_t from, size_t to) const;
-  json completion_logprobs(const Choice& c, size_t from, size_t to) const;
+  json completion_logprobs(const Choice& c, size_t from, size_t to, bool with_prompt = false) const;
+  json native_input_logprobs(const Choice& c, bool tops) const;
   json native_logprob_list(const Choice& c) const;
   json native_meta(const Choice& c) const;
   std::string token_text(int32_t id) const;
@@ -172,6 +176,8 @@ void Generation::on_output(Choice& c, const RequestOutput& o) {
     if (++finished_ == choices_.size()) finish_all();
     return;
   }
+  c.prompt_logprobs.insert(c.prompt_logprobs.end(), o.new_prompt_logprobs.begin(), o.new_prompt_logprobs.end());
+  c.prompt_tops.insert(c.prompt_tops.end(), o.new_prompt_top_logprobs.begin(), o.new_prompt_top_logprobs.end());
   for (size_t i = 0; i < o.new_tokens.size(); ++i) {
     if (c.tokens.empty()) ctx_.metrics->ttft.observe(now - t0_);
     else ctx_.metrics->itl.observe(now - c.last_token_s);
@@ -241,21 +247,56 @@ json Generation::chat_logprobs(const Choice& c, size_t from, size_t to) const {
   return json{{"content", content}};
 }
 
-json Generation::completion_logprobs(const Choice& c, size_t from, size_t to) const {
+json Generation::completion_logprobs(const Choice& c, size_t from, size_t to, bool with_prompt) const {
   json tokens = json::array(), lps = json::array(), tops = json::array(), offsets = json::array();
   size_t offset = 0;
-  for (size_t i = from; i < to && i < c.logprobs.size(); ++i) {
-    std::string t = token_text(c.tokens[i]);
+  auto add = [&](int32_t id, json lp, const std::vector<kernels::TokenLogprob>* top) {
+    std::string t = token_text(id);
     tokens.push_back(t);
-    lps.push_back(c.logprobs[i]);
+    lps.push_back(std::move(lp));
     offsets.push_back(offset);
     offset += t.size();
-    json top = json::object();
-    if (i < c.tops.size())
-      for (auto& tl : c.tops[i]) top[token_text(tl.id)] = tl.logprob;
-    tops.push_back(req_.top_logprobs > 0 ? top : json(nullptr));
+    json tj = nullptr;
+    if (req_.top_logprobs > 0 && top != nullptr) {
+      tj = json::object();
+      for (auto& tl : *top) tj[token_text(tl.id)] = tl.logprob;
+    }
+    tops.push_back(std::move(tj));
+  };
+  // Echo with logprobs: the prompt's tokens first, the first without a logprob (nothing precedes it), as OpenAI's.
+  if (with_prompt) {
+    const std::vector<int32_t>& prompt = req_.prompts[c.prompt_index];
+    for (size_t i = 0; i < prompt.size(); ++i) {
+      const bool scored = i >= 1 && i - 1 < c.prompt_logprobs.size();
+      add(prompt[i], scored ? json(c.prompt_logprobs[i - 1]) : json(nullptr),
+          scored && i - 1 < c.prompt_tops.size() ? &c.prompt_tops[i - 1] : nullptr);
+    }
   }
+  for (size_t i = from; i < to && i < c.logprobs.size(); ++i) add(c.tokens[i], c.logprobs[i], i < c.tops.size() ? &c.tops[i] : nullptr);
   return json{{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
+}
+
+// SGLang's input_token_logprobs ([logprob, id, text], null logprob for position 0) from logprob_start_len on, or
+// input_top_logprobs (a list of [logprob, id, text] a position, null for position 0).
+json Generation::native_input_logprobs(const Choice& c, bool tops) const {
+  const std::vector<int32_t>& prompt = req_.prompts[c.prompt_index];
+  const size_t start = size_t(std::max<int64_t>(req_.sampling.prompt_logprob_start, 0));
+  const size_t first = std::max<size_t>(start, 1);  // c.prompt_logprobs[k] is position first + k
+  auto text = [&](int32_t id) { return req_.return_text_in_logprobs ? json(token_text(id)) : json(nullptr); };
+  json l = json::array();
+  for (size_t i = start; i < prompt.size(); ++i) {
+    const bool scored = i >= first && i - first < c.prompt_logprobs.size();
+    if (!tops) {
+      l.push_back(json::array({scored ? json(c.prompt_logprobs[i - first]) : json(nullptr), prompt[i], text(prompt[i])}));
+    } else if (scored && i - first < c.prompt_tops.size()) {
+      json s = json::array();
+      for (auto& tl : c.prompt_tops[i - first]) s.push_back(json::array({tl.logprob, tl.id, text(tl.id)}));
+      l.push_back(std::move(s));
+    } else {
+      l.push_back(nullptr);
+    }
+  }
+  return l;
 }
 
 json Generation::native_logprob_list(const Choice& c) const {
@@ -278,6 +319,10 @@ json Generation::native_meta(const Choice& c) const {
                {"completion_tokens", c.tokens.size()},
                {"cached_tokens", c.cached_tokens},
                {"e2e_latency", now_s() - t0_}};
+  if (req_.logprobs && req_.sampling.prompt_logprob_start >= 0) {
+    meta["input_token_logprobs"] = native_input_logprobs(c, false);
+    if (req_.top_logprobs > 0) meta["input_top_logprobs"] = native_input_logprobs(c, true);
+  }
   if (req_.logprobs) {
     meta["output_token_logprobs"] = native_logprob_list(c);
     if (req_.top_logprobs > 0) {
@@ -306,11 +351,12 @@ void Generation::stream_piece(Choice& c, const std::string& piece) {
   }
   if (req_.kind == ApiKind::Completion) {
     std::string text = piece;
-    if (req_.echo && !c.sent_role && c.prompt_index < req_.prompt_texts.size()) text = req_.prompt_texts[c.prompt_index] + text;
+    const bool first = req_.echo && !c.sent_role;  // the echoed prompt (and its logprobs) lead the first chunk
+    if (first && c.prompt_index < req_.prompt_texts.size()) text = req_.prompt_texts[c.prompt_index] + text;
     c.sent_role = true;
     if (text.empty() && lp_to == c.logprobs_released) return;
     json ch = {{"index", c.index}, {"text", text}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
-    if (req_.logprobs) ch["logprobs"] = completion_logprobs(c, c.logprobs_released, lp_to);
+    if (req_.logprobs) ch["logprobs"] = completion_logprobs(c, c.logprobs_released, lp_to, first);
     c.logprobs_released = lp_to;
     send_chunk({{"id", id_}, {"object", "text_completion"}, {"created", created_}, {"model", req_.model},
                 {"choices", json::array({ch})}});
@@ -382,7 +428,11 @@ void Generation::stream_finish(Choice& c) {
     send_chunk({{"id", id_}, {"object", "chat.completion.chunk"}, {"created", created_}, {"model", req_.model},
                 {"choices", json::array({ch})}});
   } else {
-    ch["text"] = "";
+    // A completion with no text (max_tokens 0) echoes its prompt here (and its logprobs with them).
+    const bool first = req_.echo && !c.sent_role;
+    ch["text"] = first && c.prompt_index < req_.prompt_texts.size() ? req_.prompt_texts[c.prompt_index] : "";
+    if (first && req_.logprobs) ch["logprobs"] = completion_logprobs(c, 0, c.tokens.size(), true);
+    c.sent_role = true;
     send_chunk({{"id", id_}, {"object", "text_completion"}, {"created", created_}, {"model", req_.model},
                 {"choices", json::array({ch})}});
   }
@@ -448,7 +498,7 @@ void Generation::finish_all() {
       std::string text = c.text;
       if (req_.echo && c.prompt_index < req_.prompt_texts.size()) text = req_.prompt_texts[c.prompt_index] + text;
       json ch = {{"index", c.index}, {"text", text}, {"logprobs", nullptr}, {"finish_reason", c.finish_reason}};
-      if (req_.logprobs) ch["logprobs"] = completion_logprobs(c, 0, c.tokens.size());
+      if (req_.logprobs) ch["logprobs"] = completion_logprobs(c, 0, c.tokens.size(), req_.echo);
       if (c.finish_reason == "stop" && c.matched.is_string()) ch["matched_stop"] = c.matched;
       out_choices.push_back(ch);
       continue;

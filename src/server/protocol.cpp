@@ -363,11 +363,9 @@ ApiRequest parse_completion_request(const json& body, const ParseContext& ctx) {
   openai_sampling(b, ctx, r);
   r.top_logprobs = b.integer("logprobs", 0, 0, 20);
   r.logprobs = b.has("logprobs");
-  // OpenAI's echo with logprobs scores the prompt too (its tokens' logprobs first): lm-eval's loglikelihood tasks read
-  // them. Without prompt logprobs the lists would silently cover the completion only, misaligned with the echoed text.
-  if (r.echo && r.logprobs)
-    bad("logprobs", "logprobs of the prompt (echo together with logprobs) are not supported yet: ask for logprobs "
-                    "without echo, or echo without logprobs");
+  // OpenAI's echo with logprobs scores the prompt too (its tokens' logprobs first, the first token's null): lm-eval's
+  // loglikelihood tasks read them.
+  if (r.echo && r.logprobs) r.sampling.prompt_logprob_start = 0;
   set_max_tokens(b, ctx, r);
   if (!r.max_tokens_given) r.sampling.max_new_tokens = std::min<int64_t>(r.sampling.max_new_tokens, 16);  // OpenAI's default
   return r;
@@ -425,11 +423,9 @@ ApiRequest parse_generate_request(const json& body, const ParseContext& ctx) {
   r.top_logprobs = b.integer("top_logprobs_num", 0, 0, 100);
   if (r.top_logprobs > 0) r.logprobs = true;
   r.return_text_in_logprobs = b.boolean("return_text_in_logprobs", false);
-  // SGLang's input_token_logprobs (from logprob_start_len; -1, its default, means none) are not computed here: a
-  // client asking for them gets a clear error rather than a response without them.
-  if (r.logprobs && b.integer("logprob_start_len", -1, -1, INT64_MAX) >= 0)
-    bad("logprob_start_len", "input token logprobs (return_logprob with logprob_start_len >= 0) are not supported yet: "
-                             "leave logprob_start_len out or -1 for the output tokens' logprobs");
+  // SGLang's input_token_logprobs: the prompt's tokens from logprob_start_len on (-1, its default: none).
+  const int64_t start = b.integer("logprob_start_len", -1, -1, INT64_MAX);
+  if (r.logprobs && start >= 0) r.sampling.prompt_logprob_start = start;
   int64_t P = 0;  // the longest prompt: every prompt's output must fit beside it (as set_max_tokens)
   for (auto& pr : r.prompts) P = std::max<int64_t>(P, int64_t(pr.size()));
   if (P >= ctx.context_length)

@@ -234,9 +234,7 @@ test('errors use the OpenAI shape with the right status', async () => {
     ['POST', '/tokenize', JSON.stringify({ messages: [{ role: 'user', content: 'x' }], chat_template_kwargs: [1] }), 400],
     ['POST', '/tokenize', JSON.stringify({ messages: [{ role: 'user', content: 'x' }], add_generation_prompt: 1 }), 400],
     ['POST', '/generate', JSON.stringify({ text: 'x', input_ids: [1, 2] }), 400],
-    // Prompt logprobs are not computed: asked for, a clear error (not lists that silently cover the output only).
-    ['POST', '/v1/completions', JSON.stringify({ prompt: 'x', echo: true, logprobs: 1, max_tokens: 1 }), 400],
-    ['POST', '/generate', JSON.stringify({ text: 'x', return_logprob: true, logprob_start_len: 0 }), 400],
+    ['POST', '/generate', JSON.stringify({ text: 'x', return_logprob: true, logprob_start_len: -2 }), 400],
     // Out of the int64 range: refused before any conversion (9.3e18 as an int64 was undefined behaviour).
     ['POST', '/v1/completions', JSON.stringify({ prompt: 'x', seed: 9.3e18 }), 400],
     ['POST', '/v1/completions', '{"prompt": "x", "seed": 18446744073709551615}', 400],
@@ -465,6 +463,72 @@ test('max_tokens 0: the prompt only, no token (it still fills the prefix cache)'
   const events = (await s.text()).split('\n\n').filter((e) => e.startsWith('data: ')).map((e) => e.slice(6));
   assert.equal(events.at(-1), '[DONE]');
   assert.deepEqual(JSON.parse(events.at(-2)).output_ids, []);
+});
+
+// Prompt logprobs: OpenAI's echo with logprobs (lm-eval's loglikelihood requests: max_tokens 0, logprobs 1) and SGLang's
+// input_token_logprobs from logprob_start_len. A prompt's last token scored there has the logprob the same token got as
+// the greedy output of the prompt before it (and is that position's top token); both APIs give the same numbers;
+// streamed, the echoed prompt and its logprobs lead the first chunk.
+test('prompt logprobs: echo with logprobs and input_token_logprobs', async () => {
+  const tol = (await onGpu(srv.base)) ? 0.4 : 1e-3;  // (the GPU: other kernels at other token counts, BF16)
+  const x = [9707, 11, 1879, 374, 264, 1273];
+  const a = await greedyGenerate(srv.base, x, 1, { top_logprobs_num: 3 });
+  assert.equal(a.status, 200, a.text);
+  const [[lastLp, t]] = a.json.meta_info.output_token_logprobs;
+  const ids = [...x, t];
+  const e = await client.completions.create({ model: MODEL, prompt: ids, max_tokens: 0, echo: true, logprobs: 1,
+    temperature: 0 });
+  const lp = e.choices[0].logprobs;
+  assert.equal(e.usage.completion_tokens, 0);
+  assert.equal(lp.tokens.length, ids.length);
+  assert.equal(lp.tokens.join(''), e.choices[0].text);
+  assert.equal(lp.token_logprobs[0], null);
+  assert.equal(lp.top_logprobs[0], null);
+  for (let i = 1; i < ids.length; ++i) {
+    assert.ok(lp.token_logprobs[i] <= 0 && Number.isFinite(lp.token_logprobs[i]), JSON.stringify(lp));
+    assert.equal(Object.keys(lp.top_logprobs[i]).length, 1);
+    assert.ok(Math.max(...Object.values(lp.top_logprobs[i])) >= lp.token_logprobs[i] - 1e-6);
+    assert.ok(lp.text_offset[i] >= lp.text_offset[i - 1]);
+  }
+  assert.ok(Math.abs(lp.token_logprobs.at(-1) - lastLp) < tol, `${lp.token_logprobs.at(-1)} vs ${lastLp}`);
+  // lm-eval's is_greedy: the continuation's token is its position's top token.
+  assert.ok(Math.abs(Math.max(...Object.values(lp.top_logprobs.at(-1))) - lp.token_logprobs.at(-1)) < tol);
+
+  const g = await postJson(srv.base, '/generate', { input_ids: ids, return_logprob: true, logprob_start_len: 2,
+    top_logprobs_num: 2, return_text_in_logprobs: true, sampling_params: { max_new_tokens: 2, temperature: 0 } });
+  assert.equal(g.status, 200, g.text);
+  const m = g.json.meta_info;
+  assert.equal(m.input_token_logprobs.length, ids.length - 2);
+  assert.equal(m.input_top_logprobs.length, ids.length - 2);
+  m.input_token_logprobs.forEach(([l, id, text], k) => {
+    assert.equal(id, ids[k + 2]);
+    assert.equal(typeof text, 'string');
+    assert.ok(Math.abs(l - lp.token_logprobs[k + 2]) < tol, `${l} vs ${lp.token_logprobs[k + 2]}`);
+    assert.equal(m.input_top_logprobs[k].length, 2);
+  });
+  assert.equal(m.output_token_logprobs.length, 2);
+  const g0 = await postJson(srv.base, '/generate', { input_ids: ids, return_logprob: true, logprob_start_len: 0,
+    sampling_params: { max_new_tokens: 0 } });
+  assert.equal(g0.json.meta_info.input_token_logprobs.length, ids.length);
+  assert.equal(g0.json.meta_info.input_token_logprobs[0][0], null);
+  assert.equal(g0.json.meta_info.input_token_logprobs[0][1], ids[0]);
+
+  // Streamed: the prompt and its logprobs first, then each token's; with max_tokens 0, in the last chunk.
+  for (const maxTokens of [3, 0]) {
+    const s = await client.completions.create({ model: MODEL, prompt: ids, max_tokens: maxTokens, echo: true,
+      logprobs: 1, temperature: 0, stream: true });
+    let text = '';
+    const all = [];
+    for await (const ch of s) {
+      const c = ch.choices[0];
+      text += c.text;
+      if (c.logprobs) all.push(...c.logprobs.token_logprobs);
+    }
+    assert.equal(all.length, ids.length + maxTokens, JSON.stringify(all));
+    assert.equal(all[0], null);
+    assert.ok(Math.abs(all[ids.length - 1] - lp.token_logprobs.at(-1)) < tol);
+    assert.ok(text.startsWith(e.choices[0].text), text);
+  }
 });
 
 test('prefix cache: a repeated prompt reports cached tokens; flush_cache empties it', async () => {
