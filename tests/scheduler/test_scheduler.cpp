@@ -401,10 +401,15 @@ TEST_P(SchedulerP, PromptLogprobsMatchTheNextTokenDistribution) {
 TEST_P(SchedulerP, TinyKVCachePreemptsAndStillMatches) {
   const int N = 12;
   std::vector<Collected> solo(N);
+  // Every third request also scores its prompt: a preemption must neither repeat nor skip a scored position.
+  auto scoring = [](int i) {
+    return std::function<void(SamplingParams&)>(i % 3 == 0 ? [](SamplingParams& s) { s.prompt_logprob_start = 0; }
+                                                           : std::function<void(SamplingParams&)>());
+  };
   {
     Harness h(4096, 4, opts());
     for (int i = 0; i < N; ++i) {
-      auto r = h.make(prompt_of(i, 20), 20);
+      auto r = h.make(prompt_of(i, 20), 20, 0, std::nullopt, scoring(i));
       h.run();
       solo[i] = h.results[r->id];
     }
@@ -412,11 +417,43 @@ TEST_P(SchedulerP, TinyKVCachePreemptsAndStillMatches) {
   // 64 tokens of KV for 12 requests needing 40 each: constant preemption and recomputation.
   Harness h(64, 4, opts(8, 16, true));
   std::vector<std::shared_ptr<Request>> rs;
-  for (int i = 0; i < N; ++i) rs.push_back(h.make(prompt_of(i, 20), 20));
+  for (int i = 0; i < N; ++i) rs.push_back(h.make(prompt_of(i, 20), 20, 0, std::nullopt, scoring(i)));
   h.run();
-  for (int i = 0; i < N; ++i) EXPECT_EQ(h.results[rs[i]->id].tokens, solo[i].tokens) << "request " << i;
+  for (int i = 0; i < N; ++i) {
+    const Collected& got = h.results[rs[i]->id];
+    EXPECT_EQ(got.tokens, solo[i].tokens) << "request " << i;
+    ASSERT_EQ(got.prompt_logprobs.size(), i % 3 == 0 ? 19u : 0u) << "request " << i;
+    for (size_t p = 0; p < got.prompt_logprobs.size(); ++p)
+      EXPECT_NEAR(got.prompt_logprobs[p], solo[i].prompt_logprobs[p], 1e-4) << "request " << i << " position " << p + 1;
+  }
   EXPECT_GT(h.sched->stats().preemptions, 0);
   EXPECT_EQ(h.sched->stats().kv_pages_used, h.sched->stats().kv_pages_cached);
+}
+
+// A request preempted while it scores its prompt (the newest admitted, prompt chunks of one token, while an older
+// request's decodes need its pages): re-admitted, the prefix cache serves only what precedes its next scored position
+// and every position is scored once, as in a run with room to spare. (Serial: the look-ahead leaves scoring
+// requests to the ordinary path anyway, and it times the pages' pressure differently.)
+TEST(Scheduler, PromptScoringSurvivesPreemption) {
+  auto score = [](SamplingParams& s) { s.prompt_logprob_start = 0; };
+  Collected want;
+  {
+    Harness h(4096, 4);
+    auto b = h.make(prompt_of(2, 40), 4, 0, std::nullopt, score);
+    h.run();
+    want = h.results[b->id];
+  }
+  Harness h(64, 4, SchedulerOptions{8, 2, true});
+  auto a = h.make(prompt_of(1, 8), 40);
+  auto b = h.make(prompt_of(2, 40), 4, 0, std::nullopt, score);
+  h.run();
+  const Collected& got = h.results[b->id];
+  EXPECT_GT(h.sched->stats().preemptions, 0);
+  EXPECT_GT(got.cached, 0) << "not re-admitted from its own cached prefix: the preemption missed it";
+  EXPECT_EQ(got.tokens, want.tokens);
+  ASSERT_EQ(got.prompt_logprobs.size(), 39u);
+  for (size_t p = 0; p < 39; ++p) EXPECT_NEAR(got.prompt_logprobs[p], want.prompt_logprobs[p], 1e-4) << "position " << p + 1;
+  EXPECT_EQ(h.results[a->id].tokens.size(), 40u);
 }
 
 TEST_P(SchedulerP, PrefixCacheHitSkipsPrefillAndKeepsResults) {
