@@ -306,10 +306,14 @@ bool Scheduler::step() {
   return true;
 }
 
-int64_t Scheduler::logit_rows_for(const Request& r, int64_t computed, int64_t chunk) const {
+std::pair<int64_t, int64_t> Scheduler::scored_positions(const Request& r, int64_t computed, int64_t chunk) {
   // Position q's logits score the prompt token at q + 1, for q + 1 in [prompt_scored, prompt size).
-  const int64_t lo = std::max(computed, r.prompt_scored - 1), hi = std::min(computed + chunk, int64_t(r.prompt.size()) - 1);
-  return std::max<int64_t>(hi - lo, 0) + (computed + chunk == r.total_tokens() ? 1 : 0);
+  return {std::max(computed, r.prompt_scored - 1), std::min(computed + chunk, int64_t(r.prompt.size()) - 1)};
+}
+
+int64_t Scheduler::logit_rows_for(const Request& r, int64_t computed, int64_t chunk) {
+  const auto [first, end] = scored_positions(r, computed, chunk);
+  return std::max<int64_t>(end - first, 0) + (computed + chunk == r.total_tokens() ? 1 : 0);
 }
 
 void Scheduler::fit_logit_rows(Plan& plan) const {
@@ -324,8 +328,8 @@ void Scheduler::fit_logit_rows(Plan& plan) const {
     if (!r->scoring_prompt()) continue;
     const int64_t left = max_rows - used;
     // The rows grow by at most one a token: shrink to the first scored positions that fit (none: wait a step).
-    const int64_t first = std::max(r->computed, r->prompt_scored - 1) - r->computed;  // unscored positions before
-    chunk = std::min(chunk, std::max<int64_t>(first + left, 0));
+    const int64_t unscored = scored_positions(*r, r->computed, chunk).first - r->computed;  // positions before them
+    chunk = std::min(chunk, std::max<int64_t>(unscored + left, 0));
     while (chunk > 0 && logit_rows_for(*r, r->computed, chunk) > left) --chunk;
     used += chunk > 0 ? logit_rows_for(*r, r->computed, chunk) : 0;
   }
@@ -350,8 +354,8 @@ void Scheduler::add_chunk(StepBatch& b, const std::shared_ptr<Request>& r, int64
   // Prompt logprobs: a row a scored position, its prompt token forced by a bias (the sampler's logprobs are those of
   // the raw logits), before the sampling row.
   b.step.score_first.push_back(int64_t(fb.logit_rows.size()));
-  const int64_t P = int64_t(r->prompt.size());
-  for (int64_t q = std::max(computed, r->prompt_scored - 1); q < std::min(computed + chunk, P - 1); ++q) {
+  const auto [first_scored, end_scored] = scored_positions(*r, computed, chunk);
+  for (int64_t q = first_scored; q < end_scored; ++q) {
     fb.logit_rows.push_back(row + (q - computed));
     b.score_bias.push_back({{r->prompt[size_t(q + 1)], 1e9f}});
     SampleSpec s;
@@ -507,20 +511,17 @@ void Scheduler::collect_oldest(Delivery& deliveries) {
     // pages went back already; nothing of it is read again).
     if (r->finish != FinishReason::None) continue;
     r->computed += chunk;
-    RequestOutput scored;
-    for (int64_t k = 0; k < st.score_rows[i]; ++k) {
-      const Sampled& s = sampled_.at(size_t(st.score_first[i] + k));
-      scored.new_prompt_logprobs.push_back(s.logprob);
-      if (r->params.top_logprobs > 0) scored.new_prompt_top_logprobs.push_back(s.top);
-    }
-    r->prompt_scored += st.score_rows[i];
     if (st.logit_row_of[i] < 0 && st.score_rows[i] == 0) continue;
     outs.clear();
     if (st.logit_row_of[i] >= 0) accept_token(*r, sampled_.at(size_t(st.logit_row_of[i])), outs);
-    else outs.push_back(RequestOutput{});
+    else outs.emplace_back();
     RequestOutput& o = outs.back();
-    o.new_prompt_logprobs = std::move(scored.new_prompt_logprobs);
-    o.new_prompt_top_logprobs = std::move(scored.new_prompt_top_logprobs);
+    for (int64_t k = 0; k < st.score_rows[i]; ++k) {  // the prompt positions this step scored, in order
+      const Sampled& s = sampled_.at(size_t(st.score_first[i] + k));
+      o.new_prompt_logprobs.push_back(s.logprob);
+      if (r->params.top_logprobs > 0) o.new_prompt_top_logprobs.push_back(s.top);
+    }
+    r->prompt_scored += st.score_rows[i];
     o.prompt_tokens = int64_t(r->prompt.size());
     o.completion_tokens = int64_t(r->output.size());
     o.cached_tokens = r->cached_tokens;

@@ -12,6 +12,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <memory>
 #include <vector>
 
@@ -129,9 +130,11 @@ class Scheduler {
     std::vector<SampleSpec> specs;
     std::deque<std::vector<std::pair<int32_t, float>>> score_bias;  // the prompt-logprob rows' (stable addresses)
   };
-  // Prompt logprobs: the logit rows r's chunk [computed, computed + chunk) takes (a row a scored position, and the
-  // sampling row where the chunk ends r's tokens), and the chunks shrunk so that a step's rows fit the executor.
-  int64_t logit_rows_for(const Request& r, int64_t computed, int64_t chunk) const;
+  // Prompt logprobs: the positions q of r's chunk [computed, computed + chunk) whose logits score a prompt token (the
+  // one at q + 1), as [first, end); the logit rows the chunk takes (those, and the sampling row where the chunk ends
+  // r's tokens); and the chunks shrunk so that a step's rows fit the executor.
+  static std::pair<int64_t, int64_t> scored_positions(const Request& r, int64_t computed, int64_t chunk);
+  static int64_t logit_rows_for(const Request& r, int64_t computed, int64_t chunk);
   void fit_logit_rows(Plan& plan) const;
   // Appends r's tokens [computed, computed + chunk) to b, with a logit row where they end r's known tokens.
   // sample_row >= 0: r's token at total_tokens() is the one the running step samples for that logit row (a

@@ -402,9 +402,9 @@ TEST_P(SchedulerP, TinyKVCachePreemptsAndStillMatches) {
   const int N = 12;
   std::vector<Collected> solo(N);
   // Every third request also scores its prompt: a preemption must neither repeat nor skip a scored position.
-  auto scoring = [](int i) {
-    return std::function<void(SamplingParams&)>(i % 3 == 0 ? [](SamplingParams& s) { s.prompt_logprob_start = 0; }
-                                                           : std::function<void(SamplingParams&)>());
+  auto scoring = [](int i) -> std::function<void(SamplingParams&)> {
+    if (i % 3 != 0) return nullptr;
+    return [](SamplingParams& s) { s.prompt_logprob_start = 0; };
   };
   {
     Harness h(4096, 4, opts());
