@@ -10,8 +10,9 @@
 
 namespace moeserve {
 
-Sampled sample_on_cpu(const float* logits, int64_t V, const SampleSpec& s, std::vector<float>& scratch,
-                      std::vector<float>& logprobs) {
+namespace {
+// The token sampled from the logits after the penalties, biases and bans (scratch: their copy).
+int32_t sample_modified(const float* logits, int64_t V, const SampleSpec& s, std::vector<float>& scratch) {
   scratch.assign(logits, logits + V);
   float* lg = scratch.data();
   if (s.penalized()) {
@@ -33,8 +34,19 @@ Sampled sample_on_cpu(const float* logits, int64_t V, const SampleSpec& s, std::
       if (t >= 0 && t < V) lg[t] += b;
   for (int32_t b : s.banned)
     if (b >= 0 && b < V) lg[b] = -INFINITY;
+  return kernels::sample_token(lg, V, s.sampler, *s.rng);
+}
+}  // namespace
+
+Sampled sample_on_cpu(const float* logits, int64_t V, const SampleSpec& s, std::vector<float>& scratch,
+                      std::vector<float>& logprobs) {
   Sampled out;
-  out.token = kernels::sample_token(lg, V, s.sampler, *s.rng);
+  if (s.forced()) {  // a scored prompt position: its token as given, the raw logits' logprobs
+    MS_CHECK(s.forced_token < V, "forced token {} outside the vocabulary of {}", s.forced_token, V);
+    out.token = s.forced_token;
+  } else {
+    out.token = sample_modified(logits, V, s, scratch);
+  }
   if (s.logprob || s.top_logprobs > 0) {
     logprobs.resize(size_t(V));
     kernels::log_softmax(logits, V, logprobs.data());

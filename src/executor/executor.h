@@ -31,12 +31,16 @@ struct SampleSpec {
   std::mt19937_64* rng = nullptr;                           // the request's generator
   bool logprob = false;                                     // logprob of the chosen token
   int64_t top_logprobs = 0;                                 // top-n logprobs of the raw distribution
+  // >= 0: the row's token is this one, whatever the logits say (a scored prompt position: its logprob and top
+  // logprobs are the raw logits', the sampling parameters are not used).
+  int32_t forced_token = -1;
   bool penalized() const {
     return presence_penalty != 0.0f || frequency_penalty != 0.0f || repetition_penalty != 1.0f;
   }
   bool biased() const { return bias != nullptr && !bias->empty(); }
   // Whether the logits are changed before sampling (penalties, logit_bias or bans).
   bool modifies_logits() const { return penalized() || biased() || !banned.empty(); }
+  bool forced() const { return forced_token >= 0; }
 };
 
 struct Sampled {
@@ -69,8 +73,9 @@ class Executor {
   virtual nlohmann::json info() const = 0;
   // The most top logprobs per token this executor returns (the CPU: any number).
   virtual int64_t max_top_logprobs() const { return INT64_MAX; }
-  // The most logit rows a step may have (each row's logits are held at once: the prompt logprobs' rows are capped
-  // by it). The CPU: 256 rows (~155 MB of logits at a 151,936-token vocabulary).
+  // The most logit rows a step may have (the prompt logprobs' rows are capped by it). The CPU holds every row's
+  // logits at once: 256 rows (~155 MB at a 151,936-token vocabulary); the GPU a row a token of its largest step (it
+  // runs the lm_head and the sampler over a step's rows in slices).
   virtual int64_t max_logit_rows() const { return 256; }
   // Runs the batch once with per-op device timing and returns the breakdown (GPU executors; for benchmarks).
   virtual std::string profile_step(const ForwardBatch& batch) {

@@ -351,16 +351,15 @@ void Scheduler::add_chunk(StepBatch& b, const std::shared_ptr<Request>& r, int64
     fb.positions.push_back(p);
   }
   fb.seqs.push_back({r->pages.data(), computed, chunk, row});
-  // Prompt logprobs: a row a scored position, its prompt token forced by a bias (the sampler's logprobs are those of
+  // Prompt logprobs: a row a scored position, its prompt token forced (SampleSpec::forced_token: the logprobs of
   // the raw logits), before the sampling row.
   b.step.score_first.push_back(int64_t(fb.logit_rows.size()));
   const auto [first_scored, end_scored] = scored_positions(*r, computed, chunk);
   for (int64_t q = first_scored; q < end_scored; ++q) {
     fb.logit_rows.push_back(row + (q - computed));
-    b.score_bias.push_back({{r->prompt[size_t(q + 1)], 1e9f}});
     SampleSpec s;
     s.sampler.temperature = 0.0f;
-    s.bias = &b.score_bias.back();
+    s.forced_token = r->prompt[size_t(q + 1)];
     s.rng = &r->rng;
     s.logprob = true;
     s.top_logprobs = r->params.top_logprobs;

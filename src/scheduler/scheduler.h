@@ -128,7 +128,6 @@ class Scheduler {
     ForwardBatch fb;
     LaunchedStep step;
     std::vector<SampleSpec> specs;
-    std::deque<std::vector<std::pair<int32_t, float>>> score_bias;  // the prompt-logprob rows' (stable addresses)
   };
   // Prompt logprobs: the positions q of r's chunk [computed, computed + chunk) whose logits score a prompt token (the
   // one at q + 1), as [first, end); the logit rows the chunk takes (those, and the sampling row where the chunk ends

@@ -615,3 +615,29 @@ TEST(CudaGemmBench, DISABLED_Bandwidth) {
     }
   }
 }
+
+// The lm_head over a prompt-logprob step's slices of logit rows (151936 x 2048, F32 logits, as GpuQwen3::head_chunk
+// runs it): microseconds a slice and a row by slice size, every backend; prints a table (no assertion).
+TEST(CudaGemmBench, DISABLED_LmHeadSlices) {
+  SKIP_WITHOUT_GPU();
+  const int N = 151936, K = 2048;
+  std::vector<std::unique_ptr<cuda::GemmBackend>> bs;
+  for (auto& b : cuda::make_gemm_backends()) bs.push_back(prepared(std::move(b)));
+  Stream st;
+  Dev<uint16_t> w(size_t(N) * K), x(size_t(1024) * K);
+  w.upload(random_bf16(w.n, 1));
+  x.upload(random_bf16(x.n, 2));
+  Dev<float> y(size_t(1024) * N);
+  std::printf("%5s", "M");
+  for (auto& b : bs) std::printf(" %24s", (b->spec().name + " us (us a row)").c_str());
+  std::printf("\n");
+  for (int M : {128, 160, 256, 512, 1024}) {
+    std::printf("%5d", M);
+    for (auto& b : bs) {
+      const double us = cuda::event_time_us(
+          st.s, 10, [&] { b->run(as_bf16(x), K, M, K, as_bf16(w), N, y.p, N, OutType::F32, st.s); }, 2);
+      std::printf(" %15.1f (%5.2f)", us, us / M);
+    }
+    std::printf("\n");
+  }
+}

@@ -17,6 +17,7 @@
 #include "cuda/device.h"
 #include "cuda_test_util.h"
 #include "cuda/sampling/sampling.h"
+#include "cuda/sampling/score.h"
 #include "kernels/sampling/sampling.h"
 
 using namespace moeserve;
@@ -69,8 +70,9 @@ struct Result {
   std::vector<float> top_logprobs;
 };
 
-// Runs sample() once (optionally recorded in a CUDA graph and replayed) on poisoned outputs.
-Result run_gpu(const Batch& b, int max_top, bool graph = false) {
+// Runs sample() once (optionally recorded in a CUDA graph and replayed) on poisoned outputs; with `score`,
+// score_forced_rows() first, as the executor runs them for steps with forced rows.
+Result run_gpu(const Batch& b, int max_top, bool graph = false, bool score = false) {
   const int R = b.rows();
   Dev<float> logits(b.logits.size()), lps(R), top_lps(size_t(R) * max_top);
   Dev<SampleRowParams> params(R);
@@ -108,6 +110,7 @@ Result run_gpu(const Batch& b, int max_top, bool graph = false) {
     cudaGraph_t g;
     cudaGraphExec_t exec;
     MS_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    if (score) cuda::score_forced_rows(a, st);
     cuda::sample(a, st);
     MS_CUDA_CHECK(cudaStreamEndCapture(st, &g));
     MS_CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
@@ -116,6 +119,7 @@ Result run_gpu(const Batch& b, int max_top, bool graph = false) {
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(g);
   } else {
+    if (score) cuda::score_forced_rows(a, st);
     cuda::sample(a, st);
     MS_CUDA_CHECK(cudaStreamSynchronize(st));
   }
@@ -199,6 +203,12 @@ SampleRowParams greedy_params(int top_logprobs = 0) {
   return p;
 }
 
+SampleRowParams forced_params(int top_logprobs, int32_t token = 3) {
+  SampleRowParams p = greedy_params(top_logprobs);
+  p.forced = token;
+  return p;
+}
+
 SampleRowParams sampling_params(float T, int k, float top_p, float min_p, uint64_t random) {
   SampleRowParams p;
   p.temperature = T;
@@ -265,6 +275,57 @@ TEST(CudaSampling, GreedyIdsAndLogprobsMatchCpu) {
     for (int r = 0; r < b.rows(); ++r)
       ASSERT_EQ(res.ids[r], kernels::argmax(b.row(r), V)) << "V=" << V << " row " << r;
     expect_logprobs(b, res, max_top, "V=" + std::to_string(V));
+  }
+}
+
+// Forced rows (scored prompt positions) report their token, its raw logprob and the raw top list, from
+// score_forced_rows; sample() leaves them alone and still samples the rows between them. Rows with ties, a flat row
+// (more tied candidates than the kernel gathers: its exact fallback), -inf logits, vocabularies that are not a
+// multiple of 4 (scalar loads) and smaller than a block.
+TEST(CudaSampling, ForcedRowsReportTheirTokenAndTheRawTopLogprobs) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 g(12);
+  for (int V : {1, 7, 1000, 4099, 151936}) {
+    Batch b(V);
+    std::vector<int32_t> forced;
+    auto add = [&](const std::vector<float>& row, int top, int32_t tok) {
+      SampleRowParams p = greedy_params(top);
+      p.forced = tok;
+      b.add(row, p);
+      forced.push_back(tok);
+    };
+    add(normal_row(V, g, 4.0f), 5, int32_t(g() % V));
+    add(bf16_row(V, g, 3.0f), 20, int32_t(g() % V));  // ties everywhere, also inside the top list
+    b.add(normal_row(V, g, 4.0f), greedy_params(3)), forced.push_back(-1);  // an ordinary row between them
+    auto tied = normal_row(V, g, 2.0f);
+    const float top = *std::max_element(tied.begin(), tied.end()) + 1.0f;
+    for (int i = 0; i < 4; ++i) tied[g() % V] = top;
+    add(tied, 3, int32_t(g() % V));
+    add(std::vector<float>(V, 0.5f), 20, int32_t(V - 1));  // flat: every token a candidate
+    auto lowest = normal_row(V, g, 1.0f);
+    for (int i = 0; i + 1 < V; i += 3) lowest[i] = -INFINITY;
+    lowest[V - 1] = 7.0f;
+    add(lowest, 1, int32_t(V - 1));
+    add(normal_row(V, g, 4.0f), 0, 0);
+    b.add(normal_row(V, g, 1.0f), sampling_params(1.0f, 2, 1.0f, 0.0f, 77)), forced.push_back(-1);
+    const int max_top = 20;
+    for (bool graph : {false, true}) {
+      const Result res = run_gpu(b, max_top, graph, /*score=*/true);
+      const std::string what = "V=" + std::to_string(V) + (graph ? " (graph)" : "");
+      for (int r = 0; r < b.rows(); ++r) {
+        if (forced[size_t(r)] >= 0) {
+          ASSERT_EQ(res.ids[size_t(r)], forced[size_t(r)]) << what << " row " << r;
+        } else if (b.params[size_t(r)].temperature == 0.0f) {
+          ASSERT_EQ(res.ids[size_t(r)], kernels::argmax(b.row(r), V)) << what << " row " << r;
+        } else {  // top_k 2: one of the two largest
+          const int32_t id = res.ids[size_t(r)];
+          ASSERT_TRUE(id >= 0 && id < V) << what << " row " << r;
+          ASSERT_LE(std::count_if(b.row(r), b.row(r) + V, [&](float x) { return x > b.row(r)[id]; }), 1)
+              << what << " row " << r << ": id " << id;
+        }
+      }
+      expect_logprobs(b, res, max_top, what);
+    }
   }
 }
 
@@ -571,20 +632,31 @@ TEST(CudaSamplingBench, DISABLED_Timing) {
                       {"top_p 0.9", sampling_params(1.0f, -1, 0.9f, 0.0f, 1)},
                       {"top_k 50 + top_p 0.95", sampling_params(0.8f, 50, 0.95f, 0.0f, 1)},
                       {"top_k 20 + top_p 0.8 + penalties", pen},
-                      {"min_p 0.05", sampling_params(1.0f, -1, 1.0f, 0.05f, 1)}};
+                      {"min_p 0.05", sampling_params(1.0f, -1, 1.0f, 0.05f, 1)},
+                      {"scoring: greedy, 1 bias, 1 top logprob", greedy_params(1)},
+                      {"forced: score_forced_rows, 1 top logprob", forced_params(1)},
+                      {"forced: score_forced_rows, 5 top logprobs", forced_params(5)}};
   std::mt19937 g(10);
   const auto lg = bf16_row(V, g, 3.0f);
-  std::printf("%-34s %10s %10s %10s %10s\n", "config", "rows=1", "rows=32", "rows=128", "rows=160");
+  std::printf("%-40s %10s %10s %10s %10s %10s\n", "config", "rows=1", "rows=32", "rows=128", "rows=160", "rows=512");
   for (const Cfg& c : cfgs) {
-    std::printf("%-34s", c.name);
-    for (int rows : {1, 32, 128, 160}) {
+    std::printf("%-40s", c.name);
+    const bool scoring = std::string(c.name).rfind("scoring", 0) == 0;  // a prompt position's forced token
+    for (int rows : {1, 32, 128, 160, 512}) {
       std::vector<std::pair<int32_t, int32_t>> pens;
       for (int i = 0; i < 300; ++i) pens.push_back({int32_t(i * 97 % V), i % 3});
       Batch b(V);
-      for (int r = 0; r < rows; ++r) b.add(lg, c.p, c.p.repetition_penalty != 1.0f ? pens : decltype(pens){});
+      for (int r = 0; r < rows; ++r)
+        b.add(lg, c.p, c.p.repetition_penalty != 1.0f ? pens : decltype(pens){}, {},
+              scoring ? std::vector<std::pair<int32_t, float>>{{int32_t(r * 7919 % V), 1e9f}}
+                      : std::vector<std::pair<int32_t, float>>{});
       Dev<float> logits(b.logits.size()), lps(rows), top_lps(size_t(rows) * 20);
       Dev<SampleRowParams> params(rows);
       Dev<int32_t> pen_ids(b.pen_ids.size()), pen_counts(b.pen_counts.size()), ids(rows), top_ids(size_t(rows) * 20);
+      Dev<int32_t> ban_ids(b.ban_ids.size());
+      Dev<float> ban_values(b.ban_values.size());
+      ban_ids.upload(b.ban_ids);
+      ban_values.upload(b.ban_values);
       Dev<uint8_t> ws(cuda::sample_workspace_bytes(rows, V));
       logits.upload(b.logits);
       params.upload(b.params);
@@ -597,6 +669,8 @@ TEST(CudaSamplingBench, DISABLED_Timing) {
       a.params = params.p;
       a.pen_ids = pen_ids.p;
       a.pen_counts = pen_counts.p;
+      a.ban_ids = b.ban_ids.empty() ? nullptr : ban_ids.p;
+      a.ban_values = b.ban_values.empty() ? nullptr : ban_values.p;
       a.max_top = 20;
       a.out_ids = ids.p;
       a.out_logprobs = lps.p;
@@ -606,10 +680,12 @@ TEST(CudaSamplingBench, DISABLED_Timing) {
       cudaEvent_t t0, t1;
       MS_CUDA_CHECK(cudaEventCreate(&t0));
       MS_CUDA_CHECK(cudaEventCreate(&t1));
-      for (int i = 0; i < 3; ++i) cuda::sample(a, nullptr);
+      const bool forced = c.p.forced >= 0;  // every row forced: only score_forced_rows, as the executor runs it
+      auto run = [&] { forced ? cuda::score_forced_rows(a, nullptr) : cuda::sample(a, nullptr); };
+      for (int i = 0; i < 3; ++i) run();
       const int reps = 20;
       MS_CUDA_CHECK(cudaEventRecord(t0));
-      for (int i = 0; i < reps; ++i) cuda::sample(a, nullptr);
+      for (int i = 0; i < reps; ++i) run();
       MS_CUDA_CHECK(cudaEventRecord(t1));
       MS_CUDA_CHECK(cudaEventSynchronize(t1));
       float ms = 0;

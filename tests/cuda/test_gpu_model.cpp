@@ -471,3 +471,108 @@ TEST(GpuModel, LaunchedAheadStepsFeedSamplesOnTheDevice) {
   }
 }
 
+
+// Prompt logprobs on the GPU: a step whose logit rows outnumber the lm_head's logits rows (at least 256, the
+// executor's kMinHeadRows; this runner's 32 sequences make it 256) runs the lm_head and the sampler in slices. Every
+// prompt position of three prompts (900 rows: slices of 256, 256, 256 and 132) through forward_logits against the same
+// batch run as four steps of those rows (no slices: the same GEMM shapes, so the same numbers) and against the CPU;
+// then the rows of all positions but
+// each prompt's first three (gathered rows) sampled as the scheduler scores a prompt - the next prompt token forced
+// (score_forced_rows), its logprob and the top 3 of the raw logits - against those logits; each prompt's last row
+// is an ordinary greedy row among them (sample()).
+TEST(GpuModel, StepsOfMoreLogitRowsThanTheLmHeadHoldsRunInSlices) {
+  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  Runner cpu = make("cpu"), gpu = make("cuda");
+  const int64_t V = cpu.r->config().vocab_size;
+  const std::vector<std::vector<int32_t>> prompts = random_prompts(3, V, 17, 150, 150, 400);  // 150, 300, 450
+  const size_t total = 900, slice = 256;
+  ASSERT_EQ(prompts[0].size() + prompts[1].size() + prompts[2].size(), total);
+  // The prompts as one batch whose logit rows are the positions [first, end) of the 900 (all: in order, no gather)
+  // or, with skip, each prompt's positions from `skip` on.
+  auto batch = [&](Runner& R, int64_t first, int64_t end, int64_t skip = 0) {
+    ForwardBatch fb;
+    R.pages.assign(prompts.size(), {});
+    for (size_t s = 0; s < prompts.size(); ++s) {
+      const int64_t n = int64_t(prompts[s].size()), row = int64_t(fb.tokens.size());
+      R.pages[s] = R.r->kv().allocator().allocate(R.r->kv().pages_for(n + 8));
+      for (int64_t i = 0; i < n; ++i) fb.tokens.push_back(prompts[s][size_t(i)]), fb.positions.push_back(i);
+      fb.seqs.push_back({R.pages[s].data(), 0, n, row});
+    }
+    for (int64_t s = 0, row = 0; s < int64_t(prompts.size()); row += int64_t(prompts[size_t(s)].size()), ++s)
+      for (int64_t i = skip; i < int64_t(prompts[size_t(s)].size()); ++i)
+        if (row + i >= first && row + i < end) fb.logit_rows.push_back(row + i);
+    return fb;
+  };
+  auto logits_of = [&](Runner& R, const ForwardBatch& fb) {
+    std::vector<float> l;
+    R.r->forward(fb, l);
+    release(R);
+    return l;
+  };
+  const std::vector<float> got = logits_of(gpu, batch(gpu, 0, int64_t(total)));
+  std::vector<float> want;
+  for (size_t first = 0; first < total; first += slice) {
+    const std::vector<float> part = logits_of(gpu, batch(gpu, int64_t(first), int64_t(std::min(first + slice, total))));
+    want.insert(want.end(), part.begin(), part.end());
+  }
+  const std::vector<float> cpu_logits = logits_of(cpu, batch(cpu, 0, int64_t(total)));
+  ASSERT_EQ(got.size(), total * size_t(V));
+  ASSERT_EQ(want.size(), got.size());
+  double worst = 0;
+  int cpu_far = 0;
+  for (size_t r = 0; r < total; ++r) {
+    double d = 0;
+    for (int64_t v = 0; v < V; ++v) d = std::max(d, double(std::fabs(got[r * size_t(V) + size_t(v)] -
+                                                                     want[r * size_t(V) + size_t(v)])));
+    EXPECT_LT(d, 2e-3) << "logit row " << r << ": sliced against two steps without slices";
+    worst = std::max(worst, d);
+    // Against the CPU (f32): MixedBatchMatchesCpuAndSoloRuns' tolerance, which a near-tie routing flip (BF16) can
+    // exceed at a few positions (6 of 247 in a first form of this test); a wrong slice would move all of its rows.
+    cpu_far += top_diff(&cpu_logits[r * size_t(V)], &got[r * size_t(V)], V) > 0.15;
+  }
+  EXPECT_LE(cpu_far, int(total / 20)) << "of " << total << " rows off the CPU's logprobs by more than 0.15";
+
+  // Scored rows: row i of a prompt predicts prompt token i + 1 (each prompt's last row predicts nothing: a free
+  // greedy pick).
+  const int64_t skip = 3;
+  ForwardBatch fb = batch(gpu, 0, int64_t(total), skip);
+  std::mt19937_64 rng(1);
+  std::vector<int32_t> forced;  // -1: the prompt's last row, sampled greedily
+  std::vector<size_t> row_of;   // the logit row (of the 900) each scored row is
+  for (size_t s = 0, base = 0; s < prompts.size(); base += prompts[s].size(), ++s)
+    for (size_t i = size_t(skip); i < prompts[s].size(); ++i) {
+      forced.push_back(i + 1 < prompts[s].size() ? prompts[s][i + 1] : -1);
+      row_of.push_back(base + i);
+    }
+  ASSERT_EQ(fb.logit_rows.size(), row_of.size());
+  std::vector<SampleSpec> specs(forced.size());
+  for (size_t r = 0; r < specs.size(); ++r) {
+    specs[r].sampler.temperature = 0;
+    specs[r].rng = &rng;
+    specs[r].forced_token = forced[r];
+    specs[r].logprob = true;
+    specs[r].top_logprobs = 3;
+  }
+  std::vector<Sampled> out;
+  gpu.r->step(fb, specs, out);
+  release(gpu);
+  ASSERT_EQ(out.size(), specs.size());
+  double worst_lp = 0;
+  for (size_t r = 0; r < out.size(); ++r) {
+    const float* row = &want[row_of[r] * size_t(V)];
+    const std::vector<float> lp = logprobs(row, V);
+    const int32_t best = int32_t(std::max_element(row, row + V) - row);
+    EXPECT_EQ(out[r].token, forced[r] < 0 ? best : forced[r]) << "scored row " << r;
+    ASSERT_GE(out[r].token, 0);
+    ASSERT_LT(out[r].token, V);
+    const double d = std::fabs(double(out[r].logprob) - double(lp[size_t(out[r].token)]));
+    EXPECT_LT(d, 2e-3) << "scored row " << r << ": logprob " << out[r].logprob << ", want " << lp[size_t(out[r].token)];
+    worst_lp = std::max(worst_lp, d);
+    ASSERT_EQ(out[r].top.size(), 3u) << "scored row " << r;
+    EXPECT_LT(std::fabs(double(out[r].top[0].logprob) - double(lp[size_t(best)])), 2e-3) << "scored row " << r;
+    EXPECT_GE(lp[size_t(out[r].top[0].id)], lp[size_t(best)] - 2e-3f) << "scored row " << r;
+  }
+  std::printf("[ info ] %zu rows in slices: largest |logit| difference from steps without slices %.2g, %d rows off "
+              "the CPU by > 0.15; %zu scored rows, largest |logprob - want| %.2g\n",
+              total, worst, cpu_far, out.size(), worst_lp);
+}

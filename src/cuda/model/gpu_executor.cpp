@@ -20,6 +20,7 @@
 #include "cuda/sampling/lmhead_argmax.h"
 #include "cuda/sampling/lmhead_screen.h"
 #include "cuda/sampling/sampling.h"
+#include "cuda/sampling/score.h"
 #include "model/arch/qwen3.h"
 
 namespace moeserve::cuda {
@@ -32,6 +33,10 @@ double now_s() {
 
 constexpr int kMaxTop = 20;      // top logprobs per row computed on the GPU (OpenAI allows up to 20)
 constexpr int kMaxSplits = 16;   // split-KV parts of a decode sequence
+// The fewest logit rows the lm_head's logits (and the sampler's workspace) hold, f32 each: 2 x 156 MB at a 151,936-token
+// vocabulary. A prompt-logprob step runs its lm_head in slices of them; on an H100 the 151936 x 2048 lm_head costs
+// 1.94 us a row in slices of 128, 1.10 in slices of 256, 0.89 in slices of 512 (docs/PERF.md session 53).
+constexpr int kMinHeadRows = 256;
 // How a step samples (and which set of captured graphs it replays): the general sampler; the all-greedy fast path (the
 // lm_head screen at the sizes it takes); the all-greedy fast path where a row wants a logprob (no screen).
 enum SamplerKind { kGeneral = 0, kGreedy = 1, kGreedyLogprob = 2, kSamplerKinds = 3 };
@@ -39,9 +44,12 @@ enum SamplerKind { kGeneral = 0, kGreedy = 1, kGreedyLogprob = 2, kSamplerKinds 
 size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
 // Offsets of the per-step inputs inside one host (pinned) and one device buffer, so that a step uploads them
-// with a single copy and the captured graphs always find them at the same device addresses.
+// with a single copy and the captured graphs always find them at the same device addresses. A step of more than
+// max_rows logit rows (prompt logprobs: up to a row a token) keeps its rows and sampling parameters in the wide
+// region after the block tables, copied only by such steps, so that every other step's copy stays as small.
 struct MetaLayout {
-  size_t tokens, prev_rows, positions, slots, kv_lens, new_lens, q_rows, logit_rows, params, block_tables, end;
+  size_t tokens, prev_rows, positions, slots, kv_lens, new_lens, q_rows, logit_rows, params, block_tables;
+  size_t wide_logit_rows, wide_params, end;
   int max_tokens, max_seqs, max_rows, max_pages;
   MetaLayout(int T, int S, int R, int P) : max_tokens(T), max_seqs(S), max_rows(R), max_pages(P) {
     size_t o = 0;
@@ -60,8 +68,13 @@ struct MetaLayout {
     logit_rows = take(size_t(R) * 4);
     params = take(size_t(R) * sizeof(SampleRowParams));
     block_tables = take(size_t(S) * size_t(P) * 4);
+    wide_logit_rows = take(size_t(T) * 4);
+    wide_params = take(size_t(T) * sizeof(SampleRowParams));
     end = o;
   }
+  // Where a step of R logit rows keeps them and their sampling parameters.
+  size_t rows_at(int R) const { return R > max_rows ? wide_logit_rows : logit_rows; }
+  size_t params_at(int R) const { return R > max_rows ? wide_params : params; }
 };
 
 // Experiment (MOESERVE_META_2D=0 turns it off for A/B): each step copies only the used part of every block-table
@@ -97,7 +110,8 @@ class GpuExecutor : public Executor {
   nlohmann::json info() const override;
   std::string profile_step(const ForwardBatch& batch) override;
   int64_t max_top_logprobs() const override { return kMaxTop; }
-  int64_t max_logit_rows() const override { return layout_ ? layout_->max_rows : 1; }
+  // A row a token: steps of more rows than the lm_head's logits hold run it and the sampler in slices.
+  int64_t max_logit_rows() const override { return layout_ ? layout_->max_tokens : 1; }
 
  private:
   // Fills buffer set `cur_`'s metadata for a batch and uploads it on `upload`; returns the step inputs. pad_to > T
@@ -106,11 +120,15 @@ class GpuExecutor : public Executor {
                      cudaStream_t upload);
   // Copies the first `bytes` of the metadata, then the first table_pages entries of table_rows block-table rows.
   void upload_meta(cudaStream_t s, size_t bytes, int table_rows = 0, int table_pages = 0);
-  void run_sampling(int rows, bool with_penalties);
+  void run_sampling(int r0, int rows, int step_rows, bool with_penalties);
   // The step's sampler over `rows` logit rows into the current set's outputs: the all-greedy fast path or the
   // general one.
   // `kind` (SamplerKind): general, greedy, or greedy with a logprob (never the lm_head screen, which writes none).
-  void sample_rows(int rows, int kind, bool with_penalties, bool head_argmax = false);
+  // r0 / step_rows: rows [r0, r0 + rows) of a step of step_rows rows, whose logits are logits()' first `rows`.
+  void sample_rows(int r0, int rows, int step_rows, int kind, bool with_penalties, bool head_argmax = false);
+  // After forward(in): the lm_head (where the sampler does not run it) and the sampler over all of in's rows, in
+  // slices of the logits' rows when in.head_in_chunks.
+  void sample_step(const StepInputs& in, int kind, bool with_penalties);
   // Whether an all-greedy step of `rows` logit rows runs the lm_head inside the sampler (StepInputs::head_argmax):
   // at 32-64 rows on sm_90 (MOESERVE_LMHEAD_ARGMAX=0 turns it off). H200, session 40 (test_gpu_lmhead_argmax's
   // Timing, q30b8l's lm_head): 167.3 us flat from 16 to 64 rows against cuBLAS + greedy 166.1 / 174.7 / 186.1 at
@@ -181,6 +199,8 @@ class GpuExecutor : public Executor {
   std::deque<Launched> in_flight_;
   std::vector<int32_t> h_pen_ids_, h_pen_counts_, h_ban_ids_;
   std::vector<float> h_ban_values_;  // beside h_ban_ids_: the logit_bias value, -inf for a ban
+  // The step being launched: forced_before_[r] = its forced rows (scored prompt positions) before row r, r <= rows.
+  std::vector<int32_t> forced_before_;
   StepProfile profile_;
 };
 
@@ -218,7 +238,9 @@ GpuExecutor::GpuExecutor(const std::string& model_dir, const GpuOptions& opts) :
   // Step limits: every buffer (and the MoE backends' workspaces) is planned for the largest step.
   const int max_seqs = int(std::max<int64_t>(opts_.max_running_requests, 1));
   const int max_tokens = int(std::max<int64_t>(opts_.max_tokens_per_step, max_seqs));
-  const int max_rows = max_seqs;
+  // The lm_head's logits rows: a step of more (prompt logprobs) runs the lm_head and the sampler in slices of these,
+  // each slice reading the whole lm_head: at least kMinHeadRows.
+  const int max_rows = std::min(std::max(max_seqs, kMinHeadRows), max_tokens);
 
   // Backends for this model's shapes.
   be_ = select_backends(dev_, model_shapes(cfg_, max_tokens), opts_.backends);
@@ -247,13 +269,14 @@ GpuExecutor::GpuExecutor(const std::string& model_dir, const GpuOptions& opts) :
   layout_ = std::make_unique<MetaLayout>(max_tokens, max_seqs, max_rows, max_pages);
   for (StepBuffers& b : buf_) {
     b.host_meta = PinnedBuffer(layout_->end);
-    b.host_out = PinnedBuffer(size_t(max_rows) * (8 + kMaxTop * 8));
+    b.host_out = PinnedBuffer(size_t(max_tokens) * (8 + kMaxTop * 8));
     b.meta = DeviceArray<uint8_t>(alloc_, layout_->end, "activations");
     MS_CUDA_CHECK(cudaMemset(b.meta.get(), 0, layout_->end));
-    b.out_ids = DeviceArray<int32_t>(alloc_, size_t(max_rows), "activations");
-    b.out_lp = DeviceArray<float>(alloc_, size_t(max_rows), "activations");
-    b.top_ids = DeviceArray<int32_t>(alloc_, size_t(max_rows) * kMaxTop, "activations");
-    b.top_lp = DeviceArray<float>(alloc_, size_t(max_rows) * kMaxTop, "activations");
+    // The samples' outputs: a row a token (steps of more rows than max_rows sample them in slices).
+    b.out_ids = DeviceArray<int32_t>(alloc_, size_t(max_tokens), "activations");
+    b.out_lp = DeviceArray<float>(alloc_, size_t(max_tokens), "activations");
+    b.top_ids = DeviceArray<int32_t>(alloc_, size_t(max_tokens) * kMaxTop, "activations");
+    b.top_lp = DeviceArray<float>(alloc_, size_t(max_tokens) * kMaxTop, "activations");
     for (cudaEvent_t* e : {&b.meta_ready, &b.done, &b.out_ready})
       MS_CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
   }
@@ -375,14 +398,16 @@ StepInputs GpuExecutor::prepare(const ForwardBatch& batch, const std::vector<Sam
                                 cudaStream_t upload) {
   const MetaLayout& L = *layout_;
   const int T = int(batch.tokens.size()), S = int(batch.seqs.size()), R = int(batch.logit_rows.size());
-  MS_CHECK(T > 0 && T <= L.max_tokens && S <= L.max_seqs && R <= L.max_rows,
+  MS_CHECK(T > 0 && T <= L.max_tokens && S <= L.max_seqs && R <= L.max_tokens,
            "step of {} tokens / {} sequences / {} rows exceeds the executor's plan ({} / {} / {})", T, S, R,
-           L.max_tokens, L.max_seqs, L.max_rows);
+           L.max_tokens, L.max_seqs, L.max_tokens);
+  const bool wide = R > L.max_rows;  // (never a graph step: those have a row a sequence)
+  MS_CHECK(!wide || pad_to <= T, "a padded step of {} logit rows", R);
   const int Tp = std::max(T, pad_to), Sp = std::max(S, pad_to), Rp = std::max(R, pad_to);
   char* h = host_meta();
   auto arr = [&](size_t off) { return reinterpret_cast<int32_t*>(h + off); };
   int32_t *tok = arr(L.tokens), *prev = arr(L.prev_rows), *pos = arr(L.positions), *slots = arr(L.slots);
-  int32_t *kvl = arr(L.kv_lens), *nl = arr(L.new_lens), *qr = arr(L.q_rows), *lr = arr(L.logit_rows);
+  int32_t *kvl = arr(L.kv_lens), *nl = arr(L.new_lens), *qr = arr(L.q_rows), *lr = arr(L.rows_at(R));
   int32_t* bt = arr(L.block_tables);
   const int64_t ps = opts_.page_size;
   for (int t = 0; t < T; ++t) {
@@ -414,12 +439,14 @@ StepInputs GpuExecutor::prepare(const ForwardBatch& batch, const std::vector<Sam
   for (int r = 0; r < R && identity; ++r) identity = batch.logit_rows[size_t(r)] == r;
   for (int r = 0; r < R; ++r) lr[r] = int32_t(batch.logit_rows[size_t(r)]);
   // Sampling parameters; the rows past R (graph padding) sample greedily and are ignored.
-  auto* prm = reinterpret_cast<SampleRowParams*>(h + L.params);
+  auto* prm = reinterpret_cast<SampleRowParams*>(h + L.params_at(R));
   h_pen_ids_.clear();
   h_pen_counts_.clear();
   h_ban_ids_.clear();
   h_ban_values_.clear();
+  forced_before_.assign(size_t(Rp) + 1, 0);
   for (int r = 0; r < Rp; ++r) {
+    forced_before_[size_t(r) + 1] = forced_before_[size_t(r)];
     SampleRowParams p;
     if (r < int(specs.size())) {
       const SampleSpec& s = specs[size_t(r)];
@@ -432,6 +459,12 @@ StepInputs GpuExecutor::prepare(const ForwardBatch& batch, const std::vector<Sam
       p.repetition_penalty = s.repetition_penalty;
       p.random = s.rng ? (*s.rng)() : 0;
       p.top_logprobs = int32_t(std::min<int64_t>(s.top_logprobs, kMaxTop));
+      if (s.forced()) {
+        MS_CHECK(s.forced_token < cfg_.vocab_size, "forced token {} outside the vocabulary of {}", s.forced_token,
+                 cfg_.vocab_size);
+        p.forced = s.forced_token;
+        ++forced_before_[size_t(r) + 1];
+      }
       p.pen_begin = p.pen_end = int32_t(h_pen_ids_.size());
       if (s.penalized()) {
         std::unordered_map<int32_t, int32_t> counts;
@@ -468,6 +501,11 @@ StepInputs GpuExecutor::prepare(const ForwardBatch& batch, const std::vector<Sam
   } else {
     upload_meta(upload, L.block_tables + size_t(std::max(S, 1)) * size_t(L.max_pages) * 4);
   }
+  if (wide) {  // the rows and parameters of the wide region (after the block tables): those in use
+    const size_t end = L.wide_params + size_t(R) * sizeof(SampleRowParams);
+    MS_CUDA_CHECK(cudaMemcpyAsync(buf_[cur_].meta.get() + L.wide_logit_rows, h + L.wide_logit_rows,
+                                  end - L.wide_logit_rows, cudaMemcpyHostToDevice, upload));
+  }
 
   const char* d = reinterpret_cast<const char*>(buf_[cur_].meta.get());
   auto darr = [&](size_t off) { return reinterpret_cast<const int32_t*>(d + off); };
@@ -485,7 +523,8 @@ StepInputs GpuExecutor::prepare(const ForwardBatch& batch, const std::vector<Sam
   in.attn.num_seqs = Sp;
   in.attn.page_size = int(ps);
   // Padded decode: rows are the sequences, in order; otherwise gathered unless they are the tokens in order.
-  in.logit_rows = identity || pad_to > T ? nullptr : darr(L.logit_rows);
+  in.logit_rows = identity || pad_to > T ? nullptr : darr(L.rows_at(R));
+  in.head_in_chunks = wide;
   in.T = Tp;
   in.R = pad_to > T ? Rp : R;
   in.max_new = max_new;
@@ -521,24 +560,29 @@ void GpuExecutor::upload_meta(cudaStream_t s, size_t bytes, int table_rows, int 
   grow_upload(ban_values_, h_ban_values_);
 }
 
-void GpuExecutor::run_sampling(int rows, bool with_penalties) {
+void GpuExecutor::run_sampling(int r0, int rows, int step_rows, bool with_penalties) {
   SampleArgs a;
   a.logits = model_->logits();
   a.rows = rows;
   a.vocab = int(cfg_.vocab_size);
   StepBuffers& b = buf_[cur_];
-  a.params = reinterpret_cast<const SampleRowParams*>(b.meta.get() + layout_->params);
+  a.params = reinterpret_cast<const SampleRowParams*>(b.meta.get() + layout_->params_at(step_rows)) + r0;
   a.pen_ids = with_penalties ? pen_ids_.get() : nullptr;
   a.pen_counts = with_penalties ? pen_counts_.get() : nullptr;
   a.ban_ids = with_penalties ? ban_ids_.get() : nullptr;
   a.ban_values = with_penalties ? ban_values_.get() : nullptr;
   a.max_top = kMaxTop;
-  a.out_ids = b.out_ids.get();
-  a.out_logprobs = b.out_lp.get();
-  a.top_ids = b.top_ids.get();
-  a.top_logprobs = b.top_lp.get();
+  a.out_ids = b.out_ids.get() + r0;
+  a.out_logprobs = b.out_lp.get() + r0;
+  a.top_ids = b.top_ids.get() + size_t(r0) * kMaxTop;
+  a.top_logprobs = b.top_lp.get() + size_t(r0) * kMaxTop;
   a.workspace = sample_ws_.get();
-  sample(a, stream_);
+  // Forced rows to score_forced_rows, the others to sample() (which skips forced rows).
+  MS_CHECK(r0 >= 0 && size_t(r0 + rows) < forced_before_.size(), "sampling rows {} .. {} of a step of {}", r0,
+           r0 + rows, forced_before_.size() - 1);
+  const int forced = forced_before_[size_t(r0 + rows)] - forced_before_[size_t(r0)];
+  if (forced > 0) score_forced_rows(a, stream_);
+  if (forced < rows) sample(a, stream_);
 }
 
 void GpuExecutor::launch(const ForwardBatch& batch, const std::vector<SampleSpec>& specs) {
@@ -551,7 +595,7 @@ void GpuExecutor::launch(const ForwardBatch& batch, const std::vector<SampleSpec
     MS_CHECK(r < 0 || (!in_flight_.empty() && r < in_flight_.back().rows() && in_flight_.back().buf == (cur_ ^ 1)),
              "a step takes sample {} of the previous step, which is not in flight or has fewer rows", r);
   bool plain = true;  // no penalties, logit biases or bans: the captured graphs handle the step
-  for (auto& s : specs) plain = plain && !s.modifies_logits();
+  for (auto& s : specs) plain = plain && !s.modifies_logits() && !s.forced();
   bool greedy = plain;  // and every row greedy without top logprobs: the fast sampler
   bool logprob = false;
   for (auto& s : specs) {
@@ -589,7 +633,7 @@ void GpuExecutor::launch(const ForwardBatch& batch, const std::vector<SampleSpec
   } else {
     in.head_argmax = greedy && R > 0 && head_argmax_for(R, kind);
     model_->forward(in, stream_);
-    if (R > 0) sample_rows(R, kind, !h_pen_ids_.empty() || !h_ban_ids_.empty(), in.head_argmax);
+    if (R > 0) sample_step(in, kind, !h_pen_ids_.empty() || !h_ban_ids_.empty());
   }
   MS_CUDA_CHECK(cudaEventRecord(b.done, stream_));
   Launched l{{}, false, cur_};
@@ -655,10 +699,16 @@ void GpuExecutor::forward_logits(const ForwardBatch& batch, std::vector<float>& 
   MS_CHECK(in_flight_.empty(), "forward_logits() while launched steps wait for collect()");
   StepInputs in = prepare(batch, {}, 0, stream_);
   model_->forward(in, stream_);
-  const size_t n = batch.logit_rows.size() * size_t(cfg_.vocab_size);
-  logits.resize(n);
-  if (n) MS_CUDA_CHECK(cudaMemcpyAsync(logits.data(), model_->logits(), n * 4, cudaMemcpyDeviceToHost, stream_));
-  MS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  const size_t V = size_t(cfg_.vocab_size);
+  logits.resize(batch.logit_rows.size() * V);
+  const int C = in.head_in_chunks ? model_->max_head_rows() : std::max(in.R, 1);
+  for (int r0 = 0; r0 < in.R; r0 += C) {
+    const int n = std::min(C, in.R - r0);
+    if (in.head_in_chunks) model_->head_chunk(in, r0, n, stream_);
+    MS_CUDA_CHECK(cudaMemcpyAsync(logits.data() + size_t(r0) * V, model_->logits(), size_t(n) * V * 4,
+                                  cudaMemcpyDeviceToHost, stream_));
+    MS_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the next slice overwrites the logits
+  }
 }
 
 std::string GpuExecutor::profile_step(const ForwardBatch& batch) {
@@ -694,9 +744,23 @@ std::string GpuExecutor::profile_step(const ForwardBatch& batch) {
   return out;
 }
 
-void GpuExecutor::sample_rows(int rows, int kind, bool with_penalties, bool head_argmax) {
+void GpuExecutor::sample_step(const StepInputs& in, int kind, bool with_penalties) {
+  if (!in.head_in_chunks) {
+    sample_rows(0, in.R, in.R, kind, with_penalties, in.head_argmax);
+    return;
+  }
+  const int C = model_->max_head_rows();
+  for (int r0 = 0; r0 < in.R; r0 += C) {
+    const int n = std::min(C, in.R - r0);
+    model_->head_chunk(in, r0, n, stream_);
+    sample_rows(r0, n, in.R, kind, with_penalties);
+  }
+}
+
+void GpuExecutor::sample_rows(int r0, int rows, int step_rows, int kind, bool with_penalties, bool head_argmax) {
   StepBuffers& b = buf_[cur_];
   const bool greedy = kind != kGeneral;
+  MS_CHECK(!head_argmax || (r0 == 0 && rows == step_rows), "the lm_head + argmax sampler over a slice of a step");
   if (kind == kGreedy && head_argmax && screen_for(rows))
     lmhead_screen(model_->head_rows(), rows, int(cfg_.hidden_size), model_->head_weight(), screen_weights_.get(),
                   screen_amax_, int(cfg_.vocab_size), b.out_ids.get(), screen_ws_.get(), stream_);
@@ -704,15 +768,15 @@ void GpuExecutor::sample_rows(int rows, int kind, bool with_penalties, bool head
     lmhead_argmax(model_->head_rows(), rows, int(cfg_.hidden_size), model_->head_weight(), int(cfg_.vocab_size),
                   b.out_ids.get(), b.out_lp.get(), head_argmax_ws_.get(), stream_);
   else if (greedy)
-    sample_greedy(model_->logits(), rows, int(cfg_.vocab_size), b.out_ids.get(), b.out_lp.get(), stream_,
+    sample_greedy(model_->logits(), rows, int(cfg_.vocab_size), b.out_ids.get() + r0, b.out_lp.get() + r0, stream_,
                   greedy_ws_.get());
-  else run_sampling(rows, with_penalties);
+  else run_sampling(r0, rows, step_rows, with_penalties);
 }
 
 void GpuExecutor::record_decode(int bs, StepInputs& in, int kind) {
   in.head_argmax = kind != kGeneral && head_argmax_for(bs, kind);
   model_->forward(in, stream_);
-  sample_rows(bs, kind, false, in.head_argmax);
+  sample_rows(0, bs, bs, kind, false, in.head_argmax);
 }
 
 void GpuExecutor::capture_graphs() {

@@ -240,8 +240,8 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
   const int T = in.T, H = int(c.hidden_size), D = int(c.head_dim), Hq = int(c.num_heads), Hkv = int(c.num_kv_heads);
   const int QKV = (Hq + 2 * Hkv) * D, QD = Hq * D;
   const float eps = float(c.rms_norm_eps);
-  MS_CHECK(T > 0 && T <= max_tokens_ && in.R <= max_rows_, "step of {} tokens / {} logit rows exceeds the plan", T,
-           in.R);
+  MS_CHECK(T > 0 && T <= max_tokens_ && (in.R <= max_rows_ || in.head_in_chunks),
+           "step of {} tokens / {} logit rows exceeds the plan", T, in.R);
   GemmBackend& gemm = *be_.gemm;
   const size_t layer_elems = size_t(kv_pages_) * size_t(page_size_) * size_t(Hkv) * size_t(D);
   const AttnShape ash{Hq, Hkv, D, 1.0f / std::sqrt(float(D))};
@@ -436,8 +436,8 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
   // With the residual fusion at up to 8 tokens, all of them logit rows, the final norm can run inside the streaming
   // lm_head GEMV from the last MoE's partial sums: no norm launch (MOESERVE_LMHEAD_NORM_IN=1; opt-in until measured).
   static const bool head_norm_in = env_flag("MOESERVE_LMHEAD_NORM_IN", false);
-  if (resfuse && head_norm_in && !in.head_argmax && !in.logit_rows && in.R == T && gemv_stream_enabled() &&
-      gemv_stream_fits(T, H)) {
+  if (resfuse && head_norm_in && !in.head_argmax && !in.head_in_chunks && !in.logit_rows && in.R == T &&
+      gemv_stream_enabled() && gemv_stream_fits(T, H)) {
     if (run_op(kSkipLmHead))
       gemv_stream_norm_in(residual_.get(), part_moe_.get(), res_parts, final_norm_.get(), eps, T, H, head,
                           int(c.vocab_size), logits_.get(), c.vocab_size, OutType::F32, s);
@@ -452,6 +452,7 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
   else if (!cnorm)  // (cnorm: the last MoE wrote the final norm's rows into xn_)
     add_rmsnorm(residual_.get(), o_.get(), final_norm_.get(), eps, T, H, xn_.get(), s);
   mark("add_rmsnorm", act * 12, 0);
+  if (in.head_in_chunks) return;  // the executor runs head_chunk() slice by slice
   const bf16* rows = xn_.get();
   if (in.logit_rows) {
     gather_rows(xn_.get(), H, in.logit_rows, in.R, H, final_rows_.get(), s);
@@ -466,6 +467,19 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
     gemm.run(rows, H, in.R, H, head, int(c.vocab_size), logits_.get(), c.vocab_size, OutType::F32, s);
   auto g4 = gemm_cost(in.R, int(c.vocab_size), H, 4);
   mark("gemm lm_head", g4.first, g4.second);
+}
+
+void GpuQwen3::head_chunk(const StepInputs& in, int r0, int n, cudaStream_t s) {
+  MS_CHECK(in.head_in_chunks && r0 >= 0 && n > 0 && n <= max_rows_ && r0 + n <= in.R,
+           "lm_head slice of rows {} .. {} outside a chunked step of {} rows (slices of at most {})", r0, r0 + n, in.R,
+           max_rows_);
+  const int H = int(cfg_.hidden_size);
+  const bf16* rows = xn_.get() + size_t(r0) * size_t(H);
+  if (in.logit_rows) {
+    gather_rows(xn_.get(), H, in.logit_rows + r0, n, H, final_rows_.get(), s);
+    rows = final_rows_.get();
+  }
+  be_.gemm->run(rows, H, n, H, head_weight(), int(cfg_.vocab_size), logits_.get(), cfg_.vocab_size, OutType::F32, s);
 }
 
 int GpuQwen3::warm_up_gemms(cudaStream_t s) {

@@ -46,6 +46,9 @@ struct StepInputs {
   // The sampler computes the lm_head with the argmax in it (lmhead_argmax: all-greedy steps of 32-64 rows on sm_90):
   // forward stops after the final norm and leaves the rows in head_rows().
   bool head_argmax = false;
+  // More logit rows than the lm_head's logits hold (prompt logprobs): forward stops after the final norm and the
+  // executor runs head_chunk() and its sampler over slices of at most max_head_rows() rows.
+  bool head_in_chunks = false;
 };
 
 // Per-op GPU time of one step (events between ops), against each op's floor: bytes / bandwidth or flops / rate.
@@ -126,8 +129,13 @@ class GpuQwen3 {
   void allocate_kv(int64_t num_pages, int page_size);
   static size_t kv_bytes_per_token(const ModelConfig& c);
 
-  // Runs the model over the step's tokens; leaves f32 logits [R, vocab] in logits().
+  // Runs the model over the step's tokens; leaves f32 logits [R, vocab] in logits() (with in.head_in_chunks: none,
+  // see head_chunk).
   void forward(const StepInputs& in, cudaStream_t stream, StepProfile* profile = nullptr);
+  // After a forward with in.head_in_chunks: the logits of logit rows [r0, r0 + n) into logits()' first n rows
+  // (n <= max_head_rows()).
+  void head_chunk(const StepInputs& in, int r0, int n, cudaStream_t stream);
+  int max_head_rows() const { return max_rows_; }
   float* logits() const { return logits_.get(); }
   const bf16* head_rows() const { return head_rows_; }  // the lm_head's input rows of the last head_argmax forward
   const bf16* head_weight() const { return cfg_.tie_word_embeddings ? embed_.get() : lm_head_.get(); }

@@ -318,6 +318,7 @@ __device__ void sample_cluster(const SampleArgs& a, float* overrides, char* smem
   uint32_t* bits = reinterpret_cast<uint32_t*>(smem + sizeof(Smem));
   const int row = int(blockIdx.x) / kClusterBlocks, V = a.vocab, tid = threadIdx.x;
   const SampleRowParams p = a.params[row];
+  if (p.forced >= 0) return;  // score_forced_rows' row (every block of the cluster leaves: no cluster barrier waits)
   Row c;
   c.raw = a.logits + int64_t(row) * V;
   c.over = overrides + int64_t(row) * V;

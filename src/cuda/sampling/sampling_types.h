@@ -17,6 +17,9 @@ struct SampleRowParams {
   int32_t ban_begin = 0, ban_end = 0;  // range in ban_ids / ban_values: tokens whose logit gets a value added
                                        // (logit_bias) or becomes -inf (eos under min_tokens); unique in a row
   int32_t top_logprobs = 0;  // how many top logprobs to return (<= max_top)
+  // >= 0: the row's token is this one (a scored prompt position, SampleSpec::forced_token): score_forced_rows()
+  // writes its outputs and sample() leaves the row alone.
+  int32_t forced = -1;
 };
 
 struct SampleArgs {
