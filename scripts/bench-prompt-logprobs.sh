@@ -5,7 +5,8 @@
 # to `moeserve serve`).
 #   scripts/bench-prompt-logprobs.sh MODEL_DIR [SERVE FLAGS...]
 # Env: N (default 128), CONC (64), LEN (512), ROUNDS (2), PORT (30112), MOESERVE_BUILD (default build).
-# docs/PERF.md session 52: H100, q30b8l, 440 k against 40.5 k prompt tok/s (a step scores at most 160 positions).
+# docs/PERF.md: H100, q30b8l, 440 k against 40.5 k prompt tok/s in session 52 (a step scored at most 160 positions),
+# 435 k against 231 k in session 53 (the lm_head in slices of 256 rows, score_forced_rows).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${MOESERVE_BUILD:-$ROOT/build}
