@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <unordered_map>
 
@@ -44,6 +45,8 @@ Sampled sample_on_cpu(const float* logits, int64_t V, const SampleSpec& s, std::
   if (s.forced()) {  // a scored prompt position: its token as given, the raw logits' logprobs
     MS_CHECK(s.forced_token < V, "forced token {} outside the vocabulary of {}", s.forced_token, V);
     out.token = s.forced_token;
+    const float x = logits[out.token];
+    out.rank = 1 + int32_t(std::count_if(logits, logits + V, [x](float v) { return v > x; }));
   } else {
     out.token = sample_modified(logits, V, s, scratch);
   }

@@ -46,6 +46,7 @@ struct SampleSpec {
 struct Sampled {
   int32_t token = -1;
   float logprob = 0.0f;                      // when asked: log_softmax(raw logits)[token]
+  int32_t rank = 0;                          // forced rows: 1 + the tokens whose raw logit is larger (vLLM's rank)
   std::vector<kernels::TokenLogprob> top;    // when asked
 };
 

@@ -39,6 +39,9 @@ struct SamplingParams {
   // positions max(1, this) .. (each from the logits of the position before it; position 0 has none), with
   // top_logprobs of them each; -1: none. The prefix cache serves only the positions before the first scored one.
   int64_t prompt_logprob_start = -1;
+  // Top logprobs of each scored prompt position (vLLM's prompt_logprobs asks its own number); -1: top_logprobs.
+  int64_t prompt_top_logprobs = -1;
+  int64_t prompt_top_n() const { return prompt_top_logprobs >= 0 ? prompt_top_logprobs : top_logprobs; }
 };
 
 enum class FinishReason { None, Length, Stop, Abort };
@@ -52,7 +55,8 @@ struct RequestOutput {
   // Prompt logprobs (SamplingParams::prompt_logprob_start): the next scored prompt positions in order, from
   // max(1, start) on; all of them arrive before the first new token.
   std::vector<float> new_prompt_logprobs;
-  std::vector<std::vector<kernels::TokenLogprob>> new_prompt_top_logprobs;  // (if top_logprobs > 0)
+  std::vector<std::vector<kernels::TokenLogprob>> new_prompt_top_logprobs;  // (if prompt_top_n() > 0)
+  std::vector<int32_t> new_prompt_ranks;  // each scored token's rank: 1 + the tokens with a larger raw logit
   FinishReason finish = FinishReason::None;
   int64_t matched_stop_token = -1;
   std::string abort_message;  // why, for Abort

@@ -66,9 +66,9 @@ void Scheduler::validate(const Request& r) const {
                c.max_position_embeddings);
   if (r.params.max_new_tokens < 0) throw_user("max_new_tokens must be >= 0");
   const int64_t max_top = runner_.executor().max_top_logprobs();
-  if (r.params.top_logprobs > max_top)
-    throw_user("{} top logprobs per token were asked for; the {} executor returns at most {}", r.params.top_logprobs,
-               runner_.executor().device_name(), max_top);
+  if (std::max(r.params.top_logprobs, r.params.prompt_top_n()) > max_top)
+    throw_user("{} top logprobs per token were asked for; the {} executor returns at most {}",
+               std::max(r.params.top_logprobs, r.params.prompt_top_n()), runner_.executor().device_name(), max_top);
   const int64_t capacity = runner_.kv().shape().num_pages * runner_.kv().shape().page_size;
   if (P + 1 > capacity)
     throw_user("the prompt has {} tokens, more than the whole KV cache holds ({} tokens; raise --max-total-tokens)",
@@ -362,7 +362,7 @@ void Scheduler::add_chunk(StepBatch& b, const std::shared_ptr<Request>& r, int64
     s.forced_token = r->prompt[size_t(q + 1)];
     s.rng = &r->rng;
     s.logprob = true;
-    s.top_logprobs = r->params.top_logprobs;
+    s.top_logprobs = r->params.prompt_top_n();
     b.specs.push_back(std::move(s));
   }
   b.step.score_rows.push_back(int64_t(fb.logit_rows.size()) - b.step.score_first.back());
@@ -518,7 +518,8 @@ void Scheduler::collect_oldest(Delivery& deliveries) {
     for (int64_t k = 0; k < st.score_rows[i]; ++k) {  // the prompt positions this step scored, in order
       const Sampled& s = sampled_.at(size_t(st.score_first[i] + k));
       o.new_prompt_logprobs.push_back(s.logprob);
-      if (r->params.top_logprobs > 0) o.new_prompt_top_logprobs.push_back(s.top);
+      o.new_prompt_ranks.push_back(s.rank);
+      if (r->params.prompt_top_n() > 0) o.new_prompt_top_logprobs.push_back(s.top);
     }
     r->prompt_scored += st.score_rows[i];
     o.prompt_tokens = int64_t(r->prompt.size());

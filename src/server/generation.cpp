@@ -62,6 +62,7 @@ class Generation : public std::enable_shared_from_this<Generation> {
     // The prompt's logprobs (SamplingParams::prompt_logprob_start): positions max(1, start) .. in order.
     std::vector<float> prompt_logprobs;
     std::vector<std::vector<kernels::TokenLogprob>> prompt_tops;
+    std::vector<int32_t> prompt_ranks;
     std::unique_ptr<tok::StreamingDetokenizer> detok;
     std::string text;      // visible text so far (after a stop string is cut)
     size_t released = 0;   // bytes of text handed on (streamed or final)
@@ -74,6 +75,7 @@ class Generation : public std::enable_shared_from_this<Generation> {
     std::unique_ptr<parsers::ReasoningParser> reasoning;
     std::unique_ptr<parsers::ToolCallParser> tools;
     bool sent_role = false, had_tool_calls = false, forced_fed = false;
+    bool sent_prompt_logprobs = false;  // streamed: the first chunk of the choice carries them
     int tool_calls_seen = 0;
   };
 
@@ -86,6 +88,7 @@ class Generation : public std::enable_shared_from_this<Generation> {
   json usage() const;
   json chat_logprobs(const Choice& c, size_t from, size_t to) const;
   json completion_logprobs(const Choice& c, size_t from, size_t to, bool with_prompt = false) const;
+  json vllm_prompt_logprobs(const Choice& c) const;
   json native_input_logprobs(const Choice& c, bool tops) const;
   json native_logprob_list(const Choice& c) const;
   json native_meta(const Choice& c) const;
@@ -178,6 +181,7 @@ void Generation::on_output(Choice& c, const RequestOutput& o) {
   }
   c.prompt_logprobs.insert(c.prompt_logprobs.end(), o.new_prompt_logprobs.begin(), o.new_prompt_logprobs.end());
   c.prompt_tops.insert(c.prompt_tops.end(), o.new_prompt_top_logprobs.begin(), o.new_prompt_top_logprobs.end());
+  c.prompt_ranks.insert(c.prompt_ranks.end(), o.new_prompt_ranks.begin(), o.new_prompt_ranks.end());
   for (size_t i = 0; i < o.new_tokens.size(); ++i) {
     if (c.tokens.empty()) ctx_.metrics->ttft.observe(now - t0_);
     else ctx_.metrics->itl.observe(now - c.last_token_s);
@@ -259,7 +263,9 @@ json Generation::completion_logprobs(const Choice& c, size_t from, size_t to, bo
     json tj = nullptr;
     if (req_.top_logprobs > 0 && top != nullptr) {
       tj = json::object();
-      for (auto& tl : *top) tj[token_text(tl.id)] = tl.logprob;
+      // (a prompt position's list may be longer: prompt_logprobs asked for more)
+      for (size_t k = 0; k < top->size() && k < size_t(req_.top_logprobs); ++k)
+        tj[token_text((*top)[k].id)] = (*top)[k].logprob;
     }
     tops.push_back(std::move(tj));
   };
@@ -274,6 +280,33 @@ json Generation::completion_logprobs(const Choice& c, size_t from, size_t to, bo
   }
   for (size_t i = from; i < to && i < c.logprobs.size(); ++i) add(c.tokens[i], c.logprobs[i], i < c.tops.size() ? &c.tops[i] : nullptr);
   return json{{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
+}
+
+// vLLM's prompt_logprobs: null for the first prompt token, then a map a position from token id (a string) to
+// {logprob, rank, decoded_token}: the prompt token's entry, then its position's top n with ranks 1 .. n (a prompt
+// token among them keeps its top-n entry, as vLLM builds the map).
+json Generation::vllm_prompt_logprobs(const Choice& c) const {
+  const std::vector<int32_t>& prompt = req_.prompts[c.prompt_index];
+  auto entry = [&](int32_t id, float lp, int32_t rank) {
+    return json{{"logprob", lp}, {"rank", rank}, {"decoded_token", token_text(id)}};
+  };
+  json l = json::array();
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    if (i == 0 || i - 1 >= c.prompt_logprobs.size()) {
+      l.push_back(nullptr);
+      continue;
+    }
+    json m = json::object();
+    m[std::to_string(prompt[i])] = entry(prompt[i], c.prompt_logprobs[i - 1],
+                                         i - 1 < c.prompt_ranks.size() ? c.prompt_ranks[i - 1] : 0);
+    if (i - 1 < c.prompt_tops.size())
+      for (size_t k = 0; k < c.prompt_tops[i - 1].size() && k < size_t(req_.prompt_logprobs); ++k) {
+        const kernels::TokenLogprob& t = c.prompt_tops[i - 1][k];
+        m[std::to_string(t.id)] = entry(t.id, t.logprob, int32_t(k + 1));
+      }
+    l.push_back(std::move(m));
+  }
+  return l;
 }
 
 // SGLang's input_token_logprobs ([logprob, id, text], null logprob for position 0) from logprob_start_len on, or
@@ -357,19 +390,23 @@ void Generation::stream_piece(Choice& c, const std::string& piece) {
     if (text.empty() && lp_to == c.logprobs_released) return;
     json ch = {{"index", c.index}, {"text", text}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
     if (req_.logprobs) ch["logprobs"] = completion_logprobs(c, c.logprobs_released, lp_to, first);
+    if (req_.prompt_logprobs >= 0 && !c.sent_prompt_logprobs) ch["prompt_logprobs"] = vllm_prompt_logprobs(c);
+    c.sent_prompt_logprobs = true;
     c.logprobs_released = lp_to;
     send_chunk({{"id", id_}, {"object", "text_completion"}, {"created", created_}, {"model", req_.model},
                 {"choices", json::array({ch})}});
     return;
   }
   // Chat: role first, then reasoning / content / tool-call deltas.
-  auto send_delta = [&](json delta, json logprobs) {
+  auto send_delta = [&](json delta, json logprobs, bool first = false) {
     json ch = {{"index", c.index}, {"delta", std::move(delta)}, {"logprobs", std::move(logprobs)}, {"finish_reason", nullptr}};
-    send_chunk({{"id", id_}, {"object", "chat.completion.chunk"}, {"created", created_}, {"model", req_.model},
-                {"choices", json::array({ch})}});
+    json chunk = {{"id", id_}, {"object", "chat.completion.chunk"}, {"created", created_}, {"model", req_.model},
+                  {"choices", json::array({ch})}};
+    if (first && req_.prompt_logprobs >= 0) chunk["prompt_logprobs"] = vllm_prompt_logprobs(c);  // as vLLM's response
+    send_chunk(chunk);
   };
   if (!c.sent_role) {
-    send_delta({{"role", "assistant"}, {"content", ""}}, nullptr);
+    send_delta({{"role", "assistant"}, {"content", ""}}, nullptr, true);
     c.sent_role = true;
   }
   std::string content = piece, reasoning;
@@ -425,13 +462,18 @@ void Generation::stream_finish(Choice& c) {
   if (req_.kind == ApiKind::Chat) {
     ch["delta"] = json::object();
     if (c.finish_reason == "stop" && c.matched.is_string()) ch["matched_stop"] = c.matched;
-    send_chunk({{"id", id_}, {"object", "chat.completion.chunk"}, {"created", created_}, {"model", req_.model},
-                {"choices", json::array({ch})}});
+    json chunk = {{"id", id_}, {"object", "chat.completion.chunk"}, {"created", created_}, {"model", req_.model},
+                  {"choices", json::array({ch})}};
+    // No text was streamed (max_tokens 0): the prompt's logprobs come with the last chunk.
+    if (req_.prompt_logprobs >= 0 && !c.sent_role) chunk["prompt_logprobs"] = vllm_prompt_logprobs(c);
+    send_chunk(chunk);
   } else {
     // A completion with no text (max_tokens 0) echoes its prompt here (and its logprobs with them).
     const bool first = req_.echo && !c.sent_role;
     ch["text"] = first && c.prompt_index < req_.prompt_texts.size() ? req_.prompt_texts[c.prompt_index] : "";
     if (first && req_.logprobs) ch["logprobs"] = completion_logprobs(c, 0, c.tokens.size(), true);
+    if (req_.prompt_logprobs >= 0 && !c.sent_prompt_logprobs) ch["prompt_logprobs"] = vllm_prompt_logprobs(c);
+    c.sent_prompt_logprobs = true;
     c.sent_role = true;
     send_chunk({{"id", id_}, {"object", "text_completion"}, {"created", created_}, {"model", req_.model},
                 {"choices", json::array({ch})}});
@@ -499,6 +541,7 @@ void Generation::finish_all() {
       if (req_.echo && c.prompt_index < req_.prompt_texts.size()) text = req_.prompt_texts[c.prompt_index] + text;
       json ch = {{"index", c.index}, {"text", text}, {"logprobs", nullptr}, {"finish_reason", c.finish_reason}};
       if (req_.logprobs) ch["logprobs"] = completion_logprobs(c, 0, c.tokens.size(), req_.echo);
+      if (req_.prompt_logprobs >= 0) ch["prompt_logprobs"] = vllm_prompt_logprobs(c);
       if (c.finish_reason == "stop" && c.matched.is_string()) ch["matched_stop"] = c.matched;
       out_choices.push_back(ch);
       continue;
@@ -532,12 +575,16 @@ void Generation::finish_all() {
     if (c.finish_reason == "stop" && c.matched.is_string()) ch["matched_stop"] = c.matched;
     out_choices.push_back(ch);
   }
-  respond_ordered(json{{"id", id_},
-                                {"object", req_.kind == ApiKind::Chat ? "chat.completion" : "text_completion"},
-                                {"created", created_},
-                                {"model", req_.model},
-                                {"choices", out_choices},
-                                {"usage", usage()}});
+  json out = {{"id", id_},
+              {"object", req_.kind == ApiKind::Chat ? "chat.completion" : "text_completion"},
+              {"created", created_},
+              {"model", req_.model},
+              {"choices", out_choices},
+              {"usage", usage()}};
+  // vLLM's chat response carries the prompt's logprobs once, beside the choices (they share the prompt).
+  if (req_.kind == ApiKind::Chat && req_.prompt_logprobs >= 0 && !choices_.empty())
+    out["prompt_logprobs"] = vllm_prompt_logprobs(*choices_.front());
+  respond_ordered(out);
 }
 
 }  // namespace

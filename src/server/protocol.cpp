@@ -159,6 +159,13 @@ void openai_sampling(const Body& b, const ParseContext& ctx, ApiRequest& r) {
     r.include_usage = so.boolean("include_usage", false);
     r.continuous_usage = so.boolean("continuous_usage_stats", false);
   }
+  // vLLM's prompt_logprobs: the prompt scored from its second token, with this many top logprobs a position (its -1,
+  // the whole vocabulary, is refused by the range).
+  r.prompt_logprobs = b.integer("prompt_logprobs", -1, 0, 20);
+  if (r.prompt_logprobs >= 0) {
+    r.sampling.prompt_logprob_start = 0;
+    r.sampling.prompt_top_logprobs = r.prompt_logprobs;
+  }
 }
 
 void set_max_tokens(const Body& b, const ParseContext& ctx, ApiRequest& r) {
@@ -365,7 +372,11 @@ ApiRequest parse_completion_request(const json& body, const ParseContext& ctx) {
   r.logprobs = b.has("logprobs");
   // OpenAI's echo with logprobs scores the prompt too (its tokens' logprobs first, the first token's null): lm-eval's
   // loglikelihood tasks read them.
-  if (r.echo && r.logprobs) r.sampling.prompt_logprob_start = 0;
+  if (r.echo && r.logprobs) {
+    r.sampling.prompt_logprob_start = 0;
+    // With prompt_logprobs too, the engine scores the larger top n; each response field keeps its own.
+    r.sampling.prompt_top_logprobs = std::max(r.prompt_logprobs, r.top_logprobs);
+  }
   set_max_tokens(b, ctx, r);
   if (!r.max_tokens_given) r.sampling.max_new_tokens = std::min<int64_t>(r.sampling.max_new_tokens, 16);  // OpenAI's default
   return r;

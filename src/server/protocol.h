@@ -43,6 +43,9 @@ struct ApiRequest {
   int64_t top_logprobs = 0;
   bool return_text_in_logprobs = false;  // native
   bool echo = false;
+  // vLLM's prompt_logprobs (chat and completions): every prompt position's logprob and rank and its top n (the first
+  // position has none); -1: not asked.
+  int64_t prompt_logprobs = -1;
   bool skip_special_tokens = true;
   bool separate_reasoning = true;
   bool thinking_enabled = true, starts_in_reasoning = false;

@@ -68,6 +68,7 @@ struct Result {
   std::vector<float> logprobs;
   std::vector<int32_t> top_ids;
   std::vector<float> top_logprobs;
+  std::vector<int32_t> ranks;  // score_forced_rows' (with `score`)
 };
 
 // Runs sample() once (optionally recorded in a CUDA graph and replayed) on poisoned outputs; with `score`,
@@ -77,7 +78,7 @@ Result run_gpu(const Batch& b, int max_top, bool graph = false, bool score = fal
   Dev<float> logits(b.logits.size()), lps(R), top_lps(size_t(R) * max_top);
   Dev<SampleRowParams> params(R);
   Dev<int32_t> pen_ids(b.pen_ids.size()), pen_counts(b.pen_counts.size()), ban_ids(b.ban_ids.size()), ids(R),
-      top_ids(size_t(R) * max_top);
+      top_ids(size_t(R) * max_top), ranks(R);
   Dev<float> ban_values(b.ban_values.size());
   Dev<uint8_t> ws(cuda::sample_workspace_bytes(R, b.V));
   logits.upload(b.logits);
@@ -87,7 +88,7 @@ Result run_gpu(const Batch& b, int max_top, bool graph = false, bool score = fal
   ban_ids.upload(b.ban_ids);
   ban_values.upload(b.ban_values);
   for (auto* d : {&lps, &top_lps}) d->poison();
-  for (auto* d : {&ids, &top_ids}) d->poison();
+  for (auto* d : {&ids, &top_ids, &ranks}) d->poison();
   ws.poison();
   cuda::SampleArgs a;
   a.logits = logits.p;
@@ -103,6 +104,7 @@ Result run_gpu(const Batch& b, int max_top, bool graph = false, bool score = fal
   a.out_logprobs = lps.p;
   a.top_ids = max_top ? top_ids.p : nullptr;
   a.top_logprobs = max_top ? top_lps.p : nullptr;
+  a.out_ranks = score ? ranks.p : nullptr;
   a.workspace = ws.p;
   cudaStream_t st;
   MS_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
@@ -125,7 +127,7 @@ Result run_gpu(const Batch& b, int max_top, bool graph = false, bool score = fal
   }
   cudaStreamDestroy(st);
   return Result{ids.download(), lps.download(), max_top ? top_ids.download() : std::vector<int32_t>{},
-                max_top ? top_lps.download() : std::vector<float>{}};
+                max_top ? top_lps.download() : std::vector<float>{}, ranks.download()};
 }
 
 // sample_on_cpu's modifications: repetition penalty on tokens seen, presence / frequency on generated ones, then
@@ -315,6 +317,9 @@ TEST(CudaSampling, ForcedRowsReportTheirTokenAndTheRawTopLogprobs) {
       for (int r = 0; r < b.rows(); ++r) {
         if (forced[size_t(r)] >= 0) {
           ASSERT_EQ(res.ids[size_t(r)], forced[size_t(r)]) << what << " row " << r;
+          const float x = b.row(r)[forced[size_t(r)]];
+          ASSERT_EQ(res.ranks[size_t(r)], 1 + std::count_if(b.row(r), b.row(r) + V, [x](float v) { return v > x; }))
+              << what << " row " << r << ": rank of token " << forced[size_t(r)];
         } else if (b.params[size_t(r)].temperature == 0.0f) {
           ASSERT_EQ(res.ids[size_t(r)], kernels::argmax(b.row(r), V)) << what << " row " << r;
         } else {  // top_k 2: one of the two largest

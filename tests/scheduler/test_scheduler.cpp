@@ -42,6 +42,7 @@ struct Collected {
   std::vector<kernels::TokenLogprob> tops;  // the first top logprob of each output token (when asked)
   std::vector<float> prompt_logprobs;
   std::vector<std::vector<kernels::TokenLogprob>> prompt_tops;
+  std::vector<int32_t> prompt_ranks;
   FinishReason finish = FinishReason::None;
   int64_t cached = 0;
   bool prompt_logprobs_after_tokens = false;  // a prompt logprob delivered after an output token (a bug)
@@ -80,6 +81,7 @@ struct Harness {
                                         c.tokens.size() != o.new_tokens.size();
       c.prompt_logprobs.insert(c.prompt_logprobs.end(), o.new_prompt_logprobs.begin(), o.new_prompt_logprobs.end());
       c.prompt_tops.insert(c.prompt_tops.end(), o.new_prompt_top_logprobs.begin(), o.new_prompt_top_logprobs.end());
+      c.prompt_ranks.insert(c.prompt_ranks.end(), o.new_prompt_ranks.begin(), o.new_prompt_ranks.end());
       if (o.finish != FinishReason::None) c.finish = o.finish;
       c.cached = o.cached_tokens;
     };
@@ -326,8 +328,11 @@ TEST(SchedulerOverlap, PreviousSamplesFeedTheNamedRows) {
 // outputs stay the plain request's.
 TEST_P(SchedulerP, PromptLogprobsMatchTheNextTokenDistribution) {
   const std::vector<int32_t> prompt = prompt_of(3, 40);
-  // The reference: every logprob after each prefix, from a request of that prefix.
+  // The reference: every logprob after each prefix, from a request of that prefix; with the whole distribution
+  // (the vocabulary is 512), the bounds of the prompt token's rank: 1 + the tokens clearly above it, and 1 + those
+  // not clearly below it (ties within float noise may fall either way).
   std::vector<float> want(prompt.size(), 0.0f);
+  std::vector<int> rank_lo(prompt.size(), 0), rank_hi(prompt.size(), 0);
   {
     Harness h(4096, 16, opts());
     for (size_t p = 1; p < prompt.size(); ++p) {
@@ -339,10 +344,14 @@ TEST_P(SchedulerP, PromptLogprobsMatchTheNextTokenDistribution) {
       r->params.top_logprobs = 512;
       const int32_t target = prompt[p];
       float* slot = &want[p];
-      r->sink = [slot, target](const RequestOutput& o) {
-        for (auto& tops : o.new_top_logprobs)
+      int *lo = &rank_lo[p], *hi = &rank_hi[p];
+      r->sink = [slot, target, lo, hi](const RequestOutput& o) {
+        for (auto& tops : o.new_top_logprobs) {
           for (auto& t : tops)
             if (t.id == target) *slot = t.logprob;
+          *lo = *hi = 1;
+          for (auto& t : tops) *lo += t.logprob > *slot + 1e-5f, *hi += t.id != target && t.logprob > *slot - 1e-5f;
+        }
       };
       h.sched->add(r);
     }
@@ -354,6 +363,8 @@ TEST_P(SchedulerP, PromptLogprobsMatchTheNextTokenDistribution) {
   auto plain = h.make(prompt, 4);
   h.run();
   auto from0 = h.make(prompt, 4, 0, std::nullopt, [](SamplingParams& s) { s.prompt_logprob_start = 0, s.top_logprobs = 3; });
+  // vLLM's prompt_logprobs: the prompt's own top n (here 5), the output's none.
+  auto own_n = h.make(prompt, 4, 0, std::nullopt, [](SamplingParams& s) { s.prompt_logprob_start = 0, s.prompt_top_logprobs = 5; });
   auto from20 = h.make(prompt, 4, 0, std::nullopt, [](SamplingParams& s) { s.prompt_logprob_start = 20; });
   h.run();
   const auto& a = h.results[from0->id];
@@ -366,10 +377,21 @@ TEST_P(SchedulerP, PromptLogprobsMatchTheNextTokenDistribution) {
     EXPECT_NEAR(a.prompt_logprobs[p - 1], want[p], 1e-4) << "position " << p;
     ASSERT_EQ(a.prompt_tops[p - 1].size(), 3u);
     EXPECT_GE(a.prompt_tops[p - 1][0].logprob, a.prompt_logprobs[p - 1] - 1e-6f) << "position " << p;
+    ASSERT_EQ(a.prompt_ranks.size(), prompt.size() - 1);
+    EXPECT_GE(a.prompt_ranks[p - 1], rank_lo[p]) << "position " << p;
+    EXPECT_LE(a.prompt_ranks[p - 1], rank_hi[p]) << "position " << p;
     if (p >= 20) {
       EXPECT_NEAR(b.prompt_logprobs[p - 20], want[p], 1e-4) << "position " << p;
     }
   }
+  const auto& o = h.results[own_n->id];
+  ASSERT_EQ(o.prompt_tops.size(), prompt.size() - 1);
+  for (size_t p = 1; p < prompt.size(); ++p) {
+    ASSERT_EQ(o.prompt_tops[p - 1].size(), 5u) << "position " << p;
+    EXPECT_NEAR(o.prompt_tops[p - 1][0].logprob, a.prompt_tops[p - 1][0].logprob, 1e-5) << "position " << p;
+    EXPECT_EQ(o.prompt_ranks[p - 1], a.prompt_ranks[p - 1]) << "position " << p;
+  }
+  EXPECT_TRUE(o.tops.empty());
   // The prefix cache served only what precedes the first scored position (the plain request cached all 40).
   EXPECT_EQ(a.cached, 0);
   EXPECT_EQ(b.cached, 16);  // pages of 16: the whole pages before position 19

@@ -531,6 +531,71 @@ test('prompt logprobs: echo with logprobs and input_token_logprobs', async () =>
   }
 });
 
+test("prompt logprobs: vLLM's prompt_logprobs with ranks, completions and chat", async () => {
+  const tol = (await onGpu(srv.base)) ? 0.4 : 1e-3;
+  const ids = [9707, 11, 1879, 374, 264, 1273, 13];
+  // The reference: echo + logprobs 3 on the same prompt (token logprobs and each position's top 3).
+  const e = await client.completions.create({ model: MODEL, prompt: ids, max_tokens: 0, echo: true, logprobs: 3,
+    temperature: 0 });
+  const ref = e.choices[0].logprobs;
+  const check = (pl, n) => {
+    assert.equal(pl.length, ids.length, JSON.stringify(pl));
+    assert.equal(pl[0], null);
+    for (let i = 1; i < ids.length; ++i) {
+      const own = pl[i][String(ids[i])];
+      assert.ok(own, `position ${i}: no entry for the prompt token ${ids[i]}: ${JSON.stringify(pl[i])}`);
+      assert.ok(Math.abs(own.logprob - ref.token_logprobs[i]) < tol, `${own.logprob} vs ${ref.token_logprobs[i]}`);
+      assert.equal(typeof own.decoded_token, 'string');
+      assert.ok(Number.isInteger(own.rank) && own.rank >= 1, JSON.stringify(own));
+      const entries = Object.entries(pl[i]);
+      assert.ok(entries.length === n || entries.length === n + 1, JSON.stringify(pl[i]));
+      const tops = entries.filter(([id, v]) => id !== String(ids[i]) || v.rank <= n).sort((a, b) => a[1].rank - b[1].rank);
+      // The top n have ranks 1 .. n in logprob order; the prompt token's rank counts the tokens above it.
+      tops.slice(0, n).forEach(([, v], k) => assert.equal(v.rank, k + 1, JSON.stringify(pl[i])));
+      for (let k = 1; k < n; ++k) assert.ok(tops[k - 1][1].logprob >= tops[k][1].logprob - 1e-6, JSON.stringify(pl[i]));
+      const above = entries.filter(([id, v]) => id !== String(ids[i]) && v.logprob > own.logprob + 1e-6).length;
+      if (own.rank > n) assert.ok(above === n && own.logprob <= tops[n - 1][1].logprob + 1e-6, JSON.stringify(pl[i]));
+      else assert.equal(own.rank, above + 1, JSON.stringify(pl[i]));
+      // echo's top list: the same tokens (its keys are token texts)
+      assert.ok(Math.abs(tops[0][1].logprob - Math.max(...Object.values(ref.top_logprobs[i]))) < tol);
+    }
+  };
+  const c = await postJson(srv.base, '/v1/completions', { model: MODEL, prompt: ids, max_tokens: 2, temperature: 0,
+    prompt_logprobs: 2 });
+  assert.equal(c.status, 200, c.text);
+  check(c.json.choices[0].prompt_logprobs, 2);
+  assert.equal(c.json.choices[0].logprobs, null);  // the output's logprobs were not asked
+  // Both forms at once, each with its own n.
+  const both = await postJson(srv.base, '/v1/completions', { model: MODEL, prompt: ids, max_tokens: 0, temperature: 0,
+    echo: true, logprobs: 1, prompt_logprobs: 3 });
+  assert.equal(both.status, 200, both.text);
+  check(both.json.choices[0].prompt_logprobs, 3);
+  assert.equal(Object.keys(both.json.choices[0].logprobs.top_logprobs[1]).length, 1);
+  // Streamed: in the choice's first chunk (with max_tokens 0: its only one).
+  for (const maxTokens of [2, 0]) {
+    const s = await client.completions.create({ model: MODEL, prompt: ids, max_tokens: maxTokens, temperature: 0,
+      stream: true, prompt_logprobs: 2 });
+    const got = [];
+    for await (const ch of s) if (ch.choices[0]?.prompt_logprobs) got.push(ch.choices[0].prompt_logprobs);
+    assert.equal(got.length, 1, `max_tokens ${maxTokens}`);
+    check(got[0], 2);
+  }
+  // Chat: beside the choices, over the templated prompt.
+  const chat = await postJson(srv.base, '/v1/chat/completions', { model: MODEL, max_tokens: 1, temperature: 0,
+    messages: [{ role: 'user', content: 'Hello there' }], prompt_logprobs: 1 });
+  assert.equal(chat.status, 200, chat.text);
+  const pl = chat.json.prompt_logprobs;
+  assert.equal(pl.length, chat.json.usage.prompt_tokens);
+  assert.equal(pl[0], null);
+  assert.ok(pl.slice(1).every((m) => m && Object.values(m).some((v) => v.rank === 1)), JSON.stringify(pl));
+  // Bad values are 400s naming the field.
+  for (const bad of [-1, 21, 'two']) {
+    const r = await postJson(srv.base, '/v1/completions', { model: MODEL, prompt: ids, max_tokens: 1, prompt_logprobs: bad });
+    assert.equal(r.status, 400, r.text);
+    assert.equal(r.json.error.param, 'prompt_logprobs', r.text);
+  }
+});
+
 test('prefix cache: a repeated prompt reports cached tokens; flush_cache empties it', async () => {
   const ids = Array.from({ length: 70 }, (_, i) => (i * 37) % 5000);
   await greedyGenerate(srv.base, ids, 2);

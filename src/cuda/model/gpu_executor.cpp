@@ -43,6 +43,24 @@ enum SamplerKind { kGeneral = 0, kGreedy = 1, kGreedyLogprob = 2, kSamplerKinds 
 
 size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
+// A step's samples in its buffer set's pinned host_out, for R rows: ids, logprobs, top ids, top logprobs, ranks.
+struct HostOut {
+  static size_t bytes(int R) { return size_t(R) * (12 + size_t(kMaxTop) * 8); }
+  int32_t* ids;
+  float* lps;
+  int32_t* tids;
+  float* tlps;
+  int32_t* ranks;
+  HostOut(void* base, int R) {
+    char* h = static_cast<char*>(base);
+    ids = reinterpret_cast<int32_t*>(h);
+    lps = reinterpret_cast<float*>(h + size_t(R) * 4);
+    tids = reinterpret_cast<int32_t*>(h + size_t(R) * 8);
+    tlps = reinterpret_cast<float*>(h + size_t(R) * 8 + size_t(R) * kMaxTop * 4);
+    ranks = reinterpret_cast<int32_t*>(h + size_t(R) * 8 + size_t(R) * kMaxTop * 8);
+  }
+};
+
 // Offsets of the per-step inputs inside one host (pinned) and one device buffer, so that a step uploads them
 // with a single copy and the captured graphs always find them at the same device addresses. A step of more than
 // max_rows logit rows (prompt logprobs: up to a row a token) keeps its rows and sampling parameters in the wide
@@ -168,7 +186,7 @@ class GpuExecutor : public Executor {
   struct StepBuffers {
     PinnedBuffer host_meta, host_out;
     DeviceArray<uint8_t> meta;
-    DeviceArray<int32_t> out_ids, top_ids;
+    DeviceArray<int32_t> out_ids, top_ids, out_rank;
     DeviceArray<float> out_lp, top_lp;
     cudaEvent_t meta_ready = nullptr;  // upload stream: the metadata is on the device
     cudaEvent_t done = nullptr;        // compute stream: the step that used this set has run
@@ -192,7 +210,7 @@ class GpuExecutor : public Executor {
   float screen_amax_ = 0.0f;
   struct Launched {
     std::vector<int> top_n;  // top logprobs wanted per sampled row (its size: the rows)
-    bool want_lp;
+    bool want_lp, want_rank;
     int buf;
     int rows() const { return int(top_n.size()); }
   };
@@ -269,12 +287,13 @@ GpuExecutor::GpuExecutor(const std::string& model_dir, const GpuOptions& opts) :
   layout_ = std::make_unique<MetaLayout>(max_tokens, max_seqs, max_rows, max_pages);
   for (StepBuffers& b : buf_) {
     b.host_meta = PinnedBuffer(layout_->end);
-    b.host_out = PinnedBuffer(size_t(max_tokens) * (8 + kMaxTop * 8));
+    b.host_out = PinnedBuffer(HostOut::bytes(max_tokens));
     b.meta = DeviceArray<uint8_t>(alloc_, layout_->end, "activations");
     MS_CUDA_CHECK(cudaMemset(b.meta.get(), 0, layout_->end));
     // The samples' outputs: a row a token (steps of more rows than max_rows sample them in slices).
     b.out_ids = DeviceArray<int32_t>(alloc_, size_t(max_tokens), "activations");
     b.out_lp = DeviceArray<float>(alloc_, size_t(max_tokens), "activations");
+    b.out_rank = DeviceArray<int32_t>(alloc_, size_t(max_tokens), "activations");
     b.top_ids = DeviceArray<int32_t>(alloc_, size_t(max_tokens) * kMaxTop, "activations");
     b.top_lp = DeviceArray<float>(alloc_, size_t(max_tokens) * kMaxTop, "activations");
     for (cudaEvent_t* e : {&b.meta_ready, &b.done, &b.out_ready})
@@ -576,6 +595,7 @@ void GpuExecutor::run_sampling(int r0, int rows, int step_rows, bool with_penalt
   a.out_logprobs = b.out_lp.get() + r0;
   a.top_ids = b.top_ids.get() + size_t(r0) * kMaxTop;
   a.top_logprobs = b.top_lp.get() + size_t(r0) * kMaxTop;
+  a.out_ranks = b.out_rank.get() + r0;
   a.workspace = sample_ws_.get();
   // Forced rows to score_forced_rows, the others to sample() (which skips forced rows).
   MS_CHECK(r0 >= 0 && size_t(r0 + rows) < forced_before_.size(), "sampling rows {} .. {} of a step of {}", r0,
@@ -636,7 +656,7 @@ void GpuExecutor::launch(const ForwardBatch& batch, const std::vector<SampleSpec
     if (R > 0) sample_step(in, kind, !h_pen_ids_.empty() || !h_ban_ids_.empty());
   }
   MS_CUDA_CHECK(cudaEventRecord(b.done, stream_));
-  Launched l{{}, false, cur_};
+  Launched l{{}, false, forced_before_.back() > 0, cur_};
   bool want_top = false;
   for (auto& s : specs) {
     l.want_lp |= s.logprob, want_top |= s.top_logprobs > 0;
@@ -645,16 +665,14 @@ void GpuExecutor::launch(const ForwardBatch& batch, const std::vector<SampleSpec
   // The samples back to the host. The set's outputs are next overwritten by the step launched after the one
   // after this, which the overlap schedule launches only once this one is collected, i.e. these copies are done.
   if (side) MS_CUDA_CHECK(cudaStreamWaitEvent(down, b.done, 0));
-  char* h = static_cast<char*>(b.host_out.get());
-  int32_t* ids = reinterpret_cast<int32_t*>(h);
-  float* lps = reinterpret_cast<float*>(h + size_t(R) * 4);
-  int32_t* tids = reinterpret_cast<int32_t*>(h + size_t(R) * 8);
-  float* tlps = reinterpret_cast<float*>(h + size_t(R) * 8 + size_t(R) * kMaxTop * 4);
-  if (R > 0) MS_CUDA_CHECK(cudaMemcpyAsync(ids, b.out_ids.get(), size_t(R) * 4, cudaMemcpyDeviceToHost, down));
-  if (l.want_lp) MS_CUDA_CHECK(cudaMemcpyAsync(lps, b.out_lp.get(), size_t(R) * 4, cudaMemcpyDeviceToHost, down));
+  const HostOut h(b.host_out.get(), R);
+  if (R > 0) MS_CUDA_CHECK(cudaMemcpyAsync(h.ids, b.out_ids.get(), size_t(R) * 4, cudaMemcpyDeviceToHost, down));
+  if (l.want_lp) MS_CUDA_CHECK(cudaMemcpyAsync(h.lps, b.out_lp.get(), size_t(R) * 4, cudaMemcpyDeviceToHost, down));
+  if (l.want_rank)
+    MS_CUDA_CHECK(cudaMemcpyAsync(h.ranks, b.out_rank.get(), size_t(R) * 4, cudaMemcpyDeviceToHost, down));
   if (want_top) {
-    MS_CUDA_CHECK(cudaMemcpyAsync(tids, b.top_ids.get(), size_t(R) * kMaxTop * 4, cudaMemcpyDeviceToHost, down));
-    MS_CUDA_CHECK(cudaMemcpyAsync(tlps, b.top_lp.get(), size_t(R) * kMaxTop * 4, cudaMemcpyDeviceToHost, down));
+    MS_CUDA_CHECK(cudaMemcpyAsync(h.tids, b.top_ids.get(), size_t(R) * kMaxTop * 4, cudaMemcpyDeviceToHost, down));
+    MS_CUDA_CHECK(cudaMemcpyAsync(h.tlps, b.top_lp.get(), size_t(R) * kMaxTop * 4, cudaMemcpyDeviceToHost, down));
   }
   MS_CUDA_CHECK(cudaEventRecord(b.out_ready, down));
   in_flight_.push_back(std::move(l));
@@ -667,20 +685,17 @@ void GpuExecutor::collect(std::vector<Sampled>& out) {
   in_flight_.pop_front();
   MS_CUDA_CHECK(cudaEventSynchronize(buf_[l.buf].out_ready));
   const int R = l.rows();
-  const char* h = static_cast<const char*>(buf_[l.buf].host_out.get());
-  const int32_t* ids = reinterpret_cast<const int32_t*>(h);
-  const float* lps = reinterpret_cast<const float*>(h + size_t(R) * 4);
-  const int32_t* tids = reinterpret_cast<const int32_t*>(h + size_t(R) * 8);
-  const float* tlps = reinterpret_cast<const float*>(h + size_t(R) * 8 + size_t(R) * kMaxTop * 4);
+  const HostOut h(buf_[l.buf].host_out.get(), R);
   out.resize(size_t(R));
   for (int r = 0; r < R; ++r) {
     Sampled& o = out[size_t(r)];
-    o.token = ids[r];
+    o.token = h.ids[r];
     MS_CHECK(o.token >= 0 && o.token < cfg_.vocab_size, "the GPU sampler returned token {} (vocab {})", o.token,
              cfg_.vocab_size);
-    o.logprob = l.want_lp ? lps[r] : 0.0f;
+    o.logprob = l.want_lp ? h.lps[r] : 0.0f;
+    o.rank = l.want_rank ? h.ranks[r] : 0;
     o.top.clear();
-    for (int j = 0; j < l.top_n[size_t(r)]; ++j) o.top.push_back({tids[r * kMaxTop + j], tlps[r * kMaxTop + j]});
+    for (int j = 0; j < l.top_n[size_t(r)]; ++j) o.top.push_back({h.tids[r * kMaxTop + j], h.tlps[r * kMaxTop + j]});
   }
 }
 

@@ -36,6 +36,7 @@ struct SampleArgs {
   float* out_logprobs = nullptr;       // [rows] logprob of the chosen token (raw logits); may be null
   int32_t* top_ids = nullptr;          // [rows, max_top], most likely first (ties: lower id)
   float* top_logprobs = nullptr;       // [rows, max_top]
+  int32_t* out_ranks = nullptr;        // [rows] score_forced_rows: the forced token's rank (may be null)
   void* workspace = nullptr;           // sample_workspace_bytes(rows, vocab): penalised / banned values
 };
 

@@ -33,6 +33,7 @@ __device__ __forceinline__ Pair warp_first(Pair p) {
 
 struct Smem {
   Pair warp[kWarps];
+  int warp_above[kWarps];
   float warp_m[kWarps];
   double warp_s[kWarps];
   float thread_max[kThreads];
@@ -85,10 +86,13 @@ __global__ void __launch_bounds__(kThreads) score_kernel(SampleArgs a) {
   const float* x = a.logits + int64_t(row) * V;
   const bool vec = (V & 3) == 0 && (reinterpret_cast<uintptr_t>(a.logits) & 15) == 0;
 
-  // Pass 1: log-sum-exp, the argmax, this thread's maximum.
+  // Pass 1: log-sum-exp, the argmax, this thread's maximum, the tokens above the forced one.
+  const float xf = x[p.forced];
   float m = -INFINITY, sum = 0.0f;
   Pair best = kNone;
+  int above = 0;
   for_row(x, V, vec, [&](int v, float r) {
+    above += r > xf;
     if (before(Pair{r, v}, best)) best = Pair{r, v};
     if (r > -INFINITY) {  // (NaN compares false everywhere: left out)
       if (r > m) {
@@ -109,7 +113,9 @@ __global__ void __launch_bounds__(kThreads) score_kernel(SampleArgs a) {
     ds = mm == -INFINITY ? 0.0 : ds * exp(double(m) - mm) + os * exp(double(om) - mm);
     m = mm;
   }
-  if (tid % 32 == 0) s.warp_m[tid / 32] = m, s.warp_s[tid / 32] = ds;
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) above += __shfl_xor_sync(kFull, above, o);
+  if (tid % 32 == 0) s.warp_m[tid / 32] = m, s.warp_s[tid / 32] = ds, s.warp_above[tid / 32] = above;
   s.thread_max[tid] = mine;
   const Pair top1 = block_first(best, s);  // (its barriers publish warp_m / warp_s / thread_max)
   float gm = -INFINITY;
@@ -121,7 +127,12 @@ __global__ void __launch_bounds__(kThreads) score_kernel(SampleArgs a) {
 
   if (tid == 0) {
     a.out_ids[row] = p.forced;
-    if (a.out_logprobs) a.out_logprobs[row] = float(double(x[p.forced]) - lse);
+    if (a.out_logprobs) a.out_logprobs[row] = float(double(xf) - lse);
+    if (a.out_ranks) {
+      int n_above = 0;
+      for (int q = 0; q < kWarps; ++q) n_above += s.warp_above[q];
+      a.out_ranks[row] = 1 + n_above;
+    }
   }
   if (a.max_top <= 0 || !a.top_ids || !a.top_logprobs) return;
   int32_t* top_ids = a.top_ids + int64_t(row) * a.max_top;

@@ -9,7 +9,7 @@
 namespace moeserve::cuda {
 
 // For every row r with a.params[r].forced >= 0: out_ids[r] = forced, out_logprobs[r] (when non-null) = its raw
-// logprob, top_ids / top_logprobs[r, 0 .. n) the n = min(top_logprobs, max_top, vocab) largest raw logprobs, most
+// logprob, out_ranks[r] (when non-null) = 1 + the tokens whose raw logit is larger (vLLM's rank), top_ids / top_logprobs[r, 0 .. n) the n = min(top_logprobs, max_top, vocab) largest raw logprobs, most
 // likely first, ties to the lower id (as sample()), the rest of the row's max_top entries -1 / -inf. Other rows are
 // not touched. Needs no workspace; capturable; forced ids must lie in [0, vocab) (the host checks them).
 void score_forced_rows(const SampleArgs& a, cudaStream_t stream);
