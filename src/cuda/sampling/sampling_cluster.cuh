@@ -11,7 +11,7 @@
 
 #include "cuda/sampling/sampling_device.cuh"
 
-namespace moeserve::cuda::sampling_detail {
+namespace moeserve::cuda::MOESERVE_SAMPLING_NS {
 
 // Phase-1 results of a block, then of the row.
 struct Stats {
@@ -523,4 +523,4 @@ __device__ Selection select(const Row& c, Smem& s, float span, bool far_all, Val
   return Selection{Prefix{pl.pref, pl.cut}, false, prefix, total, pl.n};
 }
 
-}  // namespace moeserve::cuda::sampling_detail
+}  // namespace moeserve::cuda::MOESERVE_SAMPLING_NS

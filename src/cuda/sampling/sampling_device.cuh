@@ -11,7 +11,13 @@
 #include <cooperative_groups.h>
 #endif
 
-namespace moeserve::cuda::sampling_detail {
+// The threads a block and the namespace of this compilation of the sampler (sampling_256.cu compiles it a second time,
+// with 256 threads, in a namespace of its own).
+#ifndef MOESERVE_SAMPLING_NS
+#define MOESERVE_SAMPLING_NS sampling_detail
+#endif
+
+namespace moeserve::cuda::MOESERVE_SAMPLING_NS {
 
 using u64 = unsigned long long;
 
@@ -140,4 +146,4 @@ __device__ __forceinline__ void bitonic_sort_desc(u64* keys, uint16_t* idx, int 
 // Sort key of a candidate: the order key above, the id ascending below (so descending = the CPU's order).
 __device__ __forceinline__ u64 rank_key(uint32_t key, int id) { return (u64(key) << 32) | u64(0xffffffffu - uint32_t(id)); }
 
-}  // namespace moeserve::cuda::sampling_detail
+}  // namespace moeserve::cuda::MOESERVE_SAMPLING_NS

@@ -20,7 +20,7 @@
 #include "cuda/sampling/sampling_cluster.cuh"
 #include "cuda/sampling/sampling_types.h"
 
-namespace moeserve::cuda::sampling_detail {
+namespace moeserve::cuda::MOESERVE_SAMPLING_NS {
 
 // Tokens per block slice (whole float4s) and the shared memory a block needs for a vocabulary.
 __host__ __device__ inline int slice_len(int V) { return ((V + kClusterBlocks - 1) / kClusterBlocks + 3) / 4 * 4; }
@@ -468,4 +468,4 @@ __device__ void sample_cluster(const SampleArgs& a, float* overrides, char* smem
   cluster_sync();  // no block leaves while another may still read its shared memory
 }
 
-}  // namespace moeserve::cuda::sampling_detail
+}  // namespace moeserve::cuda::MOESERVE_SAMPLING_NS
