@@ -11,7 +11,8 @@ namespace moeserve::cuda {
 // rows * vocab f32 slots, of which only the penalised and banned tokens' are written (a sparse copy of
 // the modified logits; the rest of each row is read from `logits`).
 size_t sample_workspace_bytes(int rows, int vocab);
-// One launch for all rows (a thread-block cluster of 8 blocks per row), no host synchronisation, no
+// One launch for all rows (a thread-block cluster of 8 blocks per row: 512-thread blocks up to SMs / 8 rows, beyond
+// that 256-thread blocks, two an SM; rows with SampleRowParams::forced >= 0 are skipped), no host synchronisation, no
 // allocation: capturable in a CUDA graph. The sampled token is drawn in vocabulary order (see
 // sampling_kernel.cuh): the same distribution as the CPU sampler, not the same token for the same random
 // bits; the same row and random bits always give the same token. vocab < 2^24 (and the shared-memory
