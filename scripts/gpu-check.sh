@@ -147,6 +147,9 @@ for g in 0 1; do
   run "test_cuda_sampling_greedy_grid$g" ok env MOESERVE_GREEDY_GRID=$g "$BUILD/tests/test_cuda_sampling_greedy" \
     --gtest_brief=1
 done
+# sample()'s two block forms, each forced for every launch (the default switches at SMs / 8 + 1 rows; session 53).
+run test_cuda_sampling_form256 ok env MOESERVE_SAMPLE_WIDE_FROM=1 "$BUILD/tests/test_cuda_sampling" --gtest_brief=1
+run test_cuda_sampling_form512 ok env MOESERVE_SAMPLE_WIDE_FROM=1000000 "$BUILD/tests/test_cuda_sampling" --gtest_brief=1
 run test_cuda_gemm_ring4 ok env MOESERVE_GEMV_RING_STAGES=4 "$BUILD/tests/test_cuda_gemm" --gtest_brief=1
 # The streaming lm_head's other ring forms (default: 4 stages, two blocks an SM since session 21): session 20's one
 # 8-stage block an SM, and two 6-stage blocks.
