@@ -144,9 +144,10 @@ class GpuExecutor : public Executor {
   // `kind` (SamplerKind): general, greedy, or greedy with a logprob (never the lm_head screen, which writes none).
   // r0 / step_rows: rows [r0, r0 + rows) of a step of step_rows rows, whose logits are logits()' first `rows`.
   void sample_rows(int r0, int rows, int step_rows, int kind, bool with_penalties, bool head_argmax = false);
-  // After forward(in): the lm_head (where the sampler does not run it) and the sampler over all of in's rows, in
-  // slices of the logits' rows when in.head_in_chunks.
-  void sample_step(const StepInputs& in, int kind, bool with_penalties);
+  // After forward(in): f(r0, n) with logit rows [r0, r0 + n) in logits()' first n rows - once over all of in's rows,
+  // or, when in.head_in_chunks, slice by slice of the logits' rows after head_chunk().
+  template <class F>
+  void over_head_slices(const StepInputs& in, F f);
   // Whether an all-greedy step of `rows` logit rows runs the lm_head inside the sampler (StepInputs::head_argmax):
   // at 32-64 rows on sm_90 (MOESERVE_LMHEAD_ARGMAX=0 turns it off). H200, session 40 (test_gpu_lmhead_argmax's
   // Timing, q30b8l's lm_head): 167.3 us flat from 16 to 64 rows against cuBLAS + greedy 166.1 / 174.7 / 186.1 at
@@ -653,7 +654,8 @@ void GpuExecutor::launch(const ForwardBatch& batch, const std::vector<SampleSpec
   } else {
     in.head_argmax = greedy && R > 0 && head_argmax_for(R, kind);
     model_->forward(in, stream_);
-    if (R > 0) sample_step(in, kind, !h_pen_ids_.empty() || !h_ban_ids_.empty());
+    const bool pen = !h_pen_ids_.empty() || !h_ban_ids_.empty();
+    if (R > 0) over_head_slices(in, [&](int r0, int n) { sample_rows(r0, n, R, kind, pen, in.head_argmax); });
   }
   MS_CUDA_CHECK(cudaEventRecord(b.done, stream_));
   Launched l{{}, false, forced_before_.back() > 0, cur_};
@@ -716,14 +718,11 @@ void GpuExecutor::forward_logits(const ForwardBatch& batch, std::vector<float>& 
   model_->forward(in, stream_);
   const size_t V = size_t(cfg_.vocab_size);
   logits.resize(batch.logit_rows.size() * V);
-  const int C = in.head_in_chunks ? model_->max_head_rows() : std::max(in.R, 1);
-  for (int r0 = 0; r0 < in.R; r0 += C) {
-    const int n = std::min(C, in.R - r0);
-    if (in.head_in_chunks) model_->head_chunk(in, r0, n, stream_);
+  over_head_slices(in, [&](int r0, int n) {
     MS_CUDA_CHECK(cudaMemcpyAsync(logits.data() + size_t(r0) * V, model_->logits(), size_t(n) * V * 4,
                                   cudaMemcpyDeviceToHost, stream_));
     MS_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the next slice overwrites the logits
-  }
+  });
 }
 
 std::string GpuExecutor::profile_step(const ForwardBatch& batch) {
@@ -759,16 +758,17 @@ std::string GpuExecutor::profile_step(const ForwardBatch& batch) {
   return out;
 }
 
-void GpuExecutor::sample_step(const StepInputs& in, int kind, bool with_penalties) {
+template <class F>
+void GpuExecutor::over_head_slices(const StepInputs& in, F f) {
   if (!in.head_in_chunks) {
-    sample_rows(0, in.R, in.R, kind, with_penalties, in.head_argmax);
+    if (in.R > 0) f(0, in.R);
     return;
   }
   const int C = model_->max_head_rows();
   for (int r0 = 0; r0 < in.R; r0 += C) {
     const int n = std::min(C, in.R - r0);
     model_->head_chunk(in, r0, n, stream_);
-    sample_rows(r0, n, in.R, kind, with_penalties);
+    f(r0, n);
   }
 }
 

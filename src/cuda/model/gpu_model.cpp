@@ -453,12 +453,8 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
     add_rmsnorm(residual_.get(), o_.get(), final_norm_.get(), eps, T, H, xn_.get(), s);
   mark("add_rmsnorm", act * 12, 0);
   if (in.head_in_chunks) return;  // the executor runs head_chunk() slice by slice
-  const bf16* rows = xn_.get();
-  if (in.logit_rows) {
-    gather_rows(xn_.get(), H, in.logit_rows, in.R, H, final_rows_.get(), s);
-    rows = final_rows_.get();
-    mark("gather rows", 4.0 * in.R * H, 0);
-  }
+  const bf16* rows = head_input(in, 0, in.R, s);
+  if (in.logit_rows) mark("gather rows", 4.0 * in.R * H, 0);
   if (in.head_argmax) {  // the sampler runs the lm_head (lmhead_argmax)
     head_rows_ = rows;
     return;
@@ -474,12 +470,15 @@ void GpuQwen3::head_chunk(const StepInputs& in, int r0, int n, cudaStream_t s) {
            "lm_head slice of rows {} .. {} outside a chunked step of {} rows (slices of at most {})", r0, r0 + n, in.R,
            max_rows_);
   const int H = int(cfg_.hidden_size);
-  const bf16* rows = xn_.get() + size_t(r0) * size_t(H);
-  if (in.logit_rows) {
-    gather_rows(xn_.get(), H, in.logit_rows + r0, n, H, final_rows_.get(), s);
-    rows = final_rows_.get();
-  }
-  be_.gemm->run(rows, H, n, H, head_weight(), int(cfg_.vocab_size), logits_.get(), cfg_.vocab_size, OutType::F32, s);
+  be_.gemm->run(head_input(in, r0, n, s), H, n, H, head_weight(), int(cfg_.vocab_size), logits_.get(), cfg_.vocab_size,
+                OutType::F32, s);
+}
+
+const bf16* GpuQwen3::head_input(const StepInputs& in, int r0, int n, cudaStream_t s) {
+  const int H = int(cfg_.hidden_size);
+  if (!in.logit_rows) return xn_.get() + size_t(r0) * size_t(H);  // the tokens in order
+  gather_rows(xn_.get(), H, in.logit_rows + r0, n, H, final_rows_.get(), s);
+  return final_rows_.get();
 }
 
 int GpuQwen3::warm_up_gemms(cudaStream_t s) {

@@ -146,6 +146,9 @@ class GpuQwen3 {
 
  private:
   void upload(const Qwen3Model& cpu, cudaStream_t stream, ThreadPool& pool);
+  // The lm_head's input rows for logit rows [r0, r0 + n) of a forward's final norm: in place, or gathered into
+  // final_rows_.
+  const bf16* head_input(const StepInputs& in, int r0, int n, cudaStream_t stream);
   ModelConfig cfg_;
   CachingAllocator& alloc_;
   ModelBackends be_;

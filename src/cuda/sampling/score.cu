@@ -9,33 +9,33 @@
 #include <climits>
 
 #include "cuda/sampling/score.h"
+#include "cuda/sampling/sampling_device.cuh"
 
 namespace moeserve::cuda {
 namespace {
 
-constexpr int kThreads = 256, kWarps = kThreads / 32, kCap = 2048;
-constexpr unsigned kFull = 0xffffffffu;
+// The sampler's (value, id) pair and its order (larger value first, lower id on ties), and its mergeable log-sum-exp.
+using sampling_detail::better;
+using sampling_detail::combine;
+using sampling_detail::kFull;
+using sampling_detail::OnlineSum;
+using Pair = sampling_detail::ArgMax;
 
-// A (value, id) pair in the order of the top logprobs: larger value first, lower id on ties.
-struct Pair {
-  float v;
-  int i;
-};
+constexpr int kThreads = 256, kWarps = kThreads / 32, kCap = 2048;
+
 __device__ __forceinline__ bool before(Pair a, Pair b) { return a.v > b.v || (a.v == b.v && a.i < b.i); }
-__device__ __forceinline__ Pair first_of(Pair a, Pair b) { return before(b, a) ? b : a; }
 constexpr Pair kNone{-INFINITY, INT_MAX};
 
 __device__ __forceinline__ Pair warp_first(Pair p) {
 #pragma unroll
-  for (int o = 16; o > 0; o /= 2) p = first_of(p, Pair{__shfl_xor_sync(kFull, p.v, o), __shfl_xor_sync(kFull, p.i, o)});
+  for (int o = 16; o > 0; o /= 2) p = better(p, Pair{__shfl_xor_sync(kFull, p.v, o), __shfl_xor_sync(kFull, p.i, o)});
   return p;
 }
 
 struct Smem {
   Pair warp[kWarps];
   int warp_above[kWarps];
-  float warp_m[kWarps];
-  double warp_s[kWarps];
+  OnlineSum warp_sum[kWarps];
   float thread_max[kThreads];
   Pair pick;
   float thresh;
@@ -53,7 +53,7 @@ __device__ Pair block_first(Pair p, Smem& s) {
   __syncthreads();
   if (threadIdx.x == 0) {
     Pair b = s.warp[0];
-    for (int q = 1; q < kWarps; ++q) b = first_of(b, s.warp[q]);
+    for (int q = 1; q < kWarps; ++q) b = better(b, s.warp[q]);
     s.pick = b;
   }
   __syncthreads();
@@ -104,26 +104,18 @@ __global__ void __launch_bounds__(kThreads) score_kernel(SampleArgs a) {
     }
   });
   const float mine = best.v;
-  double ds = sum;
+  OnlineSum os{m, double(sum)};
 #pragma unroll
   for (int o = 16; o > 0; o /= 2) {
-    const float om = __shfl_xor_sync(kFull, m, o);
-    const double os = __shfl_xor_sync(kFull, ds, o);
-    const float mm = fmaxf(m, om);
-    ds = mm == -INFINITY ? 0.0 : ds * exp(double(m) - mm) + os * exp(double(om) - mm);
-    m = mm;
+    os = combine(os, OnlineSum{__shfl_xor_sync(kFull, os.m, o), __shfl_xor_sync(kFull, os.s, o)});
+    above += __shfl_xor_sync(kFull, above, o);
   }
-#pragma unroll
-  for (int o = 16; o > 0; o /= 2) above += __shfl_xor_sync(kFull, above, o);
-  if (tid % 32 == 0) s.warp_m[tid / 32] = m, s.warp_s[tid / 32] = ds, s.warp_above[tid / 32] = above;
+  if (tid % 32 == 0) s.warp_sum[tid / 32] = os, s.warp_above[tid / 32] = above;
   s.thread_max[tid] = mine;
-  const Pair top1 = block_first(best, s);  // (its barriers publish warp_m / warp_s / thread_max)
-  float gm = -INFINITY;
-  for (int q = 0; q < kWarps; ++q) gm = fmaxf(gm, s.warp_m[q]);
-  double gs = 0.0;
-  if (gm > -INFINITY)
-    for (int q = 0; q < kWarps; ++q) gs += s.warp_s[q] * exp(double(s.warp_m[q]) - gm);
-  const double lse = double(gm) + log(gs);
+  const Pair top1 = block_first(best, s);  // (its barriers publish warp_sum / warp_above / thread_max)
+  OnlineSum g = s.warp_sum[0];
+  for (int q = 1; q < kWarps; ++q) g = combine(g, s.warp_sum[q]);
+  const double lse = double(g.m) + log(g.s);
 
   if (tid == 0) {
     a.out_ids[row] = p.forced;
