@@ -6,7 +6,8 @@
 # Env: MODELS (default "q30b8l"; "q30b8l q30b" for both: q30b needs ~57 GiB of disk, so the q30b8l copy is removed
 # first and q30b is removed after its run, unless KEEP_Q30B=1: on the 64 GiB GPU machine nothing else that writes
 # to disk fits beside it), BENCH_DIR (models; default /tmp/moeserve-bench), SERVE_ARGS (extra serve flags),
-# SCENARIOS (default "decode1 conc64 conc128 prefill": a subset for quick A/B), OUT (where logs.tgz goes),
+# SCENARIOS (default "decode1 conc64 conc128 prefill": a subset for quick A/B), BENCH_ARGS (extra `moeserve bench` flags,
+# e.g. "--temperature 0.6": sampled requests, which take the checkpoint's top_k / top_p), OUT (where logs.tgz goes),
 # STEP_TRACE (default 1: each server writes a step trace, MOESERVE_STEP_TRACE, unless the caller set that, and the
 # table is followed by one line a scenario run from tools/step_trace_summary.py --brief; 0: no trace), GPU_SAMPLE
 # (default 1: nvidia-smi samples the SM clock and the power draw every 20 ms through each scenario, and one line a
@@ -73,7 +74,7 @@ bench() {  # model name num_prompts concurrency in out field
   sample_start "$m" "$name"
   "$BIN" bench --port "$PORT" --dataset-name random-ids --num-prompts "$n" --max-concurrency "$c" \
     --random-input-len "$in" --random-output-len "$out" --random-range-ratio 1 --warmup-requests 2 \
-    --flush-cache --disable-tqdm --output-file "$LOGS/$m-$name.json" >"$LOGS/$m-$name.log" 2>&1
+    --flush-cache --disable-tqdm --output-file "$LOGS/$m-$name.json" ${BENCH_ARGS:-} >"$LOGS/$m-$name.log" 2>&1
   sample_stop "$m" "$name"
   local v
   v=$(python3 -c "import json,sys; d=json.loads(open(sys.argv[1]).readline()); print(f\"{d['$field']:.0f} tok/s  (TTFT p50 {d.get('median_ttft_ms',0):.1f} ms, TPOT p50 {d.get('median_tpot_ms',0):.2f} ms, ok {d.get('completed',0)})\")" "$LOGS/$m-$name.json" 2>/dev/null || echo "failed (see $m-$name.log)")

@@ -19,6 +19,7 @@
 #include "cuda/sampling/lmhead_argmax.h"
 #include "cuda/sampling/lmhead_screen.h"
 #include "cuda/sampling/lmhead_screen_math.h"
+#include "cuda/sampling/sampling.h"
 #include "cuda_test_util.h"
 
 using namespace moeserve;
@@ -260,6 +261,131 @@ TEST(LmheadScreen, MatchesGemvStreamAndGreedyOnTheFullVocabulary) {
       }
     }
   }
+}
+
+// The screen for sampled steps (lmhead_screen_topk): on the full q30b8l vocabulary and on a small one, rows of greedy,
+// top_k 1 / 2 / 5 / 20 / 33 / 40 / 64 with temperatures, top_p and min_p, six draws each: every candidate's logit
+// against the double sum, every row clearly inside a row's top k among its candidates, and each drawn token equal to
+// the one sample() draws, with the same parameters and random bits, from a logit row that holds the candidates'
+// values (and -inf elsewhere) - the same filters, masses and walk, which also checks that nothing outside the
+// candidates could have been drawn. Eagerly and replayed in a CUDA graph.
+struct TopkCase {
+  float T;
+  int k;
+  float p, min_p;
+};
+constexpr TopkCase kTopkCases[] = {{0.6f, 20, 0.95f, 0.0f}, {1.0f, 64, 1.0f, 0.0f}, {0.0f, -1, 1.0f, 0.0f},
+                                   {1.5f, 5, 0.8f, 0.1f},   {0.3f, 1, 1.0f, 0.0f},  {2.0f, 40, 0.5f, 0.0f},
+                                   {1.0f, 2, 1.0f, 0.0f},   {0.8f, 33, 1.0f, 0.02f}};
+
+void check_topk(int V, int K, int M, bool graph) {
+  const std::vector<uint16_t> hw = level_rows(size_t(V) * K, 4.0f * std::sqrt(3.0f / float(K)), 11 + uint32_t(V));
+  const std::vector<uint16_t> hx = token_rows(M, K, 900 + uint32_t(M) + uint32_t(V));
+  Dev<uint16_t> w(hw), x(hx);
+  const Screen sc(w, V, K);
+  Dev<char> ws(cuda::lmhead_screen_workspace_bytes(V, K));
+  ws.poison();
+  cuda::lmhead_screen_workspace_init(ws.p, V, K, nullptr);
+  Dev<cuda::SampleRowParams> params(static_cast<size_t>(M));
+  Dev<int32_t> ids(static_cast<size_t>(M)), want(static_cast<size_t>(M));
+  Dev<float> full(size_t(M) * V);
+  Dev<char> sws(cuda::sample_workspace_bytes(M, V));
+  cudaStream_t st = nullptr;
+  MS_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  cudaGraphExec_t exec = nullptr;
+  auto launch = [&] {
+    cuda::lmhead_screen_topk(reinterpret_cast<const cuda::bf16*>(x.p), M, K, reinterpret_cast<const cuda::bf16*>(w.p),
+                             sc.q.p, sc.amax, V, params.p, ids.p, ws.p, st);
+  };
+  if (graph) {
+    cudaGraph_t g = nullptr;
+    MS_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    launch();
+    MS_CUDA_CHECK(cudaStreamEndCapture(st, &g));
+    MS_CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
+    cudaGraphDestroy(g);
+  }
+  std::vector<Exact> ex;
+  for (int m = 0; m < M; ++m) ex.push_back(exact_logits(hx, m, K, hw, V));
+  int drawn_not_argmax = 0;
+  for (int round = 0; round < 6; ++round) {
+    std::vector<cuda::SampleRowParams> hp(static_cast<size_t>(M));
+    for (int m = 0; m < M; ++m) {
+      const TopkCase& c = kTopkCases[(m + round) % 8];
+      hp[size_t(m)].temperature = c.T;
+      hp[size_t(m)].top_k = c.k;
+      hp[size_t(m)].top_p = c.p;
+      hp[size_t(m)].min_p = c.min_p;
+      hp[size_t(m)].random = 0x9e3779b97f4a7c15ull * uint64_t(round * 16 + m + 1) ^ 0x1234567ull;
+    }
+    params.upload(hp);
+    ids.poison();
+    if (graph) MS_CUDA_CHECK(cudaGraphLaunch(exec, st));
+    else launch();
+    MS_CUDA_CHECK(cudaStreamSynchronize(st));
+    const std::vector<int32_t> got = ids.download();
+    const auto cands = cuda::lmhead_screen_topk_candidates(ws.p, M, V, K);
+    std::vector<float> hfull(size_t(M) * V, -INFINITY);
+    for (int m = 0; m < M; ++m) {
+      const TopkCase& c = kTopkCases[(m + round) % 8];
+      const bool greedy = c.T <= 0.0f || c.k == 1;
+      const int k = greedy ? 1 : c.k;
+      std::vector<double> sorted = ex[size_t(m)].lg;
+      std::nth_element(sorted.begin(), sorted.begin() + (k - 1), sorted.end(), std::greater<double>());
+      const double kth = sorted[size_t(k - 1)];
+      double scale = 0;
+      for (double v : ex[size_t(m)].lg) scale = std::max(scale, std::fabs(v));
+      const double tol = 1e-5 * scale + 1e-6;
+      std::vector<char> listed(static_cast<size_t>(V), 0);
+      for (const auto& [id, v] : cands[size_t(m)]) {
+        ASSERT_TRUE(id >= 0 && id < V) << "row " << m << " candidate " << id;
+        EXPECT_FALSE(listed[size_t(id)]) << "row " << m << " lists " << id << " twice";
+        listed[size_t(id)] = 1;
+        EXPECT_NEAR(v, ex[size_t(m)].lg[size_t(id)], tol) << "row " << m << " candidate " << id;
+        hfull[size_t(m) * V + id] = v;
+      }
+      EXPECT_GE(int(cands[size_t(m)].size()), std::min(k, V)) << "row " << m;
+      for (int v = 0; v < V; ++v) {
+        if (ex[size_t(m)].lg[size_t(v)] > kth + tol) {
+          EXPECT_TRUE(listed[size_t(v)]) << "row " << m << ": row " << v << " of the top " << k << " not a candidate";
+        }
+      }
+      if (round == 0 && V > 100000)
+        std::printf("[ info ] V %d, %d rows, row %d (top_k %d): %zu candidates\n", V, M, m, c.k, cands[size_t(m)].size());
+      drawn_not_argmax += got[size_t(m)] != ex[size_t(m)].arg;
+    }
+    full.upload(hfull);
+    want.poison();
+    cuda::SampleArgs a;
+    a.logits = full.p;
+    a.rows = M;
+    a.vocab = V;
+    a.params = params.p;
+    a.out_ids = want.p;
+    a.workspace = sws.p;
+    cuda::sample(a, st);
+    MS_CUDA_CHECK(cudaStreamSynchronize(st));
+    const std::vector<int32_t> w2 = want.download();
+    for (int m = 0; m < M; ++m)
+      EXPECT_EQ(got[size_t(m)], w2[size_t(m)]) << "V " << V << " row " << m << " round " << round << " ("
+                                               << kTopkCases[(m + round) % 8].T << ", top_k "
+                                               << kTopkCases[(m + round) % 8].k << ")";
+  }
+  // Sampling at temperatures 0.6-2 does draw beyond the argmax (the test would not see a draw that ignores the
+  // random bits otherwise).
+  if (M >= 3) {
+    EXPECT_GT(drawn_not_argmax, 0);
+  }
+  if (exec) cudaGraphExecDestroy(exec);
+  MS_CUDA_CHECK(cudaStreamDestroy(st));
+}
+
+TEST(LmheadScreenTopK, DrawsWhatTheSamplerDrawsFromTheCandidates) {
+  if (!gpu_usable(1, 256, 3001) || !cuda::lmhead_screen_topk_supported(1, 256, 3001))
+    GTEST_SKIP() << "needs a GPU with mma.sync f16";
+  for (const int M : {1, 3, 8}) check_topk(3001, 256, M, false);
+  check_topk(151936, 2048, 8, false);
+  check_topk(151936, 2048, 1, true);
 }
 
 // Every row the same: the screen keeps them all and the exact pass takes the lowest id (row 0 holds a NaN, so row 1);

@@ -284,6 +284,70 @@ std::string lmhead_screen_self_test(int K, double& max_err) {
   return "";
 }
 
+// The screen for sampled steps (lmhead_screen_topk) at the model's hidden size, 5 rows (greedy; top_k 20, 5, 64 and 2
+// with temperatures, top_p and min_p): every candidate's exact logit against the double sum on the CPU, every row
+// clearly inside a row's top k among its candidates, each drawn id inside its row's top k (a greedy row's the argmax
+// where it is clear).
+std::string lmhead_screen_topk_self_test(int K, double& max_err) {
+  max_err = 0;
+  const int rows = 5, V = 2 * 384 + 61 * 16 + 5;
+  if (!lmhead_screen_topk_supported(rows, K, V)) return "";
+  std::mt19937 g(23);
+  const std::vector<uint16_t> hx = random_bf16(size_t(rows) * K, g, 1.0f), hw = random_bf16(size_t(V) * K, g, 0.05f);
+  std::vector<SampleRowParams> hp(rows);
+  const float temps[rows] = {0.0f, 0.7f, 1.0f, 1.5f, 0.5f}, top_p[rows] = {1.0f, 0.95f, 1.0f, 0.8f, 1.0f};
+  const int top_k[rows] = {-1, 20, 5, 64, 2};
+  for (int m = 0; m < rows; ++m) {
+    hp[size_t(m)].temperature = temps[m];
+    hp[size_t(m)].top_k = top_k[m];
+    hp[size_t(m)].top_p = top_p[m];
+    hp[size_t(m)].min_p = m == 2 ? 0.05f : 0.0f;
+    hp[size_t(m)].random = 0x9e3779b97f4a7c15ull * uint64_t(m + 1);
+  }
+  Scratch dx(hx.size() * 2), dw(hw.size() * 2), dids(rows * 4), dq(lmhead_screen_weight_bytes(V, K)),
+      ws(lmhead_screen_workspace_bytes(V, K)), dp(sizeof(SampleRowParams) * rows);
+  MS_CUDA_CHECK(cudaMemcpy(dx.p, hx.data(), hx.size() * 2, cudaMemcpyHostToDevice));
+  MS_CUDA_CHECK(cudaMemcpy(dw.p, hw.data(), hw.size() * 2, cudaMemcpyHostToDevice));
+  MS_CUDA_CHECK(cudaMemcpy(dp.p, hp.data(), sizeof(SampleRowParams) * rows, cudaMemcpyHostToDevice));
+  MS_CUDA_CHECK(cudaMemset(dids.p, 0xFF, rows * 4));
+  lmhead_screen_quantize(dw.as<bf16>(), V, K, dq.p, nullptr);
+  lmhead_screen_workspace_init(ws.p, V, K, nullptr);
+  const float amax = lmhead_screen_amax(dq.p, V, K, nullptr);
+  lmhead_screen_topk(dx.as<bf16>(), rows, K, dw.as<bf16>(), dq.p, amax, V, static_cast<const SampleRowParams*>(dp.p),
+                     dids.as<int32_t>(), ws.p, nullptr);
+  MS_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<int32_t> ids(rows);
+  MS_CUDA_CHECK(cudaMemcpy(ids.data(), dids.p, rows * 4, cudaMemcpyDeviceToHost));
+  const auto cands = lmhead_screen_topk_candidates(ws.p, rows, V, K);
+  std::vector<float> wf(hw.size());
+  for (size_t i = 0; i < hw.size(); ++i) wf[i] = bf16_to_f32(hw[i]);
+  for (int m = 0; m < rows; ++m) {
+    const HostLogits h = host_logits(hx, m, K, wf, V);
+    if (temps[m] == 0.0f) {
+      if (std::string why = check_argmax(m, ids[m], h, V); !why.empty()) return why;
+      continue;
+    }
+    std::vector<double> sorted = h.lg;
+    std::sort(sorted.begin(), sorted.end(), std::greater<double>());
+    const double scale = std::max(std::fabs(sorted.front()), std::fabs(sorted.back()));
+    const double tol = 1e-5 * scale + 1e-6, kth = sorted[size_t(std::min(top_k[m], V) - 1)];
+    std::vector<char> listed(size_t(V), 0);
+    for (const auto& [id, v] : cands[size_t(m)]) {
+      if (id < 0 || id >= V) return fmt::format("row {}: candidate {} outside the vocabulary of {}", m, id, V);
+      const double err = std::fabs(double(v) - h.lg[size_t(id)]);
+      max_err = std::max(max_err, err);
+      if (!(err <= tol)) return fmt::format("row {}: candidate {}'s logit {} against {}", m, id, v, h.lg[size_t(id)]);
+      listed[size_t(id)] = 1;
+    }
+    for (int v = 0; v < V; ++v)
+      if (h.lg[size_t(v)] > kth + tol && !listed[size_t(v)])
+        return fmt::format("row {}: row {} (logit {}) of the top {} is not a candidate", m, v, h.lg[size_t(v)], top_k[m]);
+    if (ids[m] < 0 || ids[m] >= V || h.lg[size_t(ids[m])] < kth - tol)
+      return fmt::format("row {}: drew {} outside the top {}", m, ids[m], top_k[m]);
+  }
+  return "";
+}
+
 // Times fn with CUDA events on the legacy default stream: the mean over `iters` launches after two, in microseconds.
 template <class F>
 double time_us(F&& fn, int iters = 10) {
@@ -447,7 +511,7 @@ bool add_greedy_fast_path(const BackendSpec& spec, const std::string& code, cons
                           : !r.status.runnable ? "cannot run here: " + r.status.reason
                                                : "self-test failed: the lm_head GEMM + gpu_sampler instead";
     if (enabled && r.status.runnable && !r.status.self_test_passed)
-      log_warn("{} failed its self-test ({}); greedy steps use the lm_head GEMM + gpu_sampler", spec.name,
+      log_warn("{} failed its self-test ({}); its steps use the lm_head GEMM + gpu_sampler", spec.name,
                r.status.self_test);
   }
   reports.push_back(r);
@@ -520,6 +584,15 @@ SelectedBackends select_backends(const DeviceInfo& dev, const ModelShapes& shape
       lmhead_screen_supported(8, shapes.hidden, shapes.vocab) ? "" : "not supported (a multiple of 128 up to 8,192)",
       "MOESERVE_LMHEAD_SCREEN", true, "greedy steps of 1-64 rows without logprobs",
       [&](double& err) { return lmhead_screen_self_test(shapes.hidden, err); }, shapes.hidden, dev, req, out.reports);
+  out.lmhead_screen_topk = add_greedy_fast_path(
+      {"lmhead_screen_topk", OpFamily::Sampling, {90}, {"bf16"}, false, true,
+       "sampled steps of 1-8 rows with top_k <= 64 (or greedy) and no logprobs or penalties: the lm_head screen keeps "
+       "the rows that may be in a row's top k, their BF16 logits, the sampler's draw over them"},
+      lmhead_screen_code(dev),
+      lmhead_screen_topk_supported(5, shapes.hidden, shapes.vocab) ? "" : "not supported (a multiple of 128 up to 8,192)",
+      "MOESERVE_LMHEAD_SCREEN_TOPK", true, "sampled steps of 1-8 rows with top_k <= 64, no logprobs or penalties",
+      [&](double& err) { return lmhead_screen_topk_self_test(shapes.hidden, err); }, shapes.hidden, dev, req,
+      out.reports);
   // Dense GEMM.
   {
     out.gemms = make_gemm_backends();

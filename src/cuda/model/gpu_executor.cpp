@@ -38,8 +38,9 @@ constexpr int kMaxSplits = 16;   // split-KV parts of a decode sequence
 // 1.94 us a row in slices of 128, 1.10 in slices of 256, 0.89 in slices of 512 (docs/PERF.md session 53).
 constexpr int kMinHeadRows = 256;
 // How a step samples (and which set of captured graphs it replays): the general sampler; the all-greedy fast path (the
-// lm_head screen at the sizes it takes); the all-greedy fast path where a row wants a logprob (no screen).
-enum SamplerKind { kGeneral = 0, kGreedy = 1, kGreedyLogprob = 2, kSamplerKinds = 3 };
+// lm_head screen at the sizes it takes); the all-greedy fast path where a row wants a logprob (no screen); the lm_head
+// screen for sampled steps (lmhead_screen_topk: 1-8 rows, each greedy or with top_k in 1..64, no logprobs).
+enum SamplerKind { kGeneral = 0, kGreedy = 1, kGreedyLogprob = 2, kTopK = 3, kSamplerKinds = 4 };
 
 size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
@@ -158,10 +159,15 @@ class GpuExecutor : public Executor {
   bool head_argmax_for(int rows, int kind) const {
     return (head_argmax_ws_.bytes() > 0 && rows >= 32 &&
             lmhead_argmax_supported(rows, int(cfg_.hidden_size), int(cfg_.vocab_size))) ||
-           (kind == kGreedy && screen_for(rows));
+           (kind == kGreedy && screen_for(rows)) || (kind == kTopK && screen_topk_for(rows));
   }
   bool screen_for(int rows) const {
-    return screen_ws_.bytes() > 0 && lmhead_screen_supported(rows, int(cfg_.hidden_size), int(cfg_.vocab_size));
+    return be_.lmhead_screen && screen_ws_.bytes() > 0 &&
+           lmhead_screen_supported(rows, int(cfg_.hidden_size), int(cfg_.vocab_size));
+  }
+  bool screen_topk_for(int rows) const {
+    return be_.lmhead_screen_topk && screen_ws_.bytes() > 0 &&
+           lmhead_screen_topk_supported(rows, int(cfg_.hidden_size), int(cfg_.vocab_size));
   }
   void capture_graphs();
   void record_decode(int bs, StepInputs& in, int kind);
@@ -194,7 +200,8 @@ class GpuExecutor : public Executor {
     cudaEvent_t out_ready = nullptr;   // copy-back stream: the samples are in host_out
     // Decode batch size -> graph, by SamplerKind: [kGeneral] ends with the general sampler, [kGreedy] with the
     // all-greedy fast path (the lm_head screen where it applies), [kGreedyLogprob] with the all-greedy fast path that
-    // writes a logprob (captured only at the sizes where [kGreedy] holds the screen).
+    // writes a logprob (captured only at the sizes where [kGreedy] holds the screen), [kTopK] with the screen for
+    // sampled steps (captured at the sizes it takes).
     std::map<int, cudaGraphExec_t> graphs[kSamplerKinds];
   };
   StepBuffers buf_[2];
@@ -307,15 +314,17 @@ GpuExecutor::GpuExecutor(const std::string& model_dir, const GpuOptions& opts) :
   if (be_.lmhead_argmax)  // select_backends: self-test passed, MOESERVE_LMHEAD_ARGMAX not 0
     head_argmax_ws_ = DeviceArray<uint8_t>(alloc_, lmhead_argmax_workspace_bytes(64, int(cfg_.vocab_size)),
                                            "activations");
-  if (be_.lmhead_screen) {  // select_backends: self-test passed, MOESERVE_LMHEAD_SCREEN not 0
+  if (be_.lmhead_screen || be_.lmhead_screen_topk) {  // select_backends: self-test passed, switch not 0
     const int V = int(cfg_.vocab_size), H = int(cfg_.hidden_size);
     screen_weights_ = DeviceArray<uint8_t>(alloc_, lmhead_screen_weight_bytes(V, H), "weights");
     lmhead_screen_quantize(model_->head_weight(), V, H, screen_weights_.get(), stream_);
     screen_amax_ = lmhead_screen_amax(screen_weights_.get(), V, H, stream_);
     screen_ws_ = DeviceArray<uint8_t>(alloc_, lmhead_screen_workspace_bytes(V, H), "activations");
     lmhead_screen_workspace_init(screen_ws_.get(), V, H, stream_);
-    log_info("lm_head screen: an int8 copy of the lm_head ({}) for greedy steps of 1-64 rows",
-             format_bytes(screen_weights_.bytes()));
+    log_info("lm_head screen: an int8 copy of the lm_head ({}) for {}", format_bytes(screen_weights_.bytes()),
+             be_.lmhead_screen && be_.lmhead_screen_topk ? "greedy steps of 1-64 rows and sampled steps of 1-8 (top_k <= 64)"
+             : be_.lmhead_screen                         ? "greedy steps of 1-64 rows"
+                                                         : "sampled steps of 1-8 rows (top_k <= 64)");
   }
   log_info("activations: {} for steps of up to {} tokens, {} sequences", format_bytes(alloc_.in_use() - before),
            max_tokens, max_seqs);
@@ -618,13 +627,18 @@ void GpuExecutor::launch(const ForwardBatch& batch, const std::vector<SampleSpec
   bool plain = true;  // no penalties, logit biases or bans: the captured graphs handle the step
   for (auto& s : specs) plain = plain && !s.modifies_logits() && !s.forced();
   bool greedy = plain;  // and every row greedy without top logprobs: the fast sampler
+  bool topk = plain;    // or every row greedy or with top_k in 1..64: the screen for sampled steps, without logprobs
   bool logprob = false;
   for (auto& s : specs) {
-    greedy = greedy && (s.sampler.temperature == 0.0f || s.sampler.top_k == 1) && s.top_logprobs == 0;
+    const bool g = s.sampler.temperature <= 0.0f || s.sampler.top_k == 1;
+    greedy = greedy && g && s.top_logprobs == 0;
+    topk = topk && (g || (s.sampler.top_k >= 1 && s.sampler.top_k <= kLmheadScreenMaxTopK)) && s.top_logprobs == 0;
     logprob = logprob || s.logprob;
   }
   // The lm_head screen writes no logprob: a greedy step of its sizes that wants one takes the greedy path without it.
-  const int kind = !greedy ? kGeneral : logprob && screen_for(R) ? kGreedyLogprob : kGreedy;
+  const int kind = greedy                                     ? (logprob && screen_for(R) ? kGreedyLogprob : kGreedy)
+                   : topk && !logprob && screen_topk_for(R) ? kTopK
+                                                               : kGeneral;
   StepBuffers& b = buf_[cur_];
   auto& graphs = b.graphs[kind];
   bool is_decode = R == T && int(batch.seqs.size()) == T;
@@ -652,7 +666,7 @@ void GpuExecutor::launch(const ForwardBatch& batch, const std::vector<SampleSpec
   if (graph_bs > 0) {
     MS_CUDA_CHECK(cudaGraphLaunch(graphs.at(graph_bs), stream_));
   } else {
-    in.head_argmax = greedy && R > 0 && head_argmax_for(R, kind);
+    in.head_argmax = (greedy || kind == kTopK) && R > 0 && head_argmax_for(R, kind);
     model_->forward(in, stream_);
     const bool pen = !h_pen_ids_.empty() || !h_ban_ids_.empty();
     if (R > 0) over_head_slices(in, [&](int r0, int n) { sample_rows(r0, n, R, kind, pen, in.head_argmax); });
@@ -774,9 +788,14 @@ void GpuExecutor::over_head_slices(const StepInputs& in, F f) {
 
 void GpuExecutor::sample_rows(int r0, int rows, int step_rows, int kind, bool with_penalties, bool head_argmax) {
   StepBuffers& b = buf_[cur_];
-  const bool greedy = kind != kGeneral;
+  const bool greedy = kind == kGreedy || kind == kGreedyLogprob;
   MS_CHECK(!head_argmax || (r0 == 0 && rows == step_rows), "the lm_head + argmax sampler over a slice of a step");
-  if (kind == kGreedy && head_argmax && screen_for(rows))
+  if (kind == kTopK && head_argmax)
+    lmhead_screen_topk(model_->head_rows(), rows, int(cfg_.hidden_size), model_->head_weight(), screen_weights_.get(),
+                       screen_amax_, int(cfg_.vocab_size),
+                       reinterpret_cast<const SampleRowParams*>(b.meta.get() + layout_->params_at(step_rows)),
+                       b.out_ids.get(), screen_ws_.get(), stream_);
+  else if (kind == kGreedy && head_argmax && screen_for(rows))
     lmhead_screen(model_->head_rows(), rows, int(cfg_.hidden_size), model_->head_weight(), screen_weights_.get(),
                   screen_amax_, int(cfg_.vocab_size), b.out_ids.get(), screen_ws_.get(), stream_);
   else if (greedy && head_argmax)
@@ -824,6 +843,7 @@ void GpuExecutor::capture_graphs() {
       upload_meta(stream_, layout_->block_tables + size_t(bs) * size_t(layout_->max_pages) * 4);
       for (int kind = 0; kind < kSamplerKinds; ++kind) {
         if (kind == kGreedyLogprob && !screen_for(bs)) continue;  // the same graph as kGreedy's
+        if (kind == kTopK && !screen_topk_for(bs)) continue;     // kGeneral's
         record_decode(bs, in, kind);  // eager warm-up: libraries pick algorithms, load modules outside capture
         MS_CUDA_CHECK(cudaStreamSynchronize(stream_));
         cudaGraph_t g = nullptr;
@@ -848,8 +868,10 @@ void GpuExecutor::capture_graphs() {
   MS_CUDA_CHECK(cudaStreamSynchronize(stream_));
   MS_CUDA_CHECK(cudaMemGetInfo(&free1, &total));
   log_info("CUDA graphs: {} decode batch sizes ({}..{}), each with the general and the greedy sampler for both "
-           "buffer sets ({} with a greedy form that writes logprobs beside the lm_head screen's), captured in {:.2f} s, {}",
+           "buffer sets ({} with a greedy form that writes logprobs beside the lm_head screen's, {} with the screen for "
+           "sampled steps), captured in {:.2f} s, {}",
            buf_[0].graphs[kGeneral].size(), sizes.back(), sizes.front(), buf_[0].graphs[kGreedyLogprob].size(),
+           buf_[0].graphs[kTopK].size(),
            now_s() - t0,
            format_bytes(free0 > free1 ? free0 - free1 : 0));
 }

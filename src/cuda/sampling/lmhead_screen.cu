@@ -58,6 +58,8 @@ struct Workspace {
   float* hi;    // [kTok][V]: a + B
   float* lo;    // [kTok][kMaxGrid]: the screen blocks' max of a - B
   Best* best;   // [kTok][kMaxGrid]: the pick blocks' bests
+  Best* topk;   // [kTok][kMaxGrid][kLmheadScreenMaxTopK]: the top-k pick blocks' best k (lmhead_screen_topk)
+  int* topk_n;  // [kTok][kMaxGrid]: how many of them each block wrote
 };
 // The folded form's grid state (the default; MOESERVE_LMHEAD_SCREEN_FOLD=0 does without), zero between launches: lmhead_screen_workspace_init
 // zeroes it once, the last block of each launch puts it back. Its own piece past both forms' layouts (the 9-64-row
@@ -74,6 +76,8 @@ Workspace carve(void* ws, int V, size_t* bytes = nullptr) {
   w.hi = c.take<float>(size_t(kTok) * size_t(V) * 4);
   w.lo = c.take<float>(size_t(kTok) * kMaxGrid * 4);
   w.best = c.take<Best>(size_t(kTok) * kMaxGrid * sizeof(Best));
+  w.topk = c.take<Best>(size_t(kTok) * kMaxGrid * kLmheadScreenMaxTopK * sizeof(Best));
+  w.topk_n = c.take<int>(size_t(kTok) * kMaxGrid * sizeof(int));
   if (bytes != nullptr) *bytes = c.used;
   return w;
 }
@@ -464,6 +468,124 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const Best* best, 
   }
 }
 
+// ---- the top-k pick (lmhead_screen_topk; after screen_kernel<false>) ----
+struct PickTopkArgs {
+  const bf16* x;  // [M][K]
+  const bf16* w;  // [V][K]
+  int M, K, V;
+  int screen_blocks;
+  const float* hi;
+  const float* lo;
+  const SampleRowParams* params;  // [M]
+  Best* topk;                     // [kTok][kMaxGrid][kLmheadScreenMaxTopK]
+  int* topk_n;                    // [kTok][kMaxGrid]
+};
+constexpr int kTopkGroups = 2 * kLmheadScreenMaxTopK;  // the most group maxima a threshold is chosen among
+
+// The k a row's candidates must cover: 1 for a greedy row (the sampler's rule: temperature <= 0, top_k 1 or
+// min_p > 1), else its top_k (the executor sends only rows of 1..kLmheadScreenMaxTopK; clamped for safety).
+__device__ __forceinline__ int row_k(const SampleRowParams& p) {
+  if (p.temperature <= 0.0f || p.top_k == 1 || p.min_p > 1.0f) return 1;
+  return min(max(p.top_k, 1), kLmheadScreenMaxTopK);
+}
+// (value descending, id ascending) as one 64-bit key, larger first: the sampler's order (-0 as +0; a NaN wherever its
+// bits put it, so that every candidate has a distinct rank).
+__device__ __forceinline__ unsigned long long topk_key(float v, int id) {
+  if (v == 0.0f) v = 0.0f;
+  const unsigned u = __float_as_uint(v);
+  const unsigned k = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+  return (static_cast<unsigned long long>(k) << 32) | (0xffffffffu - unsigned(id));
+}
+
+// A warp's threshold for token t: the k-th largest of G group maxima of the screen blocks' lower bounds (G the
+// smallest power of two >= 2k, up to kTopkGroups, or one group a block when there are fewer blocks). Each group
+// maximum is a distinct row's a - B, so at least k rows' exact logits reach it: every row whose a + B stays below it
+// has k rows above it and is not in the top k. -inf when fewer than k groups have a finite maximum (every row a
+// candidate). Grouping costs a little tightness (the k-th largest of all blocks' maxima would be the tightest such
+// value) for G^2 / 32 comparisons a lane instead of blocks^2 / 32.
+__device__ float topk_threshold(const float* lo, int blocks, int k, float* gmax, int lane) {
+  int G = 32;
+  while (G < 2 * k && G < kTopkGroups) G *= 2;
+  if (blocks < G) G = blocks;
+  for (int g = lane; g < G; g += 32) {
+    const int b0 = int(int64_t(g) * blocks / G), b1 = int(int64_t(g + 1) * blocks / G);
+    float m = -INFINITY;
+    for (int b = b0; b < b1; ++b) m = fmaxf(m, __ldcg(lo + b));
+    gmax[g] = m;
+  }
+  __syncwarp();
+  float t = -INFINITY;
+  for (int g = lane; g < G; g += 32) {
+    const float v = gmax[g];
+    int gt = 0, ge = 0;
+    for (int j = 0; j < G; ++j) gt += gmax[j] > v, ge += gmax[j] >= v;
+    if (gt < k && k <= ge && v > -INFINITY) t = v;  // every lane that finds it finds the same value
+  }
+  for (int o = 16; o > 0; o /= 2) t = fmaxf(t, __shfl_xor_sync(0xffffffffu, t, o));
+  __syncwarp();
+  return t;
+}
+
+// As pick_kernel, but each block keeps, a token, its candidates' best k by exact logit (the global top k is among
+// the union of the blocks' best k) in [token][block][rank], and their number in topk_n.
+__global__ void __launch_bounds__(kPickThreads) pick_topk_kernel(const __grid_constant__ PickTopkArgs a) {
+  extern __shared__ int cand[];  // (token << 24) | row - r0, then the exact logits at cand + cap
+  __shared__ float L[kTok];
+  __shared__ int kk[kTok], count;
+  __shared__ float gmax[kPickThreads / 32][kTopkGroups];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int M = a.M, K = a.K, V = a.V;
+  const int64_t r0 = int64_t(blockIdx.x) * V / gridDim.x, r1 = int64_t(blockIdx.x + 1) * V / gridDim.x;
+  const int64_t rows = r1 - r0, pairs = rows * M;
+  float* vals = reinterpret_cast<float*>(cand + pairs);
+  if (threadIdx.x == 0) count = 0;
+  if (threadIdx.x < M) kk[threadIdx.x] = row_k(a.params[threadIdx.x]);
+  pdl_enter();
+  __syncthreads();
+  for (int t = warp; t < M; t += kPickThreads / 32) {
+    const float th = topk_threshold(a.lo + t * kMaxGrid, a.screen_blocks, kk[t], gmax[warp], lane);
+    if (lane == 0) L[t] = th;
+  }
+  __syncthreads();
+  for (int64_t base = 0; base < pairs; base += 8 * kPickThreads) {
+    float v[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int64_t pr = base + threadIdx.x + int64_t(j) * kPickThreads;
+      v[j] = pr < pairs ? __ldcg(a.hi + (pr / rows) * V + r0 + pr % rows) : -INFINITY;
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int64_t pr = base + threadIdx.x + int64_t(j) * kPickThreads;
+      if (pr < pairs && v[j] >= L[pr / rows]) cand[atomicAdd(&count, 1)] = int((pr / rows) << 24) | int(pr % rows);
+    }
+  }
+  __syncthreads();
+  const int n = count;
+  for (int i = warp; i < n; i += kPickThreads / 32) {
+    const int t = cand[i] >> 24;
+    const float s = exact_logit(a.x + int64_t(t) * K, a.w + (r0 + (cand[i] & 0xffffff)) * K, K, lane);
+    if (lane == 0) vals[i] = s;
+  }
+  __syncthreads();
+  // A candidate's rank among the block's candidates of its token (distinct keys: distinct ranks 0 .. n_t - 1); the
+  // first k ranks go out. A block rarely has more than a few candidates; a flat row makes all of its rows candidates
+  // (n^2 comparisons: slow, not wrong).
+  for (int i = threadIdx.x; i < n; i += kPickThreads) {
+    const int t = cand[i] >> 24, id = int(r0) + (cand[i] & 0xffffff);
+    const unsigned long long key = topk_key(vals[i], id);
+    int rank = 0;
+    for (int j = 0; j < n; ++j)
+      rank += (cand[j] >> 24) == t && topk_key(vals[j], int(r0) + (cand[j] & 0xffffff)) > key;
+    if (rank < kk[t]) a.topk[(int64_t(t) * kMaxGrid + blockIdx.x) * kLmheadScreenMaxTopK + rank] = Best{vals[i], id};
+  }
+  if (threadIdx.x < M) {
+    int nt = 0;
+    for (int j = 0; j < n; ++j) nt += (cand[j] >> 24) == int(threadIdx.x);
+    a.topk_n[threadIdx.x * kMaxGrid + blockIdx.x] = min(nt, kk[threadIdx.x]);
+  }
+}
+
 struct Grids {
   int screen_blocks;
   size_t screen_smem;
@@ -553,8 +675,9 @@ std::string lmhead_screen_code(const DeviceInfo& dev) {
   for (const void* k :
        {reinterpret_cast<const void*>(screen_quantize_kernel), reinterpret_cast<const void*>(screen_kernel<false>),
         reinterpret_cast<const void*>(screen_kernel<true>), reinterpret_cast<const void*>(pick_kernel),
-        reinterpret_cast<const void*>(merge_kernel)})
+        reinterpret_cast<const void*>(merge_kernel), reinterpret_cast<const void*>(pick_topk_kernel)})
     if (std::string why = check_kernel_present(k, dev); !why.empty()) return why;
+  if (std::string why = topk_draw_code(dev); !why.empty()) return why;
   return wide_code(dev);
 }
 
@@ -591,6 +714,63 @@ void lmhead_screen(const bf16* x, int rows, int K, const bf16* w, const void* sc
   launch_pdl(pick_kernel, dim3(unsigned(g.pick_blocks)), dim3(kPickThreads), g.pick_smem, stream, pa);
   launch_pdl(merge_kernel, dim3(unsigned(rows)), dim3(kMergeThreads), 0, stream, static_cast<const Best*>(ws.best),
              g.pick_blocks, out_ids);
+}
+
+bool lmhead_screen_topk_supported(int rows, int K, int vocab) {
+  static const int sm = current_device_sm();
+  const bool shape = K >= kSliceK && K % kSliceK == 0 && K <= 8192 && vocab >= 1 && vocab < (1 << 24);
+  return shape && rows >= 1 && rows <= kTok && sm >= 80;
+}
+
+void lmhead_screen_topk(const bf16* x, int rows, int K, const bf16* w, const void* screen_weights, float amax_all,
+                        int vocab, const SampleRowParams* params, int32_t* out_ids, void* workspace,
+                        cudaStream_t stream) {
+  MS_CHECK(lmhead_screen_topk_supported(rows, K, vocab),
+           "lmhead_screen_topk: {} rows of K {} over {} (1-{} rows, K % {} == 0)", rows, K, vocab, kTok, kSliceK);
+  const Grids g = grids_for(rows, K, vocab, false);
+  const Workspace ws = carve(workspace, vocab);
+  const char* p = static_cast<const char*>(screen_weights);
+  ScreenArgs sa{x,
+                rows,
+                K,
+                vocab,
+                reinterpret_cast<const int8_t*>(p),
+                reinterpret_cast<const screen::RowMeta*>(p + meta_offset(vocab, K)),
+                amax_all,
+                ws.hi,
+                ws.lo,
+                l2_evict_first_weights() ? 1 : 0,
+                w,
+                nullptr,
+                nullptr};
+  MS_CHECK(raise_dynamic_smem(reinterpret_cast<const void*>(screen_kernel<false>), g.screen_smem),
+           "lmhead_screen_topk: the device refuses {} bytes of shared memory a block", g.screen_smem);
+  launch_pdl(screen_kernel<false>, dim3(unsigned(g.screen_blocks)), dim3(kWarps * 32), g.screen_smem, stream, sa);
+  PickTopkArgs pa{x, w, rows, K, vocab, g.screen_blocks, ws.hi, ws.lo, params, ws.topk, ws.topk_n};
+  const size_t smem = 2 * g.pick_smem;  // the candidates and their exact logits
+  MS_CHECK(raise_dynamic_smem(reinterpret_cast<const void*>(pick_topk_kernel), smem),
+           "lmhead_screen_topk: the device refuses {} bytes of shared memory a block", smem);
+  launch_pdl(pick_topk_kernel, dim3(unsigned(g.pick_blocks)), dim3(kPickThreads), smem, stream, pa);
+  launch_topk_draw(ws.topk, ws.topk_n, g.pick_blocks, rows, params, out_ids, stream);
+}
+
+std::vector<std::vector<std::pair<int, float>>> lmhead_screen_topk_candidates(const void* workspace, int rows,
+                                                                              int vocab, int K) {
+  const Grids g = grids_for(rows, K, vocab, false);
+  const Workspace ws = carve(const_cast<void*>(workspace), vocab);
+  std::vector<int> n(size_t(kTok) * kMaxGrid);
+  std::vector<Best> e(size_t(kTok) * kMaxGrid * kLmheadScreenMaxTopK);
+  MS_CUDA_CHECK(cudaDeviceSynchronize());
+  MS_CUDA_CHECK(cudaMemcpy(n.data(), ws.topk_n, n.size() * sizeof(int), cudaMemcpyDeviceToHost));
+  MS_CUDA_CHECK(cudaMemcpy(e.data(), ws.topk, e.size() * sizeof(Best), cudaMemcpyDeviceToHost));
+  std::vector<std::vector<std::pair<int, float>>> out(static_cast<size_t>(rows));
+  for (int t = 0; t < rows; ++t)
+    for (int b = 0; b < g.pick_blocks; ++b)
+      for (int i = 0; i < n[size_t(t) * kMaxGrid + b]; ++i) {
+        const Best& c = e[(size_t(t) * kMaxGrid + b) * kLmheadScreenMaxTopK + i];
+        out[size_t(t)].push_back({c.id, c.v});
+      }
+  return out;
 }
 
 }  // namespace moeserve::cuda

@@ -14,9 +14,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "cuda/common.h"
 #include "cuda/device.h"
+#include "cuda/sampling/sampling_types.h"
 
 namespace moeserve::cuda {
 
@@ -37,6 +40,25 @@ void lmhead_screen_workspace_init(void* workspace, int vocab, int K, cudaStream_
 // x: [rows, K] bf16 (the final norm's rows), w: [vocab, K] bf16 (the lm_head the copy was made from); out_ids[rows].
 void lmhead_screen(const bf16* x, int rows, int K, const bf16* w, const void* screen_weights, float amax_all,
                    int vocab, int32_t* out_ids, void* workspace, cudaStream_t stream);
+
+// The screen for sampled steps of 1-8 rows (lmhead_screen_topk.cu's draw after the screen and a top-k pick): every row
+// greedy (temperature 0, top_k 1 or min_p > 1) or sampling with top_k in 1..kLmheadScreenMaxTopK, without penalties,
+// logit biases, bans, logprobs or forced rows - the common chat request (Qwen3's generation_config: top_k 20, top_p
+// 0.95, temperature 0.6). A row's sampling distribution then depends only on the exact logits of its top k: the screen
+// keeps every row whose upper bound reaches the k-th largest of the blocks' lower bounds (at least k rows lie at or
+// above it), the pick evaluates those exactly and keeps each block's best k, and the draw runs the GPU sampler's own
+// set path (sampling_kernel.cuh's draw_in_set: the same filters and fixed-point masses, the token drawn in vocabulary
+// order) on the merged candidates - the token sample() draws from logits equal to the exact pass's. params: [rows]
+// device (temperature, top_k, top_p, min_p, random of each row); out_ids[rows].
+constexpr int kLmheadScreenMaxTopK = 64;
+bool lmhead_screen_topk_supported(int rows, int K, int vocab);
+void lmhead_screen_topk(const bf16* x, int rows, int K, const bf16* w, const void* screen_weights, float amax_all,
+                        int vocab, const SampleRowParams* params, int32_t* out_ids, void* workspace,
+                        cudaStream_t stream);
+// Tests: the candidates the last lmhead_screen_topk launch on `workspace` passed to its draw, per token row (id,
+// exact logit), in pick-block order (synchronizes).
+std::vector<std::vector<std::pair<int, float>>> lmhead_screen_topk_candidates(const void* workspace, int rows,
+                                                                              int vocab, int K);
 
 // Diagnostics of the last 9-64-row launch on `workspace` (synchronizes): the longest list of rows a (token, block)
 // and how many (token, block) lists overflowed (each overflow makes the pick evaluate all rows of that block).

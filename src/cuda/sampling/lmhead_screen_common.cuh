@@ -14,6 +14,7 @@
 #include "cuda/device.h"
 #include "cuda/moe/moe_ptx.cuh"
 #include "cuda/sampling/lmhead_screen_math.h"
+#include "cuda/sampling/sampling_types.h"
 
 namespace moeserve::cuda::screen_detail {
 
@@ -164,5 +165,12 @@ size_t wide_ws_bytes(int K);
 std::string wide_code(const DeviceInfo& dev);
 void launch_wide(const bf16* x, int rows, int K, const bf16* w, const void* screen_weights, float amax_all, int vocab,
                  int32_t* out_ids, void* workspace, cudaStream_t stream);
+
+// lmhead_screen_topk's draw (lmhead_screen_topk.cu): a block a token row merges the pick blocks' best k
+// (topk [row][kMaxGrid][kLmheadScreenMaxTopK], topk_n [row][kMaxGrid], `blocks` of them) and draws its token as the GPU
+// sampler draws from a candidate set; and whether this binary holds its kernel for `dev` ("" if so).
+void launch_topk_draw(const Best* topk, const int* topk_n, int blocks, int rows, const SampleRowParams* params,
+                      int32_t* out_ids, cudaStream_t stream);
+std::string topk_draw_code(const DeviceInfo& dev);
 
 }  // namespace moeserve::cuda::screen_detail
