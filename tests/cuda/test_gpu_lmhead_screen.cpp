@@ -548,3 +548,81 @@ TEST(LmheadScreen, DISABLED_Timing) {
                 double(V) * K / 1e6, M <= 8 ? "gemv_stream + greedy" : "lmhead_argmax", served_us);
   }
 }
+
+// The screen for sampled steps against the served path it replaces at 1-8 rows (gemv_stream + sample()), at Qwen3's
+// default sampling (temperature 0.6, top_k 20, top_p 0.95), and the greedy screen beside: back-to-back launches.
+TEST(LmheadScreenTopK, DISABLED_Timing) {
+  constexpr int V = 151936, K = 2048;
+  if (!gpu_usable(1, K, V) || !cuda::lmhead_screen_topk_supported(1, K, V)) GTEST_SKIP() << "needs a GPU";
+  const std::vector<uint16_t> hw = level_rows(size_t(V) * K, 4.0f * std::sqrt(3.0f / float(K)), 7);
+  Dev<uint16_t> w(hw);
+  const Screen s(w, V, K);
+  Dev<char> ws(cuda::lmhead_screen_workspace_bytes(V, K)), sws(cuda::sample_workspace_bytes(8, V));
+  cuda::lmhead_screen_workspace_init(ws.p, V, K, nullptr);
+  Dev<float> logits(size_t(8) * V);
+  Dev<int32_t> ids(8);
+  std::vector<cuda::SampleRowParams> hp(8);
+  for (int m = 0; m < 8; ++m) {
+    hp[size_t(m)].temperature = 0.6f, hp[size_t(m)].top_k = 20, hp[size_t(m)].top_p = 0.95f;
+    hp[size_t(m)].random = 0x9e3779b97f4a7c15ull * uint64_t(m + 1);
+  }
+  Dev<cuda::SampleRowParams> params(hp);
+  for (const int M : {1, 2, 4, 8}) {
+    Dev<uint16_t> x(token_rows(M, K, 900 + uint32_t(M)));
+    auto time_us = [&](auto&& f) {
+      for (int i = 0; i < 3; ++i) f();
+      MS_CUDA_CHECK(cudaDeviceSynchronize());
+      const int n = 50;
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < n; ++i) f();
+      MS_CUDA_CHECK(cudaDeviceSynchronize());
+      return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / n;
+    };
+    const auto* xb = reinterpret_cast<const cuda::bf16*>(x.p);
+    const auto* wb = reinterpret_cast<const cuda::bf16*>(w.p);
+    const double greedy_us = time_us([&] { cuda::lmhead_screen(xb, M, K, wb, s.q.p, s.amax, V, ids.p, ws.p, nullptr); });
+    const double topk_us = time_us(
+        [&] { cuda::lmhead_screen_topk(xb, M, K, wb, s.q.p, s.amax, V, params.p, ids.p, ws.p, nullptr); });
+    const double gemv_us = time_us([&] {
+      cuda::gemv_stream(xb, K, M, K, wb, V, logits.p, V, cuda::OutType::F32, nullptr);
+    });
+    const double served_us = time_us([&] {
+      cuda::gemv_stream(xb, K, M, K, wb, V, logits.p, V, cuda::OutType::F32, nullptr);
+      cuda::SampleArgs a;
+      a.logits = logits.p;
+      a.rows = M;
+      a.vocab = V;
+      a.params = params.p;
+      a.out_ids = ids.p;
+      a.workspace = sws.p;
+      cuda::sample(a, nullptr);
+    });
+    std::printf("[ info ] %d rows, temperature 0.6 / top_k 20 / top_p 0.95: screen for sampled steps %.1f us; "
+                "gemv_stream + sample() %.1f us (gemv_stream %.1f); greedy screen %.1f us\n",
+                M, topk_us, served_us, gemv_us, greedy_us);
+  }
+}
+
+// For ncu (per-kernel times: the screen, the top-k pick, the draw): the screen for sampled steps at 1 and 8 rows,
+// twice each, and nothing else on the GPU after the int8 copy is made.
+TEST(LmheadScreenTopK, DISABLED_Profile) {
+  constexpr int V = 151936, K = 2048;
+  if (!gpu_usable(1, K, V) || !cuda::lmhead_screen_topk_supported(1, K, V)) GTEST_SKIP() << "needs a GPU";
+  Dev<uint16_t> w(level_rows(size_t(V) * K, 4.0f * std::sqrt(3.0f / float(K)), 7));
+  const Screen s(w, V, K);
+  Dev<char> ws(cuda::lmhead_screen_workspace_bytes(V, K));
+  cuda::lmhead_screen_workspace_init(ws.p, V, K, nullptr);
+  Dev<int32_t> ids(8);
+  std::vector<cuda::SampleRowParams> hp(8);
+  for (auto& p : hp) p.temperature = 0.6f, p.top_k = 20, p.top_p = 0.95f, p.random = 12345;
+  Dev<cuda::SampleRowParams> params(hp);
+  for (const int M : {1, 8}) {
+    Dev<uint16_t> x(token_rows(M, K, 900 + uint32_t(M)));
+    for (int i = 0; i < 2; ++i)
+      cuda::lmhead_screen_topk(reinterpret_cast<const cuda::bf16*>(x.p), M, K, reinterpret_cast<const cuda::bf16*>(w.p),
+                               s.q.p, s.amax, V, params.p, ids.p, ws.p, nullptr);
+    MS_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto c = cuda::lmhead_screen_topk_candidates(ws.p, M, V, K);
+    std::printf("[ info ] %d rows: %zu candidates in the draw's lists for row 0\n", M, c[0].size());
+  }
+}

@@ -400,6 +400,75 @@ TEST(GpuModel, LmheadScreenStepsMatchTheGemmAndGreedySampler) {
   std::printf("[ info ] lm_head screen against the BF16 lm_head + greedy: %d samples compared\n", compared);
 }
 
+// Sampled graph steps through the lm_head screen for sampled steps (lmhead_screen_topk, the default at 1-8 rows whose
+// rows are greedy or take top_k <= 64 without logprobs) against the same steps without it
+// (MOESERVE_LMHEAD_SCREEN_TOPK=0: the BF16 lm_head + sample()), the same random bits on both: the draw is the sampler's
+// own, over logits that differ only in f32 summation order, so the tokens agree but where a draw lands within that
+// noise of a boundary (allowed once in all the draws). Rows mix temperature 0.8 / top_k 20 / top_p 0.95, greedy, and
+// temperature 1.3 / top_k 5 / min_p 0.05, at 1, 3 (the graph of 4) and 8 sequences.
+TEST(GpuModel, SampledScreenStepsMatchTheGemmAndSampler) {
+  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  Runner plain = make_switched_off("MOESERVE_LMHEAD_SCREEN_TOPK");
+  Runner screened = make("cuda");
+  const int64_t V = screened.r->config().vocab_size;
+  int compared = 0, differ = 0, not_argmax = 0;
+  for (const int count : {1, 3, 8}) {
+    std::vector<std::vector<int32_t>> seqs = random_prompts(count, V, 41 + uint32_t(count), 5, 7, 23);
+    prefill(plain, seqs, 9);  // room for the 8 steps and the last one
+    prefill(screened, seqs, 9);
+    for (int step = 0; step < 8; ++step) {
+      std::vector<SampleSpec> specs;
+      std::mt19937_64 unused(1);
+      ForwardBatch fb = fixed_token_step(screened, seqs, step, V, unused, specs);
+      std::mt19937_64 ra(100 + uint64_t(step) + 1000 * uint64_t(count)), rb = ra;
+      for (size_t s = 0; s < specs.size(); ++s) {
+        SampleSpec& sp = specs[s];
+        sp.logprob = false;
+        const int form = int(s + size_t(step)) % 3;
+        sp.sampler.temperature = form == 0 ? 0.8f : form == 1 ? 0.0f : 1.3f;
+        sp.sampler.top_k = form == 0 ? 20 : form == 1 ? -1 : 5;
+        sp.sampler.top_p = form == 0 ? 0.95f : 1.0f;
+        sp.sampler.min_p = form == 2 ? 0.05f : 0.0f;
+      }
+      std::vector<SampleSpec> specs_b = specs;
+      for (SampleSpec& sp : specs) sp.rng = &ra;
+      for (SampleSpec& sp : specs_b) sp.rng = &rb;
+      std::vector<Sampled> got, want;
+      screened.r->step(fb, specs, got);
+      for (size_t s = 0; s < fb.seqs.size(); ++s) fb.seqs[s].block_table = plain.pages[s].data();
+      plain.r->step(fb, specs_b, want);
+      ASSERT_EQ(got.size(), seqs.size());
+      ASSERT_EQ(want.size(), seqs.size());
+      for (size_t s = 0; s < seqs.size(); ++s) {
+        ASSERT_GE(got[s].token, 0);
+        ASSERT_LT(got[s].token, V);
+        differ += got[s].token != want[s].token;
+        ++compared;
+        seqs[s].push_back(fb.tokens[s]);
+      }
+    }
+    // The same sequences once more greedily through the plain runner: how often the sampled rows left the argmax.
+    std::vector<SampleSpec> specs;
+    std::mt19937_64 rng(1);
+    ForwardBatch fb = fixed_token_step(plain, seqs, 8, V, rng, specs);
+    for (SampleSpec& sp : specs) sp.logprob = false;
+    std::vector<Sampled> greedy;
+    plain.r->step(fb, specs, greedy);
+    for (size_t s = 0; s < fb.seqs.size(); ++s) fb.seqs[s].block_table = screened.pages[s].data();
+    for (SampleSpec& sp : specs) sp.sampler.temperature = 1.5f, sp.sampler.top_k = 40;
+    std::vector<Sampled> drawn;
+    screened.r->step(fb, specs, drawn);
+    for (size_t s = 0; s < seqs.size(); ++s) not_argmax += drawn[s].token != greedy[s].token;
+    release(plain);
+    release(screened);
+  }
+  std::printf("[ info ] sampled screen steps against the BF16 lm_head + sample(): %d samples compared, %d differ; "
+              "%d of 12 draws at temperature 1.5 / top_k 40 off the argmax\n",
+              compared, differ, not_argmax);
+  EXPECT_LE(differ, 1) << "of " << compared;
+  EXPECT_GT(not_argmax, 0) << "temperature 1.5 / top_k 40 never left the argmax: the draw ignores its random bits?";
+}
+
 // The overlap schedule's launches: step n + 1 is launched before step n is collected, its tokens the samples step n
 // leaves on the device (previous_samples), its metadata uploaded and step n's samples copied back on side streams.
 // Graph-replayed greedy steps, graph steps with the general sampler (top logprobs), and eager steps (graphs off)
