@@ -6,8 +6,9 @@
 # Env: MODELS (default "q30b8l"; "q30b8l q30b" for both: q30b needs ~57 GiB of disk, so the q30b8l copy is removed
 # first and q30b is removed after its run, unless KEEP_Q30B=1: on the 64 GiB GPU machine nothing else that writes
 # to disk fits beside it), BENCH_DIR (models; default /tmp/moeserve-bench), SERVE_ARGS (extra serve flags),
-# SCENARIOS (default "decode1 conc64 conc128 prefill": a subset for quick A/B), BENCH_ARGS (extra `moeserve bench` flags,
-# e.g. "--temperature 0.6": sampled requests, which take the checkpoint's top_k / top_p), OUT (where logs.tgz goes),
+# SCENARIOS (default "decode1 conc64 conc128 prefill": a subset for quick A/B; "conc8", 8 concurrent, only when named),
+# BENCH_ARGS (extra `moeserve bench` flags, e.g. "--temperature 0.6": sampled requests, which take the checkpoint's
+# top_k / top_p), OUT (where logs.tgz goes),
 # STEP_TRACE (default 1: each server writes a step trace, MOESERVE_STEP_TRACE, unless the caller set that, and the
 # table is followed by one line a scenario run from tools/step_trace_summary.py --brief; 0: no trace), GPU_SAMPLE
 # (default 1: nvidia-smi samples the SM clock and the power draw every 20 ms through each scenario, and one line a
@@ -114,6 +115,7 @@ for m in $MODELS; do
   st=$(( ($(date +%s%N) - t0) / 1000000 ))
   rows+=("$(printf '%-8s %-9s %-62s %s' "$m" startup "$st ms to /health 200" "$(target "$m" startup)")")
   bench "$m" decode1 8 1 512 128 output_throughput
+  bench "$m" conc8 64 8 512 128 output_throughput  # not a target: only when SCENARIOS names it
   if [[ $m == q30b8l ]]; then
     bench "$m" conc64 256 64 512 128 output_throughput
     bench "$m" conc128 512 128 512 128 output_throughput
