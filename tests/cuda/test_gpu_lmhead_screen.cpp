@@ -54,6 +54,8 @@ struct HostScreen {
   std::vector<int> candidates;
   int argmax = -1;
   double top = 0, second = 0;
+  std::vector<float> lo, hi;   // every row's a - B and a + B
+  std::vector<double> exact;   // every row's double logit
 };
 HostScreen host_screen(const std::vector<uint16_t>& x, int K, const std::vector<uint16_t>& w, int V) {
   std::vector<screen::RowMeta> meta(static_cast<size_t>(V));
@@ -79,6 +81,7 @@ HostScreen host_screen(const std::vector<uint16_t>& x, int K, const std::vector<
   const float exk = screen::ex_term(0.0f, K, amax_all);  // bf16 -> fp16 is exact for these rows
   std::vector<float> lo(static_cast<size_t>(V)), hi(static_cast<size_t>(V));
   HostScreen h;
+  h.exact.resize(static_cast<size_t>(V));
   h.top = -INFINITY, h.second = -INFINITY;
   float L = -INFINITY;
   for (int r = 0; r < V; ++r) {
@@ -90,12 +93,15 @@ HostScreen host_screen(const std::vector<uint16_t>& x, int K, const std::vector<
     }
     const float a = meta[size_t(r)].scale * acc, b = screen::bound(a, meta[size_t(r)].c, x1, exk);
     lo[size_t(r)] = a - b, hi[size_t(r)] = a + b;
+    h.exact[size_t(r)] = exact;
     L = std::max(L, a - b);
     if (exact > h.top) h.second = h.top, h.top = exact, h.argmax = r;
     else if (exact > h.second) h.second = exact;
   }
   for (int r = 0; r < V; ++r)
     if (hi[size_t(r)] >= L) h.candidates.push_back(r);
+  h.lo = std::move(lo);
+  h.hi = std::move(hi);
   return h;
 }
 
@@ -151,6 +157,18 @@ Exact exact_logits(const std::vector<uint16_t>& hx, int m, int K, const std::vec
   return e;
 }
 
+// Wall time of f in microseconds: the mean of 50 back-to-back calls after 3 (the timing reports' measure).
+template <class F>
+double time_us(F&& f) {
+  for (int i = 0; i < 3; ++i) f();
+  MS_CUDA_CHECK(cudaDeviceSynchronize());
+  const int n = 50;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < n; ++i) f();
+  MS_CUDA_CHECK(cudaDeviceSynchronize());
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / n;
+}
+
 }  // namespace
 
 // No GPU: the bound of lmhead_screen_math.h keeps the exact argmax among the candidates of a host emulation, on
@@ -181,6 +199,48 @@ TEST(LmheadScreenBound, KeepsTheArgmaxAndFewRows) {
   const HostScreen h = host_screen(x, K, w, V);
   ASSERT_NE(std::find(h.candidates.begin(), h.candidates.end(), h.argmax), h.candidates.end());
   EXPECT_GE(h.candidates.size(), size_t(40));  // every near-copy stays a candidate
+}
+
+// No GPU: the top-k rule of the screen for sampled steps (lmhead_screen_math.h's groups, as lmhead_screen_topk's pick
+// applies it over the 1-8-row screen's blocks: 264 blocks of 16-row runs, as on a 132-SM GPU): at least k rows lie at
+// or above the threshold, every row of the double top k (clear of the k-th by more than f32 noise) reaches it, and it
+// keeps a small share of the rows.
+TEST(LmheadScreenBound, TopKThresholdKeepsTheTopK) {
+  const int K = 2048, V = 6000, S = 264, kGroups = 128;
+  const float hw = 4.0f * std::sqrt(3.0f / float(K));
+  for (uint32_t seed : {1u, 2u, 3u}) {
+    const std::vector<uint16_t> w = level_rows(size_t(V) * K, hw, 100 + seed);
+    const HostScreen h = host_screen(token_rows(1, K, 200 + seed), K, w, V);
+    const int row_blocks = (V + 15) / 16;
+    std::vector<float> block_lo(static_cast<size_t>(S), -INFINITY);
+    for (int b = 0; b < S; ++b)
+      for (int r = b * row_blocks / S * 16; r < std::min(V, (b + 1) * row_blocks / S * 16); ++r)
+        block_lo[size_t(b)] = std::max(block_lo[size_t(b)], h.lo[size_t(r)]);
+    std::vector<double> sorted = h.exact;
+    std::sort(sorted.begin(), sorted.end(), std::greater<double>());
+    const double tol = 1e-5 * std::max(std::fabs(sorted.front()), std::fabs(sorted.back())) + 1e-6;
+    for (const int k : {1, 2, 5, 20, 64}) {
+      const int G = screen::topk_group_count(k, S, kGroups);
+      std::vector<float> gmax(static_cast<size_t>(G), -INFINITY);
+      for (int g = 0; g < G; ++g)
+        for (int b = screen::topk_group_begin(g, G, S); b < screen::topk_group_begin(g + 1, G, S); ++b)
+          gmax[size_t(g)] = std::max(gmax[size_t(g)], block_lo[size_t(b)]);
+      std::sort(gmax.begin(), gmax.end(), std::greater<float>());
+      ASSERT_GE(G, k) << "seed " << seed << " k " << k;
+      const float L = gmax[size_t(k - 1)];
+      int at_or_above = 0, kept = 0;
+      for (int r = 0; r < V; ++r) {
+        at_or_above += h.lo[size_t(r)] >= L;
+        kept += h.hi[size_t(r)] >= L;
+        if (h.exact[size_t(r)] > sorted[size_t(k - 1)] + tol) {
+          EXPECT_GE(h.hi[size_t(r)], L) << "seed " << seed << " k " << k << ": row " << r << " of the top k dropped";
+        }
+      }
+      EXPECT_GE(at_or_above, k) << "seed " << seed << " k " << k;
+      EXPECT_LT(kept, V / 5) << "seed " << seed << " k " << k;
+      if (seed == 1) std::printf("[ info ] %d rows, top_k %d: %d groups, %d rows kept\n", V, k, G, kept);
+    }
+  }
 }
 
 TEST(LmheadScreen, MatchesDoubleArgmax) {
@@ -520,15 +580,6 @@ TEST(LmheadScreen, DISABLED_Timing) {
   for (const int M : {1, 2, 4, 5, 6, 7, 8, 16, 32, 64}) {
     if (!gpu_usable(M, K, V)) continue;
     Dev<uint16_t> x(token_rows(M, K, 900 + uint32_t(M)));
-    auto time_us = [&](auto&& f) {
-      for (int i = 0; i < 3; ++i) f();
-      MS_CUDA_CHECK(cudaDeviceSynchronize());
-      const int n = 50;
-      const auto t0 = std::chrono::steady_clock::now();
-      for (int i = 0; i < n; ++i) f();
-      MS_CUDA_CHECK(cudaDeviceSynchronize());
-      return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / n;
-    };
     const double screen_us = time_us([&] {
       cuda::lmhead_screen(reinterpret_cast<const cuda::bf16*>(x.p), M, K, reinterpret_cast<const cuda::bf16*>(w.p),
                           s.q.p, s.amax, V, ids.p, ws.p, nullptr);
@@ -569,15 +620,6 @@ TEST(LmheadScreenTopK, DISABLED_Timing) {
   Dev<cuda::SampleRowParams> params(hp);
   for (const int M : {1, 2, 4, 8}) {
     Dev<uint16_t> x(token_rows(M, K, 900 + uint32_t(M)));
-    auto time_us = [&](auto&& f) {
-      for (int i = 0; i < 3; ++i) f();
-      MS_CUDA_CHECK(cudaDeviceSynchronize());
-      const int n = 50;
-      const auto t0 = std::chrono::steady_clock::now();
-      for (int i = 0; i < n; ++i) f();
-      MS_CUDA_CHECK(cudaDeviceSynchronize());
-      return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / n;
-    };
     const auto* xb = reinterpret_cast<const cuda::bf16*>(x.p);
     const auto* wb = reinterpret_cast<const cuda::bf16*>(w.p);
     const double greedy_us = time_us([&] { cuda::lmhead_screen(xb, M, K, wb, s.q.p, s.amax, V, ids.p, ws.p, nullptr); });

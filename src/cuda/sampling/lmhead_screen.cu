@@ -497,18 +497,14 @@ __device__ __forceinline__ unsigned long long topk_key(float v, int id) {
   return (static_cast<unsigned long long>(k) << 32) | (0xffffffffu - unsigned(id));
 }
 
-// A warp's threshold for token t: the k-th largest of G group maxima of the screen blocks' lower bounds (G the
-// smallest power of two >= 2k, up to kTopkGroups, or one group a block when there are fewer blocks). Each group
-// maximum is a distinct row's a - B, so at least k rows' exact logits reach it: every row whose a + B stays below it
-// has k rows above it and is not in the top k. -inf when fewer than k groups have a finite maximum (every row a
-// candidate). Grouping costs a little tightness (the k-th largest of all blocks' maxima would be the tightest such
-// value) for G^2 / 32 comparisons a lane instead of blocks^2 / 32.
+// A warp's threshold for token t: the k-th largest of G group maxima of the screen blocks' lower bounds (the groups
+// and why the value bounds the top k: lmhead_screen_math.h's topk_group_count). -inf when fewer than k groups have a
+// finite maximum (every row a candidate). Grouping costs a little tightness (the k-th largest of all blocks' maxima
+// would be the tightest such value) for G^2 / 32 comparisons a lane instead of blocks^2 / 32.
 __device__ float topk_threshold(const float* lo, int blocks, int k, float* gmax, int lane) {
-  int G = 32;
-  while (G < 2 * k && G < kTopkGroups) G *= 2;
-  if (blocks < G) G = blocks;
+  const int G = screen::topk_group_count(k, blocks, kTopkGroups);
   for (int g = lane; g < G; g += 32) {
-    const int b0 = int(int64_t(g) * blocks / G), b1 = int(int64_t(g + 1) * blocks / G);
+    const int b0 = screen::topk_group_begin(g, G, blocks), b1 = screen::topk_group_begin(g + 1, G, blocks);
     float m = -INFINITY;
     for (int b = b0; b < b1; ++b) m = fmaxf(m, __ldcg(lo + b));
     gmax[g] = m;

@@ -63,6 +63,20 @@ MS_SCREEN_HD float bound(float approx, float c, float x1, float ex_ka) {
   return (c * x1 + ex_ka + kApproxRel * fabsf(approx)) * kRoundUp;
 }
 MS_SCREEN_HD float ex_term(float e_x, int K, float amax_all) { return 1.01f * e_x * float(K) * amax_all; }
+// The screen for sampled steps (lmhead_screen_topk): a row's threshold is the k-th largest of G group maxima of the
+// screen blocks' lower bounds (max a - B over a block's rows). The groups are disjoint runs of blocks, so their maxima
+// are k distinct rows' a - B and at least k rows' exact logits lie at or above the k-th largest of them: a row whose
+// a + B stays below it is not in the top k. G: the smallest power of two of at least 32 and 2k, at most max_groups, at
+// most the blocks (one group a block); group g holds blocks [topk_group_begin(g), topk_group_begin(g + 1)).
+MS_SCREEN_HD int topk_group_count(int k, int blocks, int max_groups) {
+  int G = 32;
+  while (G < 2 * k && G < max_groups) G *= 2;
+  return blocks < G ? blocks : G;
+}
+MS_SCREEN_HD int topk_group_begin(int g, int groups, int blocks) {
+  return int(static_cast<long long>(g) * blocks / groups);
+}
+
 // X1 from a sum of |x| in f32 over K elements: rounded up by K ulps.
 MS_SCREEN_HD float round_up_l1(float sum, int K) { return sum * (1.0f + float(K) * 1.1920928955078125e-07f); }
 
