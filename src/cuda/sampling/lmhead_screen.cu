@@ -388,6 +388,27 @@ __global__ void __launch_bounds__(kWarps * 32) screen_kernel(const __grid_consta
 }
 
 // ---- 2. the pick ----
+// The (token, row) pairs of rows [r0, r0 + rows) whose a + B (hi [token][V]) reaches their token's bound L[token], as
+// (token << 24) | (row - r0) in cand (count: shared, zeroed before), over the block's threads in batches of 8 a thread,
+// every load of a batch in flight before the first comparison.
+__device__ __forceinline__ void list_candidates(const float* hi, int V, int64_t r0, int64_t rows, int M, const float* L,
+                                                int* cand, int* count) {
+  const int64_t pairs = rows * M;
+  for (int64_t base = 0; base < pairs; base += 8 * kPickThreads) {
+    float v[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int64_t pr = base + threadIdx.x + int64_t(j) * kPickThreads;
+      v[j] = pr < pairs ? __ldcg(hi + (pr / rows) * V + r0 + pr % rows) : -INFINITY;
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int64_t pr = base + threadIdx.x + int64_t(j) * kPickThreads;
+      if (pr < pairs && v[j] >= L[pr / rows]) cand[atomicAdd(count, 1)] = int((pr / rows) << 24) | int(pr % rows);
+    }
+  }
+}
+
 struct PickArgs {
   const bf16* x;  // [M][K]
   const bf16* w;  // [V][K]
@@ -417,22 +438,8 @@ __global__ void __launch_bounds__(kPickThreads) pick_kernel(const __grid_constan
     if (lane == 0) L[t] = m;
   }
   __syncthreads();
-  // The (token, row) pairs of this block's rows in batches of 8 a thread, every load of a batch in flight before
-  // the first comparison.
-  const int64_t rows = r1 - r0, pairs = rows * M;
-  for (int64_t base = 0; base < pairs; base += 8 * kPickThreads) {
-    float v[8];
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const int64_t pr = base + threadIdx.x + int64_t(j) * kPickThreads;
-      v[j] = pr < pairs ? __ldcg(a.hi + (pr / rows) * V + r0 + pr % rows) : -INFINITY;
-    }
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const int64_t pr = base + threadIdx.x + int64_t(j) * kPickThreads;
-      if (pr < pairs && v[j] >= L[pr / rows]) cand[atomicAdd(&count, 1)] = int((pr / rows) << 24) | int(pr % rows);
-    }
-  }
+  const int64_t rows = r1 - r0;
+  list_candidates(a.hi, V, r0, rows, M, L, cand, &count);
   __syncthreads();
   const int n = count;
   // A warp a candidate (exact_logit: the same value for the same (token, row) whichever block or warp computes it).
@@ -543,19 +550,7 @@ __global__ void __launch_bounds__(kPickThreads) pick_topk_kernel(const __grid_co
     if (lane == 0) L[t] = th;
   }
   __syncthreads();
-  for (int64_t base = 0; base < pairs; base += 8 * kPickThreads) {
-    float v[8];
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const int64_t pr = base + threadIdx.x + int64_t(j) * kPickThreads;
-      v[j] = pr < pairs ? __ldcg(a.hi + (pr / rows) * V + r0 + pr % rows) : -INFINITY;
-    }
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const int64_t pr = base + threadIdx.x + int64_t(j) * kPickThreads;
-      if (pr < pairs && v[j] >= L[pr / rows]) cand[atomicAdd(&count, 1)] = int((pr / rows) << 24) | int(pr % rows);
-    }
-  }
+  list_candidates(a.hi, V, r0, rows, M, L, cand, &count);
   __syncthreads();
   const int n = count;
   for (int i = warp; i < n; i += kPickThreads / 32) {
