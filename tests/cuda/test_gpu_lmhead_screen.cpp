@@ -169,6 +169,19 @@ double time_us(F&& f) {
   return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / n;
 }
 
+// sample() over rows x V logits with the rows' parameters, ids only.
+void sample_ids(const float* logits, int rows, int V, const cuda::SampleRowParams* params, int32_t* ids, void* ws,
+                cudaStream_t stream) {
+  cuda::SampleArgs a;
+  a.logits = logits;
+  a.rows = rows;
+  a.vocab = V;
+  a.params = params;
+  a.out_ids = ids;
+  a.workspace = ws;
+  cuda::sample(a, stream);
+}
+
 }  // namespace
 
 // No GPU: the bound of lmhead_screen_math.h keeps the exact argmax among the candidates of a host emulation, on
@@ -416,14 +429,7 @@ void check_topk(int V, int K, int M, bool graph) {
     }
     full.upload(hfull);
     want.poison();
-    cuda::SampleArgs a;
-    a.logits = full.p;
-    a.rows = M;
-    a.vocab = V;
-    a.params = params.p;
-    a.out_ids = want.p;
-    a.workspace = sws.p;
-    cuda::sample(a, st);
+    sample_ids(full.p, M, V, params.p, want.p, sws.p, st);
     MS_CUDA_CHECK(cudaStreamSynchronize(st));
     const std::vector<int32_t> w2 = want.download();
     for (int m = 0; m < M; ++m)
@@ -630,14 +636,7 @@ TEST(LmheadScreenTopK, DISABLED_Timing) {
     });
     const double served_us = time_us([&] {
       cuda::gemv_stream(xb, K, M, K, wb, V, logits.p, V, cuda::OutType::F32, nullptr);
-      cuda::SampleArgs a;
-      a.logits = logits.p;
-      a.rows = M;
-      a.vocab = V;
-      a.params = params.p;
-      a.out_ids = ids.p;
-      a.workspace = sws.p;
-      cuda::sample(a, nullptr);
+      sample_ids(logits.p, M, V, params.p, ids.p, sws.p, nullptr);
     });
     std::printf("[ info ] %d rows, temperature 0.6 / top_k 20 / top_p 0.95: screen for sampled steps %.1f us; "
                 "gemv_stream + sample() %.1f us (gemv_stream %.1f); greedy screen %.1f us\n",

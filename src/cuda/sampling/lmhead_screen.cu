@@ -610,6 +610,25 @@ FoldState* fold_state(void* workspace, int vocab, int K) {
   return reinterpret_cast<FoldState*>(static_cast<char*>(workspace) + fold_state_offset(vocab, K));
 }
 
+// The 1-8-row screen kernel's arguments (fs / out_ids: the folded form's grid state and ids; null for the unfolded one).
+ScreenArgs screen_args(const bf16* x, int rows, int K, int vocab, const bf16* w, const void* screen_weights,
+                       float amax_all, const Workspace& ws, FoldState* fs, int32_t* out_ids) {
+  const char* p = static_cast<const char*>(screen_weights);
+  return ScreenArgs{x,
+                    rows,
+                    K,
+                    vocab,
+                    reinterpret_cast<const int8_t*>(p),
+                    reinterpret_cast<const screen::RowMeta*>(p + meta_offset(vocab, K)),
+                    amax_all,
+                    ws.hi,
+                    ws.lo,
+                    l2_evict_first_weights() ? 1 : 0,
+                    w,
+                    fs,
+                    out_ids};
+}
+
 }  // namespace
 
 bool screen_detail::screen_fold() {
@@ -680,20 +699,8 @@ void lmhead_screen(const bf16* x, int rows, int K, const bf16* w, const void* sc
   const bool fold = screen_fold();
   const Grids g = grids_for(rows, K, vocab, fold);
   const Workspace ws = carve(workspace, vocab);
-  const char* p = static_cast<const char*>(screen_weights);
-  ScreenArgs sa{x,
-                rows,
-                K,
-                vocab,
-                reinterpret_cast<const int8_t*>(p),
-                reinterpret_cast<const screen::RowMeta*>(p + meta_offset(vocab, K)),
-                amax_all,
-                ws.hi,
-                ws.lo,
-                l2_evict_first_weights() ? 1 : 0,
-                w,
-                fold_state(workspace, vocab, K),
-                out_ids};
+  const ScreenArgs sa = screen_args(x, rows, K, vocab, w, screen_weights, amax_all, ws,
+                                    fold_state(workspace, vocab, K), out_ids);
   auto* kernel = fold ? screen_kernel<true> : screen_kernel<false>;
   MS_CHECK(raise_dynamic_smem(reinterpret_cast<const void*>(kernel), g.screen_smem),
            "lmhead_screen: the device refuses {} bytes of shared memory a block", g.screen_smem);
@@ -720,20 +727,7 @@ void lmhead_screen_topk(const bf16* x, int rows, int K, const bf16* w, const voi
            "lmhead_screen_topk: {} rows of K {} over {} (1-{} rows, K % {} == 0)", rows, K, vocab, kTok, kSliceK);
   const Grids g = grids_for(rows, K, vocab, false);
   const Workspace ws = carve(workspace, vocab);
-  const char* p = static_cast<const char*>(screen_weights);
-  ScreenArgs sa{x,
-                rows,
-                K,
-                vocab,
-                reinterpret_cast<const int8_t*>(p),
-                reinterpret_cast<const screen::RowMeta*>(p + meta_offset(vocab, K)),
-                amax_all,
-                ws.hi,
-                ws.lo,
-                l2_evict_first_weights() ? 1 : 0,
-                w,
-                nullptr,
-                nullptr};
+  const ScreenArgs sa = screen_args(x, rows, K, vocab, w, screen_weights, amax_all, ws, nullptr, nullptr);
   MS_CHECK(raise_dynamic_smem(reinterpret_cast<const void*>(screen_kernel<false>), g.screen_smem),
            "lmhead_screen_topk: the device refuses {} bytes of shared memory a block", g.screen_smem);
   launch_pdl(screen_kernel<false>, dim3(unsigned(g.screen_blocks)), dim3(kWarps * 32), g.screen_smem, stream, sa);
