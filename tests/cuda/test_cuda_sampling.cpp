@@ -146,41 +146,17 @@ std::vector<float> cpu_modified(const Batch& b, int r) {
   return lg;
 }
 
-// The kept tokens of kernels::sample_token (same code path) with their renormalised probabilities.
+// The kept tokens of kernels::sample_token (kernels::kept_set, the set it draws from) with their renormalised
+// probabilities.
 std::map<int32_t, double> cpu_kept(const std::vector<float>& lg, const SampleRowParams& p) {
-  const int64_t V = int64_t(lg.size());
-  std::vector<int32_t> idx(V);
-  std::iota(idx.begin(), idx.end(), 0);
-  const int64_t keep = (p.top_k > 0 && p.top_k < V) ? p.top_k : V;
-  std::partial_sort(idx.begin(), idx.begin() + keep, idx.end(),
-                    [&](int32_t a, int32_t c) { return lg[a] > lg[c] || (lg[a] == lg[c] && a < c); });
-  idx.resize(keep);
-  std::vector<double> prob(keep);
-  const double mx = lg[idx[0]] / p.temperature;
-  double sum = 0;
-  for (int64_t i = 0; i < keep; ++i) sum += prob[i] = std::exp(double(lg[idx[i]]) / p.temperature - mx);
-  for (auto& q : prob) q /= sum;
-  int64_t n = keep;
-  if (p.top_p < 1.0f) {
-    double cum = 0;
-    for (int64_t i = 0; i < keep; ++i) {
-      cum += prob[i];
-      if (cum >= p.top_p) {
-        n = i + 1;
-        break;
-      }
-    }
-  }
-  if (p.min_p > 0.0f) {
-    const double floor = prob[0] * p.min_p;
-    int64_t m = 1;
-    while (m < n && prob[m] >= floor) ++m;
-    n = m;
-  }
-  double total = 0;
-  for (int64_t i = 0; i < n; ++i) total += prob[i];
+  kernels::SamplerParams sp;
+  sp.temperature = p.temperature;
+  sp.top_k = p.top_k;
+  sp.top_p = p.top_p;
+  sp.min_p = p.min_p;
+  const kernels::KeptSet k = kernels::kept_set(lg.data(), int64_t(lg.size()), sp);
   std::map<int32_t, double> r;
-  for (int64_t i = 0; i < n; ++i) r[idx[i]] = prob[i] / total;
+  for (size_t i = 0; i < k.ids.size(); ++i) r[k.ids[i]] = k.prob[i] / k.total;
   return r;
 }
 

@@ -27,6 +27,16 @@ struct SamplerParams {
   float min_p = 0.0f;
 };
 
+// The tokens a non-greedy draw can take, in the order (logit descending, id ascending), after top-k, top-p and min-p,
+// with their probabilities within the top-k set (prob sums to total, at most 1: top-p and min-p cut it, nothing
+// renormalizes); sample_token draws from these.
+struct KeptSet {
+  std::vector<int32_t> ids;
+  std::vector<double> prob;
+  double total = 0;
+};
+KeptSet kept_set(const float* logits, int64_t V, const SamplerParams& p);
+
 // Samples one token. Greedy when temperature == 0 (or top_k == 1).
 int32_t sample_token(const float* logits, int64_t V, const SamplerParams& p, std::mt19937_64& rng);
 

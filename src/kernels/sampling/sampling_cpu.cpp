@@ -30,16 +30,18 @@ int32_t argmax(const float* logits, int64_t V) {
   return int32_t(std::max_element(logits, logits + V) - logits);  // first maximum
 }
 
-int32_t sample_token(const float* logits, int64_t V, const SamplerParams& p, std::mt19937_64& rng) {
-  if (p.temperature <= 0.0f || p.top_k == 1) return argmax(logits, V);
+KeptSet kept_set(const float* logits, int64_t V, const SamplerParams& p) {
   // Candidates sorted by logit; the filters below all act on that order.
-  std::vector<int32_t> idx(V);
+  KeptSet k;
+  std::vector<int32_t>& idx = k.ids;
+  idx.resize(size_t(V));
   std::iota(idx.begin(), idx.end(), 0);
   int64_t keep = (p.top_k > 0 && p.top_k < V) ? p.top_k : V;
   std::partial_sort(idx.begin(), idx.begin() + keep, idx.end(),
                     [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
-  idx.resize(keep);
-  std::vector<double> prob(keep);
+  idx.resize(size_t(keep));
+  std::vector<double>& prob = k.prob;
+  prob.resize(size_t(keep));
   double mx = logits[idx[0]] / p.temperature, sum = 0;
   for (int64_t i = 0; i < keep; ++i) sum += prob[i] = std::exp(double(logits[idx[i]]) / p.temperature - mx);
   for (auto& q : prob) q /= sum;
@@ -60,14 +62,22 @@ int32_t sample_token(const float* logits, int64_t V, const SamplerParams& p, std
     while (m < n && prob[m] >= floor) ++m;
     n = m;
   }
-  double total = 0;
-  for (int64_t i = 0; i < n; ++i) total += prob[i];
-  double r = std::uniform_real_distribution<double>(0.0, total)(rng);
+  idx.resize(size_t(n));
+  prob.resize(size_t(n));
+  for (int64_t i = 0; i < n; ++i) k.total += prob[i];
+  return k;
+}
+
+int32_t sample_token(const float* logits, int64_t V, const SamplerParams& p, std::mt19937_64& rng) {
+  if (p.temperature <= 0.0f || p.top_k == 1) return argmax(logits, V);
+  const KeptSet k = kept_set(logits, V, p);
+  const int64_t n = int64_t(k.ids.size());
+  double r = std::uniform_real_distribution<double>(0.0, k.total)(rng);
   for (int64_t i = 0; i < n; ++i) {
-    r -= prob[i];
-    if (r <= 0) return idx[i];
+    r -= k.prob[size_t(i)];
+    if (r <= 0) return k.ids[size_t(i)];
   }
-  return idx[n - 1];
+  return k.ids[size_t(n - 1)];
 }
 
 }  // namespace moeserve::kernels
