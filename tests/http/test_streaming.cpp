@@ -75,8 +75,10 @@ struct DisconnectProbe {
   }
 };
 
-void add_stream_route(Server& server, StreamBox& box) {
-  server.route("GET", "/stream", [&box](const Request&, std::shared_ptr<Responder> r) {
+// GET /stream: starts a stream and leaves its responder in `box` (telling `probe`, if any, of a disconnect).
+void add_stream_route(Server& server, StreamBox& box, DisconnectProbe* probe = nullptr) {
+  server.route("GET", "/stream", [&box, probe](const Request&, std::shared_ptr<Responder> r) {
+    if (probe != nullptr) r->on_disconnect(probe->callback());
     r->start_stream();
     box.add(std::move(r));
   });
@@ -188,11 +190,7 @@ TEST(HttpStreaming, SlowReaderIsDroppedInsteadOfBufferingForever) {
   Server server(o);
   StreamBox box;
   DisconnectProbe probe;
-  server.route("GET", "/stream", [&](const Request&, std::shared_ptr<Responder> r) {
-    r->on_disconnect(probe.callback());
-    r->start_stream();
-    box.add(std::move(r));
-  });
+  add_stream_route(server, box, &probe);
   server.start();
   RawClient c(server.port());  // never reads
   c.send(get_request("/stream"));
@@ -349,11 +347,7 @@ TEST(HttpStreaming, GracefulShutdownLetsTheInFlightStreamFinish) {
   Server server(test_options());
   StreamBox box;
   DisconnectProbe probe;
-  server.route("GET", "/stream", [&](const Request&, std::shared_ptr<Responder> r) {
-    r->on_disconnect(probe.callback());
-    r->start_stream();
-    box.add(std::move(r));
-  });
+  add_stream_route(server, box, &probe);
   server.route("GET", "/health", [](const Request&, std::shared_ptr<Responder> r) { r->respond(200, "text/plain", "ok"); });
   server.start();
   uint16_t port = server.port();
@@ -391,11 +385,7 @@ TEST(HttpStreaming, CloseAllEndsStreamsAndFiresDisconnect) {
   Server server(test_options());
   StreamBox box;
   DisconnectProbe probe;
-  server.route("GET", "/stream", [&](const Request&, std::shared_ptr<Responder> r) {
-    r->on_disconnect(probe.callback());
-    r->start_stream();
-    box.add(std::move(r));
-  });
+  add_stream_route(server, box, &probe);
   server.start();
   RawClient c(server.port());
   c.send(get_request("/stream"));
