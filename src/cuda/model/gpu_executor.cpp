@@ -666,7 +666,7 @@ void GpuExecutor::launch(const ForwardBatch& batch, const std::vector<SampleSpec
   if (graph_bs > 0) {
     MS_CUDA_CHECK(cudaGraphLaunch(graphs.at(graph_bs), stream_));
   } else {
-    in.head_argmax = (greedy || kind == kTopK) && R > 0 && head_argmax_for(R, kind);
+    in.head_argmax = kind != kGeneral && R > 0 && head_argmax_for(R, kind);
     model_->forward(in, stream_);
     const bool pen = !h_pen_ids_.empty() || !h_ban_ids_.empty();
     if (R > 0) over_head_slices(in, [&](int r0, int n) { sample_rows(r0, n, R, kind, pen, in.head_argmax); });

@@ -39,6 +39,7 @@
 #include "cuda/registry.h"
 #include "cuda/sampling/lmhead_screen_common.cuh"
 #include "cuda/sampling/lmhead_screen_math.h"
+#include "cuda/sampling/sampling_device.cuh"
 
 namespace moeserve::cuda {
 using namespace screen_detail;
@@ -495,13 +496,10 @@ __device__ __forceinline__ int row_k(const SampleRowParams& p) {
   if (p.temperature <= 0.0f || p.top_k == 1 || p.min_p > 1.0f) return 1;
   return min(max(p.top_k, 1), kLmheadScreenMaxTopK);
 }
-// (value descending, id ascending) as one 64-bit key, larger first: the sampler's order (-0 as +0; a NaN wherever its
-// bits put it, so that every candidate has a distinct rank).
+// (value descending, id ascending) as one 64-bit key, larger first: the sampler's own order key (sampling_device.cuh;
+// distinct ids, distinct keys, so every candidate has a distinct rank).
 __device__ __forceinline__ unsigned long long topk_key(float v, int id) {
-  if (v == 0.0f) v = 0.0f;
-  const unsigned u = __float_as_uint(v);
-  const unsigned k = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-  return (static_cast<unsigned long long>(k) << 32) | (0xffffffffu - unsigned(id));
+  return sampling_detail::rank_key(sampling_detail::order_key(v), id);
 }
 
 // A warp's threshold for token t: the k-th largest of G group maxima of the screen blocks' lower bounds (the groups
@@ -664,6 +662,10 @@ void lmhead_screen_workspace_init(void* workspace, int vocab, int K, cudaStream_
 }
 
 namespace {
+// The hidden sizes and vocabularies both screens take: K a multiple of 128 up to 8,192, vocab < 2^24.
+bool screen_shape_ok(int K, int vocab) {
+  return K >= kSliceK && K % kSliceK == 0 && K <= 8192 && vocab >= 1 && vocab < (1 << 24);
+}
 // The fewest rows the 9-64-row form takes on sm_90 (MOESERVE_SCREEN_WIDE_FROM, 2-9; 9: the 1-8-row form up to 8).
 // Default 5 (H100s; served steps overlapped): at 2 and 4 rows the wide form was 5 us slower alone and the step 2-4 us
 // slower (session 49); at 5-7 rows the step 8-13 us faster with it, though alone it is 1.5 us slower at 5-6 rows and
@@ -677,8 +679,7 @@ bool use_wide(int rows) {
 
 bool lmhead_screen_supported(int rows, int K, int vocab) {
   static const int sm = current_device_sm();
-  const bool shape = K >= kSliceK && K % kSliceK == 0 && K <= 8192 && vocab >= 1 && vocab < (1 << 24);
-  return shape && rows >= 1 && rows <= kWideRows && (use_wide(rows) ? sm / 10 == 9 : sm >= 80);
+  return screen_shape_ok(K, vocab) && rows >= 1 && rows <= kWideRows && (use_wide(rows) ? sm / 10 == 9 : sm >= 80);
 }
 
 std::string lmhead_screen_code(const DeviceInfo& dev) {
@@ -716,8 +717,7 @@ void lmhead_screen(const bf16* x, int rows, int K, const bf16* w, const void* sc
 
 bool lmhead_screen_topk_supported(int rows, int K, int vocab) {
   static const int sm = current_device_sm();
-  const bool shape = K >= kSliceK && K % kSliceK == 0 && K <= 8192 && vocab >= 1 && vocab < (1 << 24);
-  return shape && rows >= 1 && rows <= kTok && sm >= 80;
+  return screen_shape_ok(K, vocab) && rows >= 1 && rows <= kTok && sm >= 80;
 }
 
 void lmhead_screen_topk(const bf16* x, int rows, int K, const bf16* w, const void* screen_weights, float amax_all,
