@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "cuda/gemm/backends.h"
 #include "cuda/gemm/gemm.h"
 #include "cuda/sampling/greedy.h"
 #include "cuda/sampling/lmhead_argmax.h"
@@ -351,8 +352,14 @@ constexpr TopkCase kTopkCases[] = {{0.6f, 20, 0.95f, 0.0f}, {1.0f, 64, 1.0f, 0.0
                                    {1.5f, 5, 0.8f, 0.1f},   {0.3f, 1, 1.0f, 0.0f},  {2.0f, 40, 0.5f, 0.0f},
                                    {1.0f, 2, 1.0f, 0.0f},   {0.8f, 33, 1.0f, 0.02f}};
 
-void check_topk(int V, int K, int M, bool graph) {
-  const std::vector<uint16_t> hw = level_rows(size_t(V) * K, 4.0f * std::sqrt(3.0f / float(K)), 11 + uint32_t(V));
+// flat: every weight row the same (every logit of a row tied, every row a candidate: the 9-64-row pick's overflow path
+// where a slice holds more rows than its list).
+void check_topk(int V, int K, int M, bool graph, bool flat = false) {
+  std::vector<uint16_t> hw = level_rows(size_t(flat ? 1 : V) * K, 4.0f * std::sqrt(3.0f / float(K)), 11 + uint32_t(V));
+  if (flat) {
+    hw.resize(size_t(V) * K);
+    for (int r = 1; r < V; ++r) std::copy(hw.begin(), hw.begin() + K, hw.begin() + size_t(r) * K);
+  }
   const std::vector<uint16_t> hx = token_rows(M, K, 900 + uint32_t(M) + uint32_t(V));
   Dev<uint16_t> w(hw), x(hx);
   const Screen sc(w, V, K);
@@ -452,6 +459,16 @@ TEST(LmheadScreenTopK, DrawsWhatTheSamplerDrawsFromTheCandidates) {
   for (const int M : {1, 3, 8}) check_topk(3001, 256, M, false);
   check_topk(151936, 2048, 8, false);
   check_topk(151936, 2048, 1, true);
+}
+
+// 9-64 rows (sm_90): the wide stream writing every row's a + B, a pick block a (slice, token), the same draw.
+TEST(LmheadScreenTopK, WideRowsDrawWhatTheSamplerDraws) {
+  if (!gpu_usable(9, 256, 3001) || !cuda::lmhead_screen_topk_supported(9, 256, 3001))
+    GTEST_SKIP() << "needs an sm_90 GPU";
+  for (const int M : {9, 33, 64}) check_topk(3001, 256, M, false);
+  check_topk(151936, 2048, 16, false);
+  check_topk(20000, 512, 24, true);
+  check_topk(40000, 256, 64, false, /*flat=*/true);  // 8 slices of 5,000 rows (132 SMs), each over its list of 2,048
 }
 
 // Every row the same: the screen keeps them all and the exact pass takes the lowest id (row 0 holds a NaN, so row 1);
@@ -614,33 +631,41 @@ TEST(LmheadScreenTopK, DISABLED_Timing) {
   const std::vector<uint16_t> hw = level_rows(size_t(V) * K, 4.0f * std::sqrt(3.0f / float(K)), 7);
   Dev<uint16_t> w(hw);
   const Screen s(w, V, K);
-  Dev<char> ws(cuda::lmhead_screen_workspace_bytes(V, K)), sws(cuda::sample_workspace_bytes(8, V));
+  Dev<char> ws(cuda::lmhead_screen_workspace_bytes(V, K)), sws(cuda::sample_workspace_bytes(64, V));
   cuda::lmhead_screen_workspace_init(ws.p, V, K, nullptr);
-  Dev<float> logits(size_t(8) * V);
-  Dev<int32_t> ids(8);
-  std::vector<cuda::SampleRowParams> hp(8);
-  for (int m = 0; m < 8; ++m) {
+  Dev<float> logits(size_t(64) * V);
+  Dev<int32_t> ids(64);
+  std::vector<cuda::SampleRowParams> hp(64);
+  for (int m = 0; m < 64; ++m) {
     hp[size_t(m)].temperature = 0.6f, hp[size_t(m)].top_k = 20, hp[size_t(m)].top_p = 0.95f;
     hp[size_t(m)].random = 0x9e3779b97f4a7c15ull * uint64_t(m + 1);
   }
   Dev<cuda::SampleRowParams> params(hp);
-  for (const int M : {1, 2, 4, 8}) {
+  // 9-64 rows: the lm_head on cuBLASLt (the GEMM backend's usual pick at these sizes) before sample().
+  auto lt = cuda::make_cublaslt_backend(true);
+  std::string code;
+  const bool have_lt = lt->prepare(cuda::list_devices().at(0), code).empty();
+  for (const int M : {1, 2, 4, 8, 16, 32, 64}) {
+    if (!cuda::lmhead_screen_topk_supported(M, K, V) || (M > 8 && !have_lt)) continue;
     Dev<uint16_t> x(token_rows(M, K, 900 + uint32_t(M)));
     const auto* xb = reinterpret_cast<const cuda::bf16*>(x.p);
     const auto* wb = reinterpret_cast<const cuda::bf16*>(w.p);
     const double greedy_us = time_us([&] { cuda::lmhead_screen(xb, M, K, wb, s.q.p, s.amax, V, ids.p, ws.p, nullptr); });
     const double topk_us = time_us(
         [&] { cuda::lmhead_screen_topk(xb, M, K, wb, s.q.p, s.amax, V, params.p, ids.p, ws.p, nullptr); });
-    const double gemv_us = time_us([&] {
-      cuda::gemv_stream(xb, K, M, K, wb, V, logits.p, V, cuda::OutType::F32, nullptr);
-    });
+    auto head = [&] {
+      if (M <= 8) cuda::gemv_stream(xb, K, M, K, wb, V, logits.p, V, cuda::OutType::F32, nullptr);
+      else lt->run(xb, K, M, K, wb, V, logits.p, V, cuda::OutType::F32, nullptr);
+    };
+    const double gemv_us = time_us(head);
     const double served_us = time_us([&] {
-      cuda::gemv_stream(xb, K, M, K, wb, V, logits.p, V, cuda::OutType::F32, nullptr);
+      head();
       sample_ids(logits.p, M, V, params.p, ids.p, sws.p, nullptr);
     });
     std::printf("[ info ] %d rows, temperature 0.6 / top_k 20 / top_p 0.95: screen for sampled steps %.1f us; "
-                "gemv_stream + sample() %.1f us (gemv_stream %.1f); greedy screen %.1f us\n",
-                M, topk_us, served_us, gemv_us, greedy_us);
+                "%s + sample() %.1f us (%s %.1f); greedy screen %.1f us\n",
+                M, topk_us, M <= 8 ? "gemv_stream" : "cuBLASLt", served_us, M <= 8 ? "gemv_stream" : "cuBLASLt",
+                gemv_us, greedy_us);
   }
 }
 
@@ -653,11 +678,12 @@ TEST(LmheadScreenTopK, DISABLED_Profile) {
   const Screen s(w, V, K);
   Dev<char> ws(cuda::lmhead_screen_workspace_bytes(V, K));
   cuda::lmhead_screen_workspace_init(ws.p, V, K, nullptr);
-  Dev<int32_t> ids(8);
-  std::vector<cuda::SampleRowParams> hp(8);
+  Dev<int32_t> ids(64);
+  std::vector<cuda::SampleRowParams> hp(64);
   for (auto& p : hp) p.temperature = 0.6f, p.top_k = 20, p.top_p = 0.95f, p.random = 12345;
   Dev<cuda::SampleRowParams> params(hp);
-  for (const int M : {1, 8}) {
+  for (const int M : {1, 8, 64}) {
+    if (!cuda::lmhead_screen_topk_supported(M, K, V)) continue;
     Dev<uint16_t> x(token_rows(M, K, 900 + uint32_t(M)));
     for (int i = 0; i < 2; ++i)
       cuda::lmhead_screen_topk(reinterpret_cast<const cuda::bf16*>(x.p), M, K, reinterpret_cast<const cuda::bf16*>(w.p),

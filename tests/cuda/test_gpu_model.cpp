@@ -400,19 +400,19 @@ TEST(GpuModel, LmheadScreenStepsMatchTheGemmAndGreedySampler) {
   std::printf("[ info ] lm_head screen against the BF16 lm_head + greedy: %d samples compared\n", compared);
 }
 
-// Sampled graph steps through the lm_head screen for sampled steps (lmhead_screen_topk, the default at 1-8 rows whose
+// Sampled graph steps through the lm_head screen for sampled steps (lmhead_screen_topk, the default at 1-64 rows whose
 // rows are greedy or take top_k <= 64 without logprobs) against the same steps without it
 // (MOESERVE_LMHEAD_SCREEN_TOPK=0: the BF16 lm_head + sample()), the same random bits on both: the draw is the sampler's
 // own, over logits that differ only in f32 summation order, so the tokens agree but where a draw lands within that
-// noise of a boundary (allowed once in all the draws). Rows mix temperature 0.8 / top_k 20 / top_p 0.95, greedy, and
-// temperature 1.3 / top_k 5 / min_p 0.05, at 1, 3 (the graph of 4) and 8 sequences.
+// noise of a boundary (allowed once, and once more every 200 draws). Rows mix temperature 0.8 / top_k 20 / top_p 0.95,
+// greedy, and temperature 1.3 / top_k 5 / min_p 0.05, at 1, 3 (the graph of 4), 8, 13 (the graph of 16) and 32 sequences.
 TEST(GpuModel, SampledScreenStepsMatchTheGemmAndSampler) {
   if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
   Runner plain = make_switched_off("MOESERVE_LMHEAD_SCREEN_TOPK");
   Runner screened = make("cuda");
   const int64_t V = screened.r->config().vocab_size;
-  int compared = 0, differ = 0, not_argmax = 0;
-  for (const int count : {1, 3, 8}) {
+  int compared = 0, differ = 0, not_argmax = 0, high_t = 0;
+  for (const int count : {1, 3, 8, 13, 32}) {  // 13 and 32: the 9-64-row form on sm_90 (13 in the graph of 16)
     std::vector<std::vector<int32_t>> seqs = random_prompts(count, V, 41 + uint32_t(count), 5, 7, 23);
     prefill(plain, seqs, 9);  // room for the 8 steps and the last one
     prefill(screened, seqs, 9);
@@ -458,14 +458,14 @@ TEST(GpuModel, SampledScreenStepsMatchTheGemmAndSampler) {
     for (SampleSpec& sp : specs) sp.sampler.temperature = 1.5f, sp.sampler.top_k = 40;
     std::vector<Sampled> drawn;
     screened.r->step(fb, specs, drawn);
-    for (size_t s = 0; s < seqs.size(); ++s) not_argmax += drawn[s].token != greedy[s].token;
+    for (size_t s = 0; s < seqs.size(); ++s) not_argmax += drawn[s].token != greedy[s].token, ++high_t;
     release(plain);
     release(screened);
   }
   std::printf("[ info ] sampled screen steps against the BF16 lm_head + sample(): %d samples compared, %d differ; "
-              "%d of 12 draws at temperature 1.5 / top_k 40 off the argmax\n",
-              compared, differ, not_argmax);
-  EXPECT_LE(differ, 1) << "of " << compared;
+              "%d of %d draws at temperature 1.5 / top_k 40 off the argmax\n",
+              compared, differ, not_argmax, high_t);
+  EXPECT_LE(differ, 1 + compared / 200) << "of " << compared;
   EXPECT_GT(not_argmax, 0) << "temperature 1.5 / top_k 40 never left the argmax: the draw ignores its random bits?";
 }
 

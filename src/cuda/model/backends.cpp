@@ -284,24 +284,23 @@ std::string lmhead_screen_self_test(int K, double& max_err) {
   return "";
 }
 
-// The screen for sampled steps (lmhead_screen_topk) at the model's hidden size, 5 rows (greedy; top_k 20, 5, 64 and 2
-// with temperatures, top_p and min_p): every candidate's exact logit against the double sum on the CPU, every row
-// clearly inside a row's top k among its candidates, each drawn id inside its row's top k (a greedy row's the argmax
-// where it is clear).
-std::string lmhead_screen_topk_self_test(int K, double& max_err) {
-  max_err = 0;
-  const int rows = 5, V = 2 * 384 + 61 * 16 + 5;
-  if (!lmhead_screen_topk_supported(rows, K, V)) return "";
-  std::mt19937 g(23);
+// The screen for sampled steps (lmhead_screen_topk) at the model's hidden size, 5 rows (the 1-8-row form) and 17 (the
+// 9-64-row form on sm_90), each cycling through greedy and top_k 20, 5, 64 and 2 with temperatures, top_p and min_p:
+// every candidate's exact logit against the double sum on the CPU, every row clearly inside a row's top k among its
+// candidates, each drawn id inside its row's top k (a greedy row's the argmax where it is clear).
+std::string lmhead_screen_topk_self_test_rows(int K, int rows, double& max_err) {
+  const int V = 2 * 384 + 61 * 16 + 5;
+  std::mt19937 g(23 + unsigned(rows));
   const std::vector<uint16_t> hx = random_bf16(size_t(rows) * K, g, 1.0f), hw = random_bf16(size_t(V) * K, g, 0.05f);
   std::vector<SampleRowParams> hp(rows);
-  const float temps[rows] = {0.0f, 0.7f, 1.0f, 1.5f, 0.5f}, top_p[rows] = {1.0f, 0.95f, 1.0f, 0.8f, 1.0f};
-  const int top_k[rows] = {-1, 20, 5, 64, 2};
+  constexpr int kCases = 5;
+  const float temps[kCases] = {0.0f, 0.7f, 1.0f, 1.5f, 0.5f}, top_p[kCases] = {1.0f, 0.95f, 1.0f, 0.8f, 1.0f};
+  const int top_k[kCases] = {-1, 20, 5, 64, 2};
   for (int m = 0; m < rows; ++m) {
-    hp[size_t(m)].temperature = temps[m];
-    hp[size_t(m)].top_k = top_k[m];
-    hp[size_t(m)].top_p = top_p[m];
-    hp[size_t(m)].min_p = m == 2 ? 0.05f : 0.0f;
+    hp[size_t(m)].temperature = temps[m % kCases];
+    hp[size_t(m)].top_k = top_k[m % kCases];
+    hp[size_t(m)].top_p = top_p[m % kCases];
+    hp[size_t(m)].min_p = m % kCases == 2 ? 0.05f : 0.0f;
     hp[size_t(m)].random = 0x9e3779b97f4a7c15ull * uint64_t(m + 1);
   }
   Scratch dx(hx.size() * 2), dw(hw.size() * 2), dids(rows * 4), dq(lmhead_screen_weight_bytes(V, K)),
@@ -323,14 +322,14 @@ std::string lmhead_screen_topk_self_test(int K, double& max_err) {
   for (size_t i = 0; i < hw.size(); ++i) wf[i] = bf16_to_f32(hw[i]);
   for (int m = 0; m < rows; ++m) {
     const HostLogits h = host_logits(hx, m, K, wf, V);
-    if (temps[m] == 0.0f) {
+    if (temps[m % kCases] == 0.0f) {
       if (std::string why = check_argmax(m, ids[m], h, V); !why.empty()) return why;
       continue;
     }
     std::vector<double> sorted = h.lg;
     std::sort(sorted.begin(), sorted.end(), std::greater<double>());
     const double scale = std::max(std::fabs(sorted.front()), std::fabs(sorted.back()));
-    const double tol = 1e-5 * scale + 1e-6, kth = sorted[size_t(std::min(top_k[m], V) - 1)];
+    const double tol = 1e-5 * scale + 1e-6, kth = sorted[size_t(std::min(top_k[m % kCases], V) - 1)];
     std::vector<char> listed(size_t(V), 0);
     for (const auto& [id, v] : cands[size_t(m)]) {
       if (id < 0 || id >= V) return fmt::format("row {}: candidate {} outside the vocabulary of {}", m, id, V);
@@ -341,10 +340,18 @@ std::string lmhead_screen_topk_self_test(int K, double& max_err) {
     }
     for (int v = 0; v < V; ++v)
       if (h.lg[size_t(v)] > kth + tol && !listed[size_t(v)])
-        return fmt::format("row {}: row {} (logit {}) of the top {} is not a candidate", m, v, h.lg[size_t(v)], top_k[m]);
+        return fmt::format("row {}: row {} (logit {}) of the top {} is not a candidate", m, v, h.lg[size_t(v)],
+                           top_k[m % kCases]);
     if (ids[m] < 0 || ids[m] >= V || h.lg[size_t(ids[m])] < kth - tol)
-      return fmt::format("row {}: drew {} outside the top {}", m, ids[m], top_k[m]);
+      return fmt::format("row {}: drew {} outside the top {}", m, ids[m], top_k[m % kCases]);
   }
+  return "";
+}
+std::string lmhead_screen_topk_self_test(int K, double& max_err) {
+  max_err = 0;
+  for (const int rows : {5, 17})
+    if (lmhead_screen_topk_supported(rows, K, 2 * 384 + 61 * 16 + 5))
+      if (std::string why = lmhead_screen_topk_self_test_rows(K, rows, max_err); !why.empty()) return why;
   return "";
 }
 
@@ -586,11 +593,11 @@ SelectedBackends select_backends(const DeviceInfo& dev, const ModelShapes& shape
       [&](double& err) { return lmhead_screen_self_test(shapes.hidden, err); }, shapes.hidden, dev, req, out.reports);
   out.lmhead_screen_topk = add_greedy_fast_path(
       {"lmhead_screen_topk", OpFamily::Sampling, {90}, {"bf16"}, false, true,
-       "sampled steps of 1-8 rows with top_k <= 64 (or greedy) and no logprobs or penalties: the lm_head screen keeps "
+       "sampled steps of 1-64 rows with top_k <= 64 (or greedy) and no logprobs or penalties: the lm_head screen keeps "
        "the rows that may be in a row's top k, their BF16 logits, the sampler's draw over them"},
       lmhead_screen_code(dev),
       lmhead_screen_topk_supported(5, shapes.hidden, shapes.vocab) ? "" : "not supported (a multiple of 128 up to 8,192)",
-      "MOESERVE_LMHEAD_SCREEN_TOPK", true, "sampled steps of 1-8 rows with top_k <= 64, no logprobs or penalties",
+      "MOESERVE_LMHEAD_SCREEN_TOPK", true, "sampled steps of 1-64 rows with top_k <= 64, no logprobs or penalties",
       [&](double& err) { return lmhead_screen_topk_self_test(shapes.hidden, err); }, shapes.hidden, dev, req,
       out.reports);
   // Dense GEMM.

@@ -40,7 +40,7 @@ struct SelectedBackends {
   std::string attention;
   bool lmhead_argmax = false;  // greedy steps of 32-64 rows take lmhead_argmax (self-test passed, switch on)
   bool lmhead_screen = false;  // greedy steps of 1-8 rows without logprobs take lmhead_screen (passed, switch on)
-  bool lmhead_screen_topk = false;  // sampled steps of 1-8 rows with top_k <= 64 take lmhead_screen_topk (idem)
+  bool lmhead_screen_topk = false;  // sampled steps of 1-64 rows with top_k <= 64 take lmhead_screen_topk (idem)
   bool capturable = true;  // every chosen backend can be recorded in a CUDA graph
   std::vector<BackendReport> reports;
 };

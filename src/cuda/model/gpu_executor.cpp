@@ -39,7 +39,7 @@ constexpr int kMaxSplits = 16;   // split-KV parts of a decode sequence
 constexpr int kMinHeadRows = 256;
 // How a step samples (and which set of captured graphs it replays): the general sampler; the all-greedy fast path (the
 // lm_head screen at the sizes it takes); the all-greedy fast path where a row wants a logprob (no screen); the lm_head
-// screen for sampled steps (lmhead_screen_topk: 1-8 rows, each greedy or with top_k in 1..64, no logprobs).
+// screen for sampled steps (lmhead_screen_topk: 1-64 rows, each greedy or with top_k in 1..64, no logprobs).
 enum SamplerKind { kGeneral = 0, kGreedy = 1, kGreedyLogprob = 2, kTopK = 3, kSamplerKinds = 4 };
 
 size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
@@ -322,9 +322,9 @@ GpuExecutor::GpuExecutor(const std::string& model_dir, const GpuOptions& opts) :
     screen_ws_ = DeviceArray<uint8_t>(alloc_, lmhead_screen_workspace_bytes(V, H), "activations");
     lmhead_screen_workspace_init(screen_ws_.get(), V, H, stream_);
     log_info("lm_head screen: an int8 copy of the lm_head ({}) for {}", format_bytes(screen_weights_.bytes()),
-             be_.lmhead_screen && be_.lmhead_screen_topk ? "greedy steps of 1-64 rows and sampled steps of 1-8 (top_k <= 64)"
+             be_.lmhead_screen && be_.lmhead_screen_topk ? "greedy and sampled (top_k <= 64) steps of 1-64 rows"
              : be_.lmhead_screen                         ? "greedy steps of 1-64 rows"
-                                                         : "sampled steps of 1-8 rows (top_k <= 64)");
+                                                         : "sampled steps of 1-64 rows (top_k <= 64)");
   }
   log_info("activations: {} for steps of up to {} tokens, {} sequences", format_bytes(alloc_.in_use() - before),
            max_tokens, max_seqs);

@@ -575,6 +575,103 @@ __global__ void __launch_bounds__(kPickThreads) pick_topk_kernel(const __grid_co
   }
 }
 
+// ---- the 9-64-row top-k pick (lmhead_screen_topk; after wide_screen_hi_kernel) ----
+// A block a (row slice, token): blockIdx.y the token, blockIdx.x one of gridDim.x contiguous slices of the vocabulary.
+// The token's threshold as pick_topk_kernel takes it (over the wide stream's block maxima); the slice's rows whose a + B
+// reaches it listed (the loads of eight rows a thread in flight together), evaluated exactly (a warp a row) and cut to
+// the best k, which go out in the order (value descending, id ascending) as the draw expects. A slice lists into a
+// shared list of kWTopkCap; one that overflows it (a flat or non-finite row: ~10-40 candidates are usual) is done
+// again in windows of kWTopkCap - k rows, each window's candidates cut to the best k together with the best so far.
+struct WidePickTopkArgs {
+  const bf16* x;  // [M][K]
+  const bf16* w;  // [V][K]
+  int M, K, V;
+  int screen_blocks;
+  const float* hi;  // [M][V]
+  const float* lo;  // [M][kMaxGrid]
+  const SampleRowParams* params;
+  Best* topk;   // [M][kMaxGrid][kLmheadScreenMaxTopK]
+  int* topk_n;  // [M][kMaxGrid]
+};
+constexpr int kWTopkCap = 2048;
+__global__ void __launch_bounds__(kPickThreads) wide_pick_topk_kernel(const __grid_constant__ WidePickTopkArgs a) {
+  __shared__ int cand[kWTopkCap];
+  __shared__ float val[kWTopkCap];
+  __shared__ Best kept[kLmheadScreenMaxTopK];
+  __shared__ float gmax[kTopkGroups];
+  __shared__ float L;
+  __shared__ int count;
+  const int t = int(blockIdx.y), tid = int(threadIdx.x), warp = tid / 32, lane = tid % 32;
+  const int K = a.K, V = a.V;
+  const int64_t r0 = int64_t(blockIdx.x) * V / gridDim.x, r1 = int64_t(blockIdx.x + 1) * V / gridDim.x;
+  const int k = row_k(a.params[t]);
+  pdl_enter();
+  if (warp == 0) {
+    const float th = topk_threshold(a.lo + t * kMaxGrid, a.screen_blocks, k, gmax, lane);
+    if (lane == 0) L = th, count = 0;
+  }
+  __syncthreads();
+  const float th = L;
+  const float* hrow = a.hi + int64_t(t) * V;
+  const bf16* xr = a.x + int64_t(t) * K;
+  int kept_n = 0;              // the best so far, at cand / val [0, kept_n) (count starts each window there)
+  int64_t window = r1 - r0;    // the slice at once; after an overflow, windows that cannot overflow
+  for (int64_t p = r0; p < r1;) {
+    const int64_t e = min(r1, p + window);
+    for (int64_t base = p; base < e; base += 8 * kPickThreads) {
+      float v[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int64_t r = base + tid + j * kPickThreads;
+        v[j] = r < e ? __ldcg(hrow + r) : -INFINITY;
+      }
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int64_t r = base + tid + j * kPickThreads;
+        if (r < e && v[j] >= th) {
+          const int slot = atomicAdd(&count, 1);
+          if (slot < kWTopkCap) cand[slot] = int(r);
+        }
+      }
+    }
+    __syncthreads();
+    const int n = count;
+    __syncthreads();  // every thread has read count
+    if (n > kWTopkCap) {
+      window = kWTopkCap - kLmheadScreenMaxTopK;
+      if (tid == 0) count = kept_n;
+      __syncthreads();
+      continue;  // this window again, in smaller ones
+    }
+    for (int i = kept_n + warp; i < n; i += kPickThreads / 32) {
+      const float s = exact_logit(xr, a.w + int64_t(cand[i]) * K, K, lane);
+      if (lane == 0) val[i] = s;
+    }
+    __syncthreads();
+    for (int i = tid; i < n; i += kPickThreads) {
+      const unsigned long long key = topk_key(val[i], cand[i]);
+      int rank = 0;
+      for (int j = 0; j < n; ++j) rank += topk_key(val[j], cand[j]) > key;
+      if (rank < k) kept[rank] = Best{val[i], cand[i]};
+    }
+    __syncthreads();
+    kept_n = min(n, k);
+    if (tid < kept_n) cand[tid] = kept[tid].id, val[tid] = kept[tid].v;
+    if (tid == 0) count = kept_n;
+    __syncthreads();
+    p = e;
+  }
+  Best* out = a.topk + (int64_t(t) * kMaxGrid + blockIdx.x) * kLmheadScreenMaxTopK;
+  if (tid < kept_n) out[tid] = Best{val[tid], cand[tid]};
+  if (tid == 0) a.topk_n[t * kMaxGrid + blockIdx.x] = kept_n;
+}
+// Pick blocks a token at 9-64 rows: one wave of them in all (64 registers a thread: four 256-thread blocks an SM), so
+// that every slice's exact rows (~300 a token at top_k 20, all slices together) are in flight at once.
+int wide_topk_slices(int rows) {
+  static const int sms = current_device_multiprocessors();
+  return std::clamp(4 * sms / rows, 1, 256);
+}
+
 struct Grids {
   int screen_blocks;
   size_t screen_smem;
@@ -600,9 +697,10 @@ Grids grids_for(int M, int K, int V, bool fold) {
 
 // The folded form's grid state: past both forms' layouts.
 size_t fold_state_offset(int vocab, int K) {
-  size_t narrow = 0;
+  size_t narrow = 0, wide = 0;
   carve(nullptr, vocab, &narrow);
-  return (std::max(narrow, wide_ws_bytes(K)) + 255) / 256 * 256;
+  carve_wide_topk(nullptr, K, vocab, &wide);  // (the wide form's layout and past it)
+  return (std::max(narrow, wide) + 255) / 256 * 256;
 }
 FoldState* fold_state(void* workspace, int vocab, int K) {
   return reinterpret_cast<FoldState*>(static_cast<char*>(workspace) + fold_state_offset(vocab, K));
@@ -686,7 +784,8 @@ std::string lmhead_screen_code(const DeviceInfo& dev) {
   for (const void* k :
        {reinterpret_cast<const void*>(screen_quantize_kernel), reinterpret_cast<const void*>(screen_kernel<false>),
         reinterpret_cast<const void*>(screen_kernel<true>), reinterpret_cast<const void*>(pick_kernel),
-        reinterpret_cast<const void*>(merge_kernel), reinterpret_cast<const void*>(pick_topk_kernel)})
+        reinterpret_cast<const void*>(merge_kernel), reinterpret_cast<const void*>(pick_topk_kernel),
+        reinterpret_cast<const void*>(wide_pick_topk_kernel)})
     if (std::string why = check_kernel_present(k, dev); !why.empty()) return why;
   if (std::string why = topk_draw_code(dev); !why.empty()) return why;
   return wide_code(dev);
@@ -717,14 +816,23 @@ void lmhead_screen(const bf16* x, int rows, int K, const bf16* w, const void* sc
 
 bool lmhead_screen_topk_supported(int rows, int K, int vocab) {
   static const int sm = current_device_sm();
-  return screen_shape_ok(K, vocab) && rows >= 1 && rows <= kTok && sm >= 80;
+  return screen_shape_ok(K, vocab) && rows >= 1 && rows <= kWideRows && (rows > kTok ? sm / 10 == 9 : sm >= 80);
 }
 
 void lmhead_screen_topk(const bf16* x, int rows, int K, const bf16* w, const void* screen_weights, float amax_all,
                         int vocab, const SampleRowParams* params, int32_t* out_ids, void* workspace,
                         cudaStream_t stream) {
   MS_CHECK(lmhead_screen_topk_supported(rows, K, vocab),
-           "lmhead_screen_topk: {} rows of K {} over {} (1-{} rows, K % {} == 0)", rows, K, vocab, kTok, kSliceK);
+           "lmhead_screen_topk: {} rows of K {} over {} (1-{} rows, K % {} == 0)", rows, K, vocab, kWideRows, kSliceK);
+  if (rows > kTok) {  // the wide stream (sm_90), a pick block a (slice, token), the draw
+    const int blocks = launch_wide_hi(x, rows, K, screen_weights, amax_all, vocab, workspace, stream);
+    const WideTopkWs ws = carve_wide_topk(workspace, K, vocab);
+    const int slices = wide_topk_slices(rows);
+    launch_pdl(wide_pick_topk_kernel, dim3(unsigned(slices), unsigned(rows)), dim3(kPickThreads), 0, stream,
+               WidePickTopkArgs{x, w, rows, K, vocab, blocks, ws.hi, ws.lo, params, ws.topk, ws.topk_n});
+    launch_topk_draw(ws.topk, ws.topk_n, slices, rows, params, out_ids, stream);
+    return;
+  }
   const Grids g = grids_for(rows, K, vocab, false);
   const Workspace ws = carve(workspace, vocab);
   const ScreenArgs sa = screen_args(x, rows, K, vocab, w, screen_weights, amax_all, ws, nullptr, nullptr);
@@ -741,16 +849,25 @@ void lmhead_screen_topk(const bf16* x, int rows, int K, const bf16* w, const voi
 
 std::vector<std::vector<std::pair<int, float>>> lmhead_screen_topk_candidates(const void* workspace, int rows,
                                                                               int vocab, int K) {
-  const Grids g = grids_for(rows, K, vocab, false);
-  const Workspace ws = carve(const_cast<void*>(workspace), vocab);
-  std::vector<int> n(size_t(kTok) * kMaxGrid);
-  std::vector<Best> e(size_t(kTok) * kMaxGrid * kLmheadScreenMaxTopK);
+  const bool wide = rows > kTok;
+  const Best* topk = nullptr;
+  const int* topk_n = nullptr;
+  int blocks = 0;
+  if (wide) {
+    const WideTopkWs ws = carve_wide_topk(const_cast<void*>(workspace), K, vocab);
+    topk = ws.topk, topk_n = ws.topk_n, blocks = wide_topk_slices(rows);
+  } else {
+    const Workspace ws = carve(const_cast<void*>(workspace), vocab);
+    topk = ws.topk, topk_n = ws.topk_n, blocks = grids_for(rows, K, vocab, false).pick_blocks;
+  }
+  std::vector<int> n(size_t(rows) * kMaxGrid);
+  std::vector<Best> e(size_t(rows) * kMaxGrid * kLmheadScreenMaxTopK);
   MS_CUDA_CHECK(cudaDeviceSynchronize());
-  MS_CUDA_CHECK(cudaMemcpy(n.data(), ws.topk_n, n.size() * sizeof(int), cudaMemcpyDeviceToHost));
-  MS_CUDA_CHECK(cudaMemcpy(e.data(), ws.topk, e.size() * sizeof(Best), cudaMemcpyDeviceToHost));
+  MS_CUDA_CHECK(cudaMemcpy(n.data(), topk_n, n.size() * sizeof(int), cudaMemcpyDeviceToHost));
+  MS_CUDA_CHECK(cudaMemcpy(e.data(), topk, e.size() * sizeof(Best), cudaMemcpyDeviceToHost));
   std::vector<std::vector<std::pair<int, float>>> out(static_cast<size_t>(rows));
   for (int t = 0; t < rows; ++t)
-    for (int b = 0; b < g.pick_blocks; ++b)
+    for (int b = 0; b < blocks; ++b)
       for (int i = 0; i < n[size_t(t) * kMaxGrid + b]; ++i) {
         const Best& c = e[(size_t(t) * kMaxGrid + b) * kLmheadScreenMaxTopK + i];
         out[size_t(t)].push_back({c.id, c.v});

@@ -41,7 +41,8 @@ void lmhead_screen_workspace_init(void* workspace, int vocab, int K, cudaStream_
 void lmhead_screen(const bf16* x, int rows, int K, const bf16* w, const void* screen_weights, float amax_all,
                    int vocab, int32_t* out_ids, void* workspace, cudaStream_t stream);
 
-// The screen for sampled steps of 1-8 rows (lmhead_screen_topk.cu's draw after the screen and a top-k pick): every row
+// The screen for sampled steps of 1-64 rows (lmhead_screen_topk.cu's draw after the screen and a top-k pick; 9-64 rows on
+// sm_90: the wide stream writing every row's a + B and a pick block a (vocabulary slice, token)): every row
 // greedy (temperature 0, top_k 1 or min_p > 1) or sampling with top_k in 1..kLmheadScreenMaxTopK, without penalties,
 // logit biases, bans, logprobs or forced rows - the common chat request (Qwen3's generation_config: top_k 20, top_p
 // 0.95, temperature 0.6). A row's sampling distribution then depends only on the exact logits of its top k: the screen

@@ -85,6 +85,18 @@ size_t wide_ws_bytes(int K) {
   carve_wide(nullptr, K, &bytes);
   return bytes;
 }
+// lmhead_screen_topk's 9-64-row layout: the wide form's, then hi and the pick's best k a (token, block).
+WideTopkWs carve_wide_topk(void* ws, int K, int V, size_t* bytes) {
+  const WideWs w = carve_wide(ws, K);
+  WsCarve c(static_cast<char*>(ws) + wide_ws_bytes(K));
+  WideTopkWs t;
+  t.lo = w.lo;
+  t.hi = c.take<float>(size_t(kWTok) * size_t(V) * 4);
+  t.topk = c.take<Best>(size_t(kWTok) * kMaxGrid * kLmheadScreenMaxTopK * sizeof(Best));
+  t.topk_n = c.take<int>(size_t(kWTok) * kMaxGrid * sizeof(int));
+  if (bytes != nullptr) *bytes = wide_ws_bytes(K) + c.used;
+  return t;
+}
 
 __device__ __forceinline__ int permuted_source(int l) {  // actual k (inside the 16-k group) of logical position l
   const int q = (l & 7) >> 1, i = l & 1;
@@ -178,10 +190,16 @@ struct WideArgs {
   unsigned long long* best;
   unsigned* done;
   int32_t* out_ids;
+  float* hi;  // [M][V] (wide_screen_hi_kernel)
 };
 
-template <bool kFold>
-__global__ void __launch_bounds__(kWThreads, 1) wide_screen_kernel(const __grid_constant__ WideArgs a) {
+// What a wide screen block does with its rows' bounds (one body, three kernels): kList lists them for the pick launch
+// (MOESERVE_LMHEAD_SCREEN_FOLD=0), kFold picks in the tail (the default), kHi writes every (token, row)'s a + B to hi and
+// keeps each block's own max a - B (lmhead_screen_topk at 9-64 rows: no grid-wide bound, so that the blocks' maxima are
+// distinct rows' lower bounds).
+enum class WideMode { kList, kFold, kHi };
+template <WideMode kMode>
+__device__ __forceinline__ void wide_screen_body(const WideArgs& a) {
 #if MOE_HAVE_WGMMA
   using namespace moe_ptx;
   extern __shared__ char wide_smem_raw[];
@@ -265,7 +283,7 @@ __global__ void __launch_bounds__(kWThreads, 1) wide_screen_kernel(const __grid_
       for (int i = 0; i < 32; ++i) d[j][i] = 0.0f;
     // The grid's lower bound a token as it stands now (ordered; the earlier units' maxima of every block that traded),
     // its load in flight through the unit's MMAs.
-    const int grid_lo = ui > 0 && ctid < a.M ? __ldcg(a.glo + ctid) : ordered(-INFINITY);
+    const int grid_lo = kMode != WideMode::kHi && ui > 0 && ctid < a.M ? __ldcg(a.glo + ctid) : ordered(-INFINITY);
     for (int kt = 0; kt < KT; ++kt, ++s) {
       const int stage = s % kWStages;
       mbar_wait(full0 + stage * 8, (s / kWStages) & 1);
@@ -332,12 +350,17 @@ __global__ void __launch_bounds__(kWThreads, 1) wide_screen_kernel(const __grid_
             const float hi = approx + b;
             m = fmaxf(m, approx - b);
             v = hi == hi ? hi : INFINITY;
+            if constexpr (kMode == WideMode::kHi) {
+              const int r = unit * kWUnit + cw * kWPart + 64 * j + 16 * warp + g + 8 * h;
+              if (n < a.M && r < a.V) a.hi[int64_t(n) * a.V + r] = v;
+            }
           }
         m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 4));
         m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 8));
         m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 16));
         if (g == 0 && n < a.M && m == m) atomicMax(lo_s + n, ordered(m));
       }
+    if constexpr (kMode == WideMode::kHi) continue;  // no list: the block's own maxima only
     if (ctid < a.M) atomicMax(lo_s + ctid, grid_lo);
     consumers_sync();  // the unit's maxima and the grid's are in
     // The list: a warp none of whose entries reaches its token's bound skips the per-entry pass (session 48: after a
@@ -384,7 +407,7 @@ __global__ void __launch_bounds__(kWThreads, 1) wide_screen_kernel(const __grid_
     a.lo[ctid * kMaxGrid + blockIdx.x] = unordered(lo_s[ctid]);
     a.cnt[ctid * kMaxGrid + blockIdx.x] = cnt_s[ctid];
   }
-  if constexpr (!kFold) return;
+  if constexpr (kMode != WideMode::kFold) return;
   // The folded pick. The lower bound a token: this block's, raised by the grid's as it stands now (every value of
   // either is at most the final L, so every row that reaches the final L, the argmax among them, is evaluated by its
   // block). Flat over the block's (token, entry) pairs rather than a warp a token (session 47: a warp's eight tokens at
@@ -478,6 +501,13 @@ __global__ void __launch_bounds__(kWThreads, 1) wide_screen_kernel(const __grid_
 #else
   (void)a;
 #endif
+}
+template <bool kFold>
+__global__ void __launch_bounds__(kWThreads, 1) wide_screen_kernel(const __grid_constant__ WideArgs a) {
+  wide_screen_body<kFold ? WideMode::kFold : WideMode::kList>(a);
+}
+__global__ void __launch_bounds__(kWThreads, 1) wide_screen_hi_kernel(const __grid_constant__ WideArgs a) {
+  wide_screen_body<WideMode::kHi>(a);
 }
 
 struct WidePickArgs {
@@ -600,9 +630,9 @@ int wide_blocks(int vocab) {
   return std::min({sms, (vocab + kWUnit - 1) / kWUnit, kWMaxGrid});
 }
 
-void launch_wide(const bf16* x, int rows, int K, const bf16* w, const void* screen_weights, float amax_all, int vocab,
-                 int32_t* out_ids, void* workspace, cudaStream_t stream) {
-  const WideWs ws = carve_wide(workspace, K);
+// The prep and the stream kernel's arguments (the screen's inputs; the outputs a mode writes are set by the caller).
+WideArgs wide_args(const bf16* x, int rows, int K, const void* screen_weights, float amax_all, int vocab,
+                   const WideWs& ws, cudaStream_t stream) {
   launch_pdl(wide_prep_kernel, dim3(unsigned(kWTok)), dim3(kWPrepThreads), 0, stream, x, rows, K, amax_all, ws);
   const char* p = static_cast<const char*>(screen_weights);
   WideArgs a{};
@@ -611,14 +641,31 @@ void launch_wide(const bf16* x, int rows, int K, const bf16* w, const void* scre
   a.M = rows, a.K = K, a.V = vocab, a.units = (vocab + kWUnit - 1) / kWUnit;
   a.meta = reinterpret_cast<const screen::RowMeta*>(p + meta_offset(vocab, K));
   a.x1 = ws.x1, a.ex = ws.ex, a.glo = ws.glo, a.lo = ws.lo, a.cnt = ws.cnt, a.list = ws.list;
+  return a;
+}
+constexpr size_t kWSmem = size_t(kWStages) * kWStageBytes + 2 * kWStages * 8 + 4 * kWTok * 4 + 1024;
+void launch_wide_stream(void (*kernel)(WideArgs), const WideArgs& a, cudaStream_t stream) {
+  MS_CHECK(raise_dynamic_smem(reinterpret_cast<const void*>(kernel), kWSmem),
+           "lmhead_screen: the device refuses {} bytes of shared memory a block", kWSmem);
+  launch_pdl(kernel, dim3(unsigned(wide_blocks(a.V))), dim3(kWThreads), kWSmem, stream, a);
+}
+
+int launch_wide_hi(const bf16* x, int rows, int K, const void* screen_weights, float amax_all, int vocab,
+                   void* workspace, cudaStream_t stream) {
+  WideArgs a = wide_args(x, rows, K, screen_weights, amax_all, vocab, carve_wide(workspace, K), stream);
+  a.hi = carve_wide_topk(workspace, K, vocab).hi;
+  launch_wide_stream(wide_screen_hi_kernel, a, stream);
+  return wide_blocks(vocab);
+}
+
+void launch_wide(const bf16* x, int rows, int K, const bf16* w, const void* screen_weights, float amax_all, int vocab,
+                 int32_t* out_ids, void* workspace, cudaStream_t stream) {
+  const WideWs ws = carve_wide(workspace, K);
+  WideArgs a = wide_args(x, rows, K, screen_weights, amax_all, vocab, ws, stream);
   const bool fold = screen_fold();
   a.x = x, a.w = w, a.best = ws.best, a.done = ws.done, a.out_ids = out_ids;
   const int blocks = wide_blocks(vocab);
-  const size_t smem = size_t(kWStages) * kWStageBytes + 2 * kWStages * 8 + 4 * kWTok * 4 + 1024;
-  auto* kernel = fold ? wide_screen_kernel<true> : wide_screen_kernel<false>;
-  MS_CHECK(raise_dynamic_smem(reinterpret_cast<const void*>(kernel), smem),
-           "lmhead_screen: the device refuses {} bytes of shared memory a block", smem);
-  launch_pdl(kernel, dim3(unsigned(blocks)), dim3(kWThreads), smem, stream, a);
+  launch_wide_stream(fold ? wide_screen_kernel<true> : wide_screen_kernel<false>, a, stream);
   if (fold) return;
   WidePickArgs pa{x, w, K, vocab, a.units, blocks, ws.lo, ws.cnt, ws.list, out_ids};
   launch_pdl(wide_pick_kernel, dim3(unsigned(rows)), dim3(kPickThreads), 0, stream, pa);
@@ -629,6 +676,7 @@ std::string wide_code(const DeviceInfo& dev) {
   for (const void* k : {reinterpret_cast<const void*>(wide_prep_kernel),
                         reinterpret_cast<const void*>(wide_screen_kernel<false>),
                         reinterpret_cast<const void*>(wide_screen_kernel<true>),
+                        reinterpret_cast<const void*>(wide_screen_hi_kernel),
                         reinterpret_cast<const void*>(wide_pick_kernel)})
     if (std::string why = check_kernel_present(k, dev); !why.empty()) return why;
   return "";
