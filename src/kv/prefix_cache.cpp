@@ -90,6 +90,30 @@ void PrefixCache::release(const int32_t* tokens, int64_t n_tokens, const std::ve
   unlock(prefix.nodes);
 }
 
+void PrefixCache::insert_running(const int32_t* tokens, int64_t n_tokens, const std::vector<int32_t>& pages,
+                                 Match& prefix) {
+  if (!enabled_) return;
+  Node* n = prefix.nodes.empty() ? root_.get() : prefix.nodes.back();
+  const int64_t full_pages = std::min<int64_t>(n_tokens / page_size_, int64_t(pages.size()));
+  ++clock_;
+  for (size_t p = prefix.nodes.size(); int64_t(p) < full_pages; ++p) {
+    const int32_t* key = tokens + p * page_size_;
+    if (child(n, key)) break;  // cached by another request first: the rest stays this request's
+    auto node = std::make_unique<Node>();
+    node->key.assign(key, key + page_size_);
+    node->page = pages[p];
+    node->parent = n;
+    node->lock_count = 1;  // held by the request, as a matched prefix is
+    node->last_used = clock_;
+    Node* c = node.get();
+    n->children.emplace(node->key, std::move(node));
+    ++num_nodes_;
+    prefix.nodes.push_back(c);
+    prefix.pages.push_back(pages[p]);
+    n = c;
+  }
+}
+
 void PrefixCache::remove_leaf(Node* n) {
   MS_CHECK(n->children.empty() && n->lock_count == 0 && n->parent, "remove_leaf of a node in use");
   alloc_.free({n->page});

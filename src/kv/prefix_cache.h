@@ -41,6 +41,13 @@ class PrefixCache {
   // and the partial tail go back to the allocator. Unlocks the prefix.
   void release(const int32_t* tokens, int64_t n_tokens, const std::vector<int32_t>& pages, const Match& prefix);
 
+  // A running request shares what it has computed so far (SGLang's cache of unfinished requests): the full pages of
+  // tokens[0, n_tokens) past its prefix become nodes holding its own pages, locked by it and appended to `prefix`, so
+  // that requests admitted from now on match them while it runs. Stops at the first page another request cached
+  // first (those pages stay the request's own, freed as duplicates by release). pages[i] holds tokens
+  // [i*page_size, (i+1)*page_size), and every page given must be computed.
+  void insert_running(const int32_t* tokens, int64_t n_tokens, const std::vector<int32_t>& pages, Match& prefix);
+
   // Frees up to n evictable pages (LRU leaves first); returns how many were freed.
   int64_t evict(int64_t n);
   int64_t evictable_pages() const;

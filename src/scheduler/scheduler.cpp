@@ -149,6 +149,34 @@ bool Scheduler::try_admit(const std::shared_ptr<Request>& r) {
   return true;
 }
 
+void Scheduler::share_prompt_pages(Request& r) {
+  const int64_t upto = std::min(r.computed, int64_t(r.prompt.size()));
+  if (upto / cache_.page_size() <= int64_t(r.prefix.nodes.size())) return;
+  cache_.insert_running(r.prompt.data(), upto, r.pages, r.prefix);
+}
+
+// SGLang defers a waiting request whose prefix matches one in the same batch by 32 tokens or more where the tree
+// matches fewer (its "in-batch prefix caching"); here the same rule, as FCFS: the head waits, nobody overtakes it.
+constexpr int64_t kSharedPrefixMin = 32;
+
+bool Scheduler::waits_for_shared_prefix(const Request& r) {
+  // (A preempted request recomputing, or one scoring its prompt from the start, would not take the pages anyway.)
+  if (!cache_.enabled() || !r.output.empty() || r.scoring_prompt()) return false;
+  const int64_t ps = cache_.page_size();
+  const int64_t usable = (int64_t(r.prompt.size()) - 1) / ps;  // full pages before the last prompt token
+  int64_t best = 0;                                            // pages shared with a prefilling request
+  for (const auto& o : running_) {
+    if (o->computed >= int64_t(o->prompt.size())) continue;  // its prompt pages are in the tree or its own
+    const int64_t n = std::min(usable, int64_t(o->prompt.size()) / ps);  // pages both prompts fill
+    int64_t same = 0;
+    while (same < n * ps && o->prompt[size_t(same)] == r.prompt[size_t(same)]) ++same;
+    best = std::max(best, same / ps);
+  }
+  if (best * ps < kSharedPrefixMin) return false;
+  const PrefixCache::Match m = cache_.match(r.prompt.data(), usable * ps);
+  return (best - m.tokens()) * ps >= kSharedPrefixMin;
+}
+
 SampleSpec Scheduler::sample_spec(Request& r, int64_t pending) const {
   const SamplingParams& p = r.params;
   SampleSpec s;
@@ -283,7 +311,8 @@ bool Scheduler::step() {
   for (auto& [r, chunk] : plan) budget -= chunk;
   while (!waiting_.empty() && budget > 0 && int64_t(running_.size()) < opts_.max_running_requests) {
     auto r = waiting_.front();
-    if (!try_admit(r)) break;  // FCFS: the head waits for pages, nobody overtakes it
+    // FCFS: the head waits for pages (or for a prefill it shares a prefix with), nobody overtakes it
+    if (waits_for_shared_prefix(*r) || !try_admit(r)) break;
     waiting_.pop_front();
     running_.push_back(r);
     int64_t chunk = std::min(r->remaining(), budget);
@@ -480,7 +509,7 @@ bool Scheduler::launch_ahead_mixed() {
   admitted.reserve(waiting_.size());
   while (!waiting_.empty() && budget > 0 && int64_t(running_.size()) < opts_.max_running_requests) {
     auto r = waiting_.front();
-    if (r->scoring_prompt() || !try_admit(r)) break;  // FCFS, as in step()
+    if (r->scoring_prompt() || waits_for_shared_prefix(*r) || !try_admit(r)) break;  // FCFS, as in step()
     waiting_.pop_front();
     running_.push_back(r);
     admitted.push_back({r, r->computed, -1, std::nullopt});
@@ -510,6 +539,7 @@ void Scheduler::collect_oldest(Delivery& deliveries) {
     // pages went back already; nothing of it is read again).
     if (r->finish != FinishReason::None) continue;
     r->computed += chunk;
+    share_prompt_pages(*r);
     if (st.logit_row_of[i] < 0 && st.score_rows[i] == 0) continue;
     outs.clear();
     if (st.logit_row_of[i] >= 0) accept_token(*r, sampled_.at(size_t(st.logit_row_of[i])), outs);

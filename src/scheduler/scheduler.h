@@ -110,6 +110,13 @@ class Scheduler {
   void finish(Request& r, FinishReason why);
   void release_kv(Request& r);
   bool try_admit(const std::shared_ptr<Request>& r);
+  // The prefix cache while requests run: a request's computed prompt pages join the tree as its prefill goes
+  // (share_prompt_pages, after each collected step), and a waiting request that shares at least kSharedPrefixMin
+  // prompt tokens more with a request still prefilling than the tree holds waits for that prefill instead of
+  // computing the same pages beside it (waits_for_shared_prefix: the n choices of one request, a burst of requests
+  // with one system prompt).
+  void share_prompt_pages(Request& r);
+  bool waits_for_shared_prefix(const Request& r);
   void deliver(Delivery& deliveries);
   // How to sample r's next token; `pending` tokens of r are still being sampled on the device (the overlap
   // schedule), so the eos / stop-id bans of min_new_tokens count them as generated.

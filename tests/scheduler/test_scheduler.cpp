@@ -493,6 +493,60 @@ TEST_P(SchedulerP, PrefixCacheHitSkipsPrefillAndKeepsResults) {
   EXPECT_EQ(h.sched->stats().kv_pages_used, 0);
 }
 
+// A running request's computed prompt pages join the prefix cache while it runs: a request arriving later with the
+// same prompt (and a suffix of its own) reuses them before the first one finishes, and computes what it computes
+// alone.
+TEST_P(SchedulerP, PromptPagesAreSharedWhileTheirRequestRuns) {
+  const std::vector<int32_t> p = prompt_of(5, 30);
+  std::vector<int32_t> q = p;
+  q.insert(q.end(), {11, 12, 13, 14, 15});
+  Collected alone;
+  {
+    Harness h(4096, 4, opts(64, 512, false));
+    auto b = h.make(q, 6);
+    h.run();
+    alone = h.results[b->id];
+  }
+  Harness h(4096, 4, opts());
+  auto a = h.make(p, 40);
+  for (int i = 0; i < 4; ++i) {  // a's prompt computed, a decoding
+    h.sched->step();
+    h.sched->check_integrity();
+  }
+  ASSERT_TRUE(h.results[a->id].finish == FinishReason::None);
+  auto b = h.make(q, 6);
+  h.run();
+  EXPECT_EQ(h.results[b->id].cached, 28);  // a's 7 full prompt pages
+  EXPECT_EQ(h.results[b->id].tokens, alone.tokens);
+  EXPECT_EQ(h.results[b->id].logprobs, alone.logprobs);
+  EXPECT_EQ(h.results[a->id].finish, FinishReason::Length);
+  EXPECT_GT(h.sched->flush_prefix_cache(), 0);
+  EXPECT_EQ(h.sched->stats().kv_pages_used, 0);
+}
+
+// The n choices of one request (or any requests that arrive together with a long common prompt) prefill the prompt
+// once: the first computes it, the others wait for that prefill and then take its pages from the cache. Requests
+// sharing less than 32 tokens are not held back.
+TEST_P(SchedulerP, RequestsArrivingTogetherPrefillTheirCommonPromptOnce) {
+  const std::vector<int32_t> p = prompt_of(7, 50);
+  Harness h(4096, 4, opts());
+  std::vector<std::shared_ptr<Request>> rs;
+  for (int i = 0; i < 4; ++i) rs.push_back(h.make(p, 5));
+  std::vector<int32_t> other = prompt_of(8, 50);
+  other[0] = p[0];  // one token in common: no reason to wait
+  auto o = h.make(other, 5);
+  h.run();
+  EXPECT_EQ(h.results[rs[0]->id].cached, 0);
+  for (int i = 1; i < 4; ++i) {
+    EXPECT_EQ(h.results[rs[i]->id].cached, 48) << "choice " << i;  // 12 full pages, the last prompt token computed
+    EXPECT_EQ(h.results[rs[i]->id].tokens, h.results[rs[0]->id].tokens) << "choice " << i;
+  }
+  EXPECT_EQ(h.results[o->id].cached, 0);
+  EXPECT_EQ(h.sched->stats().cached_prompt_tokens, 3 * 48);
+  EXPECT_GT(h.sched->flush_prefix_cache(), 0);
+  EXPECT_EQ(h.sched->stats().kv_pages_used, 0);
+}
+
 TEST_P(SchedulerP, DisabledPrefixCacheFreesEverything) {
   Harness h(4096, 4, opts(64, 512, false));
   auto p = prompt_of(3, 30);
