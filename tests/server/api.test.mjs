@@ -607,6 +607,16 @@ test('prefix cache: a repeated prompt reports cached tokens; flush_cache empties
   assert.equal(m.values.moeserve_kv_cache_used_tokens, 0);
 });
 
+test('n choices of one prompt compute the prompt once: the others take it from the prefix cache', async () => {
+  const ids = Array.from({ length: 100 }, (_, i) => (i * 53 + 11) % 7000);
+  const before = (await metrics(srv.base)).values.moeserve_cached_prompt_tokens_total;
+  const r = await postJson(srv.base, '/v1/completions', { model: MODEL, prompt: ids, max_tokens: 4, n: 4, temperature: 1.0 });
+  assert.equal(r.status, 200, r.text);
+  assert.equal(r.json.choices.length, 4);
+  const cached = (await metrics(srv.base)).values.moeserve_cached_prompt_tokens_total - before;
+  assert.ok(cached >= 3 * 64, `${cached} prompt tokens from the cache for 3 more choices of a 100-token prompt`);
+});
+
 test('64 simultaneous greedy requests equal their solo results', async () => {
   const prompts = Array.from({ length: 64 }, (_, i) => Array.from({ length: 3 + (i % 7) }, (_, k) => (i * 131 + k * 17) % 150000));
   const solo = [];
