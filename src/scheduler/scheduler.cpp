@@ -539,7 +539,9 @@ void Scheduler::collect_oldest(Delivery& deliveries) {
     // pages went back already; nothing of it is read again).
     if (r->finish != FinishReason::None) continue;
     r->computed += chunk;
-    share_prompt_pages(*r);
+    // New prompt pages only from a chunk that computed prompt positions (a request whose sharing stopped at another's
+    // page would otherwise look the tree up again every decode step).
+    if (r->computed - chunk < int64_t(r->prompt.size())) share_prompt_pages(*r);
     if (st.logit_row_of[i] < 0 && st.score_rows[i] == 0) continue;
     outs.clear();
     if (st.logit_row_of[i] >= 0) accept_token(*r, sampled_.at(size_t(st.logit_row_of[i])), outs);

@@ -288,8 +288,9 @@ std::string lmhead_screen_self_test(int K, double& max_err) {
 // 9-64-row form on sm_90), each cycling through greedy and top_k 20, 5, 64 and 2 with temperatures, top_p and min_p:
 // every candidate's exact logit against the double sum on the CPU, every row clearly inside a row's top k among its
 // candidates, each drawn id inside its row's top k (a greedy row's the argmax where it is clear).
+constexpr int kTopkSelfTestVocab = 2 * 384 + 61 * 16 + 5;
 std::string lmhead_screen_topk_self_test_rows(int K, int rows, double& max_err) {
-  const int V = 2 * 384 + 61 * 16 + 5;
+  const int V = kTopkSelfTestVocab;
   std::mt19937 g(23 + unsigned(rows));
   const std::vector<uint16_t> hx = random_bf16(size_t(rows) * K, g, 1.0f), hw = random_bf16(size_t(V) * K, g, 0.05f);
   std::vector<SampleRowParams> hp(rows);
@@ -350,7 +351,7 @@ std::string lmhead_screen_topk_self_test_rows(int K, int rows, double& max_err) 
 std::string lmhead_screen_topk_self_test(int K, double& max_err) {
   max_err = 0;
   for (const int rows : {5, 17})
-    if (lmhead_screen_topk_supported(rows, K, 2 * 384 + 61 * 16 + 5))
+    if (lmhead_screen_topk_supported(rows, K, kTopkSelfTestVocab))
       if (std::string why = lmhead_screen_topk_self_test_rows(K, rows, max_err); !why.empty()) return why;
   return "";
 }
