@@ -480,16 +480,22 @@ void Generation::stream_finish(Choice& c) {
   }
 }
 
+// Each distinct prompt counts once (as OpenAI counts the n choices of a prompt), and so do its cached tokens: the
+// most any of its choices took from the prefix cache. The first choice to prefill a prompt usually reports 0 and its
+// siblings, which share the pages it computed, nearly all of it (SGLang sums them instead, which can exceed
+// prompt_tokens; OpenAI's cached_tokens is a part of prompt_tokens).
 json Generation::usage() const {
-  int64_t prompt = 0, completion = 0, cached = 0;
-  std::vector<bool> counted(req_.prompts.size(), false);
+  int64_t completion = 0;
+  std::vector<int64_t> cached_of(req_.prompts.size(), -1);  // -1: no choice of that prompt
   for (auto& c : choices_) {
     completion += int64_t(c->tokens.size());
-    if (!counted[c->prompt_index]) {
-      counted[c->prompt_index] = true;
-      prompt += int64_t(req_.prompts[c->prompt_index].size());
-      cached += c->cached_tokens;
-    }
+    cached_of[c->prompt_index] = std::max(cached_of[c->prompt_index], c->cached_tokens);
+  }
+  int64_t prompt = 0, cached = 0;
+  for (size_t i = 0; i < cached_of.size(); ++i) {
+    if (cached_of[i] < 0) continue;
+    prompt += int64_t(req_.prompts[i].size());
+    cached += cached_of[i];
   }
   return {{"prompt_tokens", prompt},
           {"completion_tokens", completion},

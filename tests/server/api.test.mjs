@@ -615,6 +615,11 @@ test('n choices of one prompt compute the prompt once: the others take it from t
   assert.equal(r.json.choices.length, 4);
   const cached = (await metrics(srv.base)).values.moeserve_cached_prompt_tokens_total - before;
   assert.ok(cached >= 3 * 64, `${cached} prompt tokens from the cache for 3 more choices of a 100-token prompt`);
+  // usage counts the prompt once, and its cached tokens once: a part of prompt_tokens, as OpenAI reports them.
+  const u = r.json.usage;
+  assert.equal(u.prompt_tokens, 100);
+  assert.ok(u.prompt_tokens_details.cached_tokens >= 64 && u.prompt_tokens_details.cached_tokens <= u.prompt_tokens,
+    `cached_tokens ${u.prompt_tokens_details.cached_tokens} of ${u.prompt_tokens} prompt tokens`);
 });
 
 test('64 simultaneous greedy requests equal their solo results', async () => {
