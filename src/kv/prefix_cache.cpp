@@ -74,13 +74,7 @@ void PrefixCache::release(const int32_t* tokens, int64_t n_tokens, const std::ve
     if (c) {
       to_free.push_back(pages[p]);  // another request cached the same tokens first: keep theirs
     } else {
-      auto node = std::make_unique<Node>();
-      node->key.assign(key, key + page_size_);
-      node->page = pages[p];
-      node->parent = n;
-      c = node.get();
-      n->children.emplace(node->key, std::move(node));
-      ++num_nodes_;
+      c = add_child(n, key, pages[p]);
     }
     c->last_used = clock_;
     n = c;
@@ -99,19 +93,24 @@ void PrefixCache::insert_running(const int32_t* tokens, int64_t n_tokens, const 
   for (size_t p = prefix.nodes.size(); int64_t(p) < full_pages; ++p) {
     const int32_t* key = tokens + p * page_size_;
     if (child(n, key)) break;  // cached by another request first: the rest stays this request's
-    auto node = std::make_unique<Node>();
-    node->key.assign(key, key + page_size_);
-    node->page = pages[p];
-    node->parent = n;
-    node->lock_count = 1;  // held by the request, as a matched prefix is
-    node->last_used = clock_;
-    Node* c = node.get();
-    n->children.emplace(node->key, std::move(node));
-    ++num_nodes_;
+    Node* c = add_child(n, key, pages[p]);
+    c->lock_count = 1;  // held by the request, as a matched prefix is
     prefix.nodes.push_back(c);
     prefix.pages.push_back(pages[p]);
     n = c;
   }
+}
+
+PrefixCache::Node* PrefixCache::add_child(Node* n, const int32_t* key, int32_t page) {
+  auto node = std::make_unique<Node>();
+  node->key.assign(key, key + page_size_);
+  node->page = page;
+  node->parent = n;
+  node->last_used = clock_;
+  Node* c = node.get();
+  n->children.emplace(node->key, std::move(node));
+  ++num_nodes_;
+  return c;
 }
 
 void PrefixCache::remove_leaf(Node* n) {

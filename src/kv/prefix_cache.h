@@ -59,6 +59,8 @@ class PrefixCache {
 
  private:
   Node* child(Node* n, const int32_t* page_tokens) const;
+  // A new child of n for the page of tokens at key, holding `page`, unlocked and used now.
+  Node* add_child(Node* n, const int32_t* key, int32_t page);
   void remove_leaf(Node* n);
 
   PageAllocator& alloc_;
