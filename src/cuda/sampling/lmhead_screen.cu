@@ -825,8 +825,8 @@ void lmhead_screen_topk(const bf16* x, int rows, int K, const bf16* w, const voi
   MS_CHECK(lmhead_screen_topk_supported(rows, K, vocab),
            "lmhead_screen_topk: {} rows of K {} over {} (1-{} rows, K % {} == 0)", rows, K, vocab, kWideRows, kSliceK);
   if (rows > kTok) {  // the wide stream (sm_90), a pick block a (slice, token), the draw
-    const int blocks = launch_wide_hi(x, rows, K, screen_weights, amax_all, vocab, workspace, stream);
     const WideTopkWs ws = carve_wide_topk(workspace, K, vocab);
+    const int blocks = launch_wide_hi(x, rows, K, screen_weights, amax_all, vocab, workspace, ws.hi, stream);
     const int slices = wide_topk_slices(rows);
     launch_pdl(wide_pick_topk_kernel, dim3(unsigned(slices), unsigned(rows)), dim3(kPickThreads), 0, stream,
                WidePickTopkArgs{x, w, rows, K, vocab, blocks, ws.hi, ws.lo, params, ws.topk, ws.topk_n});

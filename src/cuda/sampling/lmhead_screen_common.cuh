@@ -169,7 +169,7 @@ void launch_wide(const bf16* x, int rows, int K, const bf16* w, const void* scre
 // lmhead_screen_topk at 9-64 rows: the wide stream writing every (token, row)'s a + B (hi [64][V]) and each block's own
 // max a - B (lo [64][kMaxGrid], as the 1-8-row form's), then the pick's best k a (token, pick block) in topk
 // [64][kMaxGrid][kLmheadScreenMaxTopK] / topk_n [64][kMaxGrid]: the workspace's layout past the wide form's (bytes:
-// where it ends), and the prep + stream launches (returns the stream's blocks).
+// where it ends), and the prep + stream launches writing the caller's carved hi (returns the stream's blocks).
 struct WideTopkWs {
   const float* lo;
   float* hi;
@@ -178,7 +178,7 @@ struct WideTopkWs {
 };
 WideTopkWs carve_wide_topk(void* ws, int K, int V, size_t* bytes = nullptr);
 int launch_wide_hi(const bf16* x, int rows, int K, const void* screen_weights, float amax_all, int vocab,
-                   void* workspace, cudaStream_t stream);
+                   void* workspace, float* hi, cudaStream_t stream);
 
 // lmhead_screen_topk's draw (lmhead_screen_topk.cu): a block a token row merges the pick blocks' best k
 // (topk [row][kMaxGrid][kLmheadScreenMaxTopK], topk_n [row][kMaxGrid], `blocks` of them) and draws its token as the GPU

@@ -651,9 +651,9 @@ void launch_wide_stream(void (*kernel)(WideArgs), const WideArgs& a, cudaStream_
 }
 
 int launch_wide_hi(const bf16* x, int rows, int K, const void* screen_weights, float amax_all, int vocab,
-                   void* workspace, cudaStream_t stream) {
+                   void* workspace, float* hi, cudaStream_t stream) {
   WideArgs a = wide_args(x, rows, K, screen_weights, amax_all, vocab, carve_wide(workspace, K), stream);
-  a.hi = carve_wide_topk(workspace, K, vocab).hi;
+  a.hi = hi;
   launch_wide_stream(wide_screen_hi_kernel, a, stream);
   return wide_blocks(vocab);
 }
