@@ -85,6 +85,11 @@ variant test_cuda_moe_mid5 ok env MOESERVE_MOE_WS_MID=5 "$BUILD/tests/test_cuda_
 variant test_cuda_moe_ws_decode9 ok env MOESERVE_MOE_WS_DECODE=9 "$BUILD/tests/test_cuda_moe" --gtest_brief=1
 variant test_gpu_model_ws_decode9 ok env MOESERVE_MOE_WS_DECODE=9 "$BUILD/tests/test_gpu_model" --gtest_brief=1
 variant test_cuda_moe_ws_decode11 ok env MOESERVE_MOE_WS_DECODE=11 "$BUILD/tests/test_cuda_moe" --gtest_brief=1
+# Batched decode with the prep launch (MOESERVE_MOE_INLINE_ROUTE=0; the default builds the tile table in the GEMMs),
+# and the inline table without static slots.
+variant test_gpu_model_prep_launch ok env MOESERVE_MOE_INLINE_ROUTE=0 "$BUILD/tests/test_gpu_model" --gtest_brief=1
+variant test_cuda_moe_inline_noprewait ok env MOESERVE_MOE_GU_PREWAIT=0 "$BUILD/tests/test_cuda_moe" --gtest_brief=1 \
+  --gtest_filter='*Inline*:*Skewed*'
 # The 1-token down GEMM with its last-CTA combine (MOESERVE_MOE_DOWN_GEMV=0; the default is the down GEMV + combine
 # launch) against the CPU reference: the direct-mode tests.
 variant test_cuda_moe_down_gemm ok env MOESERVE_MOE_DOWN_GEMV=0 "$BUILD/tests/test_cuda_moe" --gtest_brief=1 \

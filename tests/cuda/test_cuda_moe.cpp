@@ -500,6 +500,66 @@ TEST(CudaMoe, SkewedRoutingsOnStaticSlots) {
 }
 
 // Which T take the direct (prep-less, one pair per tile, PDL-chained) path of the fused kernels. Host only.
+// Inline routing (the default; MOESERVE_MOE_INLINE_ROUTE=0 for the prep launch; GemmParams::inline_ids): the batched-decode GEMMs build the prep's
+// tile table in every CTA instead of reading the prep launch's, with the rows of an expert in token order instead of
+// the prep's atomic order. Each output row is computed from its own row alone, so the outputs must be bitwise those
+// of the prep path - on skewed routings too (overflow tiles, empty static slots, dropped pairs) - and within the
+// reference's tolerance. (Configuration 12 always has T x top_k >= E, so static slots: gpu-check runs this test again
+// with MOESERVE_MOE_GU_PREWAIT=0 for the table without them.)
+TEST(CudaMoe, InlineRoutingMatchesThePrepBitwise) {
+  if (moeserve::cuda::list_devices().empty()) GTEST_SKIP() << "no CUDA device";
+  const Case c{128, 8, 2048, 768};
+  Layer L(c, 4712);
+  const MoeShape shape = L.shape(256);
+  StepBuffers buf(c, 256);
+  Stream st;
+  std::vector<Step> steps;
+  for (int T : {16, 33, 48, 64, 96, 128, 256}) {
+    for (int kind = 0; kind < 4; ++kind) {
+      Step s = make_step(c, T, 57 * T + kind);
+      for (int t = 0; t < T; ++t)
+        for (int j = 0; j < c.k; ++j) {
+          int& id = s.ids[size_t(t) * c.k + j];
+          if (kind == 1) id = j;                               // experts 0-7 take every token: overflow tiles
+          if (kind == 2) id = c.E - 1 - ((t + j) % 24);        // only the last 24 experts: the first slots empty
+          if (kind == 3 && (t + 2 * j) % 7 == 0) id = -1;      // dropped pairs
+        }
+      steps.push_back(std::move(s));
+    }
+  }
+  int inline_steps = 0;
+  const char* kVar = "MOESERVE_MOE_INLINE_ROUTE";
+  const char* given = std::getenv(kVar);
+  const std::string was = given ? given : "";
+  auto restore = [&] { given ? (void)::setenv(kVar, was.c_str(), 1) : (void)::unsetenv(kVar); };
+  for (auto& b : make_moe_backends()) {
+    if (b->spec().name == "cublas_ref") continue;  // no tiles
+    std::string code;
+    if (std::string r = b->prepare(device(), shape, code); !r.empty()) {
+      EXPECT_FALSE(must_run_here(*b)) << b->spec().name << ": " << r;
+      continue;
+    }
+    DevBuf<char> ws(b->workspace_bytes(shape));
+    for (const Step& s : steps) {
+      const auto want = reference(L, s);
+      ::setenv(kVar, "0", 1);
+      ASSERT_EQ(check_step(*b, L, s, want, buf, ws.p, st.s), "");
+      const auto prep = buf.out.download(size_t(s.T) * c.H);
+      ::setenv(kVar, "1", 1);
+      const FusedLayout l = fused_layout(shape, s.T, true);
+      inline_steps += fused_inline_route_for(shape, s.T, l) ? 1 : 0;
+      const std::string r = check_step(*b, L, s, want, buf, ws.p, st.s);
+      restore();
+      ASSERT_EQ(r, "") << "inline routing, configuration " << l.config;
+      EXPECT_TRUE(buf.out.download(size_t(s.T) * c.H) == prep)
+          << b->spec().name << " T=" << s.T << ": inline routing differs from the prep's bits";
+    }
+  }
+  // 33-128 tokens (2.1-8 tokens an expert) take configuration 12 and fit the tables: 5 x 4 steps a fused backend;
+  // 16 (configuration 0) and 256 (16 an expert: configuration 8) keep the prep.
+  EXPECT_GE(inline_steps, 20) << "the inline path was hardly taken";
+}
+
 TEST(CudaMoe, SmallTokenCountsTakeTheDirectPath) {
   MoeShape s;
   s.num_experts = 8, s.top_k = 2, s.hidden = 320, s.inter = 192, s.max_tokens = 300;

@@ -121,6 +121,8 @@ class MoeBackend {
   virtual size_t workspace_bytes(const MoeShape& shape) const = 0;
   // out[T, H] = bf16(sum over j < k of topk_weights[t, j] * expert_{topk_ids[t, j]}(x[t])), where
   // expert(x) = down(silu(gate(x)) * up(x)). x: [T, H] bf16. workspace: workspace_bytes(shape) bytes.
+  // topk_ids: a token's ids are distinct (a top-k: the fused path's batched decode ranks an expert's rows by token);
+  // an id outside [0, E) drops its pair.
   // T <= shape.max_tokens. Capturable backends never synchronize with the host.
   virtual void run(const bf16* x, int T, const int32_t* topk_ids, const float* topk_weights, const MoeWeights& w,
                    bf16* out, void* workspace, cudaStream_t stream) = 0;

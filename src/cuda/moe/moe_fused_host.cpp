@@ -51,6 +51,12 @@ int moe_gu_prewait_slices() {
   return n;
 }
 
+// Configurations whose kernels build the tables in shared memory (moe_gemm_ws.cuh: kInline).
+bool inline_route_config(int config) {
+  const GemmConfigInfo c = gemm_config_info(config);
+  return c.persistent && c.weights_cp_async && c.bn == 32;
+}
+
 void launch(const void* kernel, dim3 grid, dim3 block, size_t smem, void* params, cudaStream_t stream,
             const char* what, bool programmatic = false) {
   // Programmatic dependent launch: this grid may start while the previous kernel on the stream still runs; the
@@ -153,6 +159,19 @@ int fused_config_for(const MoeShape& s, int T, bool wgmma) {
   return level >= 3 ? 6 : level >= 1 ? 4 : 3;
 }
 
+// Inline routing (GemmParams::inline_ids): batched decode on configuration 12 without the prep launch, each GEMM CTA
+// building the tile table itself; MOESERVE_MOE_INLINE_ROUTE=0 for the prep launch (A/B). Read at each call (the tests
+// compare both paths in one process; a launch's host cost, not a graph replay's). H100 (session 57, two calls, four
+// same-call pairs, q30b8l served steps overlapped): bs 64 -10 to -19 us (3,724.5-3,732.6 against 3,736.7-3,746.4),
+// bs 128 -7 to -11, bs 48 -5 to -10, bs 32 even; the trace: the prep's 4.35 us gone a layer, the route's top-k +1.5
+// (the gate/up GEMM's pre-wait slices now queue in front of it instead of the prep), the GEMMs even.
+bool fused_inline_route_for(const MoeShape& s, int T, const FusedLayout& l) {
+  if (l.direct || !inline_route_config(l.config) || env_int("MOESERVE_MOE_INLINE_ROUTE", 1, 0, 1) == 0) return false;
+  const int64_t P = int64_t(T) * s.top_k;
+  return inline_route_layout(s.num_experts, T, s.top_k, l.num_slots).bytes <= kInlineRouteMaxBytes &&
+         P <= int64_t(gemm_config_info(l.config).threads) * kInlineRoutePerThread;
+}
+
 bool fused_direct_for(const MoeShape& s, int T) {
   return T >= 1 && int64_t(T) * s.top_k <= std::max(kDirectMaxPairs, s.top_k);
 }
@@ -224,7 +243,7 @@ std::string fused_check_kernels(const KernelTable& t, const DeviceInfo& dev) {
   }
   for (int c = 0; c < kNumGemmConfigs; ++c)
     for (int m = 0; m < 2; ++m) {
-      const int smem = gemm_config_info(c).smem_bytes;
+      const int smem = gemm_config_info(c).smem_bytes + (inline_route_config(c) ? kInlineRouteMaxBytes : 0);
       cudaError_t e = cudaFuncSetAttribute(t.gemm[c][m], cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
       if (e != cudaSuccess) {
         cudaGetLastError();
@@ -344,7 +363,11 @@ void fused_run(const KernelTable& k, const MoeShape& s, const bf16* x, int T, co
   const int prewait = !direct && cfg.weights_cp_async && int64_t(T) * s.top_k >= s.num_experts
                           ? moe_gu_prewait_slices()
                           : 0;
-  if (!direct) {
+  // Inline routing: no prep launch where the tables fit a CTA (moe_gemm_ws.cuh's inline_route).
+  const bool inline_route = fused_inline_route_for(s, T, l);
+  const size_t route_smem =
+      inline_route ? size_t(inline_route_layout(s.num_experts, T, s.top_k, l.num_slots).bytes) : 0;
+  if (!direct && !inline_route) {
     const int P = T * s.top_k;
     PrepParams pp{topk_ids, P, s.num_experts, cfg.bn, l.num_slots, tiles, perm_pair, pair_pos, kPrepWhole,
                   nullptr, nullptr, nullptr, prewait};
@@ -367,6 +390,7 @@ void fused_run(const KernelTable& k, const MoeShape& s, const bf16* x, int T, co
                 nullptr, nullptr, l.num_slots};
   gu.weight_evict_first = l2_evict_first_weights() ? 1 : 0;
   gu.static_slots = prewait;
+  if (inline_route) gu.inline_ids = topk_ids, gu.num_tokens = T, gu.inline_pair_pos = pair_pos;
 
   // Direct mode's gate/up may run a configuration of its own (the same tile shape, another ring depth; A/B switch:
   // see GemmCfg7). The down GEMM keeps configuration 0 (5 stages there: 29.2 against 26.9 us at 1 token).
@@ -385,12 +409,13 @@ void fused_run(const KernelTable& k, const MoeShape& s, const bf16* x, int T, co
   if (gu_cfg.persistent)
     encode_weight_map(gu.wmap, w.gate_up, int64_t(s.num_experts) * 2 * s.inter, s.hidden, gu_cfg.bm / 2);
   launch(k.gemm[gu_config][kGateUp], grid_of(gu_cfg, ceil_div(s.inter, gu_cfg.bm / 2)), dim3(gu_cfg.threads),
-         size_t(gu_cfg.smem_bytes), &gu, stream, "moe gate/up GEMM launch", pdl);
+         size_t(gu_cfg.smem_bytes) + route_smem, &gu, stream, "moe gate/up GEMM launch", pdl);
 
   GemmParams dn{static_cast<const unsigned short*>(w.down), act, y, tiles, perm_pair, topk_weights, s.hidden, s.inter,
                 s.top_k, direct_ids, s.num_experts, fused_combine ? counters : nullptr,
                 fused_combine ? reinterpret_cast<unsigned short*>(out) : nullptr, l.num_slots};
   dn.weight_evict_first = gu.weight_evict_first;
+  if (inline_route) dn.inline_ids = topk_ids, dn.num_tokens = T, dn.static_slots = prewait;  // (the table's layout)
   if (down_gemv_applies(s, direct, l.num_slots)) {
     dn.combine_out = reinterpret_cast<unsigned short*>(out);
     dn.residual = residual;
@@ -402,7 +427,7 @@ void fused_run(const KernelTable& k, const MoeShape& s, const bf16* x, int T, co
   }
   if (cfg.persistent) encode_weight_map(dn.wmap, w.down, int64_t(s.num_experts) * s.hidden, s.inter, cfg.bm);
   launch(k.gemm[l.config][kDown], grid_of(cfg, ceil_div(s.hidden, cfg.bm)), dim3(cfg.threads),
-         size_t(cfg.smem_bytes), &dn, stream, "moe down GEMM launch", pdl);
+         size_t(cfg.smem_bytes) + route_smem, &dn, stream, "moe down GEMM launch", pdl);
   if (fused_combine) return;
 
   CombineParams cp{y, pair_pos, reinterpret_cast<unsigned short*>(out), T, s.top_k, s.hidden, direct_ids,

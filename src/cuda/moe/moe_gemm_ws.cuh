@@ -232,6 +232,93 @@ __device__ __forceinline__ void epilogue_tokens_as_m(const GemmParams& p, const 
 }
 #endif
 
+// Inline routing (GemmParams::inline_ids): the prep's tile table and permutation (prep_body's layout) built in this
+// CTA's shared memory at rt (InlineRouteLayout) by all NT threads (block barriers inside). Token t's pair with
+// expert e sets bit t of e's mask; the pair's rank within e is the number of bits below it, so the rows are in token
+// order in every CTA (the prep's atomics gave a run-dependent order). pair_pos non-null: the pairs' sorted positions
+// (-1 for a dropped pair) also go there.
+template <int BN, int NT>
+__device__ __forceinline__ void inline_route(const GemmParams& p, char* rt, int* pair_pos) {
+  const int tid = threadIdx.x, E = p.num_experts, T = p.num_tokens, K = p.top_k, P = T * K, W = (T + 31) / 32;
+  const InlineRouteLayout L = inline_route_layout(E, T, K, p.num_slots);
+  unsigned* mask = reinterpret_cast<unsigned*>(rt + L.mask);
+  int* off = reinterpret_cast<int*>(rt + L.off);
+  int* toff = reinterpret_cast<int*>(rt + L.toff);
+  Tile* tiles = reinterpret_cast<Tile*>(rt + L.tiles);
+  int* perm = reinterpret_cast<int*>(rt + L.perm);
+  const bool fixed = p.static_slots != 0;
+  // The thread's pairs tid + r NT, their loads issued together (L2: the router wrote them; not through L1).
+  int ids[kInlineRoutePerThread];
+#pragma unroll
+  for (int r = 0; r < kInlineRoutePerThread; ++r) {
+    const int i = tid + r * NT;
+    ids[r] = i < P ? __ldcg(p.inline_ids + i) : -1;
+  }
+  for (int i = tid; i < E * W; i += NT) mask[i] = 0u;
+  __syncthreads();
+#pragma unroll
+  for (int r = 0; r < kInlineRoutePerThread; ++r) {
+    const int i = tid + r * NT, e = ids[r];
+    if (i < P && e >= 0 && e < E) atomicOr(&mask[e * W + (i / K) / 32], 1u << ((i / K) & 31));
+  }
+  __syncthreads();
+  // Exclusive scans of each expert's rows and tiles (one warp, 32 experts a step), as prep_scan_and_tiles.
+  if (tid < 32) {
+    int carry = 0, tcarry = 0;
+    for (int base = 0; base < E; base += 32) {
+      const int e = base + tid;
+      int c = 0;
+      if (e < E)
+        for (int w = 0; w < W; ++w) c += __popc(mask[e * W + w]);
+      int t = (c + BN - 1) / BN;
+      if (fixed && t > 0) --t;
+#pragma unroll
+      for (int d = 1; d < 32; d <<= 1) {
+        const int c2 = __shfl_up_sync(0xffffffffu, c, d), t2 = __shfl_up_sync(0xffffffffu, t, d);
+        if (tid >= d) c += c2, t += t2;
+      }
+      if (e < E) off[e + 1] = carry + c, toff[e + 1] = tcarry + t;
+      carry += __shfl_sync(0xffffffffu, c, 31);
+      tcarry += __shfl_sync(0xffffffffu, t, 31);
+    }
+    if (tid == 0) off[0] = 0, toff[0] = 0;
+  }
+  __syncthreads();
+  for (int e = tid; e < E; e += NT) {
+    const int n = off[e + 1] - off[e];
+    if (fixed) {  // slot e: the expert's first tile, even without rows
+      Tile t;
+      t.expert = e, t.row0 = off[e], t.rows = n < BN ? n : BN, t.pad = 0;
+      tiles[e] = t;
+    }
+    for (int j = fixed ? 1 : 0, s = fixed ? E + toff[e] : toff[e]; j * BN < n && s < p.num_slots; ++j, ++s) {
+      Tile t;
+      t.expert = e, t.row0 = off[e] + j * BN, t.rows = n - j * BN < BN ? n - j * BN : BN, t.pad = 0;
+      tiles[s] = t;
+    }
+  }
+  for (int s = (fixed ? E : 0) + toff[E] + tid; s < p.num_slots; s += NT) {
+    Tile t;
+    t.expert = 0, t.row0 = 0, t.rows = 0, t.pad = 0;
+    tiles[s] = t;
+  }
+#pragma unroll
+  for (int r = 0; r < kInlineRoutePerThread; ++r) {
+    const int i = tid + r * NT, e = ids[r];
+    if (i >= P) continue;
+    int pos = -1;
+    if (e >= 0 && e < E) {
+      const int t = i / K, w = t / 32;
+      int rank = __popc(mask[e * W + w] & ((1u << (t & 31)) - 1u));
+      for (int v = 0; v < w; ++v) rank += __popc(mask[e * W + v]);
+      pos = off[e] + rank;
+      perm[pos] = i;
+    }
+    if (pair_pos != nullptr) pair_pos[i] = pos;
+  }
+  __syncthreads();
+}
+
 template <class Cfg, int MODE, int FIXED_H, int FIXED_I>
 __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
 #if MOE_HAVE_WGMMA
@@ -284,6 +371,18 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
   const int KT = (K + BK - 1) / BK;
   const int gx = MODE == kGateUp ? (I + BM / 2 - 1) / (BM / 2) : (H + BM - 1) / BM;
   const int units = gx * p.num_slots;
+  // The tile table and the permutation: the prep's in global memory, or (inline routing, configuration 12 only) this
+  // CTA's own in shared memory after the configuration's layout (GemmParams::inline_ids).
+  constexpr bool kInline = kCpW && BN == 32;
+  const bool inl = kInline && p.inline_ids != nullptr;
+  char* const rt = reinterpret_cast<char*>(row_wt + BN);
+  const Tile* tiles = p.tiles;
+  const int* perm = p.perm_pair;
+  if (inl) {
+    const InlineRouteLayout L = inline_route_layout(p.num_experts, p.num_tokens, p.top_k, p.num_slots);
+    tiles = reinterpret_cast<const Tile*>(rt + L.tiles);
+    perm = reinterpret_cast<const int*>(rt + L.perm);
+  }
   // The weight tile of global slice `slice` (stage slice % STAGES) of unit (tile, bx): one arrival that expects its
   // bytes, then the TMA loads. Weight rows of a unit in the [experts x rows, K] view of the TMA descriptor: gate/up
   // loads the gate rows i and the up rows I + i of i in [bx BM/2, bx BM/2 + BM/2) as two boxes, down BM rows as one
@@ -355,9 +454,12 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
       for (int kt = 0; kt < KT && prefetched < PW; ++kt, ++prefetched) copy_weights(prefetched, tile, u % gx, kt);
     }
   }
+  if constexpr (MODE == kDown && kInline) {
+    if (inl) inline_route<BN, Cfg::THREADS>(p, rt, nullptr);  // before the wait: the ids were complete before
+  }                                                           // the gate/up GEMM passed its own
   if (MODE == kDown && (kCpW ? warp < 4 * NP : tid == 0)) {
     for (int u = blockIdx.x; u < units && prefetched < STAGES; u += gridDim.x) {
-      const Tile tile = p.tiles[u / gx];
+      const Tile tile = tiles[u / gx];
       if (tile.rows <= 0) continue;
       for (int kt = 0; kt < KT && prefetched < STAGES; ++kt, ++prefetched) {
         if constexpr (kCpW)
@@ -370,6 +472,9 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
   // Every thread waits for the kernel before (x / act, the prep's tiles), then lets the next one be scheduled.
   grid_dep_wait();
   grid_dep_launch_dependents();
+  if constexpr (MODE == kGateUp && kInline) {
+    if (inl) inline_route<BN, Cfg::THREADS>(p, rt, blockIdx.x == 0 ? p.inline_pair_pos : nullptr);
+  }
 
   // With two producer warpgroups (512 threads, 128 registers each at launch) the register file is rebalanced:
   // producers drop to 56, the MMA warpgroups rise to what is left (the 128-token tiles need ~146).
@@ -381,7 +486,7 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
     int slice = 0;  // slices issued so far (over all units)
     for (int u = blockIdx.x; u < units; u += gridDim.x) {
       const int bx = u % gx;
-      const Tile tile = p.tiles[u / gx];
+      const Tile tile = tiles[u / gx];
       // A unit without rows runs only the slices issued for it before the wait (zero token rows, drained by the
       // consumers without MMAs).
       const int nk = tile.rows > 0 ? KT : pre_slices(u);
@@ -392,7 +497,7 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
       for (int it = 0; it < B_ITERS; ++it) {
         const int n = tid / CPR + it * RPP;
         const int pos = n < tile.rows ? tile.row0 + n : -1;
-        const long long row = pos < 0 ? 0 : MODE == kGateUp ? p.perm_pair[pos] / p.top_k : pos;
+        const long long row = pos < 0 ? 0 : MODE == kGateUp ? perm[pos] / p.top_k : pos;
         b_ok[it] = pos >= 0;
         b_src[it] = p.src + row * K + ch * 8;  // row 0's for a row past the tile's: a valid address at every k0
       }
@@ -506,7 +611,7 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
   int slice = 0;
   for (int u = blockIdx.x; u < units; u += gridDim.x) {
     const int bx = u % gx;
-    const Tile tile = p.tiles[u / gx];
+    const Tile tile = tiles[u / gx];
     if (tile.rows <= 0) {  // drain the slices issued for it before the wait (static slots), if any
       for (int kt = pre_slices(u); kt > 0; --kt, ++slice) {
         const int stage = slice % STAGES;
@@ -528,7 +633,7 @@ __device__ __forceinline__ void gemm_body_ws(const GemmParams& p, char* smem) {
     // (fence, atomics, the token's pair positions) cost ~2 us a unit and the bs 64 step +104 us (session 29).
     int my_pair = -1;
     float my_wt = 0.0f;
-    if (MODE == kDown && ctid < BN && ctid < tile.rows) my_pair = p.perm_pair[tile.row0 + ctid];
+    if (MODE == kDown && ctid < BN && ctid < tile.rows) my_pair = perm[tile.row0 + ctid];
     for (int kt = 0; kt < KT; ++kt, ++slice) {
       if (MODE == kDown && kt == 1 && my_pair >= 0) my_wt = p.topk_weights[my_pair];
       ws::consume_slice<STAGES>(full0, empty0, slice, kt, ctid, [&](int stage) {

@@ -44,6 +44,9 @@ FusedLayout fused_layout(const MoeShape& s, int T, bool wgmma = false);
 int fused_config_for(const MoeShape& s, int T, bool wgmma = false);
 // Whether T tokens take the direct (prep-less, one pair per tile) path: T * top_k <= max(kDirectMaxPairs, top_k).
 bool fused_direct_for(const MoeShape& s, int T);
+// Whether T tokens skip the prep launch, the GEMMs building the routing tables themselves (GemmParams::inline_ids):
+// configuration 12 where the tables fit, unless MOESERVE_MOE_INLINE_ROUTE=0.
+bool fused_inline_route_for(const MoeShape& s, int T, const FusedLayout& l);
 // "" when the fused kernels support these shapes, else why not.
 std::string fused_shape_check(const MoeShape& s);
 // Checks that every kernel of `t` has code for this device and allows its dynamic shared memory. "" or why not.

@@ -135,8 +135,47 @@ struct GemmParams {
   // route and the prep run (the DRAM is otherwise idle then). A unit whose expert turns out to have no pairs drains
   // the slices issued for it without MMAs. The value is how many slices go out before the wait (at most the ring's
   // depth; 0: none, the prep's ordinary layout).
+  // For the gate/up GEMM the number of slices issued before its wait; for the down GEMM with inline_ids only the
+  // table's layout (static slots or not).
   int static_slots;
+  // Inline routing (batched decode on configuration 12; MOESERVE_MOE_INLINE_ROUTE=0 turns it off): when non-null there is no prep
+  // launch - every CTA of both GEMMs builds the prep's tile table and pair permutation (the same layout, in static
+  // slots where static_slots) in its own shared memory (InlineRouteLayout, after the configuration's) from these
+  // ids: the gate/up GEMM after its programmatic wait, the down GEMM before its wait (the ids were complete before
+  // the gate/up GEMM passed its wait, the argument by which the down GEMM reads the prep's tiles early). An expert's
+  // rows are in token order (bit t of the expert's token mask; a token's ids must be distinct, as a top-k is), so
+  // every CTA finds the same table. The gate/up GEMM's CTA 0 also writes inline_pair_pos for the combine.
+  const int* inline_ids;  // [num_tokens * top_k] topk_ids, or nullptr
+  int num_tokens;
+  int* inline_pair_pos;   // [num_tokens * top_k]: sorted position of each pair, -1 for a dropped one
 };
+
+// Shared-memory layout (byte offsets from its 16-byte aligned start) of the inline routing tables of GemmParams::
+// inline_ids for E experts, T tokens and num_slots tile slots: each expert's token mask (ceil(T / 32) words), the
+// exclusive scans of rows and overflow tiles (E + 1 ints each), the tile table and the permutation (sorted position
+// -> pair).
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+#define MOE_HOST_DEVICE __host__ __device__
+#else
+#define MOE_HOST_DEVICE
+#endif
+struct InlineRouteLayout {
+  int mask, off, toff, tiles, perm, bytes;
+};
+MOE_HOST_DEVICE constexpr InlineRouteLayout inline_route_layout(int E, int T, int top_k, int num_slots) {
+  InlineRouteLayout l{};
+  l.mask = 0;
+  l.off = l.mask + E * ((T + 31) / 32) * 4;
+  l.toff = l.off + (E + 1) * 4;
+  l.tiles = (l.toff + (E + 1) * 4 + 15) / 16 * 16;
+  l.perm = l.tiles + num_slots * 16;
+  l.bytes = (l.perm + T * top_k * 4 + 15) / 16 * 16;
+  return l;
+}
+// The most shared memory the tables may take (configuration 12 keeps two CTAs an SM: 2 x (91.6 + 16 + 1) KB of 228)
+// and pairs a CTA thread holds (512 threads: 2,048 pairs, 256 tokens of top-8).
+constexpr int kInlineRouteMaxBytes = 16 << 10;
+constexpr int kInlineRoutePerThread = 4;
 
 // out[t, :] = bf16(sum over j < top_k of y[pair_pos[t * top_k + j], :]), slots in order (deterministic).
 // Direct mode (direct_ids non-null, pair_pos unused): row of pair i is i, dropped when direct_ids[i] is outside
