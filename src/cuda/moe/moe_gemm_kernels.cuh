@@ -102,49 +102,64 @@ __device__ __forceinline__ void direct_combine_tail(const GemmParams& p, int H) 
 // The rank inside the expert comes from atomics, so the order of an expert's rows varies from run to run; results
 // do not: every output element is computed from its own row alone, in a fixed k order.
 
-// Exclusive scans of the rows and tiles of each expert (one warp, 32 experts a step) from cnt; writes off[0..E]
-// and toff[0..E] (shared), and the tile table. Static slots: toff counts only the tiles after each expert's first.
-__device__ __forceinline__ void prep_scan_and_tiles(const PrepParams& p, const int* cnt, int* s_off, int* s_toff) {
-  const int tid = threadIdx.x, nt = blockDim.x, E = p.num_experts, BN = p.tile_rows;
-  const bool fixed = p.static_slots != 0;
-  if (tid < 32) {
-    const int lane = tid;
-    int carry = 0, tcarry = 0;
-    for (int base = 0; base < E; base += 32) {
-      const int e = base + lane;
-      int c = e < E ? cnt[e] : 0;
-      int t = (c + BN - 1) / BN;
-      if (fixed && t > 0) --t;
+// Exclusive scans of the rows and tiles of each expert by one warp (lane: its lane), 32 experts a step, from rows(e)
+// (expert e's pairs): off[0..E] and toff[0..E] in shared memory. Static slots (fixed): toff counts only the tiles
+// after each expert's first. Shared by the prep and the GEMMs' inline routing (moe_gemm_ws.cuh).
+template <class Rows>
+__device__ __forceinline__ void scan_expert_rows(Rows rows, int E, int BN, bool fixed, int* s_off, int* s_toff,
+                                                 int lane) {
+  int carry = 0, tcarry = 0;
+  for (int base = 0; base < E; base += 32) {
+    const int e = base + lane;
+    int c = e < E ? rows(e) : 0;
+    int t = (c + BN - 1) / BN;
+    if (fixed && t > 0) --t;
 #pragma unroll
-      for (int d = 1; d < 32; d <<= 1) {
-        const int c2 = __shfl_up_sync(0xffffffffu, c, d), t2 = __shfl_up_sync(0xffffffffu, t, d);
-        if (lane >= d) c += c2, t += t2;
-      }
-      if (e < E) s_off[e + 1] = carry + c, s_toff[e + 1] = tcarry + t;
-      carry += __shfl_sync(0xffffffffu, c, 31);
-      tcarry += __shfl_sync(0xffffffffu, t, 31);
+    for (int d = 1; d < 32; d <<= 1) {
+      const int c2 = __shfl_up_sync(0xffffffffu, c, d), t2 = __shfl_up_sync(0xffffffffu, t, d);
+      if (lane >= d) c += c2, t += t2;
     }
-    if (lane == 0) s_off[0] = 0, s_toff[0] = 0;
+    if (e < E) s_off[e + 1] = carry + c, s_toff[e + 1] = tcarry + t;
+    carry += __shfl_sync(0xffffffffu, c, 31);
+    tcarry += __shfl_sync(0xffffffffu, t, 31);
   }
-  __syncthreads();
+  if (lane == 0) s_off[0] = 0, s_toff[0] = 0;
+}
+
+// The tile table of num_slots entries from the scans and rows(e) (threads tid, tid + nt, ...): static slots put
+// expert e's first tile in slot e, even without rows (the host sizes num_slots for this layout), its further tiles
+// from slot E on.
+template <class Rows>
+__device__ __forceinline__ void write_tile_table(Rows rows, Tile* tiles, int num_slots, const int* s_off,
+                                                 const int* s_toff, int E, int BN, bool fixed, int tid, int nt) {
   for (int e = tid; e < E; e += nt) {
-    const int n = cnt[e];
-    if (fixed) {  // slot e: the first tile, even without rows (the host sizes num_slots for this layout)
+    const int n = rows(e);
+    if (fixed) {
       Tile t;
       t.expert = e, t.row0 = s_off[e], t.rows = n < BN ? n : BN, t.pad = 0;
-      p.tiles[e] = t;
+      tiles[e] = t;
     }
-    for (int j = fixed ? 1 : 0, s = fixed ? E + s_toff[e] : s_toff[e]; j * BN < n && s < p.num_slots; ++j, ++s) {
+    for (int j = fixed ? 1 : 0, s = fixed ? E + s_toff[e] : s_toff[e]; j * BN < n && s < num_slots; ++j, ++s) {
       Tile t;
       t.expert = e, t.row0 = s_off[e] + j * BN, t.rows = n - j * BN < BN ? n - j * BN : BN, t.pad = 0;
-      p.tiles[s] = t;
+      tiles[s] = t;
     }
   }
-  for (int s = (fixed ? E : 0) + s_toff[E] + tid; s < p.num_slots; s += nt) {
+  for (int s = (fixed ? E : 0) + s_toff[E] + tid; s < num_slots; s += nt) {
     Tile t;
     t.expert = 0, t.row0 = 0, t.rows = 0, t.pad = 0;
-    p.tiles[s] = t;
+    tiles[s] = t;
   }
+}
+
+// The prep's scans and tile table from its counts cnt.
+__device__ __forceinline__ void prep_scan_and_tiles(const PrepParams& p, const int* cnt, int* s_off, int* s_toff) {
+  const int tid = threadIdx.x, E = p.num_experts, BN = p.tile_rows;
+  const bool fixed = p.static_slots != 0;
+  auto rows = [&](int e) { return cnt[e]; };
+  if (tid < 32) scan_expert_rows(rows, E, BN, fixed, s_off, s_toff, tid);
+  __syncthreads();
+  write_tile_table(rows, p.tiles, p.num_slots, s_off, s_toff, E, BN, fixed, tid, int(blockDim.x));
 }
 
 // Pairs [i0, i1): pair_pos holds each pair's rank within its expert (or -1); it becomes the pair's sorted

@@ -262,46 +262,17 @@ __device__ __forceinline__ void inline_route(const GemmParams& p, char* rt, int*
     if (i < P && e >= 0 && e < E) atomicOr(&mask[e * W + (i / K) / 32], 1u << ((i / K) & 31));
   }
   __syncthreads();
-  // Exclusive scans of each expert's rows and tiles (one warp, 32 experts a step), as prep_scan_and_tiles.
   if (tid < 32) {
-    int carry = 0, tcarry = 0;
-    for (int base = 0; base < E; base += 32) {
-      const int e = base + tid;
-      int c = 0;
-      if (e < E)
-        for (int w = 0; w < W; ++w) c += __popc(mask[e * W + w]);
-      int t = (c + BN - 1) / BN;
-      if (fixed && t > 0) --t;
-#pragma unroll
-      for (int d = 1; d < 32; d <<= 1) {
-        const int c2 = __shfl_up_sync(0xffffffffu, c, d), t2 = __shfl_up_sync(0xffffffffu, t, d);
-        if (tid >= d) c += c2, t += t2;
-      }
-      if (e < E) off[e + 1] = carry + c, toff[e + 1] = tcarry + t;
-      carry += __shfl_sync(0xffffffffu, c, 31);
-      tcarry += __shfl_sync(0xffffffffu, t, 31);
-    }
-    if (tid == 0) off[0] = 0, toff[0] = 0;
+    scan_expert_rows(
+        [&](int e) {
+          int c = 0;
+          for (int w = 0; w < W; ++w) c += __popc(mask[e * W + w]);
+          return c;
+        },
+        E, BN, fixed, off, toff, tid);
   }
   __syncthreads();
-  for (int e = tid; e < E; e += NT) {
-    const int n = off[e + 1] - off[e];
-    if (fixed) {  // slot e: the expert's first tile, even without rows
-      Tile t;
-      t.expert = e, t.row0 = off[e], t.rows = n < BN ? n : BN, t.pad = 0;
-      tiles[e] = t;
-    }
-    for (int j = fixed ? 1 : 0, s = fixed ? E + toff[e] : toff[e]; j * BN < n && s < p.num_slots; ++j, ++s) {
-      Tile t;
-      t.expert = e, t.row0 = off[e] + j * BN, t.rows = n - j * BN < BN ? n - j * BN : BN, t.pad = 0;
-      tiles[s] = t;
-    }
-  }
-  for (int s = (fixed ? E : 0) + toff[E] + tid; s < p.num_slots; s += NT) {
-    Tile t;
-    t.expert = 0, t.row0 = 0, t.rows = 0, t.pad = 0;
-    tiles[s] = t;
-  }
+  write_tile_table([&](int e) { return off[e + 1] - off[e]; }, tiles, p.num_slots, off, toff, E, BN, fixed, tid, NT);
 #pragma unroll
   for (int r = 0; r < kInlineRoutePerThread; ++r) {
     const int i = tid + r * NT, e = ids[r];
