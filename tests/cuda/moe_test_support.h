@@ -2,6 +2,7 @@
 // bf16 weights and steps routed as Qwen3 routes, the CPU reference, one checked step on a backend.
 #pragma once
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -19,7 +20,6 @@
 #include "kernels/moe/moe.h"
 
 namespace moeserve::cuda::moe_test {
-
 
 inline DeviceInfo device() { return list_devices().at(0); }
 inline bool is_hopper() { return sm_version(device()) == 90; }
@@ -157,4 +157,5 @@ inline bool must_run_here(const MoeBackend& b) {
   if (b.spec().name == "fused_sm90") return sm_version(device()) == 90;
   return true;  // cublas_ref, jit: any sm_80+
 }
+
 }  // namespace moeserve::cuda::moe_test
