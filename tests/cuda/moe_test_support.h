@@ -158,4 +158,14 @@ inline bool must_run_here(const MoeBackend& b) {
   return true;  // cublas_ref, jit: any sm_80+
 }
 
+// Prepares b for shape: true when it can run (code: what prepare() says of the code it loaded, if asked); otherwise
+// expects that b need not run on this device and says why.
+inline bool prepared_here(MoeBackend& b, const MoeShape& shape, std::string* code = nullptr) {
+  std::string loaded;
+  const std::string r = b.prepare(device(), shape, code ? *code : loaded);
+  if (r.empty()) return true;
+  EXPECT_FALSE(must_run_here(b)) << b.spec().name << ": " << r;
+  return false;
+}
+
 }  // namespace moeserve::cuda::moe_test

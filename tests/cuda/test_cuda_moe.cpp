@@ -104,11 +104,7 @@ TEST(CudaMoe, CapturedGraphReplaysWithNewRoutings) {
       const MoeShape shape = L.shape(T);
       for (auto& b : make_moe_backends()) {
         if (!b->spec().capturable) continue;
-        std::string code;
-        if (std::string r = b->prepare(device(), shape, code); !r.empty()) {
-          EXPECT_FALSE(must_run_here(*b)) << b->spec().name << ": " << r;
-          continue;
-        }
+        if (!prepared_here(*b, shape)) continue;
         StepBuffers buf(c, T);
         DevBuf<char> ws(b->workspace_bytes(shape));
         Stream st;
@@ -170,11 +166,7 @@ void for_each_small_case_backend(uint64_t seed, Fn fn) {
     StepBuffers buf(c, 7);
     Stream st;
     for (auto& b : make_moe_backends()) {
-      std::string code;
-      if (std::string r = b->prepare(device(), shape, code); !r.empty()) {
-        EXPECT_FALSE(must_run_here(*b)) << b->spec().name << ": " << r;
-        continue;
-      }
+      if (!prepared_here(*b, shape)) continue;
       fn(c, L, shape, buf, st, *b);
     }
   }
@@ -354,10 +346,7 @@ TEST(CudaMoe, SelfTestPassesOnQwen3Shapes) {
   shape.num_experts = 128, shape.hidden = 2048, shape.inter = 768, shape.top_k = 8, shape.max_tokens = 8192;
   for (auto& b : make_moe_backends()) {
     std::string code;
-    if (std::string r = b->prepare(device(), shape, code); !r.empty()) {
-      EXPECT_FALSE(must_run_here(*b)) << b->spec().name << ": " << r;
-      continue;
-    }
+    if (!prepared_here(*b, shape, &code)) continue;
     double err = -1;
     EXPECT_EQ(moe_self_test(*b, shape, err), "") << b->spec().name;
     EXPECT_GE(err, 0.0);
