@@ -199,7 +199,6 @@ TEST(CudaMoe, FusedNormRouterMatchesCpu) {
       }
 }
 
-
 // Batched decode's warp-specialized configuration (12 at 3-12 tokens an expert) walks a tile table in static slots
 // and issues its first weight slices before the prep has run (GemmParams::static_slots): skewed routings reach
 // its corners - experts with more tokens than a tile (overflow slots after the E static ones), experts without
