@@ -125,10 +125,33 @@ void check_model(const Body& b, const ParseContext& ctx, ApiRequest& r) {
   r.model = ctx.served_model_name;
 }
 
+// Constrained decoding (OpenAI's response_format json_object / json_schema, vLLM's guided_* and structured_outputs,
+// SGLang's json_schema / regex / ebnf / structural_tag) is not implemented: a request that asks for it is refused
+// rather than answered with unconstrained text its client would take for conforming output.
+void refuse_constrained_decoding(const Body& b) {
+  if (b.has("response_format")) {
+    const json& rf = b.j["response_format"];
+    if (!rf.is_object() || !rf.contains("type") || !rf["type"].is_string())
+      bad("response_format", "'response_format' must be an object with a 'type' (only \"text\": this server has no "
+                             "constrained decoding yet)");
+    const std::string& type = rf["type"].get_ref<const std::string&>();
+    if (type != "text")
+      bad("response_format", fmt::format("response_format type '{}' is not supported: this server has no constrained "
+                                         "decoding yet, so the output could not be guaranteed to match (send "
+                                         "{{\"type\": \"text\"}} or no response_format)", type.substr(0, 40)));
+  }
+  for (const char* k : {"guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs",
+                        "json_schema", "regex", "ebnf", "structural_tag"})
+    if (b.has(k))
+      bad(k, fmt::format("'{}' asks for constrained decoding, which this server does not support yet: the output could "
+                         "not be guaranteed to match", k));
+}
+
 // The sampling fields every endpoint shares, with generation_config.json's defaults. OpenAI bodies carry them
 // at the top level (temperature up to 2, "min_tokens"); SGLang's in sampling_params ("min_new_tokens").
 void sampling_fields(const Body& b, const ParseContext& ctx, double max_temperature, const char* min_tokens_key,
                      ApiRequest& r) {
+  refuse_constrained_decoding(b);
   SamplingParams& s = r.sampling;
   s.temperature = float(b.number("temperature", ctx.default_temperature, 0.0, max_temperature));
   s.top_p = float(b.number("top_p", ctx.default_top_p, 1e-9, 1.0));

@@ -129,6 +129,38 @@ test('logit_bias moves greedy choices as OpenAI describes; bad maps are 400s', a
   }
 });
 
+test('constrained decoding is refused with a 400 naming the field, not answered unconstrained', async () => {
+  const chat = { model: MODEL, messages: [{ role: 'user', content: 'Give me JSON' }], max_tokens: 2, temperature: 0 };
+  const schema = { type: 'object', properties: { a: { type: 'integer' } } };
+  const refused = [
+    ['/v1/chat/completions', { ...chat, response_format: { type: 'json_object' } }, 'response_format'],
+    ['/v1/chat/completions', { ...chat, response_format: { type: 'json_schema', json_schema: { name: 'a', schema } } },
+      'response_format'],
+    ['/v1/chat/completions', { ...chat, response_format: 'json' }, 'response_format'],
+    ['/v1/chat/completions', { ...chat, guided_json: schema }, 'guided_json'],
+    ['/v1/completions', { prompt: 'x', max_tokens: 1, guided_regex: '[0-9]+' }, 'guided_regex'],
+    ['/v1/completions', { prompt: 'x', max_tokens: 1, response_format: { type: 'json_object' } }, 'response_format'],
+    ['/generate', { text: 'x', sampling_params: { max_new_tokens: 1, json_schema: JSON.stringify(schema) } },
+      'json_schema'],
+    ['/generate', { text: 'x', sampling_params: { max_new_tokens: 1, regex: '[0-9]+' } }, 'regex'],
+  ];
+  for (const [path, body, param] of refused) {
+    const r = await postJson(srv.base, path, body);
+    assert.equal(r.status, 400, `${path} ${JSON.stringify(body)}: ${r.text}`);
+    assert.equal(r.json.error.param, param, r.text);
+    assert.match(r.json.error.message, /constrained decoding/, r.text);
+  }
+  // Through the official client too (its typed response_format), and the plain forms still generate.
+  await assert.rejects(client.chat.completions.create({ ...chat, response_format: { type: 'json_object' } }),
+    (e) => e.status === 400 && /response_format type 'json_object'/.test(e.message));
+  const text = await client.chat.completions.create({ ...chat, response_format: { type: 'text' } });
+  assert.equal(text.choices.length, 1);
+  assert.ok(text.usage.completion_tokens >= 1 && text.usage.completion_tokens <= 2, JSON.stringify(text.usage));
+  const nulls = await postJson(srv.base, '/generate', { text: 'x', sampling_params: { max_new_tokens: 1, regex: null,
+    json_schema: null } });
+  assert.equal(nulls.status, 200, nulls.text);
+});
+
 test('n and seed: n choices, same seed same samples', async () => {
   const req = { model: MODEL, messages: [{ role: 'user', content: 'Tell me a story' }], max_tokens: 8, n: 3, seed: 42,
     temperature: 1.0 };
