@@ -50,6 +50,19 @@ bool Router::authorized(const Request& request) const {
   return constant_time_equals(v, api_key_);
 }
 
+Router::RouteMap::const_iterator Router::wildcard_route(std::string_view path) const {
+  auto best = routes_.end();
+  for (auto it = routes_.begin(); it != routes_.end(); ++it) {
+    std::string_view prefix = it->first;
+    if (prefix.size() < 2 || prefix.substr(prefix.size() - 2) != "/*") continue;
+    prefix.remove_suffix(1);  // keeps the '/': "/v1/models/*" takes "/v1/models/x", not "/v1/models/"
+    if (path.size() > prefix.size() && path.substr(0, prefix.size()) == prefix &&
+        (best == routes_.end() || it->first.size() > best->first.size()))
+      best = it;
+  }
+  return best;
+}
+
 void Router::dispatch(const Request& request, const std::shared_ptr<Responder>& responder) const {
   if (!authorized(request)) {
     responder->set_header("WWW-Authenticate", "Bearer");
@@ -57,6 +70,7 @@ void Router::dispatch(const Request& request, const std::shared_ptr<Responder>& 
     return;
   }
   auto it = routes_.find(request.path);
+  if (it == routes_.end()) it = wildcard_route(request.path);
   if (it == routes_.end()) {
     responder->respond_error(404, fmt::format("Not found: {} {}", request.method, request.path));
     return;

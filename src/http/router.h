@@ -19,6 +19,7 @@ using Handler = std::function<void(const Request&, std::shared_ptr<Responder>)>;
 
 class Router {
  public:
+  // A path ending in "/*" takes every path below it that no exact route takes (the longest such prefix wins).
   void add(std::string method, std::string path, Handler handler);
   // With a non-empty key, every path except `exempt_paths` needs "Authorization: Bearer <key>".
   void set_api_key(std::string key, std::vector<std::string> exempt_paths);
@@ -30,9 +31,11 @@ class Router {
     std::string method;
     Handler handler;
   };
+  using RouteMap = std::map<std::string, std::vector<Route>, std::less<>>;
   bool authorized(const Request& request) const;
+  RouteMap::const_iterator wildcard_route(std::string_view path) const;
 
-  std::map<std::string, std::vector<Route>, std::less<>> routes_;
+  RouteMap routes_;
   std::string api_key_;
   std::vector<std::string> exempt_paths_;
 };

@@ -153,15 +153,24 @@ void add_routes(http::Server& srv, App& app) {
       });
     });
   });
-  srv.route("GET", "/v1/models", [&app](const http::Request&, std::shared_ptr<http::Responder> r) {
-    int64_t ctx = app.ctx.parse.context_length;
-    reply(r, 200, json{{"object", "list"},
-                       {"data", json::array({json{{"id", app.ctx.parse.served_model_name},
-                                                  {"object", "model"},
-                                                  {"created", 0},
-                                                  {"owned_by", "moeserve"},
-                                                  {"root", app.ctx.parse.model_path},
-                                                  {"max_model_len", ctx}}})}});
+  auto model_card = [&app] {
+    return json{{"id", app.ctx.parse.served_model_name}, {"object", "model"},         {"created", 0},
+                {"owned_by", "moeserve"},                {"root", app.ctx.parse.model_path},
+                {"max_model_len", app.ctx.parse.context_length}};
+  };
+  srv.route("GET", "/v1/models", [model_card](const http::Request&, std::shared_ptr<http::Responder> r) {
+    reply(r, 200, json{{"object", "list"}, {"data", json::array({model_card()})}});
+  });
+  // OpenAI's retrieve (client.models.retrieve): the served name or the model path, percent-encoded or not.
+  srv.route("GET", "/v1/models/*", [&app, model_card](const http::Request& hr, std::shared_ptr<http::Responder> r) {
+    const std::string name = http::percent_decode(std::string_view(hr.path).substr(11), false);
+    if (name == app.ctx.parse.served_model_name || name == app.ctx.parse.model_path) {
+      reply(r, 200, model_card());
+      return;
+    }
+    r->respond_error(404, fmt::format("The model `{}` does not exist (this server serves `{}`)", name.substr(0, 200),
+                                      app.ctx.parse.served_model_name),
+                     "invalid_request_error", "model");
   });
   srv.route("GET", "/get_model_info", [&app](const http::Request&, std::shared_ptr<http::Responder> r) {
     if (!require_ready(app, r)) return;

@@ -28,6 +28,15 @@ test('health is 503 while starting, then 200; health_generate works', async () =
 test('models, model info, server info', async () => {
   const models = await client.models.list();
   assert.equal(models.data[0].id, MODEL);
+  // OpenAI's retrieve: the served name (through the client, which percent-encodes it) or the model path; else a 404.
+  const card = await client.models.retrieve(MODEL);
+  assert.deepEqual(card, models.data[0]);
+  const byPath = await fetch(`${srv.base}/v1/models/${encodeURIComponent(card.root)}`);
+  assert.equal(byPath.status, 200);
+  assert.equal((await byPath.json()).id, MODEL);
+  await assert.rejects(client.models.retrieve('no-such-model'), (e) => e.status === 404 && /no-such-model/.test(e.message));
+  for (const path of ['/v1/models/', '/v1/modelsx']) assert.equal((await fetch(`${srv.base}${path}`)).status, 404, path);
+  assert.equal((await fetch(`${srv.base}/v1/models/${MODEL}`, { method: 'POST' })).status, 405);
   const info = await (await fetch(`${srv.base}/get_model_info`)).json();
   assert.equal(info.served_model_name, MODEL);
   const sinfo = await (await fetch(`${srv.base}/get_server_info`)).json();
