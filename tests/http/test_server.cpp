@@ -100,6 +100,40 @@ TEST(HttpServer, NotFoundAndMethodNotAllowedUseTheErrorShape) {
   EXPECT_EQ(c.read_response().status, 200);
 }
 
+TEST(HttpServer, PrefixRoutesTakeWhatNoExactRouteTakes) {
+  Server server(test_options());
+  add_basic_routes(server);
+  auto named = [](std::string name) {
+    return [name](const Request& req, std::shared_ptr<Responder> r) {
+      r->respond_json(200, {{"route", name}, {"path", req.path}});
+    };
+  };
+  server.route("GET", "/v1/models/*", named("model"));
+  server.route("GET", "/v1/models/special", named("exact"));
+  server.route("GET", "/v1/models/a/*", named("longer"));
+  server.start();
+  RawClient c(server.port());
+  auto route_of = [&](const std::string& path) {
+    c.send(get_request(path));
+    auto r = c.read_response();
+    if (r.status != 200) return std::to_string(r.status);
+    json j = json::parse(r.body);
+    return j.contains("route") ? j["route"].get<std::string>() : std::string("list");
+  };
+  EXPECT_EQ(route_of("/v1/models/x"), "model");
+  EXPECT_EQ(route_of("/v1/models/Qwen%2FQwen3"), "model");
+  EXPECT_EQ(route_of("/v1/models/Qwen/Qwen3"), "model");
+  EXPECT_EQ(route_of("/v1/models/special"), "exact");
+  EXPECT_EQ(route_of("/v1/models/a/b"), "longer");
+  EXPECT_EQ(route_of("/v1/models/a"), "model");
+  EXPECT_EQ(route_of("/v1/models"), "list");  // add_basic_routes' exact route
+  EXPECT_EQ(route_of("/v1/models/"), "404");   // the prefix alone is not below it
+  EXPECT_EQ(route_of("/v1/modelsx"), "404");
+  EXPECT_EQ(route_of("/v1/models/*"), "model");  // a literal '*' is just a name
+  c.send(post_request("/v1/models/x", "{}"));
+  EXPECT_EQ(c.read_response().status, 405);
+}
+
 TEST(HttpServer, HandlerErrorsBecome400And500) {
   Server server(test_options());
   add_basic_routes(server);
