@@ -163,7 +163,8 @@ void add_routes(http::Server& srv, App& app) {
   });
   // OpenAI's retrieve (client.models.retrieve): the served name or the model path, percent-encoded or not.
   srv.route("GET", "/v1/models/*", [&app, model_card](const http::Request& hr, std::shared_ptr<http::Responder> r) {
-    const std::string name = http::percent_decode(std::string_view(hr.path).substr(11), false);
+    constexpr std::string_view kPrefix = "/v1/models/";  // the router passes only paths longer than this
+    const std::string name = http::percent_decode(std::string_view(hr.path).substr(kPrefix.size()), false);
     if (name == app.ctx.parse.served_model_name || name == app.ctx.parse.model_path) {
       reply(r, 200, model_card());
       return;
