@@ -165,13 +165,10 @@ void add_routes(http::Server& srv, App& app) {
   srv.route("GET", "/v1/models/*", [&app, model_card](const http::Request& hr, std::shared_ptr<http::Responder> r) {
     constexpr std::string_view kPrefix = "/v1/models/";  // the router passes only paths longer than this
     const std::string name = http::percent_decode(std::string_view(hr.path).substr(kPrefix.size()), false);
-    if (name == app.ctx.parse.served_model_name || name == app.ctx.parse.model_path) {
+    guarded(r, [&] {
+      check_model_name(name, app.ctx.parse);
       reply(r, 200, model_card());
-      return;
-    }
-    r->respond_error(404, fmt::format("The model `{}` does not exist (this server serves `{}`)", name.substr(0, 200),
-                                      app.ctx.parse.served_model_name),
-                     "invalid_request_error", "model");
+    });
   });
   srv.route("GET", "/get_model_info", [&app](const http::Request&, std::shared_ptr<http::Responder> r) {
     if (!require_ready(app, r)) return;

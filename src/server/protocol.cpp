@@ -119,9 +119,7 @@ std::vector<std::pair<int32_t, float>> logit_bias(const Body& b, int64_t vocab) 
 
 void check_model(const Body& b, const ParseContext& ctx, ApiRequest& r) {
   r.model = b.str("model", ctx.served_model_name);
-  if (r.model != ctx.served_model_name && r.model != ctx.model_path && !r.model.empty())
-    throw ApiError(404, fmt::format("The model `{}` does not exist (this server serves `{}`)", r.model,
-                                    ctx.served_model_name), "model");
+  if (!r.model.empty()) check_model_name(r.model, ctx);
   r.model = ctx.served_model_name;
 }
 
@@ -468,6 +466,12 @@ ApiRequest parse_generate_request(const json& body, const ParseContext& ctx) {
   int64_t v = s.integer("max_new_tokens", 128, 0, INT64_MAX / 2);
   p.max_new_tokens = std::min(v, ctx.context_length - P);
   return r;
+}
+
+void check_model_name(const std::string& name, const ParseContext& ctx) {
+  if (name != ctx.served_model_name && name != ctx.model_path)
+    throw ApiError(404, fmt::format("The model `{}` does not exist (this server serves `{}`)", name.substr(0, 200),
+                                    ctx.served_model_name), "model");
 }
 
 }  // namespace moeserve::server

@@ -68,6 +68,10 @@ struct ParseContext {
   std::string tool_call_parser;  // "" when none
 };
 
+// A 404 naming the served model unless `name` is its served name or its model path (OpenAI requests' "model",
+// GET /v1/models/{name}).
+void check_model_name(const std::string& name, const ParseContext& ctx);
+
 // What a chat template renders from a request: messages (normalised), tools, chat_template_kwargs and
 // add_generation_prompt, each checked (400 naming the field). /v1/chat/completions and /tokenize with messages.
 struct ChatTemplateInputs {
