@@ -48,6 +48,8 @@ class ReasoningParser {
   // End of output: flushes what was held back (a partial tag is then plain text).
   ReasoningResult finish();
 
+  // True while the output so far is inside reasoning (from the start when the prompt opened it).
+  bool in_reasoning() const { return state_ == State::kReasoningOpen || state_ == State::kReasoning; }
   // True once reasoning has ended (or never started): later text is content only.
   bool reasoning_done() const { return state_ == State::kContent || state_ == State::kContentLead; }
 

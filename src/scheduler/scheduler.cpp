@@ -81,6 +81,11 @@ void Scheduler::add(std::shared_ptr<Request> r) {
   const int64_t P = int64_t(r->prompt.size()), start = r->params.prompt_logprob_start;
   r->prompt_scored = start >= 0 ? std::min(std::max<int64_t>(start, 1), P) : P;
   r->arrival_s = now_s();
+  if (r->params.json) {  // the document may end at an eos token (even under ignore_eos: nothing else could) or a stop id
+    std::vector<int32_t> ends(r->params.stop_token_ids.begin(), r->params.stop_token_ids.end());
+    for (int64_t e : runner_.eos_ids()) ends.push_back(int32_t(e));
+    r->constraint = std::make_unique<grammar::JsonConstraint>(r->params.json, std::move(ends));
+  }
   waiting_.push_back(std::move(r));
 }
 
@@ -195,6 +200,10 @@ SampleSpec Scheduler::sample_spec(Request& r, int64_t pending) const {
       if (e >= 0 && e < V) s.banned.push_back(int32_t(e));
   }
   if (!p.logit_bias.empty()) s.bias = &p.logit_bias;
+  if (r.constraint) {
+    MS_CHECK(pending == 0, "request {}: a constrained token mask needs the tokens before it", r.id);
+    r.constraint->banned_tokens(s.banned);
+  }
   s.rng = &r.rng;
   s.logprob = p.return_logprob || p.top_logprobs > 0;
   s.top_logprobs = p.top_logprobs;
@@ -221,6 +230,13 @@ void Scheduler::accept_token(Request& r, const Sampled& smp, std::vector<Request
   if (r.output.empty()) r.first_token_s = now_s();
   r.output.push_back(tok);
   ++stats_.generated_tokens;
+  if (r.constraint && !r.constraint->accept(tok)) {  // the samplers honour the mask: only a bug gets here
+    finish(r, FinishReason::Abort);
+    o.finish = r.finish;
+    o.abort_message = fmt::format("internal error: token {} broke the request's JSON grammar", tok);
+    outs.push_back(std::move(o));
+    return;
+  }
   bool is_stop = std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), tok) != p.stop_token_ids.end();
   if (!p.ignore_eos) is_stop |= std::find(eos.begin(), eos.end(), int64_t(tok)) != eos.end();
   if (is_stop && int64_t(r.output.size()) > p.min_new_tokens - 1) {
@@ -434,6 +450,7 @@ void Scheduler::launch_ahead() {
     if (cur.logit_row_of[i] != int64_t(i) || r.abort_requested || r.finish != FinishReason::None) return;
     const int64_t generated = int64_t(r.output.size()) + 1;  // once the running step's token is in
     if (generated < r.params.min_new_tokens) return;          // its eos / stop-id bans change per token
+    if (r.constraint) return;  // its token mask needs the running step's token on the host
     SampleSpec s = sample_spec(r, 1);
     if (s.penalized()) return;  // the penalties need the running step's token on the host
     const int64_t pos = r.computed + cur.plan[i].second;  // where that token goes
@@ -488,6 +505,7 @@ bool Scheduler::launch_ahead_mixed() {
       // which collect_oldest drops.
       if (generated >= r->params.max_new_tokens || r->total_tokens() + 1 >= max_pos) continue;
       if (generated < r->params.min_new_tokens) return false;  // its eos / stop-id bans change per token
+      if (r->constraint) return false;  // its token mask needs cur's token on the host
       n.spec = sample_spec(*r, 1);
       if (n.spec->penalized()) return false;  // the penalties need cur's token on the host
     }

@@ -328,6 +328,7 @@ void bring_up(App& app) {
   app.ctx.reasoning_parser = o.reasoning_parser;
   app.ctx.tool_call_parser = o.tool_call_parser;
   app.ctx.parse.tool_call_parser = o.tool_call_parser;
+  app.ctx.parse.reasoning_parser = o.reasoning_parser;
   app.model_info = {{"model_path", o.model_path},
                     {"tokenizer_path", o.tokenizer_path.empty() ? o.model_path : o.tokenizer_path},
                     {"served_model_name", app.ctx.parse.served_model_name},

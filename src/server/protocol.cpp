@@ -6,6 +6,7 @@
 
 #include "core/json_depth.h"
 #include "core/json_int.h"
+#include "parsers/reasoning.h"
 #include "parsers/tool_calls.h"
 #include "server/text.h"
 
@@ -123,34 +124,91 @@ void check_model(const Body& b, const ParseContext& ctx, ApiRequest& r) {
   r.model = ctx.served_model_name;
 }
 
-// Constrained decoding (OpenAI's response_format json_object / json_schema, vLLM's guided_* and structured_outputs,
-// SGLang's json_schema / regex / ebnf / structural_tag) is not implemented: a request that asks for it is refused
-// rather than answered with unconstrained text its client would take for conforming output.
-void refuse_constrained_decoding(const Body& b) {
+// Constrained decoding: the JSON schema a request's output must follow - OpenAI's response_format json_object /
+// json_schema, vLLM's guided_json and structured_outputs {"json": ...}, SGLang's json_schema (a schema as a JSON
+// string); null when none. Regular expressions, grammars, choices and structural tags are not implemented: a
+// request that asks for one is refused rather than answered with text its client would take for conforming output.
+std::shared_ptr<const grammar::JsonSchema> requested_schema(const Body& b, const ParseContext& ctx) {
+  std::shared_ptr<const grammar::JsonSchema> schema;
+  std::string from;
+  auto take = [&](const std::string& field, std::shared_ptr<const grammar::JsonSchema> s) {
+    if (schema) bad(field, fmt::format("'{}' and '{}' both constrain the output: send one", from, field));
+    schema = std::move(s);
+    from = field;
+  };
+  auto compile = [&](const std::string& field, const json& j) {
+    json parsed;
+    const json* sj = &j;
+    if (j.is_string()) {  // SGLang's json_schema and vLLM's guided_json may carry the schema as a JSON string
+      parsed = json::parse(j.get_ref<const std::string&>(), nullptr, false);
+      if (parsed.is_discarded()) bad(field, fmt::format("'{}' is a string that is not valid JSON", field));
+      sj = &parsed;
+    }
+    if (!sj->is_object() && !sj->is_boolean())
+      bad(field, fmt::format("'{}' must be a JSON schema (an object), got {}", field, sj->dump().substr(0, 80)));
+    try {
+      take(field, grammar::JsonSchema::compile(*sj));
+    } catch (const ApiError&) {
+      throw;
+    } catch (const UserError& e) {
+      bad(field, fmt::format("'{}': {}", field, e.what()));
+    }
+  };
   if (b.has("response_format")) {
     const json& rf = b.j["response_format"];
     if (!rf.is_object() || !rf.contains("type") || !rf["type"].is_string())
-      bad("response_format", "'response_format' must be an object with a 'type' (only \"text\": this server has no "
-                             "constrained decoding yet)");
+      bad("response_format", "'response_format' must be an object with a 'type': text, json_object or json_schema");
     const std::string& type = rf["type"].get_ref<const std::string&>();
-    if (type != "text")
-      bad("response_format", fmt::format("response_format type '{}' is not supported: this server has no constrained "
-                                         "decoding yet, so the output could not be guaranteed to match (send "
-                                         "{{\"type\": \"text\"}} or no response_format)", type.substr(0, 40)));
+    if (type == "json_object") {
+      take("response_format", grammar::JsonSchema::any_object());
+    } else if (type == "json_schema") {
+      if (!rf.contains("json_schema") || !rf["json_schema"].is_object())
+        bad("response_format", "response_format json_schema needs 'json_schema': {\"name\": ..., \"schema\": {...}}");
+      const json& js = rf["json_schema"];
+      // OpenAI's schema is optional: without one, any JSON value.
+      compile("response_format", js.contains("schema") && !js["schema"].is_null() ? js["schema"] : json::object());
+    } else if (type != "text") {
+      bad("response_format", fmt::format("response_format type '{}' is not supported (text, json_object, json_schema)",
+                                         type.substr(0, 40)));
+    }
   }
-  for (const char* k : {"guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs",
-                        "json_schema", "regex", "ebnf", "structural_tag"})
+  if (b.has("guided_json")) compile("guided_json", b.j["guided_json"]);
+  if (b.has("json_schema")) compile("json_schema", b.j["json_schema"]);
+  if (b.has("structured_outputs")) {
+    const json& so = b.j["structured_outputs"];
+    if (!so.is_object()) bad("structured_outputs", "'structured_outputs' must be an object such as {\"json\": {...}}");
+    for (auto it = so.begin(); it != so.end(); ++it)
+      if (it.key() == "json") {
+        if (!it.value().is_null()) compile("structured_outputs", it.value());
+      } else if (!it.value().is_null() && it.key() != "disable_fallback" && it.key() != "disable_any_whitespace" &&
+                 it.key() != "disable_additional_properties" && it.key() != "whitespace_pattern") {
+        bad("structured_outputs", fmt::format("structured_outputs '{}' is not supported: only 'json' (a JSON schema) is",
+                                              it.key().substr(0, 40)));
+      }
+  }
+  for (const char* k : {"guided_regex", "guided_choice", "guided_grammar", "regex", "ebnf", "structural_tag"})
     if (b.has(k))
-      bad(k, fmt::format("'{}' asks for constrained decoding, which this server does not support yet: the output could "
-                         "not be guaranteed to match", k));
+      bad(k, fmt::format("'{}' asks for constrained decoding by {}, which this server does not support (JSON schemas "
+                         "only: response_format json_schema / json_object, guided_json, json_schema)", k,
+                         std::string(k).find("regex") != std::string::npos ? "a regular expression"
+                         : std::string(k).find("choice") != std::string::npos ? "a list of choices"
+                         : std::string(k) == "structural_tag" ? "structural tags" : "a grammar"));
+  if (schema && !ctx.text->has_tokenizer())
+    bad(from, "constrained decoding needs the tokenizer (this server runs with --skip-tokenizer-init)");
+  return schema;
 }
 
 // The sampling fields every endpoint shares, with generation_config.json's defaults. OpenAI bodies carry them
 // at the top level (temperature up to 2, "min_tokens"); SGLang's in sampling_params ("min_new_tokens").
 void sampling_fields(const Body& b, const ParseContext& ctx, double max_temperature, const char* min_tokens_key,
                      ApiRequest& r) {
-  refuse_constrained_decoding(b);
   SamplingParams& s = r.sampling;
+  if (auto schema = requested_schema(b, ctx)) {
+    auto spec = std::make_shared<grammar::JsonConstraintSpec>();
+    spec->schema = std::move(schema);
+    spec->vocab = ctx.text->grammar_vocabulary(ctx.vocab_size);
+    s.json = std::move(spec);
+  }
   s.temperature = float(b.number("temperature", ctx.default_temperature, 0.0, max_temperature));
   s.top_p = float(b.number("top_p", ctx.default_top_p, 1e-9, 1.0));
   s.top_k = b.integer("top_k", ctx.default_top_k, -1, 1 << 30);
@@ -297,6 +355,23 @@ ChatTemplateInputs parse_chat_template_inputs(const json& body) {
   return in;
 }
 
+// A chat request's constrained output leaves the reasoning section, which the reasoning parser separates, free:
+// the grammar starts after </think> (as vLLM's and SGLang's reasoning-aware structured outputs do).
+void constrain_after_reasoning(const ParseContext& ctx, ApiRequest& r) {
+  if (!r.forced_prefix.empty())
+    bad("response_format", "tool_choice 'required' or a named function already fixes the output as a tool call; it "
+                           "cannot also follow a JSON schema");
+  if (ctx.reasoning_parser.empty() || !r.separate_reasoning || !r.thinking_enabled) return;
+  const auto open = ctx.text->token_id("<think>"), close = ctx.text->token_id("</think>");
+  if (!close) return;  // no end of reasoning to wait for
+  auto spec = std::make_shared<grammar::JsonConstraintSpec>(*r.sampling.json);
+  const bool inside = parsers::ReasoningParser::create(ctx.reasoning_parser, r.starts_in_reasoning, true)->in_reasoning();
+  spec->start = inside ? grammar::JsonConstraintSpec::Start::kReasoning : grammar::JsonConstraintSpec::Start::kMaybeReasoning;
+  spec->think_open = open.value_or(-1);
+  spec->think_close = *close;
+  r.sampling.json = std::move(spec);
+}
+
 ApiRequest parse_chat_request(const json& body, const ParseContext& ctx) {
   Body b{body};
   ApiRequest r;
@@ -343,6 +418,7 @@ ApiRequest parse_chat_request(const json& body, const ParseContext& ctx) {
   std::string tail = prompt.substr(prompt.size() > 16 ? prompt.size() - 16 : 0);
   while (!tail.empty() && (tail.back() == '\n' || tail.back() == ' ')) tail.pop_back();
   r.starts_in_reasoning = tail.size() >= 7 && tail.compare(tail.size() - 7, 7, "<think>") == 0;
+  if (r.sampling.json) constrain_after_reasoning(ctx, r);
   r.prompts.push_back(ctx.text->encode(prompt, false));
   if (r.prompts.back().empty())
     bad("messages", "the chat template renders these messages as an empty prompt (a template may skip roles it does "

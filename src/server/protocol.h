@@ -66,6 +66,7 @@ struct ParseContext {
   float default_temperature = 1.0f, default_top_p = 1.0f, default_min_p = 0.0f, default_repetition_penalty = 1.0f;
   int64_t default_top_k = -1;
   std::string tool_call_parser;  // "" when none
+  std::string reasoning_parser;  // "" when none
 };
 
 // A 404 naming the served model unless `name` is its served name or its model path (OpenAI requests' "model",

@@ -456,6 +456,45 @@ std::string Decoder::decode(const std::vector<std::string_view>& tokens) const {
   return out;
 }
 
+std::string Decoder::token_bytes(std::string_view token) const {
+  std::string t(token);
+  for (const DecoderStep& s : steps_) {
+    switch (s.kind) {
+      case Kind::kByteLevel: {
+        std::string bytes;
+        append_byte_level(bytes, t);
+        t = std::move(bytes);
+        break;
+      }
+      case Kind::kReplace: t = replace_all(t, *s.pattern, s.content); break;
+      case Kind::kByteFallback:
+        if (int b = byte_token_value(t); b >= 0) t = std::string(1, static_cast<char>(b));
+        break;
+      case Kind::kMetaspace: {
+        std::string out;
+        int len;
+        for (size_t i = 0; i < t.size(); i += len) {
+          const auto b = static_cast<unsigned char>(t[i]);
+          len = unicode::utf8_len(b);
+          if (b >= 0x80 && (len == 1 || i + size_t(len) > t.size())) {  // a byte-fallback byte: part of a character
+            out.push_back(t[i]);
+            len = 1;
+            continue;
+          }
+          char32_t cp = unicode::decode_valid(t.data(), i, len);
+          if (cp != s.ch) out.append(t, i, size_t(len));
+          else out.push_back(' ');
+        }
+        t = std::move(out);
+        break;
+      }
+      case Kind::kFuse:
+      case Kind::kStrip: break;  // Fuse joins tokens; Strip trims only at the text's ends
+    }
+  }
+  return t;
+}
+
 std::unique_ptr<DecodeStream> Decoder::stream() const {
   return std::make_unique<ChainStream>(steps_, join_with_spaces_);
 }

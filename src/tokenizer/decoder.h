@@ -45,6 +45,10 @@ class Decoder {
   static std::unique_ptr<Decoder> make(const nlohmann::json& j, const std::string& where);
 
   std::string decode(const std::vector<std::string_view>& tokens) const;
+  // The raw bytes one token stands for in the middle of a text (constrained decoding's vocabulary): the chain
+  // without its UTF-8 repair (a ByteLevel token may be part of a character) and without the steps that depend on
+  // the token's place (Strip; Metaspace's dropped first space).
+  std::string token_bytes(std::string_view token) const;
   std::unique_ptr<DecodeStream> stream() const;
 
  private:

@@ -36,6 +36,7 @@ struct Tokenizer::Impl {
   int32_t vocab_size = 0;
   std::vector<const std::string*> token_of_id;  // what decoding sees for each id; nullptr where none
   std::vector<uint8_t> special;
+  std::vector<uint8_t> added_id;  // an added token's id (special or not)
 
   void load(TokenizerJson& data);
   void load_added_tokens(const nlohmann::json& list);
@@ -129,9 +130,11 @@ void Tokenizer::Impl::load(TokenizerJson& data) {
         throw_user("{}: post_processor inserts token id {}, outside the vocabulary [0, {})", source, id, vocab_size);
   token_of_id.assign(size_t(vocab_size), nullptr);
   special.assign(size_t(vocab_size), 0);
+  added_id.assign(size_t(vocab_size), 0);
   for (int32_t id = 0; id <= model->max_id(); ++id) token_of_id[id] = model->id_to_token(id);
   for (const AddedToken& t : added.tokens()) {
     token_of_id[t.id] = &t.content;
+    added_id[t.id] = 1;
     if (t.special) special[t.id] = 1;
   }
 }
@@ -269,7 +272,17 @@ std::string Tokenizer::id_to_token(int32_t id) const {
   return t ? *t : std::string();
 }
 
+std::optional<std::string> Tokenizer::token_bytes(int32_t id) const {
+  const std::string* t = impl_->token_for_decode(id);
+  if (!t) return std::nullopt;
+  return impl_->decoder->token_bytes(*t);
+}
+
 int32_t Tokenizer::vocab_size() const { return impl_->vocab_size; }
+
+bool Tokenizer::is_added(int32_t id) const {
+  return id >= 0 && id < impl_->vocab_size && impl_->added_id[id] != 0;
+}
 
 bool Tokenizer::is_special(int32_t id) const {
   return id >= 0 && id < impl_->vocab_size && impl_->special[id] != 0;

@@ -43,8 +43,12 @@ class Tokenizer {
   std::optional<int32_t> token_to_id(std::string_view token) const;
   // The token's string ("" for an unassigned id); UserError outside [0, vocab_size()).
   std::string id_to_token(int32_t id) const;
+  // The raw bytes the token adds to a text (Decoder::token_bytes); nullopt for an unassigned id. UserError outside
+  // [0, vocab_size()).
+  std::optional<std::string> token_bytes(int32_t id) const;
   int32_t vocab_size() const;  // max id + 1 over vocab and added tokens
   bool is_special(int32_t id) const;
+  bool is_added(int32_t id) const;  // one of tokenizer.json's added_tokens (special or not)
 
  private:
   friend class StreamingDetokenizer;

@@ -138,32 +138,125 @@ test('logit_bias moves greedy choices as OpenAI describes; bad maps are 400s', a
   }
 });
 
-test('constrained decoding is refused with a 400 naming the field, not answered unconstrained', async () => {
-  const chat = { model: MODEL, messages: [{ role: 'user', content: 'Give me JSON' }], max_tokens: 2, temperature: 0 };
-  const schema = { type: 'object', properties: { a: { type: 'integer' } } };
-  const refused = [
-    ['/v1/chat/completions', { ...chat, response_format: { type: 'json_object' } }, 'response_format'],
-    ['/v1/chat/completions', { ...chat, response_format: { type: 'json_schema', json_schema: { name: 'a', schema } } },
-      'response_format'],
-    ['/v1/chat/completions', { ...chat, response_format: 'json' }, 'response_format'],
-    ['/v1/chat/completions', { ...chat, guided_json: schema }, 'guided_json'],
-    ['/v1/completions', { prompt: 'x', max_tokens: 1, guided_regex: '[0-9]+' }, 'guided_regex'],
-    ['/v1/completions', { prompt: 'x', max_tokens: 1, response_format: { type: 'json_object' } }, 'response_format'],
-    ['/generate', { text: 'x', sampling_params: { max_new_tokens: 1, json_schema: JSON.stringify(schema) } },
-      'json_schema'],
-    ['/generate', { text: 'x', sampling_params: { max_new_tokens: 1, regex: '[0-9]+' } }, 'regex'],
+// An independent check of a value against the JSON Schema subset the tests use (not the server's matcher).
+function schemaErrors(v, s, defs, path = '$') {
+  if (s.$ref) return schemaErrors(v, defs[s.$ref.split('/').pop()], defs, path);
+  if (s.anyOf) return s.anyOf.some((a) => schemaErrors(v, a, defs, path).length === 0) ? [] : [`${path}: no anyOf matches`];
+  if (s.enum) return s.enum.some((e) => JSON.stringify(e) === JSON.stringify(v)) ? [] : [`${path}: not in enum`];
+  const type = v === null ? 'null' : Array.isArray(v) ? 'array' : typeof v;
+  const want = s.type;
+  if (want === 'integer' ? !Number.isInteger(v) : want && want !== type) return [`${path}: ${type}, not ${want}`];
+  const errs = [];
+  if (type === 'string') {
+    const n = [...v].length;
+    if (s.maxLength !== undefined && n > s.maxLength) errs.push(`${path}: longer than ${s.maxLength}`);
+    if (s.minLength !== undefined && n < s.minLength) errs.push(`${path}: shorter than ${s.minLength}`);
+  }
+  if (type === 'array') {
+    if (s.maxItems !== undefined && v.length > s.maxItems) errs.push(`${path}: more than ${s.maxItems} items`);
+    if (s.minItems !== undefined && v.length < s.minItems) errs.push(`${path}: fewer than ${s.minItems} items`);
+    v.forEach((x, k) => errs.push(...schemaErrors(x, s.items ?? {}, defs, `${path}[${k}]`)));
+  }
+  if (type === 'object' && s.properties) {
+    const order = Object.keys(s.properties);
+    const keys = Object.keys(v);
+    for (const k of s.required ?? []) if (!(k in v)) errs.push(`${path}: ${k} missing`);
+    for (const k of keys) if (!(k in s.properties)) errs.push(`${path}: unexpected ${k}`);
+    // Properties come in the schema's order (the grammar's rule, as xgrammar's).
+    const idx = keys.map((k) => order.indexOf(k));
+    if (idx.some((x, k) => k > 0 && x < idx[k - 1])) errs.push(`${path}: keys out of order ${keys}`);
+    for (const k of keys) if (k in s.properties) errs.push(...schemaErrors(v[k], s.properties[k], defs, `${path}.${k}`));
+  }
+  return errs;
+}
+
+const PERSON = {
+  type: 'object',
+  properties: {
+    name: { type: 'string', minLength: 1, maxLength: 10 },
+    age: { type: 'integer' },
+    mood: { enum: ['happy', 'sad', 3, null] },
+    tags: { type: 'array', items: { type: 'string', maxLength: 4 }, maxItems: 2 },
+    ok: { type: 'boolean' },
+    pos: { $ref: '#/$defs/point' },
+    note: { anyOf: [{ type: 'null' }, { type: 'string', maxLength: 3 }] },
+  },
+  required: ['name', 'age', 'mood', 'tags', 'ok', 'pos'],
+  additionalProperties: false,
+  $defs: { point: { type: 'object', properties: { x: { type: 'number' } }, required: ['x'] } },
+};
+
+test('response_format json_schema: every output is a document of the schema, streamed or not', async () => {
+  const base = { model: MODEL, messages: [{ role: 'user', content: 'Describe a person as JSON' }], max_tokens: 400,
+    chat_template_kwargs: { enable_thinking: false },
+    response_format: { type: 'json_schema', json_schema: { name: 'person', schema: PERSON, strict: true } } };
+  const sampled = await client.chat.completions.create({ ...base, temperature: 1.0, n: 3, seed: 11 });
+  const greedy = await client.chat.completions.create({ ...base, temperature: 0 });
+  for (const c of [...sampled.choices, ...greedy.choices]) {
+    assert.equal(c.finish_reason, 'stop', c.message.content);
+    const v = JSON.parse(c.message.content);
+    assert.deepEqual(schemaErrors(v, PERSON, PERSON.$defs), [], c.message.content);
+  }
+  // The same document streamed (the grammar steps are the same; so are the deltas' concatenation).
+  const s = await client.chat.completions.create({ ...base, temperature: 0, stream: true });
+  let text = '';
+  for await (const ch of s) text += ch.choices[0]?.delta?.content ?? '';
+  assert.equal(text, greedy.choices[0].message.content);
+  // Beside unconstrained requests, which the constrained one must not disturb.
+  const prompt = [785, 3974, 13876, 38835, 34208];
+  const solo = (await greedyGenerate(srv.base, prompt, 12)).json.output_ids;
+  const [batched] = await Promise.all([greedyGenerate(srv.base, prompt, 12),
+    client.chat.completions.create({ ...base, temperature: 0 })]);
+  await assertSameGreedy(srv.base, prompt, 12, batched.json, solo, 'beside a constrained request');
+});
+
+test('constrained decoding on every endpoint: json_object, vLLM guided_json, SGLang json_schema; the rest refused', async () => {
+  const small = { type: 'object', properties: { a: { type: 'integer' }, b: { enum: ['x', 'y'] } }, required: ['a', 'b'] };
+  const obj = await client.chat.completions.create({ model: MODEL, messages: [{ role: 'user', content: 'JSON please' }],
+    max_tokens: 200, temperature: 0, chat_template_kwargs: { enable_thinking: false }, response_format: { type: 'json_object' } });
+  // A free-form object's strings may run long: a finished one parses, a cut one still opened the object.
+  const o = obj.choices[0];
+  assert.ok(o.message.content.trimStart().startsWith('{'), o.message.content);
+  if (o.finish_reason === 'stop') assert.equal(typeof JSON.parse(o.message.content), 'object');
+  const cases = [
+    ['/v1/completions', { prompt: 'x', max_tokens: 100, temperature: 0, guided_json: small }, (j) => j.choices[0].text],
+    ['/v1/completions', { prompt: 'x', max_tokens: 100, temperature: 0.8, seed: 3,
+      response_format: { type: 'json_schema', json_schema: { name: 's', schema: small } } }, (j) => j.choices[0].text],
+    ['/v1/chat/completions', { messages: [{ role: 'user', content: 'x' }], max_tokens: 100, temperature: 0,
+      structured_outputs: { json: small }, chat_template_kwargs: { enable_thinking: false } }, (j) => j.choices[0].message.content],
+    ['/generate', { text: 'x', sampling_params: { max_new_tokens: 100, temperature: 0, json_schema: JSON.stringify(small) } },
+      (j) => j.text],
   ];
-  for (const [path, body, param] of refused) {
+  for (const [path, body, textOf] of cases) {
+    const r = await postJson(srv.base, path, body);
+    assert.equal(r.status, 200, `${path}: ${r.text}`);
+    const v = JSON.parse(textOf(r.json));
+    assert.deepEqual(schemaErrors(v, small, {}), [], `${path}: ${textOf(r.json)}`);
+  }
+  const chat = { model: MODEL, messages: [{ role: 'user', content: 'Give me JSON' }], max_tokens: 2, temperature: 0 };
+  const refused = [
+    ['/v1/chat/completions', { ...chat, response_format: { type: 'json_schema', json_schema: { name: 'a',
+      schema: { type: 'string', pattern: '^a+$' } } } }, 'response_format', /pattern/],
+    ['/v1/chat/completions', { ...chat, response_format: { type: 'json_schema', json_schema: { name: 'a',
+      schema: { $ref: '#/$defs/missing' } } } }, 'response_format', /missing/],
+    ['/v1/chat/completions', { ...chat, response_format: 'json' }, 'response_format', /type/],
+    ['/v1/chat/completions', { ...chat, response_format: { type: 'yaml' } }, 'response_format', /yaml/],
+    ['/v1/chat/completions', { ...chat, guided_json: small, response_format: { type: 'json_object' } }, 'guided_json', /both/],
+    ['/v1/chat/completions', { ...chat, tools: [{ type: 'function', function: { name: 'f', parameters: {} } }],
+      tool_choice: 'required', response_format: { type: 'json_object' } }, 'response_format', /tool/],
+    ['/v1/completions', { prompt: 'x', max_tokens: 1, guided_regex: '[0-9]+' }, 'guided_regex', /regular expression/],
+    ['/v1/completions', { prompt: 'x', max_tokens: 1, guided_json: '{not json' }, 'guided_json', /not valid JSON/],
+    ['/generate', { text: 'x', sampling_params: { max_new_tokens: 1, regex: '[0-9]+' } }, 'regex', /regular expression/],
+    ['/generate', { text: 'x', sampling_params: { max_new_tokens: 1, ebnf: 'root ::= "a"' } }, 'ebnf', /grammar/],
+  ];
+  for (const [path, body, param, message] of refused) {
     const r = await postJson(srv.base, path, body);
     assert.equal(r.status, 400, `${path} ${JSON.stringify(body)}: ${r.text}`);
     assert.equal(r.json.error.param, param, r.text);
-    assert.match(r.json.error.message, /constrained decoding/, r.text);
+    assert.match(r.json.error.message, message, r.text);
   }
-  // Through the official client too (its typed response_format), and the plain forms still generate.
-  await assert.rejects(client.chat.completions.create({ ...chat, response_format: { type: 'json_object' } }),
-    (e) => e.status === 400 && /response_format type 'json_object'/.test(e.message));
+  // The plain forms still generate unconstrained.
   const text = await client.chat.completions.create({ ...chat, response_format: { type: 'text' } });
-  assert.equal(text.choices.length, 1);
   assert.ok(text.usage.completion_tokens >= 1 && text.usage.completion_tokens <= 2, JSON.stringify(text.usage));
   const nulls = await postJson(srv.base, '/generate', { text: 'x', sampling_params: { max_new_tokens: 1, regex: null,
     json_schema: null } });

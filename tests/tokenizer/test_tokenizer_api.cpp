@@ -300,5 +300,33 @@ TEST(LongInput, OneMegabyteWithoutSpacesIsFast) {
   }
 }
 
+// token_bytes (constrained decoding's vocabulary): an encoding's tokens, each turned into bytes on its own, spell
+// the text the whole decode gives (Llama 2's decoder strips the first token's space: the only place-dependent step).
+TEST(TokenBytes, ConcatenatedTokensSpellTheDecodedText) {
+  for (const char* dir : {kQwen3Dir, kLlama2Dir}) {
+    const Tokenizer* tok = load_tokenizer(dir);
+    ASSERT_NE(tok, nullptr);
+    size_t checked = 0;
+    for (const auto& t : corpus()) {
+      const Ids ids = tok->encode(t.get<std::string>(), false);
+      std::string bytes;
+      for (int32_t id : ids) bytes += tok->token_bytes(id).value();
+      const std::string text = tok->decode(ids);
+      if (bytes == text || bytes == " " + text) ++checked;
+      else ADD_FAILURE() << dir << ": " << escaped(bytes) << " against " << escaped(text);
+    }
+    EXPECT_EQ(checked, corpus().size());
+  }
+  const Tokenizer* qwen = load_tokenizer(kQwen3Dir);
+  ASSERT_NE(qwen, nullptr);
+  // A byte-level token may be part of a character: the raw byte, not U+FFFD.
+  const Ids cjk = qwen->encode("\U0001F600", false);  // an emoji: 4 bytes, split by Qwen's BPE
+  std::string joined;
+  for (int32_t id : cjk) joined += qwen->token_bytes(id).value();
+  EXPECT_EQ(joined, "\U0001F600");
+  EXPECT_EQ(qwen->token_bytes(qwen->token_to_id("<|im_end|>").value()).value(), "<|im_end|>");
+  EXPECT_THROW(qwen->token_bytes(qwen->vocab_size()), UserError);
+}
+
 }  // namespace
 }  // namespace moeserve::tok::testing

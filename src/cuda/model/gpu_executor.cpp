@@ -225,6 +225,8 @@ class GpuExecutor : public Executor {
   std::deque<Launched> in_flight_;
   std::vector<int32_t> h_pen_ids_, h_pen_counts_, h_ban_ids_;
   std::vector<float> h_ban_values_;  // beside h_ban_ids_: the logit_bias value, -inf for a ban
+  std::vector<uint32_t> ban_mark_;    // per token: ban_stamp_ where the row being filled has banned it
+  uint32_t ban_stamp_ = 0;
   // The step being launched: forced_before_[r] = its forced rows (scored prompt positions) before row r, r <= rows.
   std::vector<int32_t> forced_before_;
   StepProfile profile_;
@@ -509,14 +511,24 @@ StepInputs GpuExecutor::prepare(const ForwardBatch& batch, const std::vector<Sam
       }
       // The row's logit biases and bans as unique entries (the sampler writes each token's slot once): a banned
       // token's bias is dropped, repeated bans are kept once.
+      // A row's marks in ban_mark_ carry its own stamp: no clearing, and linear in its entries (a JSON grammar's
+      // mask bans most of the vocabulary).
       p.ban_begin = int32_t(h_ban_ids_.size());
-      auto banned = [&](int32_t t) { return std::find(s.banned.begin(), s.banned.end(), t) != s.banned.end(); };
-      if (s.biased())
-        for (auto [t, v] : *s.bias)
-          if (!banned(t)) h_ban_ids_.push_back(t), h_ban_values_.push_back(v);
-      for (size_t i = 0; i < s.banned.size(); ++i)
-        if (std::find(s.banned.begin(), s.banned.begin() + i, s.banned[i]) == s.banned.begin() + i)
-          h_ban_ids_.push_back(s.banned[i]), h_ban_values_.push_back(-INFINITY);
+      if (s.biased() || !s.banned.empty()) {
+        if (ban_mark_.size() != size_t(cfg_.vocab_size) || ++ban_stamp_ == 0) {
+          ban_mark_.assign(size_t(cfg_.vocab_size), 0);
+          ban_stamp_ = 1;
+        }
+        for (int32_t t : s.banned) {
+          MS_CHECK(t >= 0 && t < cfg_.vocab_size, "banned token {} outside the vocabulary of {}", t, cfg_.vocab_size);
+          if (ban_mark_[size_t(t)] == ban_stamp_) continue;
+          ban_mark_[size_t(t)] = ban_stamp_;
+          h_ban_ids_.push_back(t), h_ban_values_.push_back(-INFINITY);
+        }
+        if (s.biased())
+          for (auto [t, v] : *s.bias)
+            if (ban_mark_[size_t(t)] != ban_stamp_) h_ban_ids_.push_back(t), h_ban_values_.push_back(v);
+      }
       p.ban_end = int32_t(h_ban_ids_.size());
     } else {
       p.temperature = 0.0f;

@@ -1,0 +1,101 @@
+// Constrained decoding's JSON grammar: a JSON Schema (the subset below) compiled once per request, and a
+// byte-level matcher that says which byte strings may come next. grammar/token_mask.h turns a matcher state
+// into the set of vocabulary tokens allowed at a step.
+//
+// Supported schema keywords: type (a name or a list of names: object, array, string, integer, number, boolean,
+// null), properties, required, additionalProperties (false, true or a schema), items (a schema), minItems,
+// maxItems, minLength, maxLength (in code points), enum, const, anyOf, oneOf (as anyOf), allOf of one schema,
+// $ref to "#", "#/$defs/NAME" or "#/definitions/NAME" (recursion allowed), $defs / definitions. Annotations are
+// ignored: title, description, default, examples, $schema, $id, $comment, format, deprecated, readOnly,
+// writeOnly, contentMediaType, contentEncoding, discriminator, strict. Any other keyword (pattern, minimum,
+// maximum, multipleOf, uniqueItems, prefixItems, patternProperties, not, if/then/else, ...) is a UserError that
+// names it: a constraint we cannot enforce is refused, never silently dropped.
+//
+// What the matcher accepts (as xgrammar / vLLM / SGLang do in their default strict mode):
+//  - an object's properties in the schema's order; each required one present, optional ones may be skipped;
+//    no other keys when `properties` is given (additionalProperties counts only for an object without
+//    `properties`: then any keys, each value matching additionalProperties' schema, or any JSON value when it is
+//    true or absent); a free-form object's keys are not checked for duplicates;
+//  - a schema without `type`: the type its keywords imply (properties / required / additionalProperties: object;
+//    items / minItems / maxItems: array; minLength / maxLength: string), else, with only annotations, any JSON
+//    value; enum / const keep the values that also satisfy the rest of the schema; parts no value can satisfy are
+//    pruned at compile time (an optional property or anyOf branch is never offered; an unsatisfiable root is a
+//    UserError), so every prefix the matcher accepts can still be completed;
+//  - whitespace: at most kMaxWhitespaceRun bytes (' ', '\n', '\t', '\r') in a row between tokens of the JSON
+//    text and before the root value, with at most one line break ("\n", "\r" or "\r\n") in a run - pretty
+//    printing fits, blank lines do not (a model unsure of the next token could otherwise fill its budget with
+//    them); none inside numbers or literals, none after the root value;
+//  - integers and numbers in JSON's syntax, at most kMaxNumberDigits digits in each of the integer part, the
+//    fraction and the exponent (so generation cannot run away inside a number); integer: no fraction, no exponent;
+//  - strings: valid UTF-8 (a multi-byte character may be split across tokens), escapes \" \\ \/ \b \f \n \r \t
+//    \uXXXX (surrogates paired), no raw control characters (< 0x20); minLength / maxLength count code points
+//    (an escape is one, a surrogate pair one);
+//  - enum / const: the values' compact JSON texts (nlohmann's dump()), as literals.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace moeserve::grammar {
+
+constexpr int kMaxWhitespaceRun = 32;
+constexpr int kMaxNumberDigits = 24;
+
+struct SchemaNode;  // json_grammar.cpp
+
+// An immutable compiled schema, shared by the matchers of a request (and across requests if the caller likes).
+class JsonSchema {
+ public:
+  // UserError for an unsupported keyword (named, with its JSON pointer), a bad value (e.g. "type": 3), an
+  // unresolvable $ref, or a schema no JSON value can satisfy at the top level where that is obvious.
+  static std::shared_ptr<const JsonSchema> compile(const nlohmann::ordered_json& schema);
+  // OpenAI's response_format {"type": "json_object"}: any JSON object.
+  static std::shared_ptr<const JsonSchema> any_object();
+  ~JsonSchema();
+
+  struct Impl;
+  const Impl& impl() const { return *impl_; }
+
+ private:
+  explicit JsonSchema(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// The state of matching a JSON text against a schema, byte by byte. A value type: copy it to try a continuation
+// and keep the original. Nondeterminism (anyOf, an enum literal that may continue) is tracked internally as a set
+// of alternatives, so feed() is exact: it accepts a byte iff some valid document has the bytes so far as a prefix.
+class JsonMatcher {
+ public:
+  explicit JsonMatcher(std::shared_ptr<const JsonSchema> schema);
+  JsonMatcher(const JsonMatcher&);
+  JsonMatcher& operator=(const JsonMatcher&);
+  JsonMatcher(JsonMatcher&&) noexcept;
+  JsonMatcher& operator=(JsonMatcher&&) noexcept;
+  ~JsonMatcher();
+
+  // Advances by one byte; false (and the state unchanged) if no valid document continues with it.
+  bool feed(unsigned char byte);
+  // Advances by every byte in order; false (and the state unchanged) if any is rejected.
+  bool feed(std::string_view bytes);
+  // Whether the bytes so far are a complete document (the generation may end here).
+  bool can_finish() const;
+  // Whether the bytes so far are a complete document that no byte can continue (only the end may come).
+  bool finished() const;
+  // Whether every live alternative is inside a string value or key whose continuation depends only on string
+  // content: no pending escape or partial UTF-8 character, and no maxLength within `bytes` code points of its
+  // bound. Then any byte string free of '"', '\\' and bytes < 0x20, that is valid UTF-8 (a trailing partial
+  // character allowed, but not a leading continuation byte), of at most `bytes` bytes, is accepted (the mask
+  // computation's fast path).
+  bool in_plain_string(int bytes) const;
+
+  struct State;
+
+ private:
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace moeserve::grammar

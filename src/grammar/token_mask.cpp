@@ -1,0 +1,175 @@
+#include "grammar/token_mask.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace moeserve::grammar {
+namespace {
+
+// Free string content accepts it whatever came before in the string (JsonMatcher::in_plain_string's promise):
+// no quote, backslash or control byte, and valid UTF-8 except that the last character may be cut short.
+bool plain_string_bytes(const std::string& s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const auto b = static_cast<unsigned char>(s[i]);
+    if (b == '"' || b == '\\' || b < 0x20) return false;
+    int len;
+    if (b < 0x80) len = 1;
+    else if (b >= 0xC2 && b <= 0xDF) len = 2;
+    else if (b >= 0xE0 && b <= 0xEF) len = 3;
+    else if (b >= 0xF0 && b <= 0xF4) len = 4;
+    else return false;  // a continuation byte first, or a byte no UTF-8 has
+    for (int k = 1; k < len; ++k) {
+      if (i + size_t(k) >= s.size()) return true;  // cut short at the end: the next token may complete it
+      const auto c = static_cast<unsigned char>(s[i + size_t(k)]);
+      if ((c & 0xC0) != 0x80) return false;
+      // The second byte's narrower ranges (no overlong forms, no surrogates, nothing above U+10FFFF).
+      if (k == 1 && ((b == 0xE0 && c < 0xA0) || (b == 0xED && c > 0x9F) || (b == 0xF0 && c < 0x90) ||
+                     (b == 0xF4 && c > 0x8F)))
+        return false;
+    }
+    i += size_t(len);
+  }
+  return true;
+}
+
+bool is_json_space(unsigned char b) { return b == ' ' || b == '\n' || b == '\t' || b == '\r'; }
+
+}  // namespace
+
+void TokenVocabulary::Trie::build(std::vector<std::pair<std::string, int32_t>> entries) {
+  std::sort(entries.begin(), entries.end());
+  nodes.assign(1, Node{});
+  tokens.clear();
+  tokens.reserve(entries.size());
+  // Breadth-first over the sorted entries: a node's children are the distinct next bytes of the entries that share
+  // its prefix, which sorted order puts in one contiguous range.
+  struct Range {
+    int32_t node;
+    size_t begin, end, depth;
+  };
+  std::vector<Range> level{{0, 0, entries.size(), 0}}, next;
+  while (!level.empty()) {
+    next.clear();
+    for (const Range& r : level) {
+      size_t i = r.begin;
+      nodes[size_t(r.node)].token_begin = int32_t(tokens.size());
+      while (i < r.end && entries[i].first.size() == r.depth) tokens.push_back(entries[i++].second);
+      nodes[size_t(r.node)].token_end = int32_t(tokens.size());
+      nodes[size_t(r.node)].first_child = int32_t(nodes.size());
+      int32_t children = 0;
+      std::vector<Range> mine;
+      while (i < r.end) {
+        const char b = entries[i].first[r.depth];
+        size_t j = i;
+        while (j < r.end && entries[j].first[r.depth] == b) ++j;
+        mine.push_back({int32_t(nodes.size()), i, j, r.depth + 1});
+        Node c;
+        c.byte = static_cast<uint8_t>(b);
+        nodes.push_back(c);
+        ++children;
+        i = j;
+      }
+      nodes[size_t(r.node)].child_count = children;
+      next.insert(next.end(), mine.begin(), mine.end());
+    }
+    level.swap(next);
+  }
+}
+
+void TokenVocabulary::Trie::walk(const JsonMatcher& m, std::vector<uint8_t>& allowed) const {
+  // Depth-first with one matcher a depth (copy-assigned, so their storage is reused), children in byte order.
+  struct Frame {
+    int32_t node, next_child;
+  };
+  std::vector<JsonMatcher> state{m};
+  std::vector<Frame> stack{{0, 0}};
+  while (!stack.empty()) {
+    Frame& f = stack.back();
+    const Node& n = nodes[size_t(f.node)];
+    if (f.next_child == n.child_count) {
+      stack.pop_back();
+      continue;
+    }
+    const int32_t c = n.first_child + f.next_child++;
+    const size_t d = stack.size();
+    if (state.size() <= d) state.push_back(state[d - 1]);
+    else state[d] = state[d - 1];
+    if (!state[d].feed(nodes[size_t(c)].byte)) continue;
+    const Node& child = nodes[size_t(c)];
+    for (int32_t k = child.token_begin; k < child.token_end; ++k) allowed[size_t(tokens[size_t(k)])] = 1;
+    if (child.child_count > 0) stack.push_back({c, 0});
+  }
+}
+
+TokenVocabulary::TokenVocabulary(const std::vector<std::optional<std::string>>& bytes)
+    : size_(int32_t(bytes.size())) {
+  std::vector<std::pair<std::string, int32_t>> all, non_plain;
+  bytes_.resize(bytes.size());
+  for (size_t id = 0; id < bytes.size(); ++id) {
+    if (!bytes[id] || bytes[id]->empty()) continue;
+    const std::string& b = *bytes[id];
+    bytes_[id] = b;
+    max_bytes_ = std::max(max_bytes_, int(b.size()));
+    all.emplace_back(b, int32_t(id));
+    if (plain_string_bytes(b)) plain_.push_back(int32_t(id));
+    else non_plain.emplace_back(b, int32_t(id));
+  }
+  all_.build(std::move(all));
+  non_plain_.build(std::move(non_plain));
+}
+
+void TokenVocabulary::mark_allowed(const JsonMatcher& m, std::vector<uint8_t>& allowed) const {
+  MS_CHECK(allowed.size() == size_t(size_), "mask of {} entries for a vocabulary of {}", allowed.size(), size_);
+  if (m.in_plain_string(max_bytes_)) {
+    for (int32_t id : plain_) allowed[size_t(id)] = 1;
+    non_plain_.walk(m, allowed);
+  } else {
+    all_.walk(m, allowed);
+  }
+}
+
+JsonConstraint::JsonConstraint(std::shared_ptr<const JsonConstraintSpec> spec, std::vector<int32_t> end_tokens)
+    : spec_(std::move(spec)), end_tokens_(std::move(end_tokens)), matcher_(spec_->schema) {
+  switch (spec_->start) {
+    case JsonConstraintSpec::Start::kDocument: phase_ = Phase::kDocument; break;
+    case JsonConstraintSpec::Start::kMaybeReasoning: phase_ = Phase::kMaybeReasoning; break;
+    case JsonConstraintSpec::Start::kReasoning: phase_ = Phase::kReasoning; break;
+  }
+}
+
+void JsonConstraint::banned_tokens(std::vector<int32_t>& banned) const {
+  if (!constraining()) return;
+  const TokenVocabulary& v = *spec_->vocab;
+  allowed_.assign(size_t(v.size()), 0);
+  v.mark_allowed(matcher_, allowed_);
+  if (phase_ == Phase::kMaybeReasoning && spec_->think_open >= 0 && spec_->think_open < v.size())
+    allowed_[size_t(spec_->think_open)] = 1;
+  if (matcher_.can_finish())
+    for (int32_t e : end_tokens_)
+      if (e >= 0 && e < v.size()) allowed_[size_t(e)] = 1;
+  for (int32_t id = 0; id < v.size(); ++id)
+    if (!allowed_[size_t(id)]) banned.push_back(id);
+}
+
+bool JsonConstraint::accept(int32_t token) {
+  if (phase_ == Phase::kReasoning) {
+    if (token == spec_->think_close) phase_ = Phase::kDocument;
+    return true;
+  }
+  if (phase_ == Phase::kMaybeReasoning && token == spec_->think_open) {
+    phase_ = Phase::kReasoning;
+    return true;
+  }
+  if (std::find(end_tokens_.begin(), end_tokens_.end(), token) != end_tokens_.end()) return matcher_.can_finish();
+  const std::string* bytes = spec_->vocab->bytes_of(token);
+  if (!bytes || !matcher_.feed(*bytes)) return false;
+  // The reasoning may still open after leading whitespace (the reasoning parser allows it there too).
+  if (phase_ == Phase::kMaybeReasoning &&
+      !std::all_of(bytes->begin(), bytes->end(), [](char b) { return is_json_space(static_cast<unsigned char>(b)); }))
+    phase_ = Phase::kDocument;
+  return true;
+}
+
+}  // namespace moeserve::grammar

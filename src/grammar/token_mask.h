@@ -1,0 +1,88 @@
+// Constrained decoding over a vocabulary: which tokens a JSON grammar allows next, and a request's constraint
+// state as its tokens are generated (optionally after a reasoning section the grammar does not touch).
+//
+// The allowed set is computed by walking a byte trie of the vocabulary with the matcher, a subtree dropped at the
+// first byte the grammar rejects. Inside a string whose content is free (JsonMatcher::in_plain_string) every
+// "plain" token (no quote, backslash, control byte; valid UTF-8) is allowed at once and only the others are
+// walked, so a string step costs a walk of ~the vocabulary's non-plain tokens, not all of it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "grammar/json_grammar.h"
+
+namespace moeserve::grammar {
+
+class TokenVocabulary {
+ public:
+  // bytes[id]: the raw bytes token id adds to the text; nullopt (or empty) for a token never allowed inside a
+  // constrained text (special and added tokens, unassigned ids, ids the tokenizer does not have).
+  explicit TokenVocabulary(const std::vector<std::optional<std::string>>& bytes);
+  int32_t size() const { return size_; }
+  // Sets allowed[id] = 1 (allowed has size() entries) for every token whose bytes `m` accepts; leaves the others.
+  void mark_allowed(const JsonMatcher& m, std::vector<uint8_t>& allowed) const;
+  // The token's bytes; nullptr for a token never allowed (or outside the vocabulary).
+  const std::string* bytes_of(int32_t id) const {
+    return id >= 0 && id < size_ && !bytes_[size_t(id)].empty() ? &bytes_[size_t(id)] : nullptr;
+  }
+  // The longest token, in bytes.
+  int max_token_bytes() const { return max_bytes_; }
+
+ private:
+  struct Trie {
+    // Node 0 is the root. A node's children are contiguous, sorted by byte; the tokens whose bytes end at it are
+    // tokens[token_begin, token_end).
+    struct Node {
+      int32_t first_child = 0, child_count = 0, token_begin = 0, token_end = 0;
+      uint8_t byte = 0;
+    };
+    std::vector<Node> nodes;
+    std::vector<int32_t> tokens;
+    void build(std::vector<std::pair<std::string, int32_t>> entries);
+    void walk(const JsonMatcher& m, std::vector<uint8_t>& allowed) const;
+  };
+  int32_t size_ = 0;
+  int max_bytes_ = 0;
+  std::vector<std::string> bytes_;  // by id; empty: never allowed
+  Trie all_, non_plain_;
+  std::vector<int32_t> plain_;  // tokens any free string content accepts
+};
+
+// What a request's output must be: shared by its choices (each keeps its own JsonConstraint).
+struct JsonConstraintSpec {
+  std::shared_ptr<const JsonSchema> schema;
+  std::shared_ptr<const TokenVocabulary> vocab;
+  // Reasoning before the document (a reasoning parser separates it): the grammar starts after think_close.
+  // kMaybeReasoning: the output may open with think_open (then reasoning) or start the document directly.
+  enum class Start { kDocument, kMaybeReasoning, kReasoning };
+  Start start = Start::kDocument;
+  int32_t think_open = -1, think_close = -1;
+};
+
+class JsonConstraint {
+ public:
+  // end_tokens: the tokens that end the output (eos, stop token ids), allowed once the document is complete.
+  JsonConstraint(std::shared_ptr<const JsonConstraintSpec> spec, std::vector<int32_t> end_tokens);
+  // Whether the next token is constrained at all (false inside the reasoning section).
+  bool constraining() const { return phase_ != Phase::kReasoning; }
+  // Appends the tokens that may not come next to `banned` (ids in [0, vocab size)); nothing when !constraining().
+  void banned_tokens(std::vector<int32_t>& banned) const;
+  // Advances by the token generated; false if the grammar did not allow it (the state is then unchanged).
+  bool accept(int32_t token);
+  // Whether the document is complete.
+  bool complete() const { return phase_ == Phase::kDocument && matcher_.can_finish(); }
+
+ private:
+  enum class Phase { kMaybeReasoning, kReasoning, kDocument };
+  std::shared_ptr<const JsonConstraintSpec> spec_;
+  std::vector<int32_t> end_tokens_;
+  Phase phase_;
+  JsonMatcher matcher_;
+  mutable std::vector<uint8_t> allowed_;  // banned_tokens' scratch
+};
+
+}  // namespace moeserve::grammar

