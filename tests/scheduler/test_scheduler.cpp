@@ -262,7 +262,9 @@ TEST(SchedulerOverlap, JsonConstrainedRequestsFollowTheirGrammar) {
       const auto j = nlohmann::json::parse(text);
       EXPECT_TRUE(j.at("n").is_number() && j.at("s").is_string()) << text;  // (24 digits: past int64)
     }
-    if (i % 2 == 0) EXPECT_EQ(overlapped[i].tokens, serial[i].tokens) << "greedy request " << i;
+    if (i % 2 == 0) {
+      EXPECT_EQ(overlapped[i].tokens, serial[i].tokens) << "greedy request " << i;
+    }
   }
 }
 
