@@ -91,6 +91,10 @@ class JsonMatcher {
   // character allowed, but not a leading continuation byte), of at most `bytes` bytes, is accepted (the mask
   // computation's fast path).
   bool in_plain_string(int bytes) const;
+  // The same state seen as a budget: when every live alternative is inside such a string with the same room under
+  // its maxLength, that room in code points (INT32_MAX without a bound), else -1. A byte string as above is then
+  // accepted iff its code points (its bytes that are not UTF-8 continuation bytes) are at most the room.
+  int32_t plain_string_room() const;
 
   struct State;
 

@@ -605,4 +605,19 @@ bool JsonMatcher::in_plain_string(int bytes) const {
   return true;
 }
 
+int32_t JsonMatcher::plain_string_room() const {
+  const std::vector<SchemaNode>& nodes = *state_->nodes;
+  const Alts& alts = state_->now();
+  int64_t room = -1;
+  for (uint32_t end : alts.ends) {
+    const Frame& top = alts.frames[end - 1];
+    if (top.kind != FrameKind::String || top.phase != kStrNormal) return -1;
+    const uint32_t max_len = nodes[top.node].max_len;
+    const int64_t r = max_len == kUnbounded ? INT32_MAX : int64_t(max_len) - int64_t(top.a);
+    if (room >= 0 && r != room) return -1;  // alternatives with different rooms: no single budget
+    room = r;
+  }
+  return int32_t(room);
+}
+
 }  // namespace moeserve::grammar

@@ -116,14 +116,21 @@ TokenVocabulary::TokenVocabulary(const std::vector<std::optional<std::string>>& 
     if (plain_string_bytes(b)) plain_.push_back(int32_t(id));
     else non_plain.emplace_back(b, int32_t(id));
   }
+  auto code_points = [&](int32_t id) {
+    return int32_t(std::count_if(bytes_[size_t(id)].begin(), bytes_[size_t(id)].end(),
+                                 [](char c) { return (static_cast<unsigned char>(c) & 0xC0) != 0x80; }));
+  };
+  std::stable_sort(plain_.begin(), plain_.end(), [&](int32_t a, int32_t b) { return code_points(a) < code_points(b); });
+  for (int32_t id : plain_) plain_cp_.push_back(code_points(id));
   all_.build(std::move(all));
   non_plain_.build(std::move(non_plain));
 }
 
 void TokenVocabulary::mark_allowed(const JsonMatcher& m, std::vector<uint8_t>& allowed) const {
   MS_CHECK(allowed.size() == size_t(size_), "mask of {} entries for a vocabulary of {}", allowed.size(), size_);
-  if (m.in_plain_string(max_bytes_)) {
-    for (int32_t id : plain_) allowed[size_t(id)] = 1;
+  if (const int32_t room = m.plain_string_room(); room >= 0) {
+    const size_t n = size_t(std::upper_bound(plain_cp_.begin(), plain_cp_.end(), room) - plain_cp_.begin());
+    for (size_t i = 0; i < n; ++i) allowed[size_t(plain_[i])] = 1;
     non_plain_.walk(m, allowed);
   } else {
     all_.walk(m, allowed);

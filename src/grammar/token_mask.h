@@ -4,7 +4,8 @@
 // The allowed set is computed by walking a byte trie of the vocabulary with the matcher, a subtree dropped at the
 // first byte the grammar rejects. Inside a string whose content is free (JsonMatcher::in_plain_string) every
 // "plain" token (no quote, backslash, control byte; valid UTF-8) is allowed at once and only the others are
-// walked, so a string step costs a walk of ~the vocabulary's non-plain tokens, not all of it.
+// walked, so a string step costs a walk of ~the vocabulary's non-plain tokens, not all of it (under a maxLength:
+// the plain tokens of at most the room's code points).
 #pragma once
 
 #include <cstdint>
@@ -49,7 +50,8 @@ class TokenVocabulary {
   int max_bytes_ = 0;
   std::vector<std::string> bytes_;  // by id; empty: never allowed
   Trie all_, non_plain_;
-  std::vector<int32_t> plain_;  // tokens any free string content accepts
+  // Tokens any free string content accepts, fewest code points first; plain_cp_[i]: the code points of plain_[i].
+  std::vector<int32_t> plain_, plain_cp_;
 };
 
 // What a request's output must be: shared by its choices (each keeps its own JsonConstraint).
