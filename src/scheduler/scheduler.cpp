@@ -200,10 +200,8 @@ SampleSpec Scheduler::sample_spec(Request& r, int64_t pending) const {
       if (e >= 0 && e < V) s.banned.push_back(int32_t(e));
   }
   if (!p.logit_bias.empty()) s.bias = &p.logit_bias;
-  if (r.constraint) {
-    MS_CHECK(pending == 0, "request {}: a constrained token mask needs the tokens before it", r.id);
-    r.constraint->banned_tokens(s.banned);
-  }
+  // (A constrained request's grammar bans are added by launch(), every such row of the step side by side.)
+  MS_CHECK(!r.constraint || pending == 0, "request {}: a constrained token mask needs the tokens before it", r.id);
   s.rng = &r.rng;
   s.logprob = p.return_logprob || p.top_logprobs > 0;
   s.top_logprobs = p.top_logprobs;
@@ -416,6 +414,7 @@ void Scheduler::add_chunk(StepBatch& b, const std::shared_ptr<Request>& r, int64
     logit_row = int64_t(fb.logit_rows.size());
     fb.logit_rows.push_back(row + chunk - 1);
     b.specs.push_back(spec ? std::move(*spec) : sample_spec(*r, pending));
+    if (r->constraint) b.masks.push_back({b.specs.size() - 1, r.get()});
   }
   b.step.plan.push_back({r, chunk});
   b.step.logit_row_of.push_back(logit_row);
@@ -423,6 +422,17 @@ void Scheduler::add_chunk(StepBatch& b, const std::shared_ptr<Request>& r, int64
 
 void Scheduler::launch(StepBatch b) {
   if (!b.fb.previous_samples.empty()) b.fb.previous_samples.resize(b.fb.tokens.size(), -1);
+  if (b.masks.size() == 1) {
+    b.masks[0].second->constraint->banned_tokens(b.specs[b.masks[0].first].banned);
+  } else if (!b.masks.empty()) {  // each JsonConstraint has its own scratch; the vocabulary is read only
+    if (!mask_pool_) mask_pool_ = std::make_unique<ThreadPool>(int(std::clamp(std::thread::hardware_concurrency(), 1u, 8u)));
+    mask_pool_->parallel_for(int64_t(b.masks.size()), 1, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) {
+        auto [spec, r] = b.masks[size_t(i)];
+        r->constraint->banned_tokens(b.specs[spec].banned);
+      }
+    });
+  }
   const double t0 = now_s();
   runner_.launch(b.fb, b.specs);
   const double t1 = now_s();

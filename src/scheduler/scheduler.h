@@ -16,6 +16,7 @@
 #include <memory>
 #include <vector>
 
+#include "core/threadpool.h"
 #include "executor/model_runner.h"
 #include "kv/prefix_cache.h"
 #include "scheduler/request.h"
@@ -135,6 +136,7 @@ class Scheduler {
     ForwardBatch fb;
     LaunchedStep step;
     std::vector<SampleSpec> specs;
+    std::vector<std::pair<size_t, Request*>> masks;  // specs whose JSON-grammar bans launch() fills in
   };
   // Prompt logprobs: the positions q of r's chunk [computed, computed + chunk) whose logits score a prompt token (the
   // one at q + 1), as [first, end); the logit rows the chunk takes (those, and the sampling row where the chunk ends
@@ -162,6 +164,7 @@ class Scheduler {
   int64_t admitted_counter_ = 0;
   SchedulerStats stats_;
   std::vector<Sampled> sampled_;
+  std::unique_ptr<ThreadPool> mask_pool_;  // the constrained rows' token masks, computed side by side (made on first use)
   std::deque<LaunchedStep> launched_;  // launched, not yet collected (two at most)
   std::unique_ptr<OutputQueue> out_queue_;  // with async_delivery
   struct FileCloser {
