@@ -30,7 +30,9 @@
 //  - strings: valid UTF-8 (a multi-byte character may be split across tokens), escapes \" \\ \/ \b \f \n \r \t
 //    \uXXXX (surrogates paired), no raw control characters (< 0x20); minLength / maxLength count code points
 //    (an escape is one, a surrogate pair one);
-//  - enum / const: the values' compact JSON texts (nlohmann's dump()), as literals.
+//  - enum / const: the values' compact JSON texts (nlohmann's dump()), as literals;
+//  - at most kMaxAlternatives alternatives live at once (a byte that would open more is refused).
+// A schema of more than kMaxSchemaNodes subschemas is a UserError.
 #pragma once
 
 #include <cstdint>
@@ -44,6 +46,10 @@ namespace moeserve::grammar {
 
 constexpr int kMaxWhitespaceRun = 32;
 constexpr int kMaxNumberDigits = 24;
+// Bounds that keep a request's grammar from slowing the engine: subschemas a schema compiles to (a UserError
+// above), and live alternatives (anyOf branches still open) after a byte (the byte is refused above).
+constexpr int kMaxSchemaNodes = 4096;
+constexpr int kMaxAlternatives = 64;
 
 struct SchemaNode;  // json_grammar.cpp
 

@@ -110,6 +110,8 @@ class Compiler {
  private:
   std::vector<SchemaNode>& nodes() { return impl_->nodes; }
   uint32_t add(SchemaNode n) {
+    MS_USER_CHECK(nodes().size() < size_t(kMaxSchemaNodes),
+                  "JSON schema: more than {} subschemas; constrained decoding takes smaller schemas", kMaxSchemaNodes);
     nodes().push_back(std::move(n));
     return static_cast<uint32_t>(nodes().size() - 1);
   }
@@ -404,6 +406,10 @@ void Compiler::flatten_any_of() {
     }
     for (uint32_t id : flat)
       if (nodes()[id].kind == Kind::Any) flat = {id};  // any value subsumes the other branches
+    // (No location here: the tree is a graph by now; the count is what the client can act on.)
+    MS_USER_CHECK(flat.size() <= size_t(kMaxAlternatives),
+                  "JSON schema: an anyOf / oneOf / type list of {} alternatives (nested ones counted); constrained "
+                  "decoding follows at most {}", flat.size(), kMaxAlternatives);
     n.alts = std::move(flat);
   }
 }

@@ -153,7 +153,9 @@ void JsonConstraint::banned_tokens(std::vector<int32_t>& banned) const {
   v.mark_allowed(matcher_, allowed_);
   if (phase_ == Phase::kMaybeReasoning && spec_->think_open >= 0 && spec_->think_open < v.size())
     allowed_[size_t(spec_->think_open)] = 1;
-  if (matcher_.can_finish())
+  const bool complete = matcher_.can_finish();
+  stuck_ = !complete && std::find(allowed_.begin(), allowed_.end(), uint8_t(1)) == allowed_.end();
+  if (complete || stuck_)
     for (int32_t e : end_tokens_)
       if (e >= 0 && e < v.size()) allowed_[size_t(e)] = 1;
   for (int32_t id = 0; id < v.size(); ++id)

@@ -72,7 +72,10 @@ class JsonConstraint {
   // Whether the next token is constrained at all (false inside the reasoning section).
   bool constraining() const { return phase_ != Phase::kReasoning; }
   // Appends the tokens that may not come next to `banned` (ids in [0, vocab size)); nothing when !constraining().
+  // Where the grammar allows no token at all (stuck()), every token but the end tokens: the one sampled then is
+  // refused by accept(), and the request ends.
   void banned_tokens(std::vector<int32_t>& banned) const;
+  bool stuck() const { return stuck_; }
   // Advances by the token generated; false if the grammar did not allow it (the state is then unchanged).
   bool accept(int32_t token);
   // Whether the document is complete.
@@ -85,6 +88,7 @@ class JsonConstraint {
   Phase phase_;
   JsonMatcher matcher_;
   mutable std::vector<uint8_t> allowed_;  // banned_tokens' scratch
+  mutable bool stuck_ = false;
 };
 
 }  // namespace moeserve::grammar

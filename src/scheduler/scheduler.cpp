@@ -220,6 +220,15 @@ void Scheduler::accept_token(Request& r, const Sampled& smp, std::vector<Request
     outs.push_back(std::move(o));
     return;
   }
+  if (r.constraint && !r.constraint->accept(tok)) {  // the samplers honour the mask: a stuck grammar or a bug
+    finish(r, FinishReason::Abort);
+    o.finish = r.finish;
+    o.abort_message = r.constraint->stuck()
+                          ? "the JSON schema allows no token here (more alternatives open than the grammar follows)"
+                          : fmt::format("internal error: token {} broke the request's JSON grammar", tok);
+    outs.push_back(std::move(o));
+    return;
+  }
   o.new_tokens.push_back(tok);
   if (p.return_logprob || p.top_logprobs > 0) {
     o.new_logprobs.push_back(smp.logprob);
@@ -228,13 +237,6 @@ void Scheduler::accept_token(Request& r, const Sampled& smp, std::vector<Request
   if (r.output.empty()) r.first_token_s = now_s();
   r.output.push_back(tok);
   ++stats_.generated_tokens;
-  if (r.constraint && !r.constraint->accept(tok)) {  // the samplers honour the mask: only a bug gets here
-    finish(r, FinishReason::Abort);
-    o.finish = r.finish;
-    o.abort_message = fmt::format("internal error: token {} broke the request's JSON grammar", tok);
-    outs.push_back(std::move(o));
-    return;
-  }
   bool is_stop = std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), tok) != p.stop_token_ids.end();
   if (!p.ignore_eos) is_stop |= std::find(eos.begin(), eos.end(), int64_t(tok)) != eos.end();
   if (is_stop && int64_t(r.output.size()) > p.min_new_tokens - 1) {

@@ -520,7 +520,21 @@ TEST(JsonGrammar, SchemaErrors) {
     return "no UserError";
   };
   auto has = [](const std::string& msg, std::string_view part) { return msg.find(part) != std::string::npos; };
-  std::string m = message(R"({"type": "object", "properties": {"name": {"type": "string", "pattern": "^a"}}})");
+  // Bounds: subschemas, and alternatives an anyOf opens at once (a nested anyOf's count in its parent's).
+  json big = {{"anyOf", json::array()}};
+  for (int i = 0; i < 70; ++i)
+    big["anyOf"].push_back({{"type", "object"}, {"properties", {{"k" + std::to_string(i), {{"type", "integer"}}}}}});
+  std::string m = message(big.dump());
+  EXPECT_TRUE(has(m, "70 alternatives") && has(m, "at most 64")) << m;
+  json nested = {{"anyOf", {{{"anyOf", json::array()}}, {{"type", "string"}}}}};
+  for (int i = 0; i < 64; ++i) nested["anyOf"][0]["anyOf"].push_back({{"const", i}});
+  m = message(nested.dump());
+  EXPECT_TRUE(has(m, "65 alternatives")) << m;
+  json wide = {{"type", "object"}, {"properties", json::object()}};
+  for (int i = 0; i < 5000; ++i) wide["properties"]["p" + std::to_string(i)] = {{"const", i}};
+  m = message(wide.dump());
+  EXPECT_TRUE(has(m, "more than 4096 subschemas")) << m;
+  m = message(R"({"type": "object", "properties": {"name": {"type": "string", "pattern": "^a"}}})");
   EXPECT_TRUE(has(m, "\"pattern\"") && has(m, "#/properties/name") && has(m, "not supported")) << m;
   m = message(R"({"type": "integer", "minimum": 0})");
   EXPECT_TRUE(has(m, "\"minimum\"") && has(m, " at #")) << m;

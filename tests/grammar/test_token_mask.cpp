@@ -174,5 +174,39 @@ TEST(TokenConstraint, EndTokensOnlyOnceCompleteAndReasoningFirst) {
   }
 }
 
+// Alternatives that multiply with nesting past kMaxAlternatives: 9 root objects, each of whose "k" values is one
+// of 8 objects - the value's "{" would open 72 alternatives and is refused; whitespace is all that is left until its
+// run's bound, then nothing: the constraint is stuck, only the end token remains, and accept() refuses it (the
+// scheduler then ends the request with an error rather than sample from nothing).
+TEST(TokenConstraint, TooManyOpenAlternativesGetStuck) {
+  std::vector<std::optional<std::string>> bytes;
+  for (int b = 0; b < 128; ++b) bytes.push_back(std::string(1, char(b)));
+  bytes.push_back(std::nullopt);  // 128: eos
+  json value = {{"anyOf", json::array()}}, root = {{"anyOf", json::array()}};
+  for (int i = 0; i < 8; ++i)
+    value["anyOf"].push_back({{"type", "object"}, {"properties", {{"v" + std::to_string(i), {{"const", i}}}}}});
+  for (int i = 0; i < 9; ++i)
+    root["anyOf"].push_back({{"type", "object"}, {"properties", {{"k", value}, {"x" + std::to_string(i), {{"const", i}}}}},
+                             {"required", {"k"}}});
+  auto spec = std::make_shared<JsonConstraintSpec>();
+  spec->schema = JsonSchema::compile(root);
+  spec->vocab = std::make_shared<const TokenVocabulary>(bytes);
+  JsonConstraint c(spec, {128});
+  for (char ch : std::string("{\"k\":")) ASSERT_TRUE(c.accept(ch));
+  std::vector<int32_t> banned;
+  int spaces = 0;
+  for (;; ++spaces) {
+    banned.clear();
+    c.banned_tokens(banned);
+    if (c.stuck()) break;
+    ASSERT_LE(spaces, kMaxWhitespaceRun);
+    EXPECT_TRUE(std::count(banned.begin(), banned.end(), int32_t('{')));
+    ASSERT_TRUE(c.accept(' '));
+  }
+  EXPECT_EQ(spaces, kMaxWhitespaceRun);
+  EXPECT_EQ(banned.size(), bytes.size() - 1);  // every token but the end
+  EXPECT_FALSE(c.accept(128));
+}
+
 }  // namespace
 }  // namespace moeserve::grammar
