@@ -5,6 +5,8 @@
 # logit_bias still applied. Prints "JSON PROBE: PASS" or the failures. Usage: scripts/json-probe.py PORT
 import json, sys, time, urllib.request, concurrent.futures as cf
 
+if len(sys.argv) != 2 or not sys.argv[1].isdigit():
+    sys.exit("usage: scripts/json-probe.py PORT (a moeserve server on 127.0.0.1:PORT)")
 BASE = f"http://127.0.0.1:{sys.argv[1]}"
 
 def post(path, body):
