@@ -192,7 +192,9 @@ SampleSpec Scheduler::sample_spec(Request& r, int64_t pending) const {
   s.prompt = &r.prompt;
   s.output = &r.output;
   const int64_t V = runner_.config().vocab_size;
-  if (int64_t(r.output.size()) + pending < p.min_new_tokens) {
+  // min_new_tokens bans the ends; a JSON grammar bans them itself until its document is complete, and then allows
+  // nothing else, so for a constrained request the grammar decides (its output may end before min_new_tokens).
+  if (int64_t(r.output.size()) + pending < p.min_new_tokens && !r.constraint) {
     if (!p.ignore_eos)
       for (int64_t e : runner_.eos_ids())
         if (e >= 0 && e < V) s.banned.push_back(int32_t(e));
@@ -239,7 +241,7 @@ void Scheduler::accept_token(Request& r, const Sampled& smp, std::vector<Request
   ++stats_.generated_tokens;
   bool is_stop = std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), tok) != p.stop_token_ids.end();
   if (!p.ignore_eos) is_stop |= std::find(eos.begin(), eos.end(), int64_t(tok)) != eos.end();
-  if (is_stop && int64_t(r.output.size()) > p.min_new_tokens - 1) {
+  if (is_stop && (int64_t(r.output.size()) > p.min_new_tokens - 1 || r.constraint)) {
     r.matched_stop_token = tok;
     finish(r, FinishReason::Stop);
   } else if (int64_t(r.output.size()) >= p.max_new_tokens || r.total_tokens() >= c.max_position_embeddings) {

@@ -233,6 +233,12 @@ test('constrained decoding on every endpoint: json_object, vLLM guided_json, SGL
     const v = JSON.parse(textOf(r.json));
     assert.deepEqual(schemaErrors(v, small, {}), [], `${path}: ${textOf(r.json)}`);
   }
+  // min_tokens cannot hold the output past its complete document: the grammar decides where it ends.
+  const early = await postJson(srv.base, '/v1/completions', { prompt: 'x', max_tokens: 300, min_tokens: 250, temperature: 0,
+    guided_json: small });
+  assert.equal(early.status, 200, early.text);
+  assert.equal(early.json.choices[0].finish_reason, 'stop', early.text);
+  assert.deepEqual(schemaErrors(JSON.parse(early.json.choices[0].text), small, {}), [], early.text);
   const chat = { model: MODEL, messages: [{ role: 'user', content: 'Give me JSON' }], max_tokens: 2, temperature: 0 };
   const refused = [
     ['/v1/chat/completions', { ...chat, response_format: { type: 'json_schema', json_schema: { name: 'a',
