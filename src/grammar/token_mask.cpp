@@ -59,12 +59,11 @@ void TokenVocabulary::Trie::build(std::vector<std::pair<std::string, int32_t>> e
       nodes[size_t(r.node)].token_end = int32_t(tokens.size());
       nodes[size_t(r.node)].first_child = int32_t(nodes.size());
       int32_t children = 0;
-      std::vector<Range> mine;
       while (i < r.end) {
         const char b = entries[i].first[r.depth];
         size_t j = i;
         while (j < r.end && entries[j].first[r.depth] == b) ++j;
-        mine.push_back({int32_t(nodes.size()), i, j, r.depth + 1});
+        next.push_back({int32_t(nodes.size()), i, j, r.depth + 1});
         Node c;
         c.byte = static_cast<uint8_t>(b);
         nodes.push_back(c);
@@ -72,7 +71,6 @@ void TokenVocabulary::Trie::build(std::vector<std::pair<std::string, int32_t>> e
         i = j;
       }
       nodes[size_t(r.node)].child_count = children;
-      next.insert(next.end(), mine.begin(), mine.end());
     }
     level.swap(next);
   }
