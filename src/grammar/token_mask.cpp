@@ -2,37 +2,12 @@
 
 #include <algorithm>
 
+#include <nlohmann/json.hpp>
+
 #include "core/error.h"
 
 namespace moeserve::grammar {
 namespace {
-
-// Free string content accepts it whatever came before in the string (JsonMatcher::in_plain_string's promise):
-// no quote, backslash or control byte, and valid UTF-8 except that the last character may be cut short.
-bool plain_string_bytes(const std::string& s) {
-  size_t i = 0;
-  while (i < s.size()) {
-    const auto b = static_cast<unsigned char>(s[i]);
-    if (b == '"' || b == '\\' || b < 0x20) return false;
-    int len;
-    if (b < 0x80) len = 1;
-    else if (b >= 0xC2 && b <= 0xDF) len = 2;
-    else if (b >= 0xE0 && b <= 0xEF) len = 3;
-    else if (b >= 0xF0 && b <= 0xF4) len = 4;
-    else return false;  // a continuation byte first, or a byte no UTF-8 has
-    for (int k = 1; k < len; ++k) {
-      if (i + size_t(k) >= s.size()) return true;  // cut short at the end: the next token may complete it
-      const auto c = static_cast<unsigned char>(s[i + size_t(k)]);
-      if ((c & 0xC0) != 0x80) return false;
-      // The second byte's narrower ranges (no overlong forms, no surrogates, nothing above U+10FFFF).
-      if (k == 1 && ((b == 0xE0 && c < 0xA0) || (b == 0xED && c > 0x9F) || (b == 0xF0 && c < 0x90) ||
-                     (b == 0xF4 && c > 0x8F)))
-        return false;
-    }
-    i += size_t(len);
-  }
-  return true;
-}
 
 bool is_json_space(unsigned char b) { return b == ' ' || b == '\n' || b == '\t' || b == '\r'; }
 
@@ -105,13 +80,23 @@ TokenVocabulary::TokenVocabulary(const std::vector<std::optional<std::string>>& 
     : size_(int32_t(bytes.size())) {
   std::vector<std::pair<std::string, int32_t>> all, non_plain;
   bytes_.resize(bytes.size());
+  // Plain: what the matcher itself takes inside a fresh free string without a quote or backslash (the content that
+  // JsonMatcher::in_plain_string promises to accept whatever came before in the string).
+  JsonMatcher free_string(JsonSchema::compile(nlohmann::ordered_json{{"type", "string"}}));
+  free_string.feed('"');
+  JsonMatcher scratch = free_string;
+  auto plain = [&](const std::string& b) {
+    if (b.find_first_of("\"\\") != std::string::npos) return false;
+    scratch = free_string;
+    return scratch.feed(b);
+  };
   for (size_t id = 0; id < bytes.size(); ++id) {
     if (!bytes[id] || bytes[id]->empty()) continue;
     const std::string& b = *bytes[id];
     bytes_[id] = b;
     max_bytes_ = std::max(max_bytes_, int(b.size()));
     all.emplace_back(b, int32_t(id));
-    if (plain_string_bytes(b)) plain_.push_back(int32_t(id));
+    if (plain(b)) plain_.push_back(int32_t(id));
     else non_plain.emplace_back(b, int32_t(id));
   }
   auto code_points = [&](int32_t id) {

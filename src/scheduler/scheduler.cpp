@@ -426,17 +426,17 @@ void Scheduler::add_chunk(StepBatch& b, const std::shared_ptr<Request>& r, int64
 
 void Scheduler::launch(StepBatch b) {
   if (!b.fb.previous_samples.empty()) b.fb.previous_samples.resize(b.fb.tokens.size(), -1);
-  if (b.masks.size() == 1) {
-    b.masks[0].second->constraint->banned_tokens(b.specs[b.masks[0].first].banned);
-  } else if (!b.masks.empty()) {  // each JsonConstraint has its own scratch; the vocabulary is read only
-    if (!mask_pool_) mask_pool_ = std::make_unique<ThreadPool>(int(std::clamp(std::thread::hardware_concurrency(), 1u, 8u)));
-    mask_pool_->parallel_for(int64_t(b.masks.size()), 1, [&](int64_t lo, int64_t hi) {
-      for (int64_t i = lo; i < hi; ++i) {
-        auto [spec, r] = b.masks[size_t(i)];
-        r->constraint->banned_tokens(b.specs[spec].banned);
-      }
-    });
-  }
+  // Each JsonConstraint has its own scratch and the vocabulary is read only: the rows' masks side by side.
+  if (b.masks.size() > 1 && !mask_pool_)
+    mask_pool_ = std::make_unique<ThreadPool>(int(std::clamp(std::thread::hardware_concurrency(), 1u, 8u)));
+  auto fill_masks = [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      auto [spec, r] = b.masks[size_t(i)];
+      r->constraint->banned_tokens(b.specs[spec].banned);
+    }
+  };
+  if (b.masks.size() == 1) fill_masks(0, 1);
+  else if (!b.masks.empty()) mask_pool_->parallel_for(int64_t(b.masks.size()), 1, fill_masks);
   const double t0 = now_s();
   runner_.launch(b.fb, b.specs);
   const double t1 = now_s();
