@@ -12,7 +12,7 @@
 namespace moeserve {
 
 namespace {
-// The token sampled from the logits after the penalties, biases and bans (scratch: their copy).
+// The token sampled from the logits after the penalties, biases, bans and mask (scratch: their copy).
 int32_t sample_modified(const float* logits, int64_t V, const SampleSpec& s, std::vector<float>& scratch) {
   scratch.assign(logits, logits + V);
   float* lg = scratch.data();
@@ -35,6 +35,9 @@ int32_t sample_modified(const float* logits, int64_t V, const SampleSpec& s, std
       if (t >= 0 && t < V) lg[t] += b;
   for (int32_t b : s.banned)
     if (b >= 0 && b < V) lg[b] = -INFINITY;
+  if (s.masked())
+    for (int64_t t = 0; t < V; ++t)
+      if (!s.may_pick(t)) lg[t] = -INFINITY;
   return kernels::sample_token(lg, V, s.sampler, *s.rng);
 }
 }  // namespace

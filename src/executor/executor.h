@@ -28,6 +28,9 @@ struct SampleSpec {
   const std::vector<int32_t>* output = nullptr;
   const std::vector<std::pair<int32_t, float>>* bias = nullptr;  // logit_bias (may be null): added after the penalties
   std::vector<int32_t> banned;                              // ids that may not be picked (eos under min_tokens)
+  // A grammar's mask (grammar::JsonConstraint::allowed_tokens): bit t % 32 of word t / 32 set where token t may be
+  // picked, the tokens past its bits never; empty: every token. Applied after the penalties, biases and bans.
+  std::vector<uint32_t> allowed;
   std::mt19937_64* rng = nullptr;                           // the request's generator
   bool logprob = false;                                     // logprob of the chosen token
   int64_t top_logprobs = 0;                                 // top-n logprobs of the raw distribution
@@ -38,8 +41,14 @@ struct SampleSpec {
     return presence_penalty != 0.0f || frequency_penalty != 0.0f || repetition_penalty != 1.0f;
   }
   bool biased() const { return bias != nullptr && !bias->empty(); }
-  // Whether the logits are changed before sampling (penalties, logit_bias or bans).
-  bool modifies_logits() const { return penalized() || biased() || !banned.empty(); }
+  bool masked() const { return !allowed.empty(); }
+  bool may_pick(int64_t t) const {
+    return !masked() || (size_t(t) >> 5 < allowed.size() && ((allowed[size_t(t) >> 5] >> (t & 31)) & 1u));
+  }
+  // Whether the logits are changed by per-token lists (penalties, logit_bias or bans).
+  bool listed() const { return penalized() || biased() || !banned.empty(); }
+  // Whether the logits are changed before sampling at all.
+  bool modifies_logits() const { return listed() || masked(); }
   bool forced() const { return forced_token >= 0; }
 };
 

@@ -129,7 +129,8 @@ JsonConstraint::JsonConstraint(std::shared_ptr<const JsonConstraintSpec> spec, s
   }
 }
 
-void JsonConstraint::banned_tokens(std::vector<int32_t>& banned) const {
+void JsonConstraint::allowed_tokens(std::vector<uint32_t>& words) const {
+  words.clear();
   if (!constraining()) return;
   const TokenVocabulary& v = *spec_->vocab;
   allowed_.assign(size_t(v.size()), 0);
@@ -141,8 +142,9 @@ void JsonConstraint::banned_tokens(std::vector<int32_t>& banned) const {
   if (complete || stuck_)
     for (int32_t e : end_tokens_)
       if (e >= 0 && e < v.size()) allowed_[size_t(e)] = 1;
+  words.assign((size_t(v.size()) + 31) / 32, 0u);
   for (int32_t id = 0; id < v.size(); ++id)
-    if (!allowed_[size_t(id)]) banned.push_back(id);
+    if (allowed_[size_t(id)]) words[size_t(id) >> 5] |= 1u << (id & 31);
 }
 
 bool JsonConstraint::accept(int32_t token) {

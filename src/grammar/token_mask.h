@@ -71,10 +71,11 @@ class JsonConstraint {
   JsonConstraint(std::shared_ptr<const JsonConstraintSpec> spec, std::vector<int32_t> end_tokens);
   // Whether the next token is constrained at all (false inside the reasoning section).
   bool constraining() const { return phase_ != Phase::kReasoning; }
-  // Appends the tokens that may not come next to `banned` (ids in [0, vocab size)); nothing when !constraining().
-  // Where the grammar allows no token at all (stuck()), every token but the end tokens: the one sampled then is
-  // refused by accept(), and the request ends.
-  void banned_tokens(std::vector<int32_t>& banned) const;
+  // The tokens that may come next as a bitmask over the vocabulary: `words` gets (size + 31) / 32 words, bit t % 32
+  // of word t / 32 set where token t is allowed (the samplers take it as SampleSpec::allowed); `words` is left empty
+  // when !constraining(). Where the grammar allows no token at all (stuck()), only the end tokens: the one sampled
+  // then is refused by accept(), and the request ends.
+  void allowed_tokens(std::vector<uint32_t>& words) const;
   bool stuck() const { return stuck_; }
   // Advances by the token generated; false if the grammar did not allow it (the state is then unchanged).
   bool accept(int32_t token);
@@ -87,7 +88,7 @@ class JsonConstraint {
   std::vector<int32_t> end_tokens_;
   Phase phase_;
   JsonMatcher matcher_;
-  mutable std::vector<uint8_t> allowed_;  // banned_tokens' scratch
+  mutable std::vector<uint8_t> allowed_;  // allowed_tokens' scratch
   mutable bool stuck_ = false;
 };
 

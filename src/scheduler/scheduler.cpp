@@ -202,7 +202,7 @@ SampleSpec Scheduler::sample_spec(Request& r, int64_t pending) const {
       if (e >= 0 && e < V) s.banned.push_back(int32_t(e));
   }
   if (!p.logit_bias.empty()) s.bias = &p.logit_bias;
-  // (A constrained request's grammar bans are added by launch(), every such row of the step side by side.)
+  // (A constrained request's grammar mask is added by launch(), every such row of the step side by side.)
   MS_CHECK(!r.constraint || pending == 0, "request {}: a constrained token mask needs the tokens before it", r.id);
   s.rng = &r.rng;
   s.logprob = p.return_logprob || p.top_logprobs > 0;
@@ -432,7 +432,7 @@ void Scheduler::launch(StepBatch b) {
   auto fill_masks = [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) {
       auto [spec, r] = b.masks[size_t(i)];
-      r->constraint->banned_tokens(b.specs[spec].banned);
+      r->constraint->allowed_tokens(b.specs[spec].allowed);
     }
   };
   if (b.masks.size() == 1) fill_masks(0, 1);

@@ -38,8 +38,19 @@ struct Batch {
   std::vector<std::vector<std::pair<int32_t, int32_t>>> pens;
   std::vector<std::vector<int32_t>> bans;
   std::vector<std::vector<std::pair<int32_t, float>>> biases;
+  std::vector<uint32_t> allowed;  // the grammar masks, (V + 31) / 32 words each (SampleArgs::allowed)
+  std::vector<std::vector<uint8_t>> mask_of;  // per row: 1 where the token may be picked; empty: every token
 
   explicit Batch(int vocab) : V(vocab) {}
+  // Gives the last row a grammar mask: `ok` (V entries) 1 where the token may be picked.
+  void mask_last(const std::vector<uint8_t>& ok) {
+    const size_t W = (size_t(V) + 31) / 32, at = allowed.size();
+    allowed.resize(at + W, 0u);
+    for (int t = 0; t < V; ++t)
+      if (ok[size_t(t)]) allowed[at + size_t(t) / 32] |= 1u << (t % 32);
+    params.back().mask_row = int32_t(at / W);
+    mask_of.back() = ok;
+  }
   int rows() const { return int(params.size()); }
   const float* row(int r) const { return logits.data() + size_t(r) * V; }
   // `bias` and `ban` hold distinct tokens (as the executor merges them).
@@ -60,6 +71,7 @@ struct Batch {
     pens.push_back(pen);
     bans.push_back(ban);
     biases.push_back(bias);
+    mask_of.emplace_back();
   }
 };
 
@@ -80,7 +92,9 @@ Result run_gpu(const Batch& b, int max_top, bool graph = false, bool score = fal
   Dev<int32_t> pen_ids(b.pen_ids.size()), pen_counts(b.pen_counts.size()), ban_ids(b.ban_ids.size()), ids(R),
       top_ids(size_t(R) * max_top), ranks(R);
   Dev<float> ban_values(b.ban_values.size());
+  Dev<uint32_t> allowed(std::max<size_t>(b.allowed.size(), 1));
   Dev<uint8_t> ws(cuda::sample_workspace_bytes(R, b.V));
+  allowed.upload(b.allowed);
   logits.upload(b.logits);
   params.upload(b.params);
   pen_ids.upload(b.pen_ids);
@@ -99,6 +113,7 @@ Result run_gpu(const Batch& b, int max_top, bool graph = false, bool score = fal
   a.pen_counts = pen_counts.p;
   a.ban_ids = ban_ids.p;
   a.ban_values = ban_values.p;
+  a.allowed = b.allowed.empty() ? nullptr : allowed.p;
   a.max_top = max_top;
   a.out_ids = ids.p;
   a.out_logprobs = lps.p;
@@ -131,7 +146,7 @@ Result run_gpu(const Batch& b, int max_top, bool graph = false, bool score = fal
 }
 
 // sample_on_cpu's modifications: repetition penalty on tokens seen, presence / frequency on generated ones, then
-// logit biases, then bans.
+// logit biases, then bans, then the grammar mask.
 std::vector<float> cpu_modified(const Batch& b, int r) {
   std::vector<float> lg(b.row(r), b.row(r) + b.V);
   const SampleRowParams& p = b.params[r];
@@ -143,6 +158,9 @@ std::vector<float> cpu_modified(const Batch& b, int r) {
   }
   for (auto [t, v] : b.biases[r]) lg[t] += v;
   for (int32_t t : b.bans[r]) lg[t] = -INFINITY;
+  if (!b.mask_of[r].empty())
+    for (int t = 0; t < b.V; ++t)
+      if (!b.mask_of[r][size_t(t)]) lg[t] = -INFINITY;
   return lg;
 }
 
@@ -172,6 +190,15 @@ std::vector<float> bf16_row(int V, std::mt19937& g, float sigma) {
   auto r = normal_row(V, g, sigma);
   for (auto& v : r) v = bf16_to_f32(f32_to_bf16(v));
   return r;
+}
+
+// The n largest logits' ids.
+std::vector<int32_t> top_ids_of(const std::vector<float>& lg, int n) {
+  std::vector<int32_t> order(lg.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::partial_sort(order.begin(), order.begin() + n, order.end(), [&](int32_t a, int32_t c) { return lg[a] > lg[c]; });
+  order.resize(size_t(n));
+  return order;
 }
 
 SampleRowParams greedy_params(int top_logprobs = 0) {
@@ -594,6 +621,87 @@ TEST(CudaSampling, MixedRowsInOneCallMatchTheCpu) {
       ASSERT_EQ(res.ids[r], replay.ids[r]) << "V=" << V << " row " << r << ": graph replay differs";
     }
     expect_logprobs(b, res, 20, "mixed V=" + std::to_string(V));
+  }
+}
+
+// Grammar masks (SampleArgs::allowed) beside unmasked rows, penalties, bans and biases: each row's token is the CPU's
+// choice over the masked logits (greedy) or inside its kept set (sampled), never a token the mask leaves out, the same
+// in a graph replay; the logprobs stay the raw logits'. Vocabulary sizes whose slices start off a 32-token boundary
+// (50257, 1000) make the kernel join two mask words a bitmap word.
+TEST(CudaSampling, GrammarMasksLimitTheChoiceAsTheCpuDoes) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 g(21);
+  std::mt19937_64 bits(22);
+  for (int V : {1000, 50257, 151936}) {
+    Batch b(V);
+    int moved = 0;
+    for (int r = 0; r < 36; ++r) {
+      auto lg = r % 2 ? bf16_row(V, g, 3.0f) : normal_row(V, g, 2.5f);
+      const int32_t top = int32_t(std::max_element(lg.begin(), lg.end()) - lg.begin());
+      SampleRowParams p = r % 3 == 0   ? greedy_params(r % 9 == 0 ? 5 : 0)
+                          : r % 3 == 1 ? sampling_params(0.8f, 40, 0.95f, 0.0f, bits())
+                                       : sampling_params(1.0f, -1, 1.0f, 0.0f, bits());
+      std::vector<std::pair<int32_t, int32_t>> pen;
+      std::vector<int32_t> ban;
+      std::vector<std::pair<int32_t, float>> bias;
+      if (r % 5 == 4) {
+        p.repetition_penalty = 1.3f;
+        for (int i = 0; i < 50; ++i) pen.push_back({int32_t((i * 7919 + r) % V), i % 2});
+        ban = {int32_t(g() % V)};
+        bias = {{int32_t((r * 31 + 5) % V), 4.0f}};
+        if (bias[0].first == ban[0]) bias.clear();
+      }
+      b.add(lg, p, pen, ban, bias);
+      if (r % 6 == 5) continue;  // unmasked rows in between
+      std::vector<uint8_t> ok(size_t(V), 0);
+      switch (r % 6) {
+        case 0:  // a few tokens, the argmax not among them
+          for (int i = 0; i < 3; ++i) ok[g() % V] = 1;
+          ok[size_t(top)] = 0;
+          ok[size_t((top + 1) % V)] = 1;
+          break;
+        case 1:  // everything but the best tokens
+          ok.assign(size_t(V), 1);
+          for (int32_t t : top_ids_of(lg, 10)) ok[size_t(t)] = 0;
+          break;
+        case 2:  // a random half
+          for (auto& o : ok) o = uint8_t(g() & 1);
+          break;
+        case 3:  // tokens on either side of each block's slice boundary
+          for (int k = 1; k < 8; ++k)
+            for (int d = -40; d < 40; d += 3) {
+              const int t = k * ((V + 7) / 8) + d;
+              if (t >= 0 && t < V) ok[size_t(t)] = 1;
+            }
+          break;
+        default:  // one token: every sampler mode must pick it
+          ok[size_t((top + V / 2) % V)] = 1;
+          break;
+      }
+      if (!std::count(ok.begin(), ok.end(), uint8_t(1))) ok[0] = 1;
+      b.mask_last(ok);
+    }
+    const Result res = run_gpu(b, 5), replay = run_gpu(b, 5, /*graph=*/true);
+    for (int r = 0; r < b.rows(); ++r) {
+      const auto mod = cpu_modified(b, r);
+      const SampleRowParams& p = b.params[r];
+      const int32_t id = res.ids[size_t(r)];
+      ASSERT_TRUE(id >= 0 && id < V) << "V=" << V << " row " << r;
+      if (!b.mask_of[r].empty()) {
+        ASSERT_TRUE(b.mask_of[r][size_t(id)]) << "V=" << V << " row " << r << " chose " << id << ", left out by its mask";
+        moved += id != kernels::argmax(b.row(r), V);
+      }
+      if (p.temperature <= 0.0f) {
+        ASSERT_EQ(id, kernels::argmax(mod.data(), V)) << "V=" << V << " greedy row " << r;
+      } else {
+        const auto kept = cpu_kept(mod, p);
+        ASSERT_TRUE(kept.count(id)) << "V=" << V << " row " << r << ": token " << id << " outside the CPU's kept set of "
+                                    << kept.size();
+      }
+      ASSERT_EQ(id, replay.ids[size_t(r)]) << "V=" << V << " row " << r << ": graph replay differs";
+    }
+    EXPECT_GT(moved, 15) << "V=" << V << ": the masks should move most masked rows off their argmax";
+    expect_logprobs(b, res, 5, "masked V=" + std::to_string(V));
   }
 }
 

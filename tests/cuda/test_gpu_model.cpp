@@ -469,6 +469,71 @@ TEST(GpuModel, SampledScreenStepsMatchTheGemmAndSampler) {
   EXPECT_GT(not_argmax, 0) << "temperature 1.5 / top_k 40 never left the argmax: the draw ignores its random bits?";
 }
 
+// Decode steps whose rows carry grammar masks (SampleSpec::allowed), with graphs (the general sampler's) and without:
+// every token is one its row's mask allows - a greedy row's best allowed token by the step's logits (its unmasked
+// argmax left out, so it moves), a row with one allowed token drawn at temperature 1 that token - and unmasked rows
+// beside them keep their argmax.
+TEST(GpuModel, GrammarMaskedDecodeStepsPickTheBestAllowedToken) {
+  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  for (const bool with_graphs : {true, false}) {
+    SCOPED_TRACE(with_graphs ? "graph replay" : "eager steps");
+    Runner gpu = make("cuda", with_graphs);
+    const int64_t V = gpu.r->config().vocab_size;
+    std::vector<std::vector<int32_t>> seqs = random_prompts(13, V, 77, 4, 5, 19);
+    prefill(gpu, seqs, 6);
+    std::mt19937 g(5);
+    int moved = 0;
+    for (int step = 0; step < 4; ++step) {
+      std::vector<SampleSpec> specs;
+      std::mt19937_64 rng(1);
+      ForwardBatch fb = fixed_token_step(gpu, seqs, step, V, rng, specs);
+      std::vector<Sampled> plain, got;
+      std::vector<float> logits;
+      gpu.r->step(fb, specs, plain);  // unmasked (each run of the step rewrites the same K / V rows)
+      gpu.r->forward(fb, logits);     // the step's logits, eager
+      ASSERT_EQ(plain.size(), seqs.size());
+      ASSERT_EQ(logits.size(), seqs.size() * size_t(V));
+      std::vector<std::vector<uint8_t>> ok(seqs.size());
+      for (size_t s = 0; s < seqs.size(); ++s) {
+        if (s % 4 == 3) continue;  // unmasked
+        ok[s].assign(size_t(V), 0);
+        if (s % 4 == 2) {  // one token (not the argmax), drawn at temperature 1
+          ok[s][size_t(plain[s].token + 1 + int32_t(g() % uint32_t(V - 1))) % size_t(V)] = 1;
+          specs[s].sampler.temperature = 1.0f;
+        } else {
+          for (auto& o : ok[s]) o = uint8_t(g() % 3 == 0);
+          ok[s][size_t(plain[s].token)] = 0;
+        }
+        specs[s].allowed.assign(size_t(V + 31) / 32, 0u);
+        for (int64_t t = 0; t < V; ++t)
+          if (ok[s][size_t(t)]) specs[s].allowed[size_t(t) / 32] |= 1u << (t % 32);
+      }
+      gpu.r->step(fb, specs, got);
+      ASSERT_EQ(got.size(), seqs.size());
+      for (size_t s = 0; s < seqs.size(); ++s) {
+        const std::string where = "step " + std::to_string(step) + " sequence " + std::to_string(s);
+        const int32_t tok = got[s].token;
+        if (ok[s].empty()) {
+          EXPECT_EQ(tok, plain[s].token) << where << ": an unmasked row moved";
+          continue;
+        }
+        ASSERT_TRUE(tok >= 0 && tok < V && ok[s][size_t(tok)]) << where << ": token " << tok << " left out by the mask";
+        moved += tok != plain[s].token;
+        if (specs[s].sampler.temperature > 0.0f) continue;
+        const float* row = &logits[s * size_t(V)];
+        float best = -INFINITY;
+        for (int64_t t = 0; t < V; ++t)
+          if (ok[s][size_t(t)]) best = std::max(best, row[t]);
+        // The eager logits against the step's own (a padded graph batch may round differently): near-ties only.
+        EXPECT_GE(row[tok], best - 0.05f) << where << ": token " << tok << " is not the best allowed one";
+      }
+      for (size_t s = 0; s < seqs.size(); ++s) seqs[s].push_back(fb.tokens[s]);
+    }
+    EXPECT_EQ(moved, 4 * 10) << "every masked row should leave its unmasked argmax";
+    release(gpu);
+  }
+}
+
 // The overlap schedule's launches: step n + 1 is launched before step n is collected, its tokens the samples step n
 // leaves on the device (previous_samples), its metadata uploaded and step n's samples copied back on side streams.
 // Graph-replayed greedy steps, graph steps with the general sampler (top logprobs), and eager steps (graphs off)

@@ -131,10 +131,17 @@ TEST(TokenConstraint, EndTokensOnlyOnceCompleteAndReasoningFirst) {
   auto spec = std::make_shared<JsonConstraintSpec>();
   spec->schema = JsonSchema::compile(json::parse(R"({"type": "array", "items": {"type": "integer"}, "maxItems": 1})"));
   spec->vocab = std::make_shared<const TokenVocabulary>(bytes);
-  auto banned_set = [](const JsonConstraint& c) {
-    std::vector<int32_t> b;
-    c.banned_tokens(b);
-    return std::set<int32_t>(b.begin(), b.end());
+  // The tokens the mask leaves out (none when the constraint does not constrain: an empty mask).
+  auto banned_set = [&](const JsonConstraint& c) {
+    std::vector<uint32_t> w;
+    c.allowed_tokens(w);
+    std::set<int32_t> b;
+    if (w.empty()) return b;
+    EXPECT_EQ(w.size(), (bytes.size() + 31) / 32);
+    for (int32_t t = 0; t < int32_t(bytes.size()); ++t)
+      if (!((w[size_t(t) >> 5] >> (t & 31)) & 1u)) b.insert(t);
+    for (size_t t = bytes.size(); t < w.size() * 32; ++t) EXPECT_FALSE((w[t >> 5] >> (t & 31)) & 1u) << t;
+    return b;
   };
   {
     JsonConstraint c(spec, {128});
@@ -193,18 +200,19 @@ TEST(TokenConstraint, TooManyOpenAlternativesGetStuck) {
   spec->vocab = std::make_shared<const TokenVocabulary>(bytes);
   JsonConstraint c(spec, {128});
   for (char ch : std::string("{\"k\":")) ASSERT_TRUE(c.accept(ch));
-  std::vector<int32_t> banned;
+  std::vector<uint32_t> allowed;
+  auto is_allowed = [&](int32_t t) { return (allowed[size_t(t) >> 5] >> (t & 31)) & 1u; };
   int spaces = 0;
   for (;; ++spaces) {
-    banned.clear();
-    c.banned_tokens(banned);
+    c.allowed_tokens(allowed);
     if (c.stuck()) break;
     ASSERT_LE(spaces, kMaxWhitespaceRun);
-    EXPECT_TRUE(std::count(banned.begin(), banned.end(), int32_t('{')));
+    EXPECT_FALSE(is_allowed('{'));
     ASSERT_TRUE(c.accept(' '));
   }
   EXPECT_EQ(spaces, kMaxWhitespaceRun);
-  EXPECT_EQ(banned.size(), bytes.size() - 1);  // every token but the end
+  for (int32_t t = 0; t < 128; ++t) EXPECT_FALSE(is_allowed(t)) << t;  // every token but the end
+  EXPECT_TRUE(is_allowed(128));
   EXPECT_FALSE(c.accept(128));
 }
 

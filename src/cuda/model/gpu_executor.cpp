@@ -195,6 +195,10 @@ class GpuExecutor : public Executor {
     DeviceArray<uint8_t> meta;
     DeviceArray<int32_t> out_ids, top_ids, out_rank;
     DeviceArray<float> out_lp, top_lp;
+    // The step's grammar masks (SampleArgs::allowed), a row a constrained sequence: at a fixed address, so that the
+    // general sampler's graphs serve constrained decode steps too.
+    PinnedBuffer host_masks;
+    DeviceArray<uint32_t> masks;
     cudaEvent_t meta_ready = nullptr;  // upload stream: the metadata is on the device
     cudaEvent_t done = nullptr;        // compute stream: the step that used this set has run
     cudaEvent_t out_ready = nullptr;   // copy-back stream: the samples are in host_out
@@ -206,6 +210,8 @@ class GpuExecutor : public Executor {
   };
   StepBuffers buf_[2];
   int cur_ = 0;  // the set the next launch uses
+  int mask_rows_ = 0;  // the grammar masks in the step being launched (buf_[cur_].host_masks' rows)
+  size_t mask_words() const { return (size_t(cfg_.vocab_size) + 31) / 32; }
   char* host_meta() { return static_cast<char*>(buf_[cur_].host_meta.get()); }
   cudaStream_t upload_stream_ = nullptr, download_stream_ = nullptr;
   // Penalty inputs (one set: a step with penalties orders its upload after both sets' steps) and the sampler's
@@ -306,6 +312,8 @@ GpuExecutor::GpuExecutor(const std::string& model_dir, const GpuOptions& opts) :
     b.out_rank = DeviceArray<int32_t>(alloc_, size_t(max_tokens), "activations");
     b.top_ids = DeviceArray<int32_t>(alloc_, size_t(max_tokens) * kMaxTop, "activations");
     b.top_lp = DeviceArray<float>(alloc_, size_t(max_tokens) * kMaxTop, "activations");
+    b.host_masks = PinnedBuffer(size_t(max_seqs) * mask_words() * 4);
+    b.masks = DeviceArray<uint32_t>(alloc_, size_t(max_seqs) * mask_words(), "activations");
     for (cudaEvent_t* e : {&b.meta_ready, &b.done, &b.out_ready})
       MS_CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
   }
@@ -475,6 +483,7 @@ StepInputs GpuExecutor::prepare(const ForwardBatch& batch, const std::vector<Sam
   h_pen_counts_.clear();
   h_ban_ids_.clear();
   h_ban_values_.clear();
+  mask_rows_ = 0;
   forced_before_.assign(size_t(Rp) + 1, 0);
   for (int r = 0; r < Rp; ++r) {
     forced_before_[size_t(r) + 1] = forced_before_[size_t(r)];
@@ -530,6 +539,17 @@ StepInputs GpuExecutor::prepare(const ForwardBatch& batch, const std::vector<Sam
             if (ban_mark_[size_t(t)] != ban_stamp_) h_ban_ids_.push_back(t), h_ban_values_.push_back(v);
       }
       p.ban_end = int32_t(h_ban_ids_.size());
+      if (s.masked()) {
+        const size_t W = mask_words();
+        MS_CHECK(mask_rows_ < L.max_seqs, "more than {} grammar masks in one step", L.max_seqs);
+        MS_CHECK(s.allowed.size() <= W, "a grammar mask of {} words for a vocabulary of {} tokens", s.allowed.size(),
+                 cfg_.vocab_size);
+        uint32_t* m = static_cast<uint32_t*>(buf_[cur_].host_masks.get()) + size_t(mask_rows_) * W;
+        std::copy(s.allowed.begin(), s.allowed.end(), m);
+        std::fill(m + s.allowed.size(), m + W, 0u);
+        if (cfg_.vocab_size % 32) m[W - 1] &= (1u << (cfg_.vocab_size % 32)) - 1u;  // no token past the vocabulary
+        p.mask_row = mask_rows_++;
+      }
     } else {
       p.temperature = 0.0f;
     }
@@ -599,6 +619,9 @@ void GpuExecutor::upload_meta(cudaStream_t s, size_t bytes, int table_rows, int 
   grow_upload(pen_counts_, h_pen_counts_);
   grow_upload(ban_ids_, h_ban_ids_);
   grow_upload(ban_values_, h_ban_values_);
+  if (mask_rows_ > 0)
+    MS_CUDA_CHECK(cudaMemcpyAsync(buf_[cur_].masks.get(), buf_[cur_].host_masks.get(),
+                                  size_t(mask_rows_) * mask_words() * 4, cudaMemcpyHostToDevice, s));
 }
 
 void GpuExecutor::run_sampling(int r0, int rows, int step_rows, bool with_penalties) {
@@ -612,6 +635,7 @@ void GpuExecutor::run_sampling(int r0, int rows, int step_rows, bool with_penalt
   a.pen_counts = with_penalties ? pen_counts_.get() : nullptr;
   a.ban_ids = with_penalties ? ban_ids_.get() : nullptr;
   a.ban_values = with_penalties ? ban_values_.get() : nullptr;
+  a.allowed = b.masks.get();  // (every step: the general sampler's graphs take constrained rows)
   a.max_top = kMaxTop;
   a.out_ids = b.out_ids.get() + r0;
   a.out_logprobs = b.out_lp.get() + r0;
@@ -636,10 +660,12 @@ void GpuExecutor::launch(const ForwardBatch& batch, const std::vector<SampleSpec
   for (int32_t r : batch.previous_samples)
     MS_CHECK(r < 0 || (!in_flight_.empty() && r < in_flight_.back().rows() && in_flight_.back().buf == (cur_ ^ 1)),
              "a step takes sample {} of the previous step, which is not in flight or has fewer rows", r);
-  bool plain = true;  // no penalties, logit biases or bans: the captured graphs handle the step
-  for (auto& s : specs) plain = plain && !s.modifies_logits() && !s.forced();
-  bool greedy = plain;  // and every row greedy without top logprobs: the fast sampler
-  bool topk = plain;    // or every row greedy or with top_k in 1..64: the screen for sampled steps, without logprobs
+  // No penalties, logit biases, bans or forced tokens: the captured graphs handle the step (grammar masks too: they
+  // live at a fixed address, and the general sampler reads them).
+  bool plain = true, masked = false;
+  for (auto& s : specs) plain = plain && !s.listed() && !s.forced(), masked = masked || s.masked();
+  bool greedy = plain && !masked;  // and every row greedy without top logprobs: the fast sampler
+  bool topk = plain && !masked;  // or every row greedy or top_k 1..64, no logprobs: the screen for sampled steps
   bool logprob = false;
   for (auto& s : specs) {
     const bool g = s.sampler.temperature <= 0.0f || s.sampler.top_k == 1;

@@ -339,7 +339,8 @@ __device__ void sample_cluster(const SampleArgs& a, float* overrides, char* smem
   const bool penalise = a.pen_ids && a.pen_counts && (rep || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) &&
                         p.pen_end > p.pen_begin;
   const bool ban = a.ban_ids && p.ban_end > p.ban_begin;
-  c.has_over = penalise || ban;
+  const bool masked = a.allowed && p.mask_row >= 0;
+  c.has_over = penalise || ban || masked;
   if (c.has_over) {
     float* over = overrides + int64_t(row) * V;
     for (int i = tid; i < (c.slice + 31) / 32; i += kThreads) bits[i] = 0;
@@ -368,6 +369,25 @@ __device__ void sample_cluster(const SampleArgs& a, float* overrides, char* smem
         over[t] = add == -INFINITY ? -INFINITY : __fadd_rn(penalised ? over[t] : c.raw[t], add);
       }
     __syncthreads();
+    if (masked) {
+      // The grammar's mask last (a token it leaves out is -inf whatever its penalty or bias): a thread a bitmap
+      // word, tokens lo + 32 i .. + 31, whose allowed bits straddle two mask words where lo is not a multiple of 32.
+      const int words = (V + 31) / 32;
+      const uint32_t* allow = a.allowed + int64_t(p.mask_row) * words;
+      for (int i = tid; i < (c.hi - c.lo + 31) / 32; i += kThreads) {
+        const int t0 = c.lo + 32 * i, w = t0 >> 5, sh = t0 & 31;
+        const uint32_t ok = __funnelshift_r(allow[w], sh != 0 && w + 1 < words ? allow[w + 1] : 0u, sh);
+        const int n = min(32, c.hi - t0);
+        uint32_t out = ~ok & (n == 32 ? ~0u : (1u << n) - 1u);
+        bits[i] |= out;  // word i is this thread's alone after the barrier above
+        while (out) {
+          const int b = __ffs(out) - 1;
+          over[t0 + b] = -INFINITY;
+          out &= out - 1;
+        }
+      }
+      __syncthreads();
+    }
   }
 
   // Phase 1: argmax of the modified logits, raw log-sum-exp, extremes, per-warp maxima.

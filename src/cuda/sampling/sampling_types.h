@@ -16,6 +16,7 @@ struct SampleRowParams {
   int32_t pen_begin = 0, pen_end = 0;  // range in the penalty arrays (tokens seen in prompt or output)
   int32_t ban_begin = 0, ban_end = 0;  // range in ban_ids / ban_values: tokens whose logit gets a value added
                                        // (logit_bias) or becomes -inf (eos under min_tokens); unique in a row
+  int32_t mask_row = -1;     // >= 0: the row of SampleArgs::allowed holding the tokens it may pick; -1: every token
   int32_t top_logprobs = 0;  // how many top logprobs to return (<= max_top)
   // >= 0: the row's token is this one (a scored prompt position, SampleSpec::forced_token): score_forced_rows()
   // writes its outputs and sample() leaves the row alone.
@@ -30,6 +31,9 @@ struct SampleArgs {
   const int32_t* pen_counts = nullptr; // times each was generated (0 if only in the prompt)
   const int32_t* ban_ids = nullptr;
   const float* ban_values = nullptr;   // added to ban_ids' logits after the penalties (-inf: banned); null: all -inf
+  // Grammar masks, (vocab + 31) / 32 words a mask row: bit t % 32 of word t / 32 set where token t may be picked;
+  // applied after the penalties and bans (a token left out becomes -inf). Read only by rows with mask_row >= 0.
+  const uint32_t* allowed = nullptr;
   int max_top = 0;                     // row stride of top_ids / top_logprobs
   // Outputs, device:
   int32_t* out_ids = nullptr;          // [rows]
