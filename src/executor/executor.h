@@ -28,7 +28,7 @@ struct SampleSpec {
   const std::vector<int32_t>* output = nullptr;
   const std::vector<std::pair<int32_t, float>>* bias = nullptr;  // logit_bias (may be null): added after the penalties
   std::vector<int32_t> banned;                              // ids that may not be picked (eos under min_tokens)
-  // A grammar's mask (grammar::JsonConstraint::allowed_tokens): bit t % 32 of word t / 32 set where token t may be
+  // A grammar's mask (grammar::Constraint::allowed_tokens): bit t % 32 of word t / 32 set where token t may be
   // picked, the tokens past its bits never; empty: every token. Applied after the penalties, biases and bans.
   std::vector<uint32_t> allowed;
   std::mt19937_64* rng = nullptr;                           // the request's generator

@@ -482,7 +482,7 @@ bool step(const std::vector<SchemaNode>& nodes, const Alts& in, uint8_t c, Alts&
     out.ends.truncate(kept);
     out.frames.truncate(write);
     // A schema this ambiguous here would make every byte (and every step's mask) slow: the byte is refused, and a
-    // request left without any token ends with an error (JsonConstraint::stuck).
+    // request left without any token ends with an error (Constraint::stuck).
     if (out.ends.size() > size_t(kMaxAlternatives)) return false;
   }
   return true;

@@ -51,12 +51,13 @@ void TokenVocabulary::Trie::build(std::vector<std::pair<std::string, int32_t>> e
   }
 }
 
-void TokenVocabulary::Trie::walk(const JsonMatcher& m, std::vector<uint8_t>& allowed) const {
+template <class Matcher>
+void TokenVocabulary::Trie::walk(const Matcher& m, std::vector<uint8_t>& allowed) const {
   // Depth-first with one matcher a depth (copy-assigned, so their storage is reused), children in byte order.
   struct Frame {
     int32_t node, next_child;
   };
-  std::vector<JsonMatcher> state{m};
+  std::vector<Matcher> state{m};
   std::vector<Frame> stack{{0, 0}};
   while (!stack.empty()) {
     Frame& f = stack.back();
@@ -120,24 +121,39 @@ void TokenVocabulary::mark_allowed(const JsonMatcher& m, std::vector<uint8_t>& a
   }
 }
 
-JsonConstraint::JsonConstraint(std::shared_ptr<const JsonConstraintSpec> spec, std::vector<int32_t> end_tokens)
-    : spec_(std::move(spec)), end_tokens_(std::move(end_tokens)), matcher_(spec_->schema) {
+void TokenVocabulary::mark_allowed(const RegexMatcher& m, std::vector<uint8_t>& allowed) const {
+  MS_CHECK(allowed.size() == size_t(size_), "mask of {} entries for a vocabulary of {}", allowed.size(), size_);
+  all_.walk(m, allowed);
+}
+
+namespace {
+
+std::variant<JsonMatcher, RegexMatcher> start_matcher(const ConstraintSpec& spec) {
+  MS_CHECK(bool(spec.schema) != bool(spec.regex), "a constraint needs exactly one grammar (a schema or a regex)");
+  if (spec.regex) return RegexMatcher(spec.regex);
+  return JsonMatcher(spec.schema);
+}
+
+}  // namespace
+
+Constraint::Constraint(std::shared_ptr<const ConstraintSpec> spec, std::vector<int32_t> end_tokens)
+    : spec_(std::move(spec)), end_tokens_(std::move(end_tokens)), matcher_(start_matcher(*spec_)) {
   switch (spec_->start) {
-    case JsonConstraintSpec::Start::kDocument: phase_ = Phase::kDocument; break;
-    case JsonConstraintSpec::Start::kMaybeReasoning: phase_ = Phase::kMaybeReasoning; break;
-    case JsonConstraintSpec::Start::kReasoning: phase_ = Phase::kReasoning; break;
+    case ConstraintSpec::Start::kDocument: phase_ = Phase::kDocument; break;
+    case ConstraintSpec::Start::kMaybeReasoning: phase_ = Phase::kMaybeReasoning; break;
+    case ConstraintSpec::Start::kReasoning: phase_ = Phase::kReasoning; break;
   }
 }
 
-void JsonConstraint::allowed_tokens(std::vector<uint32_t>& words) const {
+void Constraint::allowed_tokens(std::vector<uint32_t>& words) const {
   words.clear();
   if (!constraining()) return;
   const TokenVocabulary& v = *spec_->vocab;
   allowed_.assign(size_t(v.size()), 0);
-  v.mark_allowed(matcher_, allowed_);
+  std::visit([&](const auto& m) { v.mark_allowed(m, allowed_); }, matcher_);
   if (phase_ == Phase::kMaybeReasoning && spec_->think_open >= 0 && spec_->think_open < v.size())
     allowed_[size_t(spec_->think_open)] = 1;
-  const bool complete = matcher_.can_finish();
+  const bool complete = can_finish();
   stuck_ = !complete && std::find(allowed_.begin(), allowed_.end(), uint8_t(1)) == allowed_.end();
   if (complete || stuck_)
     for (int32_t e : end_tokens_)
@@ -147,7 +163,11 @@ void JsonConstraint::allowed_tokens(std::vector<uint32_t>& words) const {
     if (allowed_[size_t(id)]) words[size_t(id) >> 5] |= 1u << (id & 31);
 }
 
-bool JsonConstraint::accept(int32_t token) {
+bool Constraint::can_finish() const {
+  return std::visit([](const auto& m) { return m.can_finish(); }, matcher_);
+}
+
+bool Constraint::accept(int32_t token) {
   if (phase_ == Phase::kReasoning) {
     if (token == spec_->think_close) phase_ = Phase::kDocument;
     return true;
@@ -156,9 +176,9 @@ bool JsonConstraint::accept(int32_t token) {
     phase_ = Phase::kReasoning;
     return true;
   }
-  if (std::find(end_tokens_.begin(), end_tokens_.end(), token) != end_tokens_.end()) return matcher_.can_finish();
+  if (std::find(end_tokens_.begin(), end_tokens_.end(), token) != end_tokens_.end()) return can_finish();
   const std::string* bytes = spec_->vocab->bytes_of(token);
-  if (!bytes || !matcher_.feed(*bytes)) return false;
+  if (!bytes || !std::visit([&](auto& m) { return m.feed(*bytes); }, matcher_)) return false;
   // The reasoning may still open after leading whitespace (the reasoning parser allows it there too).
   if (phase_ == Phase::kMaybeReasoning &&
       !std::all_of(bytes->begin(), bytes->end(), [](char b) { return is_json_space(static_cast<unsigned char>(b)); }))

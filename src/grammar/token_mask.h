@@ -1,4 +1,4 @@
-// Constrained decoding over a vocabulary: which tokens a JSON grammar allows next, and a request's constraint
+// Constrained decoding over a vocabulary: which tokens a grammar (a JSON schema or a regular expression) allows next, and a request's constraint
 // state as its tokens are generated (optionally after a reasoning section the grammar does not touch).
 //
 // The allowed set is computed by walking a byte trie of the vocabulary with the matcher, a subtree dropped at the
@@ -12,9 +12,11 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "grammar/json_grammar.h"
+#include "grammar/regex_grammar.h"
 
 namespace moeserve::grammar {
 
@@ -26,6 +28,8 @@ class TokenVocabulary {
   int32_t size() const { return size_; }
   // Sets allowed[id] = 1 (allowed has size() entries) for every token whose bytes `m` accepts; leaves the others.
   void mark_allowed(const JsonMatcher& m, std::vector<uint8_t>& allowed) const;
+  // The same for a regular expression (a walk of the whole trie: a DFA step is one table lookup).
+  void mark_allowed(const RegexMatcher& m, std::vector<uint8_t>& allowed) const;
   // The token's bytes; nullptr for a token never allowed (or outside the vocabulary).
   const std::string* bytes_of(int32_t id) const {
     return id >= 0 && id < size_ && !bytes_[size_t(id)].empty() ? &bytes_[size_t(id)] : nullptr;
@@ -44,7 +48,8 @@ class TokenVocabulary {
     std::vector<Node> nodes;
     std::vector<int32_t> tokens;
     void build(std::vector<std::pair<std::string, int32_t>> entries);
-    void walk(const JsonMatcher& m, std::vector<uint8_t>& allowed) const;
+    template <class Matcher>
+    void walk(const Matcher& m, std::vector<uint8_t>& allowed) const;
   };
   int32_t size_ = 0;
   int max_bytes_ = 0;
@@ -54,9 +59,11 @@ class TokenVocabulary {
   std::vector<int32_t> plain_, plain_cp_;
 };
 
-// What a request's output must be: shared by its choices (each keeps its own JsonConstraint).
-struct JsonConstraintSpec {
+// What a request's output must be: shared by its choices (each keeps its own Constraint). The grammar is a JSON schema
+// or a regular expression (exactly one of the two).
+struct ConstraintSpec {
   std::shared_ptr<const JsonSchema> schema;
+  std::shared_ptr<const Regex> regex;
   std::shared_ptr<const TokenVocabulary> vocab;
   // Reasoning before the document (a reasoning parser separates it): the grammar starts after think_close.
   // kMaybeReasoning: the output may open with think_open (then reasoning) or start the document directly.
@@ -65,10 +72,10 @@ struct JsonConstraintSpec {
   int32_t think_open = -1, think_close = -1;
 };
 
-class JsonConstraint {
+class Constraint {
  public:
   // end_tokens: the tokens that end the output (eos, stop token ids), allowed once the document is complete.
-  JsonConstraint(std::shared_ptr<const JsonConstraintSpec> spec, std::vector<int32_t> end_tokens);
+  Constraint(std::shared_ptr<const ConstraintSpec> spec, std::vector<int32_t> end_tokens);
   // Whether the next token is constrained at all (false inside the reasoning section).
   bool constraining() const { return phase_ != Phase::kReasoning; }
   // The tokens that may come next as a bitmask over the vocabulary: `words` gets (size + 31) / 32 words, bit t % 32
@@ -80,14 +87,15 @@ class JsonConstraint {
   // Advances by the token generated; false if the grammar did not allow it (the state is then unchanged).
   bool accept(int32_t token);
   // Whether the document is complete.
-  bool complete() const { return phase_ == Phase::kDocument && matcher_.can_finish(); }
+  bool complete() const { return phase_ == Phase::kDocument && can_finish(); }
 
  private:
   enum class Phase { kMaybeReasoning, kReasoning, kDocument };
-  std::shared_ptr<const JsonConstraintSpec> spec_;
+  bool can_finish() const;  // the grammar's text so far is whole (whatever the phase)
+  std::shared_ptr<const ConstraintSpec> spec_;
   std::vector<int32_t> end_tokens_;
   Phase phase_;
-  JsonMatcher matcher_;
+  std::variant<JsonMatcher, RegexMatcher> matcher_;
   mutable std::vector<uint8_t> allowed_;  // allowed_tokens' scratch
   mutable bool stuck_ = false;
 };

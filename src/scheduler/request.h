@@ -33,9 +33,10 @@ struct SamplingParams {
   // returned logprobs stay those of the raw logits, as with the penalties.
   std::vector<std::pair<int32_t, float>> logit_bias;
   bool ignore_eos = false;
-  // Constrained decoding (response_format json_schema / json_object): the output must be a JSON document of this
-  // schema (after the reasoning, if the spec says so); null: unconstrained.
-  std::shared_ptr<const grammar::JsonConstraintSpec> json;
+  // Constrained decoding (response_format json_schema / json_object, a regex, a choice): the output must be a JSON
+  // document of the spec's schema or a whole match of its regex (after the reasoning, if the spec says so); null:
+  // unconstrained.
+  std::shared_ptr<const grammar::ConstraintSpec> grammar;
   std::optional<uint64_t> seed;
   int64_t top_logprobs = 0;  // per output token; 0: none
   bool return_logprob = false;
@@ -86,7 +87,7 @@ struct Request {
   int64_t admitted_order = 0;         // for preemption: the newest is preempted first
   int64_t prompt_scored = 0;          // prompt logprobs: the next prompt position to score (prompt size: none left)
   std::mt19937_64 rng;
-  std::unique_ptr<grammar::JsonConstraint> constraint;  // params.json's state over the output so far
+  std::unique_ptr<grammar::Constraint> constraint;  // params.grammar's state over the output so far
   FinishReason finish = FinishReason::None;
   int64_t matched_stop_token = -1;
   double arrival_s = 0, first_token_s = 0;

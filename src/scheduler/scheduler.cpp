@@ -81,10 +81,10 @@ void Scheduler::add(std::shared_ptr<Request> r) {
   const int64_t P = int64_t(r->prompt.size()), start = r->params.prompt_logprob_start;
   r->prompt_scored = start >= 0 ? std::min(std::max<int64_t>(start, 1), P) : P;
   r->arrival_s = now_s();
-  if (r->params.json) {  // the document may end at an eos token (even under ignore_eos: nothing else could) or a stop id
+  if (r->params.grammar) {  // the document may end at an eos token (even under ignore_eos: nothing else could) or a stop id
     std::vector<int32_t> ends(r->params.stop_token_ids.begin(), r->params.stop_token_ids.end());
     for (int64_t e : runner_.eos_ids()) ends.push_back(int32_t(e));
-    r->constraint = std::make_unique<grammar::JsonConstraint>(r->params.json, std::move(ends));
+    r->constraint = std::make_unique<grammar::Constraint>(r->params.grammar, std::move(ends));
   }
   waiting_.push_back(std::move(r));
 }
@@ -426,7 +426,7 @@ void Scheduler::add_chunk(StepBatch& b, const std::shared_ptr<Request>& r, int64
 
 void Scheduler::launch(StepBatch b) {
   if (!b.fb.previous_samples.empty()) b.fb.previous_samples.resize(b.fb.tokens.size(), -1);
-  // Each JsonConstraint has its own scratch and the vocabulary is read only: the rows' masks side by side.
+  // Each Constraint has its own scratch and the vocabulary is read only: the rows' masks side by side.
   if (b.masks.size() > 1 && !mask_pool_)
     mask_pool_ = std::make_unique<ThreadPool>(int(std::clamp(std::thread::hardware_concurrency(), 1u, 8u)));
   auto fill_masks = [&](int64_t lo, int64_t hi) {

@@ -124,19 +124,28 @@ void check_model(const Body& b, const ParseContext& ctx, ApiRequest& r) {
   r.model = ctx.served_model_name;
 }
 
-// Constrained decoding: the JSON schema a request's output must follow - OpenAI's response_format json_object /
-// json_schema, vLLM's guided_json and structured_outputs {"json": ...}, SGLang's json_schema (a schema as a JSON
-// string); null when none. Regular expressions, grammars, choices and structural tags are not implemented: a
-// request that asks for one is refused rather than answered with text its client would take for conforming output.
-std::shared_ptr<const grammar::JsonSchema> requested_schema(const Body& b, const ParseContext& ctx) {
-  std::shared_ptr<const grammar::JsonSchema> schema;
+// Constrained decoding: the grammar a request's output must follow - a JSON schema (OpenAI's response_format
+// json_object / json_schema, vLLM's guided_json and structured_outputs {"json": ...}, SGLang's json_schema, a schema
+// as a JSON string) or a regular expression (vLLM's guided_regex / guided_choice and structured_outputs {"regex"} /
+// {"choice"}, SGLang's regex); null when none. EBNF grammars and structural tags are not implemented: a request that
+// asks for one is refused rather than answered with text its client would take for conforming output.
+std::shared_ptr<grammar::ConstraintSpec> requested_grammar(const Body& b, const ParseContext& ctx) {
+  std::shared_ptr<grammar::ConstraintSpec> spec;
   std::string from;
-  auto take = [&](const std::string& field, std::shared_ptr<const grammar::JsonSchema> s) {
-    if (schema) bad(field, fmt::format("'{}' and '{}' both constrain the output: send one", from, field));
-    schema = std::move(s);
+  // One grammar a request; `build` compiles it (a UserError from the compiler becomes a 400 naming the field).
+  auto take = [&](const std::string& field, auto build) {
+    if (spec) bad(field, fmt::format("'{}' and '{}' both constrain the output: send one", from, field));
+    spec = std::make_shared<grammar::ConstraintSpec>();
     from = field;
+    try {
+      build(*spec);
+    } catch (const ApiError&) {
+      throw;
+    } catch (const UserError& e) {
+      bad(field, fmt::format("'{}': {}", field, e.what()));
+    }
   };
-  auto compile = [&](const std::string& field, const json& j) {
+  auto schema = [&](const std::string& field, const json& j) {
     json parsed;
     const json* sj = &j;
     if (j.is_string()) {  // SGLang's json_schema and vLLM's guided_json may carry the schema as a JSON string
@@ -146,13 +155,16 @@ std::shared_ptr<const grammar::JsonSchema> requested_schema(const Body& b, const
     }
     if (!sj->is_object() && !sj->is_boolean())
       bad(field, fmt::format("'{}' must be a JSON schema (an object), got {}", field, sj->dump().substr(0, 80)));
-    try {
-      take(field, grammar::JsonSchema::compile(*sj));
-    } catch (const ApiError&) {
-      throw;
-    } catch (const UserError& e) {
-      bad(field, fmt::format("'{}': {}", field, e.what()));
-    }
+    take(field, [&](grammar::ConstraintSpec& s) { s.schema = grammar::JsonSchema::compile(*sj); });
+  };
+  auto regex = [&](const std::string& field, const json& j) {
+    if (!j.is_string()) bad(field, fmt::format("'{}' must be a regular expression (a string)", field));
+    take(field, [&](grammar::ConstraintSpec& s) { s.regex = grammar::Regex::compile(j.get_ref<const std::string&>()); });
+  };
+  auto choice = [&](const std::string& field, const json& j) {
+    if (!j.is_array() || j.empty() || !std::all_of(j.begin(), j.end(), [](const json& c) { return c.is_string(); }))
+      bad(field, fmt::format("'{}' must be a non-empty list of strings", field));
+    take(field, [&](grammar::ConstraintSpec& s) { s.regex = grammar::Regex::choice(j.get<std::vector<std::string>>()); });
   };
   if (b.has("response_format")) {
     const json& rf = b.j["response_format"];
@@ -160,42 +172,47 @@ std::shared_ptr<const grammar::JsonSchema> requested_schema(const Body& b, const
       bad("response_format", "'response_format' must be an object with a 'type': text, json_object or json_schema");
     const std::string& type = rf["type"].get_ref<const std::string&>();
     if (type == "json_object") {
-      take("response_format", grammar::JsonSchema::any_object());
+      take("response_format", [](grammar::ConstraintSpec& s) { s.schema = grammar::JsonSchema::any_object(); });
     } else if (type == "json_schema") {
       if (!rf.contains("json_schema") || !rf["json_schema"].is_object())
         bad("response_format", "response_format json_schema needs 'json_schema': {\"name\": ..., \"schema\": {...}}");
       const json& js = rf["json_schema"];
       // OpenAI's schema is optional: without one, any JSON value.
-      compile("response_format", js.contains("schema") && !js["schema"].is_null() ? js["schema"] : json::object());
+      schema("response_format", js.contains("schema") && !js["schema"].is_null() ? js["schema"] : json::object());
     } else if (type != "text") {
       bad("response_format", fmt::format("response_format type '{}' is not supported (text, json_object, json_schema)",
                                          type.substr(0, 40)));
     }
   }
-  if (b.has("guided_json")) compile("guided_json", b.j["guided_json"]);
-  if (b.has("json_schema")) compile("json_schema", b.j["json_schema"]);
+  if (b.has("guided_json")) schema("guided_json", b.j["guided_json"]);
+  if (b.has("json_schema")) schema("json_schema", b.j["json_schema"]);
+  if (b.has("guided_regex")) regex("guided_regex", b.j["guided_regex"]);
+  if (b.has("regex")) regex("regex", b.j["regex"]);
+  if (b.has("guided_choice")) choice("guided_choice", b.j["guided_choice"]);
   if (b.has("structured_outputs")) {
     const json& so = b.j["structured_outputs"];
     if (!so.is_object()) bad("structured_outputs", "'structured_outputs' must be an object such as {\"json\": {...}}");
-    for (auto it = so.begin(); it != so.end(); ++it)
-      if (it.key() == "json") {
-        if (!it.value().is_null()) compile("structured_outputs", it.value());
-      } else if (!it.value().is_null() && it.key() != "disable_fallback" && it.key() != "disable_any_whitespace" &&
-                 it.key() != "disable_additional_properties" && it.key() != "whitespace_pattern") {
-        bad("structured_outputs", fmt::format("structured_outputs '{}' is not supported: only 'json' (a JSON schema) is",
+    for (auto it = so.begin(); it != so.end(); ++it) {
+      if (it.value().is_null()) continue;
+      if (it.key() == "json") schema("structured_outputs", it.value());
+      else if (it.key() == "regex") regex("structured_outputs", it.value());
+      else if (it.key() == "choice") choice("structured_outputs", it.value());
+      else if (it.key() != "disable_fallback" && it.key() != "disable_any_whitespace" &&
+               it.key() != "disable_additional_properties" && it.key() != "whitespace_pattern")
+        bad("structured_outputs", fmt::format("structured_outputs '{}' is not supported (json, regex, choice are)",
                                               it.key().substr(0, 40)));
-      }
+    }
   }
-  for (const char* k : {"guided_regex", "guided_choice", "guided_grammar", "regex", "ebnf", "structural_tag"})
+  for (const char* k : {"guided_grammar", "ebnf", "structural_tag"})
     if (b.has(k))
-      bad(k, fmt::format("'{}' asks for constrained decoding by {}, which this server does not support (JSON schemas "
-                         "only: response_format json_schema / json_object, guided_json, json_schema)", k,
-                         std::string(k).find("regex") != std::string::npos ? "a regular expression"
-                         : std::string(k).find("choice") != std::string::npos ? "a list of choices"
-                         : std::string(k) == "structural_tag" ? "structural tags" : "a grammar"));
-  if (schema && !ctx.text->has_tokenizer())
+      bad(k, fmt::format("'{}' asks for constrained decoding by {}, which this server does not support (JSON schemas, "
+                         "regular expressions and choices are: response_format, guided_json / guided_regex / "
+                         "guided_choice, json_schema / regex)",
+                         k, std::string(k) == "structural_tag" ? "structural tags" : "a grammar"));
+  if (spec && !ctx.text->has_tokenizer())
     bad(from, "constrained decoding needs the tokenizer (this server runs with --skip-tokenizer-init)");
-  return schema;
+  if (spec) spec->vocab = ctx.text->grammar_vocabulary(ctx.vocab_size);
+  return spec;
 }
 
 // The sampling fields every endpoint shares, with generation_config.json's defaults. OpenAI bodies carry them
@@ -203,12 +220,7 @@ std::shared_ptr<const grammar::JsonSchema> requested_schema(const Body& b, const
 void sampling_fields(const Body& b, const ParseContext& ctx, double max_temperature, const char* min_tokens_key,
                      ApiRequest& r) {
   SamplingParams& s = r.sampling;
-  if (auto schema = requested_schema(b, ctx)) {
-    auto spec = std::make_shared<grammar::JsonConstraintSpec>();
-    spec->schema = std::move(schema);
-    spec->vocab = ctx.text->grammar_vocabulary(ctx.vocab_size);
-    s.json = std::move(spec);
-  }
+  s.grammar = requested_grammar(b, ctx);
   s.temperature = float(b.number("temperature", ctx.default_temperature, 0.0, max_temperature));
   s.top_p = float(b.number("top_p", ctx.default_top_p, 1e-9, 1.0));
   s.top_k = b.integer("top_k", ctx.default_top_k, -1, 1 << 30);
@@ -359,17 +371,17 @@ ChatTemplateInputs parse_chat_template_inputs(const json& body) {
 // the grammar starts after </think> (as vLLM's and SGLang's reasoning-aware structured outputs do).
 void constrain_after_reasoning(const ParseContext& ctx, ApiRequest& r) {
   if (!r.forced_prefix.empty())
-    bad("response_format", "tool_choice 'required' or a named function already fixes the output as a tool call; it "
-                           "cannot also follow a JSON schema");
+    bad("tool_choice", "tool_choice 'required' or a named function already fixes the output as a tool call; it "
+                       "cannot also follow a constrained-decoding grammar (response_format, guided_*, regex)");
   if (ctx.reasoning_parser.empty() || !r.separate_reasoning || !r.thinking_enabled) return;
   const auto open = ctx.text->token_id("<think>"), close = ctx.text->token_id("</think>");
   if (!close) return;  // no end of reasoning to wait for
-  auto spec = std::make_shared<grammar::JsonConstraintSpec>(*r.sampling.json);
+  auto spec = std::make_shared<grammar::ConstraintSpec>(*r.sampling.grammar);
   const bool inside = parsers::ReasoningParser::create(ctx.reasoning_parser, r.starts_in_reasoning, true)->in_reasoning();
-  spec->start = inside ? grammar::JsonConstraintSpec::Start::kReasoning : grammar::JsonConstraintSpec::Start::kMaybeReasoning;
+  spec->start = inside ? grammar::ConstraintSpec::Start::kReasoning : grammar::ConstraintSpec::Start::kMaybeReasoning;
   spec->think_open = open.value_or(-1);
   spec->think_close = *close;
-  r.sampling.json = std::move(spec);
+  r.sampling.grammar = std::move(spec);
 }
 
 ApiRequest parse_chat_request(const json& body, const ParseContext& ctx) {
@@ -418,7 +430,7 @@ ApiRequest parse_chat_request(const json& body, const ParseContext& ctx) {
   std::string tail = prompt.substr(prompt.size() > 16 ? prompt.size() - 16 : 0);
   while (!tail.empty() && (tail.back() == '\n' || tail.back() == ' ')) tail.pop_back();
   r.starts_in_reasoning = tail.size() >= 7 && tail.compare(tail.size() - 7, 7, "<think>") == 0;
-  if (r.sampling.json) constrain_after_reasoning(ctx, r);
+  if (r.sampling.grammar) constrain_after_reasoning(ctx, r);
   r.prompts.push_back(ctx.text->encode(prompt, false));
   if (r.prompts.back().empty())
     bad("messages", "the chat template renders these messages as an empty prompt (a template may skip roles it does "

