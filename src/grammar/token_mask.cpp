@@ -14,66 +14,76 @@ bool is_json_space(unsigned char b) { return b == ' ' || b == '\n' || b == '\t' 
 }  // namespace
 
 void TokenVocabulary::Trie::build(std::vector<std::pair<std::string, int32_t>> entries) {
+  // Sorted byte strings list a trie's nodes in preorder: each entry opens the nodes past its common prefix with the
+  // entry before it (closing that one's deeper nodes first), and its token belongs to its last node, the newest.
   std::sort(entries.begin(), entries.end());
   nodes.assign(1, Node{});
   tokens.clear();
   tokens.reserve(entries.size());
-  // Breadth-first over the sorted entries: a node's children are the distinct next bytes of the entries that share
-  // its prefix, which sorted order puts in one contiguous range.
-  struct Range {
-    int32_t node;
-    size_t begin, end, depth;
-  };
-  std::vector<Range> level{{0, 0, entries.size(), 0}}, next;
-  while (!level.empty()) {
-    next.clear();
-    for (const Range& r : level) {
-      size_t i = r.begin;
-      nodes[size_t(r.node)].token_begin = int32_t(tokens.size());
-      while (i < r.end && entries[i].first.size() == r.depth) tokens.push_back(entries[i++].second);
-      nodes[size_t(r.node)].token_end = int32_t(tokens.size());
-      nodes[size_t(r.node)].first_child = int32_t(nodes.size());
-      int32_t children = 0;
-      while (i < r.end) {
-        const char b = entries[i].first[r.depth];
-        size_t j = i;
-        while (j < r.end && entries[j].first[r.depth] == b) ++j;
-        next.push_back({int32_t(nodes.size()), i, j, r.depth + 1});
-        Node c;
-        c.byte = static_cast<uint8_t>(b);
-        nodes.push_back(c);
-        ++children;
-        i = j;
-      }
-      nodes[size_t(r.node)].child_count = children;
+  max_depth = 0;
+  std::vector<int32_t> path{0};  // the open nodes, by depth
+  const std::string* prev = nullptr;
+  for (const auto& [bytes, id] : entries) {
+    MS_CHECK(!bytes.empty() && bytes.size() < 65535, "a trie entry of {} bytes", bytes.size());
+    size_t common = 0;
+    if (prev)
+      while (common < prev->size() && common < bytes.size() && (*prev)[common] == bytes[common]) ++common;
+    while (path.size() > common + 1) {
+      nodes[size_t(path.back())].end = int32_t(nodes.size());
+      path.pop_back();
     }
-    level.swap(next);
+    for (size_t k = common; k < bytes.size(); ++k) {
+      path.push_back(int32_t(nodes.size()));
+      Node n;
+      n.depth = uint16_t(k + 1);
+      n.byte = static_cast<uint8_t>(bytes[k]);
+      n.token_begin = int32_t(tokens.size());
+      nodes.push_back(n);
+    }
+    tokens.push_back(id);
+    max_depth = std::max(max_depth, int(bytes.size()));
+    prev = &bytes;
   }
+  for (int32_t open : path) nodes[size_t(open)].end = int32_t(nodes.size());
+  Node sentinel;
+  sentinel.token_begin = int32_t(tokens.size());
+  nodes.push_back(sentinel);
 }
 
 template <class Matcher>
 void TokenVocabulary::Trie::walk(const Matcher& m, std::vector<uint8_t>& allowed) const {
-  // Depth-first with one matcher a depth (copy-assigned, so their storage is reused), children in byte order.
-  struct Frame {
-    int32_t node, next_child;
-  };
+  // A matcher a depth (copy-assigned, so their storage is reused): a node's state is its parent's fed its byte.
   std::vector<Matcher> state{m};
-  std::vector<Frame> stack{{0, 0}};
-  while (!stack.empty()) {
-    Frame& f = stack.back();
-    const Node& n = nodes[size_t(f.node)];
-    if (f.next_child == n.child_count) {
-      stack.pop_back();
+  const int32_t last = int32_t(nodes.size()) - 1;  // the sentinel
+  for (int32_t i = 1; i < last;) {
+    const Node& n = nodes[size_t(i)];
+    if (state.size() <= n.depth) state.push_back(state[n.depth - 1u]);  // (preorder: one level deeper at most)
+    else state[n.depth] = state[n.depth - 1u];
+    Matcher& s = state[n.depth];
+    if (!s.feed(n.byte)) {
+      i = n.end;
       continue;
     }
-    const int32_t c = n.first_child + f.next_child++;
-    const size_t d = stack.size();
-    if (state.size() <= d) state.push_back(state[d - 1]);
-    else state[d] = state[d - 1];
-    if (!state[d].feed(nodes[size_t(c)].byte)) continue;
-    const Node& child = nodes[size_t(c)];
-    for (int32_t k = child.token_begin; k < child.token_end; ++k) allowed[size_t(tokens[size_t(k)])] = 1;
-    if (child.child_count > 0) stack.push_back({c, 0});
+    for (int32_t k = n.token_begin; k < nodes[size_t(i) + 1].token_begin; ++k) allowed[size_t(tokens[size_t(k)])] = 1;
+    ++i;
+  }
+}
+
+void TokenVocabulary::Trie::walk_dfa(const Regex& re, int32_t start, std::vector<uint8_t>& allowed) const {
+  // walk() with the DFA's state as a plain int: a node costs a table lookup (a permissive pattern's mask visits most
+  // of the trie).
+  std::vector<int32_t> state(size_t(max_depth) + 1, start);
+  const int32_t last = int32_t(nodes.size()) - 1;
+  for (int32_t i = 1; i < last;) {
+    const Node& n = nodes[size_t(i)];
+    const int32_t to = re.next(state[n.depth - 1u], n.byte);
+    if (to < 0) {
+      i = n.end;
+      continue;
+    }
+    state[n.depth] = to;
+    for (int32_t k = n.token_begin; k < nodes[size_t(i) + 1].token_begin; ++k) allowed[size_t(tokens[size_t(k)])] = 1;
+    ++i;
   }
 }
 
@@ -123,7 +133,7 @@ void TokenVocabulary::mark_allowed(const JsonMatcher& m, std::vector<uint8_t>& a
 
 void TokenVocabulary::mark_allowed(const RegexMatcher& m, std::vector<uint8_t>& allowed) const {
   MS_CHECK(allowed.size() == size_t(size_), "mask of {} entries for a vocabulary of {}", allowed.size(), size_);
-  all_.walk(m, allowed);
+  all_.walk_dfa(m.regex(), m.state(), allowed);
 }
 
 namespace {

@@ -39,17 +39,21 @@ class TokenVocabulary {
 
  private:
   struct Trie {
-    // Node 0 is the root. A node's children are contiguous, sorted by byte; the tokens whose bytes end at it are
-    // tokens[token_begin, token_end).
+    // The nodes in preorder (the walks are a forward scan that skips refused subtrees): node 0 is the root, a node's
+    // subtree is [its index, end), the tokens whose bytes end at node i are tokens[nodes[i].token_begin,
+    // nodes[i + 1].token_begin) (a sentinel node closes the list).
     struct Node {
-      int32_t first_child = 0, child_count = 0, token_begin = 0, token_end = 0;
+      int32_t end = 0, token_begin = 0;
+      uint16_t depth = 0;
       uint8_t byte = 0;
     };
     std::vector<Node> nodes;
     std::vector<int32_t> tokens;
+    int max_depth = 0;
     void build(std::vector<std::pair<std::string, int32_t>> entries);
     template <class Matcher>
     void walk(const Matcher& m, std::vector<uint8_t>& allowed) const;
+    void walk_dfa(const Regex& re, int32_t state, std::vector<uint8_t>& allowed) const;
   };
   int32_t size_ = 0;
   int max_bytes_ = 0;
