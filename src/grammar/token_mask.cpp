@@ -158,6 +158,16 @@ Constraint::Constraint(std::shared_ptr<const ConstraintSpec> spec, std::vector<i
 void Constraint::allowed_tokens(std::vector<uint32_t>& words) const {
   words.clear();
   if (!constraining()) return;
+  // A regex's mask is a function of its DFA state: a state met again (a loop such as [a-z ]+) takes its mask from
+  // the cache (a bounded one: each entry is the vocabulary's bits).
+  const RegexMatcher* re = std::get_if<RegexMatcher>(&matcher_);
+  const bool cacheable = re && phase_ == Phase::kDocument;
+  if (cacheable)
+    if (auto it = mask_cache_.find(re->state()); it != mask_cache_.end()) {
+      words = it->second.words;
+      stuck_ = it->second.stuck;
+      return;
+    }
   const TokenVocabulary& v = *spec_->vocab;
   allowed_.assign(size_t(v.size()), 0);
   std::visit([&](const auto& m) { v.mark_allowed(m, allowed_); }, matcher_);
@@ -171,6 +181,7 @@ void Constraint::allowed_tokens(std::vector<uint32_t>& words) const {
   words.assign((size_t(v.size()) + 31) / 32, 0u);
   for (int32_t id = 0; id < v.size(); ++id)
     if (allowed_[size_t(id)]) words[size_t(id) >> 5] |= 1u << (id & 31);
+  if (cacheable && mask_cache_.size() < kMaskCacheEntries) mask_cache_[re->state()] = CachedMask{words, stuck_};
 }
 
 bool Constraint::can_finish() const {

@@ -12,6 +12,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <variant>
 #include <vector>
 
@@ -101,6 +102,13 @@ class Constraint {
   Phase phase_;
   std::variant<JsonMatcher, RegexMatcher> matcher_;
   mutable std::vector<uint8_t> allowed_;  // allowed_tokens' scratch
+  // A regex's masks by DFA state (the document phase's; at most kMaskCacheEntries of ~19 KB at Qwen3's vocabulary).
+  struct CachedMask {
+    std::vector<uint32_t> words;
+    bool stuck;
+  };
+  static constexpr size_t kMaskCacheEntries = 64;
+  mutable std::unordered_map<int32_t, CachedMask> mask_cache_;
   mutable bool stuck_ = false;
 };
 

@@ -152,6 +152,45 @@ TEST(TokenMask, RegexOnTheQwenVocabularyMatchesBruteForce) {
   EXPECT_EQ(std::count(none.begin(), none.end(), uint8_t(1)), 0);
 }
 
+// A regex constraint caches its masks by DFA state: along random walks through looping patterns, every mask (from
+// the cache or not) equals the mask of a fresh constraint fed the same tokens, end tokens included.
+TEST(TokenConstraint, RegexMasksFromTheCacheEqualFreshOnes) {
+  std::vector<std::optional<std::string>> bytes;
+  for (int b = 0; b < 128; ++b) bytes.push_back(std::string(1, char(b)));
+  for (const char* t : {"ab", "ba", "yes", "no", " because", "12", "3-"}) bytes.push_back(std::string(t));
+  const int32_t eos = int32_t(bytes.size());
+  bytes.push_back(std::nullopt);
+  auto vocab = std::make_shared<const TokenVocabulary>(bytes);
+  std::mt19937 g(3);
+  int hits = 0;
+  for (const char* pattern : {"(ab)+c?", "(yes|no)( because [a-z ]+)?", "([0-9]+-)*[0-9]{2}"}) {
+    auto spec = std::make_shared<ConstraintSpec>();
+    spec->regex = Regex::compile(pattern);
+    spec->vocab = vocab;
+    Constraint walked(spec, {eos});
+    std::vector<int32_t> taken;
+    std::set<std::vector<uint32_t>> seen;
+    for (int step = 0; step < 60; ++step) {
+      std::vector<uint32_t> got, want;
+      walked.allowed_tokens(got);
+      Constraint fresh(spec, {eos});
+      for (int32_t t : taken) ASSERT_TRUE(fresh.accept(t));
+      fresh.allowed_tokens(want);
+      ASSERT_EQ(got, want) << pattern << " after " << taken.size() << " tokens";
+      hits += !seen.insert(got).second;
+      std::vector<int32_t> ok;
+      for (int32_t t = 0; t < int32_t(bytes.size()); ++t)
+        if ((got[size_t(t) >> 5] >> (t & 31)) & 1u) ok.push_back(t);
+      ASSERT_FALSE(ok.empty()) << pattern;
+      const int32_t next = ok[g() % ok.size()];
+      if (next == eos) break;
+      ASSERT_TRUE(walked.accept(next)) << pattern;
+      taken.push_back(next);
+    }
+  }
+  EXPECT_GT(hits, 20) << "the looping patterns should meet their states again";
+}
+
 TEST(TokenConstraint, EndTokensOnlyOnceCompleteAndReasoningFirst) {
   std::vector<std::optional<std::string>> bytes;
   for (int b = 0; b < 128; ++b) bytes.push_back(std::string(1, char(b)));
