@@ -4,12 +4,40 @@
 //
 // Supported schema keywords: type (a name or a list of names: object, array, string, integer, number, boolean,
 // null), properties, required, additionalProperties (false, true or a schema), items (a schema), minItems,
-// maxItems, minLength, maxLength (in code points), enum, const, anyOf, oneOf (as anyOf), allOf of one schema,
-// $ref to "#", "#/$defs/NAME" or "#/definitions/NAME" (recursion allowed), $defs / definitions. Annotations are
-// ignored: title, description, default, examples, $schema, $id, $comment, format, deprecated, readOnly,
-// writeOnly, contentMediaType, contentEncoding, discriminator, strict. Any other keyword (pattern, minimum,
-// maximum, multipleOf, uniqueItems, prefixItems, patternProperties, not, if/then/else, ...) is a UserError that
-// names it: a constraint we cannot enforce is refused, never silently dropped.
+// maxItems, minLength, maxLength (in code points), pattern, enum, const, anyOf, oneOf (as anyOf), allOf of one
+// schema, $ref to "#", "#/$defs/NAME" or "#/definitions/NAME" (recursion allowed), $defs / definitions; format on
+// strings (below). Annotations are ignored: title, description, default, examples, $schema, $id, $comment, format
+// (other than below), deprecated, readOnly, writeOnly, contentMediaType, contentEncoding, discriminator, strict.
+// Any other keyword (minimum, maximum, multipleOf, uniqueItems, prefixItems, patternProperties, not,
+// if/then/else, ...) is a UserError that names it: a constraint we cannot enforce is refused, never silently
+// dropped.
+//
+// pattern (on a string schema; like minLength it implies "type": "string" when there is no type): the string's
+// VALUE - its code points after JSON escapes (\n, \", \u00e9, surrogate pairs) are decoded - must match, in the
+// syntax of grammar/regex_grammar.h (ASCII \d \w \s; `.` excludes only \n). As in ECMAScript (JSON Schema's
+// dialect) the pattern is searched, not implicitly anchored: each top-level alternative that starts with ^ is
+// anchored at the value's start, one that ends with an unescaped $ at its end, and [\s\S]* (any code points)
+// fills each side that is not - "abc" means "contains abc", "^a+" "starts with a+", "^\d+$" "only digits",
+// "^a|b$" "starts with a or ends with b". ^ or $ anywhere else (inside a group, mid-pattern: "(^a)", "a$|b" is
+// fine but "a^b" is not) is a UserError, as is whatever the regex compiler refuses (backreferences, lookaround,
+// ...). With minLength / maxLength both must hold, exactly: a string schema whose pattern no string within its
+// length bounds matches (pattern "^a{5}$" with maxLength 3) is treated like a `false` schema - pruned where it is
+// optional (an anyOf branch, an optional property), a UserError ("no JSON value satisfies") at the root or where
+// required; a pattern with length bounds whose DFA states times min(maxLength, minLength + states) exceeds 2^26 is
+// a UserError. An enum / const value whose string does not match is dropped, as other values failing their schema
+// are. A string with a pattern never takes the plain-string fast path (in_plain_string() false).
+//
+// format (only where the schema compiles a string and has no pattern of its own; a format on a schema of no
+// string type, or without "type" and other string keywords, stays an annotation), as whole-match patterns:
+//   date       \d{4}-(?:0[1-9]|1[0-2])-(?:0[1-9]|[12]\d|3[01])            (no per-month day check)
+//   time       (?:[01]\d|2[0-3]):[0-5]\d:(?:[0-5]\d|60)(?:\.\d+)?(?:[Zz]|[+-](?:[01]\d|2[0-3]):[0-5]\d)   (RFC 3339)
+//   date-time  the date, [Tt], the time
+//   uuid       [0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}
+//   email      [^@\s]+@[^@\s]+\.[^@\s]+
+//   ipv4       OCTET(?:\.OCTET){3} with OCTET = (?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d) (no leading zeros)
+//   hostname   LABEL(?:\.LABEL)* with LABEL = [A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])? (the 253-byte total
+//              is not checked)
+// Other formats (ipv6, uri, duration, regex, ...) are ignored annotations, as JSON Schema allows.
 //
 // What the matcher accepts (as xgrammar / vLLM / SGLang do in their default strict mode):
 //  - an object's properties in the schema's order; each required one present, optional ones may be skipped;
@@ -29,7 +57,9 @@
 //    fraction and the exponent (so generation cannot run away inside a number); integer: no fraction, no exponent;
 //  - strings: valid UTF-8 (a multi-byte character may be split across tokens), escapes \" \\ \/ \b \f \n \r \t
 //    \uXXXX (surrogates paired), no raw control characters (< 0x20); minLength / maxLength count code points
-//    (an escape is one, a surrogate pair one);
+//    (an escape is one, a surrogate pair one); with a pattern, every byte keeps some completion of the value that
+//    matches within the length bounds (inside an escape: some completion of the escape whose code point does),
+//    and the closing quote comes only where the value matches;
 //  - enum / const: the values' compact JSON texts (nlohmann's dump()), as literals;
 //  - at most kMaxAlternatives alternatives live at once (a byte that would open more is refused).
 // A schema of more than kMaxSchemaNodes subschemas is a UserError.

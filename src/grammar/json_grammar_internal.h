@@ -6,12 +6,14 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <type_traits>
 #include <vector>
 
 #include "grammar/json_grammar.h"
+#include "grammar/regex_grammar.h"
 
 namespace moeserve::grammar {
 namespace detail {
@@ -20,6 +22,37 @@ constexpr uint32_t kNone = UINT32_MAX;
 constexpr uint32_t kUnbounded = UINT32_MAX;
 
 enum class Kind : uint8_t { Any, Object, Array, String, Integer, Number, Literal, AnyOf, Alias };
+
+// A string schema's `pattern` (or `format`) with its length bounds (json_string_pattern.cpp): the DFA over the
+// string's decoded value (UTF-8 of its code points, escapes decoded), and what the matcher needs to stay exact when
+// bounds and pattern meet: lens, per DFA state, the numbers k of code points still to start (lead bytes) on some
+// path to an accepting state, as a bitset of k = 0 .. bound (empty without bounds: then any live state can finish).
+struct StringPattern {
+  std::shared_ptr<const Regex> re;
+  uint32_t min_len = 0, max_len = UINT32_MAX;
+  uint32_t bound = 0;  // lens covers k = 0 .. bound (min(maxLength, minLength + states); see viable())
+  uint32_t words = 0;  // 64-bit words of lens per state
+  std::vector<uint64_t> lens;
+
+  // Whether DFA state `state` (-1: dead), reached with `count` code points started, has a completion: more code
+  // points that lead to an accepting state with the total count within [min_len, max_len].
+  bool viable(int32_t state, uint32_t count) const;
+  // Whether some code point in [lo, hi] (surrogates skipped), taken from `state` (between code points), reaches a
+  // state viable() with `count` (the code point included).
+  bool viable_cp(int32_t state, uint32_t count, uint32_t lo, uint32_t hi) const;
+  // The state after the UTF-8 of code point cp (-1 if dead).
+  int32_t run_cp(int32_t state, uint32_t cp) const;
+};
+
+// The regex a JSON Schema `pattern` compiles to (ECMAScript search semantics made a whole match: each top-level
+// alternative gets [\s\S]* on each side that its ^ / $ does not anchor).
+std::string pattern_as_whole_match(std::string_view pattern);
+// The pattern a `format` stands for, or empty for a format we do not enforce.
+std::string_view format_pattern(std::string_view format);
+// UserError when the regex is refused or the length table too large for its bounds; `what`: the keyword and its
+// JSON pointer, for messages.
+std::shared_ptr<const StringPattern> compile_string_pattern(const std::string& regex, uint32_t min_len,
+                                                            uint32_t max_len, const std::string& what);
 
 struct Prop {
   std::string key;  // the key as it must appear: the name's compact JSON text, quotes included
@@ -48,6 +81,7 @@ struct SchemaNode {
   uint32_t min_items = 0, max_items = detail::kUnbounded;
   // String: bounds in code points.
   uint32_t min_len = 0, max_len = detail::kUnbounded;
+  std::shared_ptr<const detail::StringPattern> pattern;  // `pattern` / `format`, or null
   // Literal: the alternatives' texts, sorted and unique (texts sharing a prefix form a range).
   std::vector<std::string> texts;
   // AnyOf: the alternatives (after compilation: flattened, none an AnyOf or Alias). Alias: a $ref's target.
@@ -139,9 +173,11 @@ struct Frame {
   uint16_t left;   // String: UTF-8 continuation bytes / \u hex digits to come; Number: digits in the current part
   uint32_t a;      // Object: next property index; Array: items so far; String: code points so far;
                    // Literal / Key: candidate range begin
-  uint32_t b;      // Object: the property whose key was matched; String: \u value so far, or the next UTF-8
-                   // byte's range (lo << 8 | hi); Literal / Key: candidate range end
-  uint32_t pos;    // Literal / Key: bytes matched
+  uint32_t b;      // Object: the property whose key was matched; String: \u value so far (in a surrogate pair's
+                   // low half: high << 16 | low so far), or the next UTF-8 byte's range (lo << 8 | hi);
+                   // Literal / Key: candidate range end
+  uint32_t pos;    // Literal / Key: bytes matched; String with a pattern: the DFA state (between code points, or
+                   // inside a raw UTF-8 character; a pending escape has not moved it)
 };
 static_assert(sizeof(Frame) == 20 && std::has_unique_object_representations_v<Frame>);
 

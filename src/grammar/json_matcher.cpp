@@ -92,6 +92,7 @@ class Stepper {
   Result key(uint8_t c);
   Result array(uint32_t base, uint8_t c);
   Result string(Frame& f, uint8_t c) const;
+  bool hex_viable(const StringPattern& p, const Frame& f, uint32_t v, int digits) const;
   Result number(Frame& f, uint8_t c) const;
   Result literal(Frame& f, uint8_t c) const;
   // A whitespace run between JSON tokens: at most kMaxWhitespaceRun bytes and one line break ("\n", "\r" or
@@ -325,59 +326,119 @@ Stepper::Result Stepper::array(uint32_t base, uint8_t c) {
   return Result::Reject;
 }
 
+// The code points a \u escape can still yield once `digits` of its 4 hex digits (value v) are in, as BMP ranges
+// and, where a high surrogate is still possible, the supplementary code points of the pairs it starts.
+bool Stepper::hex_viable(const StringPattern& p, const Frame& f, uint32_t v, int digits) const {
+  const uint32_t span = uint32_t(1) << (4 * (4 - digits));
+  const uint32_t lo = v * span, hi = lo + span - 1;
+  if (lo < 0xD800 && p.viable_cp(f.pos, f.a, lo, std::min<uint32_t>(hi, 0xD7FF))) return true;
+  if (hi > 0xDFFF && p.viable_cp(f.pos, f.a, std::max<uint32_t>(lo, 0xE000), hi)) return true;
+  const uint32_t hlo = std::max<uint32_t>(lo, 0xD800), hhi = std::min<uint32_t>(hi, 0xDBFF);
+  return hlo <= hhi && p.viable_cp(f.pos, f.a, 0x10000 + ((hlo - 0xD800) << 10), 0x10000 + ((hhi - 0xD800) << 10) + 0x3FF);
+}
+
 Stepper::Result Stepper::string(Frame& f, uint8_t c) const {
   const SchemaNode& n = nodes_[f.node];
+  // With a pattern, f.pos is the DFA state over the decoded value; every byte is accepted only if the state it
+  // leads to (or, inside an escape, some completion of the escape) can still finish within the length bounds.
+  const StringPattern* p = n.pattern.get();
   switch (f.phase) {
     case kStrStart:
       if (c != '"') return Result::Reject;
       f.phase = kStrNormal;
       return Result::Consumed;
     case kStrNormal: {
-      if (c == '"') return f.a >= n.min_len ? Result::Completed : Result::Reject;
+      if (c == '"') return f.a >= n.min_len && (!p || p->re->accepting(int32_t(f.pos))) ? Result::Completed
+                                                                                        : Result::Reject;
       if (c < 0x20 || f.a >= n.max_len) return Result::Reject;  // any other byte starts a character
       if (c == '\\') {
+        // Any code point can be written as an escape: some completion exists iff some code point can come.
+        if (p && !p->viable_cp(int32_t(f.pos), f.a + 1, 0, 0x10FFFF)) return Result::Reject;
         f.phase = kStrEscape;
-      } else if (c >= 0x80) {
-        // UTF-8 lead byte: continuation count, and the range of the first continuation byte (which excludes
-        // overlong forms, UTF-16 surrogates and code points past U+10FFFF).
-        uint32_t range = 0x80BF;
-        if (c >= 0xC2 && c <= 0xDF) f.left = 1;
-        else if (c >= 0xE0 && c <= 0xEF) f.left = 2, range = c == 0xE0 ? 0xA0BF : c == 0xED ? 0x809F : 0x80BF;
-        else if (c >= 0xF0 && c <= 0xF4) f.left = 3, range = c == 0xF0 ? 0x90BF : c == 0xF4 ? 0x808F : 0x80BF;
-        else return Result::Reject;
-        f.phase = kStrUtf8;
-        f.b = range;
+      } else {
+        if (c >= 0x80) {
+          // UTF-8 lead byte: continuation count, and the range of the first continuation byte (which excludes
+          // overlong forms, UTF-16 surrogates and code points past U+10FFFF).
+          uint32_t range = 0x80BF;
+          if (c >= 0xC2 && c <= 0xDF) f.left = 1;
+          else if (c >= 0xE0 && c <= 0xEF) f.left = 2, range = c == 0xE0 ? 0xA0BF : c == 0xED ? 0x809F : 0x80BF;
+          else if (c >= 0xF0 && c <= 0xF4) f.left = 3, range = c == 0xF0 ? 0x90BF : c == 0xF4 ? 0x808F : 0x80BF;
+          else return Result::Reject;
+          f.phase = kStrUtf8;
+          f.b = range;
+        }
+        if (p) {
+          const int32_t next = p->re->next(int32_t(f.pos), c);
+          if (!p->viable(next, f.a + 1)) return Result::Reject;
+          f.pos = uint32_t(next);
+        }
       }
       ++f.a;
       return Result::Consumed;
     }
     case kStrUtf8:
       if (c < (f.b >> 8) || c > (f.b & 0xFF)) return Result::Reject;
+      if (p) {
+        const int32_t next = p->re->next(int32_t(f.pos), c);
+        if (!p->viable(next, f.a)) return Result::Reject;
+        f.pos = uint32_t(next);
+      }
       f.b = 0x80BF;
       if (--f.left == 0) f.phase = kStrNormal;
       return Result::Consumed;
-    case kStrEscape:
+    case kStrEscape: {
       if (c == 'u') {
+        // Viable: the backslash was accepted only if some code point can come, and \u writes any of them.
         f.phase = kStrHex;
         f.left = 4;
         f.b = 0;
         return Result::Consumed;
       }
-      if (!std::strchr("\"\\/bfnrt", c) || c == 0) return Result::Reject;
+      static constexpr char kShort[] = "\"\\/bfnrt";
+      static constexpr char kDecoded[] = "\"\\/\b\f\n\r\t";
+      const char* at = c ? std::strchr(kShort, c) : nullptr;
+      if (!at) return Result::Reject;
+      if (p) {
+        const int32_t next = p->run_cp(int32_t(f.pos), static_cast<uint8_t>(kDecoded[at - kShort]));
+        if (!p->viable(next, f.a)) return Result::Reject;
+        f.pos = uint32_t(next);
+      }
       f.phase = kStrNormal;
       return Result::Consumed;
+    }
     case kStrHex:
     case kStrHexLow: {
       // Surrogates must pair up (\uD800-\uDBFF then \uDC00-\uDFFF), as strict JSON parsers require; the pair
-      // counts as the one code point it encodes.
+      // counts as the one code point it encodes. In the low half, b keeps the high half above the low digits.
       const int v = hex_value(c);
       if (v < 0) return Result::Reject;
       const int index = 4 - f.left;
       if (f.phase == kStrHexLow && ((index == 0 && v != 0xD) || (index == 1 && v < 0xC))) return Result::Reject;
       if (f.phase == kStrHex && index == 1 && f.b == 0xD && v >= 0xC) return Result::Reject;  // a lone low half
-      f.b = f.b * 16 + uint32_t(v);
-      if (--f.left > 0) return Result::Consumed;
-      f.phase = f.phase == kStrHex && f.b >= 0xD800 && f.b <= 0xDBFF ? kStrLowBackslash : kStrNormal;
+      const uint32_t high = f.b >> 16, low = (f.b & 0xFFFF) * 16 + uint32_t(v);
+      f.b = high << 16 | low;
+      --f.left;
+      if (p) {
+        if (f.phase == kStrHex) {
+          if (!hex_viable(*p, f, low, index + 1)) return Result::Reject;
+        } else {
+          // The pair's code point: high's 10 bits, then low's (DC00 + 10 bits), of which index + 1 digits are in.
+          const uint32_t span = uint32_t(1) << (4 * f.left);
+          const uint32_t lo = std::max<uint32_t>(low * span, 0xDC00), hi = low * span + span - 1;
+          const uint32_t base = 0x10000 + ((high - 0xD800) << 10) - 0xDC00;
+          if (!p->viable_cp(int32_t(f.pos), f.a, base + lo, base + hi)) return Result::Reject;
+        }
+      }
+      if (f.left > 0) return Result::Consumed;
+      if (f.phase == kStrHex && low >= 0xD800 && low <= 0xDBFF) {
+        f.phase = kStrLowBackslash;  // the DFA moves when the low half completes the code point
+        return Result::Consumed;
+      }
+      if (p) {
+        const uint32_t cp = f.phase == kStrHex ? low : 0x10000 + ((high - 0xD800) << 10) + (low - 0xDC00);
+        f.pos = uint32_t(p->run_cp(int32_t(f.pos), cp));  // viable: checked above
+      }
+      f.phase = kStrNormal;
       return Result::Consumed;
     }
     case kStrLowBackslash:
@@ -388,7 +449,7 @@ Stepper::Result Stepper::string(Frame& f, uint8_t c) const {
       if (c != 'u') return Result::Reject;
       f.phase = kStrHexLow;
       f.left = 4;
-      f.b = 0;
+      f.b <<= 16;  // the high half, kept for the code point
       return Result::Consumed;
     default: MS_CHECK(false, "string frame in phase {}", int(f.phase));
   }
@@ -601,6 +662,7 @@ bool JsonMatcher::in_plain_string(int bytes) const {
   for (uint32_t end : alts.ends) {
     const Frame& top = alts.frames[end - 1];
     if (top.kind != FrameKind::String || top.phase != kStrNormal) return false;
+    if (nodes[top.node].pattern) return false;  // its content is constrained byte by byte
     // `bytes` more bytes are at most that many code points; each must fit under maxLength.
     const uint32_t max_len = nodes[top.node].max_len;
     if (max_len != kUnbounded && max_len - top.a < need) return false;
@@ -614,7 +676,7 @@ int32_t JsonMatcher::plain_string_room() const {
   int64_t room = -1;
   for (uint32_t end : alts.ends) {
     const Frame& top = alts.frames[end - 1];
-    if (top.kind != FrameKind::String || top.phase != kStrNormal) return -1;
+    if (top.kind != FrameKind::String || top.phase != kStrNormal || nodes[top.node].pattern) return -1;
     const uint32_t max_len = nodes[top.node].max_len;
     const int64_t r = max_len == kUnbounded ? INT32_MAX : int64_t(max_len) - int64_t(top.a);
     if (room >= 0 && r != room) return -1;  // alternatives with different rooms: no single budget

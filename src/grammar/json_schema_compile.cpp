@@ -25,14 +25,14 @@ namespace {
 
 constexpr std::string_view kKeywords[] = {
     "type", "properties", "required", "additionalProperties", "items", "minItems", "maxItems", "minLength",
-    "maxLength", "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "$defs", "definitions"};
+    "maxLength", "pattern", "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "$defs", "definitions"};
 constexpr std::string_view kAnnotations[] = {
     "title", "description", "default", "examples", "$schema", "$id", "$comment", "format", "deprecated",
     "readOnly", "writeOnly", "contentMediaType", "contentEncoding", "discriminator", "strict"};
 // The keywords that constrain a value of some type; without "type" they imply it (as xgrammar infers).
 constexpr std::string_view kObjectKeywords[] = {"properties", "required", "additionalProperties"};
 constexpr std::string_view kArrayKeywords[] = {"items", "minItems", "maxItems"};
-constexpr std::string_view kStringKeywords[] = {"minLength", "maxLength"};
+constexpr std::string_view kStringKeywords[] = {"minLength", "maxLength", "pattern"};
 constexpr std::string_view kTypes[] = {"object", "array", "string", "integer", "number", "boolean", "null"};
 
 template <size_t N>
@@ -167,7 +167,7 @@ uint32_t Compiler::compile(const json& s, const std::string& at) {
   for (const char* k : {"$ref", "anyOf", "oneOf", "allOf"})
     if (s.contains(k)) ways.emplace_back(k);
   for (const char* k : {"type", "properties", "required", "additionalProperties", "items", "minItems", "maxItems",
-                        "minLength", "maxLength"}) {
+                        "minLength", "maxLength", "pattern"}) {
     if (s.contains(k)) {
       ways.emplace_back(k);
       break;
@@ -363,6 +363,19 @@ uint32_t Compiler::compile_string(const json& s, const std::string& at) {
   n.max_len = count(s, "maxLength", at, kUnbounded);
   MS_USER_CHECK(n.min_len <= n.max_len, "JSON schema: minLength {} exceeds maxLength {} at {}", n.min_len, n.max_len,
                 at);
+  // pattern: ECMAScript search semantics, as a whole match of the decoded value; else a known format's pattern
+  // (an unknown format, or one that is not a string, stays an ignored annotation).
+  std::string regex, what;
+  if (s.contains("pattern")) {
+    MS_USER_CHECK(s["pattern"].is_string(), "JSON schema: \"pattern\" at {} must be a string, not {}", at,
+                  show(s["pattern"]));
+    regex = pattern_as_whole_match(s["pattern"].get<std::string>());
+    what = fmt::format("\"pattern\" {} at {}", show(s["pattern"]), at);
+  } else if (s.contains("format") && s["format"].is_string()) {
+    regex = std::string(format_pattern(s["format"].get<std::string>()));
+    what = fmt::format("\"format\" {} at {}", show(s["format"]), at);
+  }
+  if (!regex.empty()) n.pattern = compile_string_pattern(regex, n.min_len, n.max_len, what);
   return add(std::move(n));
 }
 
@@ -452,8 +465,8 @@ void Compiler::prune() {
   std::vector<char> ok(ns.size(), 0);
   auto productive = [&](const SchemaNode& n) {
     switch (n.kind) {
+      case Kind::String: return !n.pattern || n.pattern->viable(Regex::start(), 0);
       case Kind::Any:
-      case Kind::String:
       case Kind::Integer:
       case Kind::Number: return true;
       case Kind::Literal: return !n.texts.empty();
@@ -474,7 +487,8 @@ void Compiler::prune() {
   }
   MS_USER_CHECK(ok[impl_->root],
                 "JSON schema: no JSON value satisfies the schema (an enum / const with no value of the allowed type, a "
-                "false schema, minItems of impossible items, or required properties that recurse without end)");
+                "false schema, a pattern that no string within minLength / maxLength matches, minItems of "
+                "impossible items, or required properties that recurse without end)");
   // Remove what cannot be completed, so that the matcher never starts it: anyOf branches, optional properties,
   // keys of a free-form object whose values are impossible, items that are impossible.
   for (SchemaNode& n : ns) {

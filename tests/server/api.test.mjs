@@ -242,7 +242,9 @@ test('constrained decoding on every endpoint: json_object, vLLM guided_json, SGL
   const chat = { model: MODEL, messages: [{ role: 'user', content: 'Give me JSON' }], max_tokens: 2, temperature: 0 };
   const refused = [
     ['/v1/chat/completions', { ...chat, response_format: { type: 'json_schema', json_schema: { name: 'a',
-      schema: { type: 'string', pattern: '^a+$' } } } }, 'response_format', /pattern/],
+      schema: { type: 'object', patternProperties: { '^x': { type: 'integer' } } } } } }, 'response_format', /patternProperties/],
+    ['/v1/chat/completions', { ...chat, response_format: { type: 'json_schema', json_schema: { name: 'a',
+      schema: { type: 'string', pattern: '(a)\\1' } } } }, 'response_format', /backreference/],
     ['/v1/chat/completions', { ...chat, response_format: { type: 'json_schema', json_schema: { name: 'a',
       schema: { $ref: '#/$defs/missing' } } } }, 'response_format', /missing/],
     ['/v1/chat/completions', { ...chat, response_format: 'json' }, 'response_format', /type/],
@@ -300,6 +302,24 @@ test('constrained decoding by regular expression and choice: vLLM guided_regex /
     ['/v1/completions', { prompt: 'Emoji:', max_tokens: 20, temperature: 0.5, seed: 2, guided_regex: '[\\u{1F600}-\\u{1F64F}é]{2,3}' },
       (j) => j.choices[0].text, /^[\u{1F600}-\u{1F64F}é]{2,3}$/u],
   ];
+  // JSON Schema strings with a pattern (search semantics) and a format: the decoded values match.
+  const patterned = { type: 'object', properties: { code: { type: 'string', pattern: '^[A-Z]{3}-\\d{2}$' },
+    day: { type: 'string', format: 'date' }, tag: { type: 'string', pattern: 'x', maxLength: 6 } },
+    required: ['code', 'day', 'tag'] };
+  let finished = 0;
+  for (const temperature of [0, 0.9]) {
+    const r = await postJson(srv.base, '/v1/completions', { prompt: 'JSON:', max_tokens: 300, temperature, seed: 4,
+      response_format: { type: 'json_schema', json_schema: { name: 'p', schema: patterned } } });
+    assert.equal(r.status, 200, r.text);
+    const c = r.json.choices[0];
+    if (c.finish_reason !== 'stop') continue;  // a cut document is only a prefix
+    const v = JSON.parse(c.text);
+    assert.match(v.code, /^[A-Z]{3}-\d{2}$/, c.text);
+    assert.match(v.day, /^\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])$/, c.text);
+    assert.ok(v.tag.includes('x') && [...v.tag].length <= 6, c.text);
+    finished++;
+  }
+  assert.ok(finished > 0, 'no patterned document finished within 300 tokens');
   for (const [path, body, textOf, re] of cases) {
     const r = await postJson(srv.base, path, body);
     assert.equal(r.status, 200, `${path}: ${r.text}`);
