@@ -131,6 +131,16 @@ class JsonMatcher {
   // its maxLength, that room in code points (INT32_MAX without a bound), else -1. A byte string as above is then
   // accepted iff its code points (its bytes that are not UTF-8 continuation bytes) are at most the room.
   int32_t plain_string_room() const;
+  // When one alternative is live and it sits between the characters of a string with a `pattern` (or format): that
+  // string's pattern (a json_grammar_internal.h StringPattern), its DFA state and its code points so far. A byte
+  // string free of '"', '\\' and bytes < 0x20 is then accepted iff the pattern's DFA steps through it with every
+  // state viable (the mask computation's fast path for such strings).
+  struct PatternString {
+    const void* pattern;  // const detail::StringPattern*
+    int32_t state;
+    uint32_t count;
+  };
+  bool pattern_string(PatternString& out) const;
 
   struct State;
 

@@ -670,6 +670,17 @@ bool JsonMatcher::in_plain_string(int bytes) const {
   return true;
 }
 
+bool JsonMatcher::pattern_string(PatternString& out) const {
+  const Alts& alts = state_->now();
+  if (alts.ends.size() != 1) return false;
+  const Frame& top = alts.frames[alts.ends[0] - 1];
+  if (top.kind != FrameKind::String || top.phase != kStrNormal) return false;
+  const StringPattern* p = (*state_->nodes)[top.node].pattern.get();
+  if (!p) return false;
+  out = PatternString{p, int32_t(top.pos), top.a};
+  return true;
+}
+
 int32_t JsonMatcher::plain_string_room() const {
   const std::vector<SchemaNode>& nodes = *state_->nodes;
   const Alts& alts = state_->now();

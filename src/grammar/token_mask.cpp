@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "grammar/json_grammar_internal.h"
 
 namespace moeserve::grammar {
 namespace {
@@ -116,8 +117,12 @@ TokenVocabulary::TokenVocabulary(const std::vector<std::optional<std::string>>& 
   };
   std::stable_sort(plain_.begin(), plain_.end(), [&](int32_t a, int32_t b) { return code_points(a) < code_points(b); });
   for (int32_t id : plain_) plain_cp_.push_back(code_points(id));
+  std::vector<std::pair<std::string, int32_t>> plain_entries;
+  plain_entries.reserve(plain_.size());
+  for (int32_t id : plain_) plain_entries.emplace_back(bytes_[size_t(id)], id);
   all_.build(std::move(all));
   non_plain_.build(std::move(non_plain));
+  plain_trie_.build(std::move(plain_entries));
 }
 
 void TokenVocabulary::mark_allowed(const JsonMatcher& m, std::vector<uint8_t>& allowed) const {
@@ -126,8 +131,36 @@ void TokenVocabulary::mark_allowed(const JsonMatcher& m, std::vector<uint8_t>& a
     const size_t n = size_t(std::upper_bound(plain_cp_.begin(), plain_cp_.end(), room) - plain_cp_.begin());
     for (size_t i = 0; i < n; ++i) allowed[size_t(plain_[i])] = 1;
     non_plain_.walk(m, allowed);
+  } else if (JsonMatcher::PatternString ps; m.pattern_string(ps)) {
+    plain_trie_.walk_pattern(ps, allowed);
+    non_plain_.walk(m, allowed);
   } else {
     all_.walk(m, allowed);
+  }
+}
+
+void TokenVocabulary::Trie::walk_pattern(const JsonMatcher::PatternString& ps, std::vector<uint8_t>& allowed) const {
+  // As the matcher steps a pattern string's content: every byte through the DFA, a code point counted at its first
+  // byte, the state viable with that count (StringPattern::viable: within the length bounds).
+  const auto& p = *static_cast<const detail::StringPattern*>(ps.pattern);
+  struct At {
+    int32_t state;
+    uint32_t count;
+  };
+  std::vector<At> at(size_t(max_depth) + 1, At{ps.state, ps.count});
+  const int32_t last = int32_t(nodes.size()) - 1;
+  for (int32_t i = 1; i < last;) {
+    const Node& n = nodes[size_t(i)];
+    const At& from = at[n.depth - 1u];
+    const int32_t to = p.re->next(from.state, n.byte);
+    const uint32_t count = from.count + ((n.byte & 0xC0) != 0x80 ? 1u : 0u);
+    if (to < 0 || !p.viable(to, count)) {
+      i = n.end;
+      continue;
+    }
+    at[n.depth] = At{to, count};
+    for (int32_t k = n.token_begin; k < nodes[size_t(i) + 1].token_begin; ++k) allowed[size_t(tokens[size_t(k)])] = 1;
+    ++i;
   }
 }
 

@@ -55,11 +55,14 @@ class TokenVocabulary {
     template <class Matcher>
     void walk(const Matcher& m, std::vector<uint8_t>& allowed) const;
     void walk_dfa(const Regex& re, int32_t state, std::vector<uint8_t>& allowed) const;
+    // Inside a JSON string with a pattern (JsonMatcher::pattern_string): its DFA over the bytes, each state viable
+    // with the code points so far.
+    void walk_pattern(const JsonMatcher::PatternString& ps, std::vector<uint8_t>& allowed) const;
   };
   int32_t size_ = 0;
   int max_bytes_ = 0;
   std::vector<std::string> bytes_;  // by id; empty: never allowed
-  Trie all_, non_plain_;
+  Trie all_, non_plain_, plain_trie_;  // plain_trie_: the plain tokens (the pattern strings' fast path)
   // Tokens any free string content accepts, fewest code points first; plain_cp_[i]: the code points of plain_[i].
   std::vector<int32_t> plain_, plain_cp_;
 };
