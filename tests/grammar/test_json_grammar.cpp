@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "grammar/grammar_test_util.h"
 #include "grammar/json_grammar.h"
 
 using namespace moeserve::grammar;
@@ -511,14 +512,7 @@ TEST(JsonGrammar, InPlainString) {
 }
 
 TEST(JsonGrammar, SchemaErrors) {
-  auto message = [](std::string_view text) -> std::string {
-    try {
-      schema(text);
-    } catch (const moeserve::UserError& e) {
-      return e.what();
-    }
-    return "no UserError";
-  };
+  auto message = test_util::schema_error;
   auto has = [](const std::string& msg, std::string_view part) { return msg.find(part) != std::string::npos; };
   // Bounds: subschemas, and alternatives an anyOf opens at once (a nested anyOf's count in its parent's).
   json big = {{"anyOf", json::array()}};

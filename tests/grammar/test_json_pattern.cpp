@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "grammar/grammar_test_util.h"
 #include "grammar/json_grammar.h"
 
 using namespace moeserve::grammar;
@@ -83,25 +84,7 @@ size_t code_points(const std::string& utf8) {
   return size_t(std::count_if(utf8.begin(), utf8.end(), [](char c) { return (uint8_t(c) & 0xC0) != 0x80; }));
 }
 
-std::string utf8(uint32_t cp) {
-  std::string s;
-  if (cp < 0x80) {
-    s += char(cp);
-  } else if (cp < 0x800) {
-    s += char(0xC0 | (cp >> 6));
-    s += char(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    s += char(0xE0 | (cp >> 12));
-    s += char(0x80 | ((cp >> 6) & 0x3F));
-    s += char(0x80 | (cp & 0x3F));
-  } else {
-    s += char(0xF0 | (cp >> 18));
-    s += char(0x80 | ((cp >> 12) & 0x3F));
-    s += char(0x80 | ((cp >> 6) & 0x3F));
-    s += char(0x80 | (cp & 0x3F));
-  }
-  return s;
-}
+using test_util::utf8;
 
 std::string hex4(uint32_t v, bool upper) {
   char buf[8];
@@ -541,14 +524,7 @@ TEST(JsonPattern, RejectionLeavesStateUnchanged) {
 }
 
 TEST(JsonPattern, SchemaErrors) {
-  auto message = [](std::string_view text) -> std::string {
-    try {
-      schema(text);
-    } catch (const moeserve::UserError& e) {
-      return e.what();
-    }
-    return "no UserError";
-  };
+  auto message = test_util::schema_error;
   auto has = [](const std::string& msg, std::string_view part) { return msg.find(part) != std::string::npos; };
   std::string m = message(R"({"type": "string", "pattern": 3})");
   EXPECT_TRUE(has(m, "\"pattern\"") && has(m, "must be a string")) << m;

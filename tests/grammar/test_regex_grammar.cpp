@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "grammar/grammar_test_util.h"
 #include "grammar/regex_grammar.h"
 
 using namespace moeserve::grammar;
@@ -28,26 +29,7 @@ constexpr size_t kAll = std::string::npos;
 
 std::shared_ptr<const Regex> rx(std::string_view pattern) { return Regex::compile(pattern); }
 
-// UTF-8 of a code point (written here independently of the compiler's encoder).
-std::string utf8(uint32_t cp) {
-  std::string s;
-  if (cp < 0x80) {
-    s += char(cp);
-  } else if (cp < 0x800) {
-    s += char(0xC0 | (cp >> 6));
-    s += char(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    s += char(0xE0 | (cp >> 12));
-    s += char(0x80 | ((cp >> 6) & 0x3F));
-    s += char(0x80 | (cp & 0x3F));
-  } else {
-    s += char(0xF0 | (cp >> 18));
-    s += char(0x80 | ((cp >> 12) & 0x3F));
-    s += char(0x80 | ((cp >> 6) & 0x3F));
-    s += char(0x80 | (cp & 0x3F));
-  }
-  return s;
-}
+using test_util::utf8;
 
 // Feeds `text` byte by byte: the index of the first byte rejected, or kAll.
 size_t first_rejected(RegexMatcher& m, std::string_view text) {

