@@ -223,6 +223,37 @@ TEST(TokenConstraint, RegexMasksFromTheCacheEqualFreshOnes) {
   EXPECT_GT(hits, 20) << "the looping patterns should meet their states again";
 }
 
+// Constraint::allowed_tokens packs the walk's bytes into the samplers' bitmask: on the real Qwen3 vocabulary (odd size:
+// a tail past the last 8-byte chunk), bit t is set iff the walk allows token t, at structure and inside strings.
+TEST(TokenConstraint, BitmaskIsTheWalksMaskOnTheQwenVocabulary) {
+  ASSERT_NE(qwen3_bytes(), nullptr) << kNoQwen3;
+  const std::vector<std::optional<std::string>>& bytes = *qwen3_bytes();
+  auto spec = std::make_shared<ConstraintSpec>();
+  spec->vocab = std::make_shared<const TokenVocabulary>(bytes);
+  spec->schema = JsonSchema::compile(schema_under_test());
+  const std::string doc = documents()[0];
+  Constraint c(spec, {});
+  JsonMatcher m(spec->schema);
+  for (size_t i = 0; i < doc.size(); i += 9) {
+    std::vector<uint32_t> words;
+    c.allowed_tokens(words);
+    std::vector<uint8_t> want(bytes.size(), 0);
+    spec->vocab->mark_allowed(m, want);
+    ASSERT_EQ(words.size(), (bytes.size() + 31) / 32);
+    for (size_t t = 0; t < words.size() * 32; ++t)
+      ASSERT_EQ((words[t >> 5] >> (t & 31)) & 1u, t < bytes.size() ? want[t] : 0u) << "token " << t << " at byte " << i;
+    // Advance both by the document's next bytes (single-byte tokens: the ids of the bytes' tokens).
+    for (size_t k = i; k < std::min(doc.size(), i + 9); ++k) {
+      ASSERT_TRUE(m.feed(static_cast<unsigned char>(doc[k])));
+      int32_t id = -1;
+      for (size_t t = 0; t < bytes.size() && id < 0; ++t)
+        if (bytes[t] && *bytes[t] == std::string(1, doc[k])) id = int32_t(t);
+      ASSERT_GE(id, 0);
+      ASSERT_TRUE(c.accept(id));
+    }
+  }
+}
+
 TEST(TokenConstraint, EndTokensOnlyOnceCompleteAndReasoningFirst) {
   std::vector<std::optional<std::string>> bytes;
   for (int b = 0; b < 128; ++b) bytes.push_back(std::string(1, char(b)));
