@@ -52,17 +52,15 @@ void TokenVocabulary::Trie::build(std::vector<std::pair<std::string, int32_t>> e
   nodes.push_back(sentinel);
 }
 
-template <class Matcher>
-void TokenVocabulary::Trie::walk(const Matcher& m, std::vector<uint8_t>& allowed) const {
-  // A matcher a depth (copy-assigned, so their storage is reused): a node's state is its parent's fed its byte.
-  std::vector<Matcher> state{m};
+template <class State, class Step>
+void TokenVocabulary::Trie::scan(const State& root, Step step, std::vector<uint8_t>& allowed) const {
+  // A state a depth (assigned in place, so a matcher's storage is reused); preorder goes one level deeper at most.
+  std::vector<State> state{root};
   const int32_t last = int32_t(nodes.size()) - 1;  // the sentinel
   for (int32_t i = 1; i < last;) {
     const Node& n = nodes[size_t(i)];
-    if (state.size() <= n.depth) state.push_back(state[n.depth - 1u]);  // (preorder: one level deeper at most)
-    else state[n.depth] = state[n.depth - 1u];
-    Matcher& s = state[n.depth];
-    if (!s.feed(n.byte)) {
+    if (state.size() <= n.depth) state.push_back(state[n.depth - 1u]);
+    if (!step(state[n.depth - 1u], n.byte, state[n.depth])) {
       i = n.end;
       continue;
     }
@@ -71,23 +69,22 @@ void TokenVocabulary::Trie::walk(const Matcher& m, std::vector<uint8_t>& allowed
   }
 }
 
-void TokenVocabulary::Trie::walk_dfa(const Regex& re, int32_t start, std::vector<uint8_t>& allowed) const {
-  // walk() with the DFA's state as a plain int: a node costs a table lookup (a permissive pattern's mask visits most
-  // of the trie).
-  std::vector<int32_t> state(size_t(max_depth) + 1, start);
-  const int32_t last = int32_t(nodes.size()) - 1;
-  for (int32_t i = 1; i < last;) {
-    const Node& n = nodes[size_t(i)];
-    const int32_t to = re.next(state[n.depth - 1u], n.byte);
-    if (to < 0) {
-      i = n.end;
-      continue;
-    }
-    state[n.depth] = to;
-    for (int32_t k = n.token_begin; k < nodes[size_t(i) + 1].token_begin; ++k) allowed[size_t(tokens[size_t(k)])] = 1;
-    ++i;
-  }
+namespace {
+
+// The scan's steps: a JSON matcher fed the byte; a regex DFA's state (a table lookup: a permissive pattern's mask
+// visits most of the trie); a JSON pattern string's DFA state with its code points so far, counted at a character's
+// first byte and viable within the string's length bounds (as the matcher steps such a string's content).
+bool json_step(const JsonMatcher& from, uint8_t byte, JsonMatcher& to) {
+  to = from;
+  return to.feed(byte);
 }
+
+struct PatternAt {
+  int32_t state;
+  uint32_t count;
+};
+
+}  // namespace
 
 TokenVocabulary::TokenVocabulary(const std::vector<std::optional<std::string>>& bytes)
     : size_(int32_t(bytes.size())) {
@@ -131,43 +128,24 @@ void TokenVocabulary::mark_allowed(const JsonMatcher& m, std::vector<uint8_t>& a
   if (const int32_t room = m.plain_string_room(); room >= 0) {
     const size_t n = size_t(std::upper_bound(plain_cp_.begin(), plain_cp_.end(), room) - plain_cp_.begin());
     for (size_t i = 0; i < n; ++i) allowed[size_t(plain_[i])] = 1;
-    non_plain_.walk(m, allowed);
+    non_plain_.scan(m, json_step, allowed);
   } else if (JsonMatcher::PatternString ps; m.pattern_string(ps)) {
-    plain_trie_.walk_pattern(ps, allowed);
-    non_plain_.walk(m, allowed);
+    const auto& p = *static_cast<const detail::StringPattern*>(ps.pattern);
+    plain_trie_.scan(PatternAt{ps.state, ps.count}, [&p](const PatternAt& from, uint8_t byte, PatternAt& to) {
+      to = PatternAt{p.re->next(from.state, byte), from.count + ((byte & 0xC0) != 0x80 ? 1u : 0u)};
+      return to.state >= 0 && p.viable(to.state, to.count);
+    }, allowed);
+    non_plain_.scan(m, json_step, allowed);
   } else {
-    all_.walk(m, allowed);
-  }
-}
-
-void TokenVocabulary::Trie::walk_pattern(const JsonMatcher::PatternString& ps, std::vector<uint8_t>& allowed) const {
-  // As the matcher steps a pattern string's content: every byte through the DFA, a code point counted at its first
-  // byte, the state viable with that count (StringPattern::viable: within the length bounds).
-  const auto& p = *static_cast<const detail::StringPattern*>(ps.pattern);
-  struct At {
-    int32_t state;
-    uint32_t count;
-  };
-  std::vector<At> at(size_t(max_depth) + 1, At{ps.state, ps.count});
-  const int32_t last = int32_t(nodes.size()) - 1;
-  for (int32_t i = 1; i < last;) {
-    const Node& n = nodes[size_t(i)];
-    const At& from = at[n.depth - 1u];
-    const int32_t to = p.re->next(from.state, n.byte);
-    const uint32_t count = from.count + ((n.byte & 0xC0) != 0x80 ? 1u : 0u);
-    if (to < 0 || !p.viable(to, count)) {
-      i = n.end;
-      continue;
-    }
-    at[n.depth] = At{to, count};
-    for (int32_t k = n.token_begin; k < nodes[size_t(i) + 1].token_begin; ++k) allowed[size_t(tokens[size_t(k)])] = 1;
-    ++i;
+    all_.scan(m, json_step, allowed);
   }
 }
 
 void TokenVocabulary::mark_allowed(const RegexMatcher& m, std::vector<uint8_t>& allowed) const {
   MS_CHECK(allowed.size() == size_t(size_), "mask of {} entries for a vocabulary of {}", allowed.size(), size_);
-  all_.walk_dfa(m.regex(), m.state(), allowed);
+  const Regex& re = m.regex();
+  all_.scan(m.state(), [&re](int32_t from, uint8_t byte, int32_t& to) { return (to = re.next(from, byte)) >= 0; },
+            allowed);
 }
 
 namespace {

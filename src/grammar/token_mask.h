@@ -52,12 +52,10 @@ class TokenVocabulary {
     std::vector<int32_t> tokens;
     int max_depth = 0;
     void build(std::vector<std::pair<std::string, int32_t>> entries);
-    template <class Matcher>
-    void walk(const Matcher& m, std::vector<uint8_t>& allowed) const;
-    void walk_dfa(const Regex& re, int32_t state, std::vector<uint8_t>& allowed) const;
-    // Inside a JSON string with a pattern (JsonMatcher::pattern_string): its DFA over the bytes, each state viable
-    // with the code points so far.
-    void walk_pattern(const JsonMatcher::PatternString& ps, std::vector<uint8_t>& allowed) const;
+    // The walks: a forward scan in which a node's state is step(its parent's state, its byte, out) - false refuses
+    // the node and its subtree - and the tokens of every node reached are marked allowed.
+    template <class State, class Step>
+    void scan(const State& root, Step step, std::vector<uint8_t>& allowed) const;
   };
   int32_t size_ = 0;
   int max_bytes_ = 0;
