@@ -1,10 +1,14 @@
 // Helpers the grammar tests share.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
+#include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -31,6 +35,38 @@ inline std::string utf8(uint32_t cp) {
     s += char(0x80 | (cp & 0x3F));
   }
   return s;
+}
+
+constexpr size_t kAll = std::string::npos;
+
+// Feeds `text` to a matcher byte by byte: the index of the first byte rejected, or kAll.
+template <class Matcher>
+size_t first_rejected(Matcher& m, std::string_view text) {
+  for (size_t i = 0; i < text.size(); ++i)
+    if (!m.feed(static_cast<unsigned char>(text[i]))) return i;
+  return kAll;
+}
+
+// An invalid document: accepted up to byte `at`, which is rejected.
+inline ::testing::AssertionResult rejected_at(const std::shared_ptr<const JsonSchema>& s, std::string_view text,
+                                              size_t at) {
+  JsonMatcher m(s);
+  const size_t got = first_rejected(m, text);
+  if (got == at) return ::testing::AssertionSuccess();
+  auto f = ::testing::AssertionFailure() << text << ": expected byte " << at << " rejected, got ";
+  if (got == kAll) return f << "all accepted (complete: " << m.can_finish() << ")";
+  return f << "byte " << got << " ('" << text[got] << "')";
+}
+
+// The bytes a matcher (JsonMatcher, RegexMatcher) accepts next, in order.
+template <class Matcher>
+std::vector<unsigned char> accepted_bytes(const Matcher& m) {
+  std::vector<unsigned char> ok;
+  for (int c = 0; c < 256; ++c) {
+    Matcher x = m;
+    if (x.feed(static_cast<unsigned char>(c))) ok.push_back(static_cast<unsigned char>(c));
+  }
+  return ok;
 }
 
 // The UserError message JsonSchema::compile gives for a schema text, or "no UserError".

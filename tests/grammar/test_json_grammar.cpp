@@ -20,16 +20,11 @@ using json = nlohmann::ordered_json;
 
 namespace {
 
-constexpr size_t kAll = std::string::npos;
+using test_util::kAll;
 
 std::shared_ptr<const JsonSchema> schema(std::string_view text) { return JsonSchema::compile(json::parse(text)); }
 
-// Feeds `text` byte by byte: the index of the first byte rejected, or kAll.
-size_t first_rejected(JsonMatcher& m, std::string_view text) {
-  for (size_t i = 0; i < text.size(); ++i)
-    if (!m.feed(static_cast<unsigned char>(text[i]))) return i;
-  return kAll;
-}
+using test_util::first_rejected;
 
 bool is_space(char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
 
@@ -49,16 +44,7 @@ bool is_space(char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; 
   return ::testing::AssertionSuccess();
 }
 
-// An invalid document: accepted up to byte `at`, which is rejected.
-::testing::AssertionResult rejected_at(const std::shared_ptr<const JsonSchema>& s, std::string_view text,
-                                       size_t at) {
-  JsonMatcher m(s);
-  const size_t got = first_rejected(m, text);
-  if (got == at) return ::testing::AssertionSuccess();
-  auto f = ::testing::AssertionFailure() << text << ": expected byte " << at << " rejected, got ";
-  if (got == kAll) return f << "all accepted (complete: " << m.can_finish() << ")";
-  return f << "byte " << got << " ('" << text[got] << "')";
-}
+using test_util::rejected_at;
 
 // Rejected at the first occurrence of `marker` (given as the text from the rejected byte on).
 ::testing::AssertionResult rejected_at(const std::shared_ptr<const JsonSchema>& s, std::string_view text,
@@ -699,11 +685,7 @@ TEST(JsonGrammar, RandomWalksNeverDeadEnd) {
       JsonMatcher m(s);
       std::string doc;
       for (int step = 0; step < 300; ++step) {
-        std::vector<unsigned char> ok;
-        for (int c = 0; c < 256; ++c) {
-          JsonMatcher x = m;
-          if (x.feed(static_cast<unsigned char>(c))) ok.push_back(static_cast<unsigned char>(c));
-        }
+        const std::vector<unsigned char> ok = test_util::accepted_bytes(m);
         ASSERT_TRUE(!ok.empty() || m.can_finish()) << "dead end after " << doc;
         ASSERT_EQ(m.finished(), m.can_finish() && ok.empty()) << doc;
         if (m.can_finish()) {

@@ -24,7 +24,7 @@ using json = nlohmann::ordered_json;
 
 namespace {
 
-constexpr size_t kAll = std::string::npos;
+using test_util::kAll;
 
 #ifdef __GLIBCXX__
 constexpr auto kOracleSyntax = std::regex::ECMAScript | std::regex_constants::__polynomial;
@@ -41,11 +41,7 @@ std::shared_ptr<const JsonSchema> string_schema(const std::string& pattern, int 
   return JsonSchema::compile(s);
 }
 
-size_t first_rejected(JsonMatcher& m, std::string_view text) {
-  for (size_t i = 0; i < text.size(); ++i)
-    if (!m.feed(static_cast<unsigned char>(text[i]))) return i;
-  return kAll;
-}
+using test_util::first_rejected;
 
 bool accepts(const std::shared_ptr<const JsonSchema>& s, std::string_view text) {
   JsonMatcher m(s);
@@ -60,14 +56,7 @@ bool accepts(const std::shared_ptr<const JsonSchema>& s, std::string_view text) 
   return ::testing::AssertionSuccess();
 }
 
-::testing::AssertionResult rejected_at(const std::shared_ptr<const JsonSchema>& s, std::string_view text, size_t at) {
-  JsonMatcher m(s);
-  const size_t got = first_rejected(m, text);
-  if (got == at) return ::testing::AssertionSuccess();
-  auto f = ::testing::AssertionFailure() << text << ": expected byte " << at << " rejected, got ";
-  if (got == kAll) return f << "all accepted (complete: " << m.can_finish() << ")";
-  return f << "byte " << got << " ('" << text[got] << "')";
-}
+using test_util::rejected_at;
 
 // Rejected exactly at the last byte.
 ::testing::AssertionResult rejected_last(const std::shared_ptr<const JsonSchema>& s, std::string_view text) {
@@ -319,11 +308,7 @@ TEST(JsonPattern, PrefixExactness) {
       JsonMatcher m(s);
       std::string doc;
       for (int step = 0; step < 60; ++step) {
-        std::vector<unsigned char> ok;
-        for (int c = 0; c < 256; ++c) {
-          JsonMatcher x = m;
-          if (x.feed(static_cast<unsigned char>(c))) ok.push_back(static_cast<unsigned char>(c));
-        }
+        const std::vector<unsigned char> ok = test_util::accepted_bytes(m);
         ASSERT_TRUE(!ok.empty() || m.can_finish()) << pc.pattern << ": dead end after " << doc;
         if (m.can_finish()) {
           ASSERT_TRUE(oracle(doc)) << pc.pattern << ": complete but invalid: " << doc;

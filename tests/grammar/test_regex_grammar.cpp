@@ -25,18 +25,13 @@ using namespace moeserve::grammar;
 
 namespace {
 
-constexpr size_t kAll = std::string::npos;
+using test_util::kAll;
 
 std::shared_ptr<const Regex> rx(std::string_view pattern) { return Regex::compile(pattern); }
 
 using test_util::utf8;
 
-// Feeds `text` byte by byte: the index of the first byte rejected, or kAll.
-size_t first_rejected(RegexMatcher& m, std::string_view text) {
-  for (size_t i = 0; i < text.size(); ++i)
-    if (!m.feed(static_cast<unsigned char>(text[i]))) return i;
-  return kAll;
-}
+using test_util::first_rejected;
 
 bool matches(const std::shared_ptr<const Regex>& re, std::string_view text) {
   RegexMatcher m(re);
