@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "grammar/json_grammar_internal.h"
+#include "grammar/regex_internal.h"
 
 namespace moeserve::grammar::detail {
 
@@ -255,18 +256,8 @@ bool StringPattern::viable_cp(int32_t state, uint32_t count, uint32_t lo, uint32
 }
 
 int32_t StringPattern::run_cp(int32_t state, uint32_t cp) const {
-  unsigned char b[4];
-  int n;
-  if (cp < 0x80) {
-    b[0] = static_cast<unsigned char>(cp), n = 1;
-  } else if (cp < 0x800) {
-    b[0] = static_cast<unsigned char>(0xC0 | cp >> 6), n = 2;
-  } else if (cp < 0x10000) {
-    b[0] = static_cast<unsigned char>(0xE0 | cp >> 12), n = 3;
-  } else {
-    b[0] = static_cast<unsigned char>(0xF0 | cp >> 18), n = 4;
-  }
-  for (int i = 1; i < n; ++i) b[i] = static_cast<unsigned char>(0x80 | (cp >> (6 * (n - 1 - i)) & 0x3F));
+  uint8_t b[4];
+  const int n = regex_detail::encode_utf8(cp, b);
   for (int i = 0; i < n && state >= 0; ++i) state = re->next(state, b[i]);
   return state;
 }

@@ -16,18 +16,11 @@
 #include "grammar/regex_internal.h"
 
 namespace moeserve::grammar {
-namespace {
+namespace regex_detail {
 
-using regex_detail::Nfa;
-using regex_detail::NState;
-
-using Range = std::pair<uint32_t, uint32_t>;  // code points, inclusive
-using CpSet = std::vector<Range>;
 constexpr uint32_t kMaxCodePoint = 0x10FFFF;
-
 bool is_surrogate(uint32_t cp) { return cp >= 0xD800 && cp <= 0xDFFF; }
 
-// The length of the valid UTF-8 sequence at s[i] (its code point in cp), or 0 if there is none.
 int decode_utf8(std::string_view s, size_t i, uint32_t& cp) {
   const auto byte = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
   const unsigned char c = byte(i);
@@ -60,6 +53,21 @@ int encode_utf8(uint32_t cp, uint8_t* out) {
   out[2] = uint8_t(0x80 | (cp >> 6 & 0x3F)), out[3] = uint8_t(0x80 | (cp & 0x3F));
   return 4;
 }
+
+}  // namespace regex_detail
+
+namespace {
+
+using regex_detail::decode_utf8;
+using regex_detail::encode_utf8;
+using regex_detail::is_surrogate;
+using regex_detail::kMaxCodePoint;
+
+using regex_detail::Nfa;
+using regex_detail::NState;
+
+using Range = std::pair<uint32_t, uint32_t>;  // code points, inclusive
+using CpSet = std::vector<Range>;
 
 // Sorted, overlaps and neighbours merged, surrogates removed (UTF-8 cannot encode them).
 CpSet normalize(CpSet s) {

@@ -2,12 +2,20 @@
 // regex_compile.cpp builds from the pattern, and the minimal DFA that regex_dfa.cpp makes of it.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <string_view>
 #include <vector>
 
 #include "grammar/regex_grammar.h"
 
 namespace moeserve::grammar::regex_detail {
+
+// The length of the valid UTF-8 sequence at s[i] (its code point in cp), or 0 if there is none (overlong forms,
+// surrogates and code points above U+10FFFF are not valid).
+int decode_utf8(std::string_view s, size_t i, uint32_t& cp);
+// Writes the UTF-8 of code point cp (at most U+10FFFF) to out; returns its length (1-4).
+int encode_utf8(uint32_t cp, uint8_t* out);
 
 // A Thompson NFA state over bytes.
 struct NState {

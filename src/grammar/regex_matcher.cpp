@@ -5,35 +5,21 @@
 
 #include "core/error.h"
 #include "grammar/regex_grammar.h"
+#include "grammar/regex_internal.h"
 
 namespace moeserve::grammar {
 namespace {
 
-// Whether s is valid UTF-8 (the same rules as the pattern's: no overlong forms, surrogates or code points above
-// U+10FFFF); the offset of the first bad byte in `bad`.
+// Whether s is valid UTF-8 (the pattern's rules); the offset of the first bad sequence in `bad`.
 bool valid_utf8(std::string_view s, size_t& bad) {
   for (size_t i = 0; i < s.size();) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    size_t n = 0;
-    unsigned char lo = 0x80, hi = 0xBF;  // the second byte's range
-    if (c < 0x80) n = 1;
-    else if (c >= 0xC2 && c <= 0xDF) n = 2;
-    else if (c == 0xE0) n = 3, lo = 0xA0;
-    else if (c == 0xED) n = 3, hi = 0x9F;
-    else if (c >= 0xE1 && c <= 0xEF) n = 3;
-    else if (c == 0xF0) n = 4, lo = 0x90;
-    else if (c == 0xF4) n = 4, hi = 0x8F;
-    else if (c >= 0xF1 && c <= 0xF3) n = 4;
-    bool ok = n > 0 && i + n <= s.size();
-    for (size_t k = 1; ok && k < n; ++k) {
-      const auto b = static_cast<unsigned char>(s[i + k]);
-      ok = k == 1 ? b >= lo && b <= hi : (b & 0xC0) == 0x80;
-    }
-    if (!ok) {
+    uint32_t cp;
+    const int n = regex_detail::decode_utf8(s, i, cp);
+    if (n == 0) {
       bad = i;
       return false;
     }
-    i += n;
+    i += size_t(n);
   }
   return true;
 }
