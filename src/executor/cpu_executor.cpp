@@ -104,29 +104,58 @@ void CpuExecutor::step(const ForwardBatch& batch, const std::vector<SampleSpec>&
   for (size_t i = 0; i < specs.size(); ++i) out[i] = sample_on_cpu(logits_.data() + i * V, V, specs[i], scratch_, logprobs_);
 }
 
-void Executor::launch(const ForwardBatch& batch, const std::vector<SampleSpec>& specs) {
-  std::vector<Sampled> out;
+void Executor::launch(const ForwardBatch& batch, const std::vector<SampleSpec>& specs,
+                      const std::vector<int32_t>& later) {
+  MS_CHECK(!pending_, "a step launched before the one before it was completed (complete_launch)");
+  ForwardBatch resolved;
+  const ForwardBatch* b = &batch;
   if (!batch.previous_samples.empty()) {
     MS_CHECK(batch.previous_samples.size() == batch.tokens.size(), "previous_samples: {} entries for {} tokens",
              batch.previous_samples.size(), batch.tokens.size());
     const int64_t rows = launched_.empty() ? 0 : int64_t(launched_.back().size());
-    ForwardBatch b = batch;
-    b.previous_samples.clear();
-    for (size_t i = 0; i < b.tokens.size(); ++i) {
+    resolved = batch;
+    resolved.previous_samples.clear();
+    for (size_t i = 0; i < resolved.tokens.size(); ++i) {
       const int32_t r = batch.previous_samples[i];
       if (r < 0) continue;
       MS_CHECK(r < rows, "token {} takes sample {} of the previous step, which is not in flight or has {} rows", i,
                r, rows);
-      b.tokens[i] = launched_.back()[size_t(r)].token;
+      resolved.tokens[i] = launched_.back()[size_t(r)].token;
     }
-    step(b, specs, out);
-  } else {
-    step(batch, specs, out);
+    b = &resolved;
   }
+  if (later.empty()) {
+    std::vector<Sampled> out;
+    step(*b, specs, out);
+    launched_.push_back(std::move(out));
+    return;
+  }
+  for (size_t i = 0; i < later.size(); ++i)
+    MS_CHECK(later[i] >= 0 && size_t(later[i]) < specs.size() && (i == 0 || later[i] > later[i - 1]),
+             "later mask rows must be ascending logit rows of the step ({} rows)", specs.size());
+  auto p = std::make_unique<Pending>();
+  forward_logits(*b, p->logits);  // the batch's block tables may change before complete_launch(): read them now
+  p->specs = specs;
+  p->later = later;
+  pending_ = std::move(p);
+}
+
+void Executor::complete_launch(std::vector<std::vector<uint32_t>>& masks) {
+  MS_CHECK(pending_ != nullptr, "complete_launch() without a step launched with later masks");
+  Pending& p = *pending_;
+  MS_CHECK(masks.size() == p.later.size(), "{} masks for {} later rows", masks.size(), p.later.size());
+  for (size_t i = 0; i < masks.size(); ++i) p.specs[size_t(p.later[i])].allowed = std::move(masks[i]);
+  const int64_t V = config().vocab_size;
+  std::vector<float> scratch, logprobs;
+  std::vector<Sampled> out(p.specs.size());
+  for (size_t i = 0; i < p.specs.size(); ++i)
+    out[i] = sample_on_cpu(p.logits.data() + i * size_t(V), V, p.specs[i], scratch, logprobs);
   launched_.push_back(std::move(out));
+  pending_.reset();
 }
 
 void Executor::collect(std::vector<Sampled>& out) {
+  MS_CHECK(!launched_.empty() || !pending_, "collect() of a step whose masks were not given (complete_launch)");
   MS_CHECK(!launched_.empty(), "collect() without a launched step");
   out = std::move(launched_.front());
   launched_.pop_front();

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <random>
 #include <string>
 #include <utility>
@@ -71,10 +72,21 @@ class Executor {
   // samples of the step launched just before it (ForwardBatch::previous_samples), so the scheduler can launch step n + 1 while
   // step n still runs and process step n's results meanwhile. The specs are read during launch(). The CPU
   // executor runs the step inside launch() (these defaults); the CUDA executor only enqueues it.
-  virtual void launch(const ForwardBatch& batch, const std::vector<SampleSpec>& specs);
+  void launch(const ForwardBatch& batch, const std::vector<SampleSpec>& specs) { launch(batch, specs, {}); }
+  // Grammar masks under the overlap schedule: a constrained row's mask depends on the token the step in flight is
+  // sampling for it. `later` lists such logit rows (ascending): launch() then starts only the step's forward, and
+  // complete_launch() - called after the step before is collected, before anything else is launched - gives their
+  // masks (in `later`'s order, as SampleSpec::allowed; an empty one allows every token) and starts the sampling, so
+  // that the masks are computed while the forward runs. The rows count as masked from the start.
+  virtual void launch(const ForwardBatch& batch, const std::vector<SampleSpec>& specs,
+                      const std::vector<int32_t>& later);
+  virtual void complete_launch(std::vector<std::vector<uint32_t>>& masks);
   virtual void collect(std::vector<Sampled>& out);
   // Forgets launched steps that will never be collected (after a failure or an abort of everything).
-  virtual void drop_launched() { launched_.clear(); }
+  virtual void drop_launched() {
+    launched_.clear();
+    pending_.reset();
+  }
   // The logit rows' logits on the host, [rows, vocab] f32 (tests and parity checks).
   virtual void forward_logits(const ForwardBatch& batch, std::vector<float>& logits) = 0;
   virtual std::string device_name() const = 0;
@@ -95,6 +107,13 @@ class Executor {
 
  private:
   std::deque<std::vector<Sampled>> launched_;  // the default launch(): results waiting for collect()
+  // The default launch() with `later` rows: the step's logits and specs until complete_launch() samples them.
+  struct Pending {
+    std::vector<float> logits;
+    std::vector<SampleSpec> specs;
+    std::vector<int32_t> later;
+  };
+  std::unique_ptr<Pending> pending_;
 };
 
 // The CPU sampler: penalties, bans, then kernels::sample_token with the request's generator. `scratch` and

@@ -56,7 +56,11 @@ class ModelRunner {
     exec_->step(batch, specs, out);
   }
   // The overlap schedule (Executor::launch / collect).
-  void launch(const ForwardBatch& batch, const std::vector<SampleSpec>& specs) { exec_->launch(batch, specs); }
+  void launch(const ForwardBatch& batch, const std::vector<SampleSpec>& specs,
+              const std::vector<int32_t>& later_masks = {}) {
+    exec_->launch(batch, specs, later_masks);
+  }
+  void complete_launch(std::vector<std::vector<uint32_t>>& masks) { exec_->complete_launch(masks); }
   void collect(std::vector<Sampled>& out) { exec_->collect(out); }
 
   // UserError for ids outside the vocabulary, an empty prompt, or a prompt + max_new_tokens beyond the

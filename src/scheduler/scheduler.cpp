@@ -202,8 +202,8 @@ SampleSpec Scheduler::sample_spec(Request& r, int64_t pending) const {
       if (e >= 0 && e < V) s.banned.push_back(int32_t(e));
   }
   if (!p.logit_bias.empty()) s.bias = &p.logit_bias;
-  // (A constrained request's grammar mask is added by launch(), every such row of the step side by side.)
-  MS_CHECK(!r.constraint || pending == 0, "request {}: a constrained token mask needs the tokens before it", r.id);
+  // (A constrained request's grammar mask is added by launch(), every such row of the step side by side, or, where
+  // the step in flight samples the token before it, by complete_masks() once that token is in.)
   s.rng = &r.rng;
   s.logprob = p.return_logprob || p.top_logprobs > 0;
   s.top_logprobs = p.top_logprobs;
@@ -266,6 +266,7 @@ bool Scheduler::step() {
     launch_ahead();
     collect_oldest(deliveries);
     deliver(deliveries);
+    complete_masks();
     return true;
   }
   // Aborts first: they free pages for everyone else.
@@ -350,6 +351,7 @@ bool Scheduler::step() {
   if (opts_.overlap_schedule) launch_ahead();
   collect_oldest(deliveries);
   deliver(deliveries);
+  complete_masks();
   return true;
 }
 
@@ -418,32 +420,58 @@ void Scheduler::add_chunk(StepBatch& b, const std::shared_ptr<Request>& r, int64
     logit_row = int64_t(fb.logit_rows.size());
     fb.logit_rows.push_back(row + chunk - 1);
     b.specs.push_back(spec ? std::move(*spec) : sample_spec(*r, pending));
-    if (r->constraint) b.masks.push_back({b.specs.size() - 1, r.get()});
+    if (r->constraint) b.masks.push_back({b.specs.size() - 1, r.get(), pending > 0});
   }
   b.step.plan.push_back({r, chunk});
   b.step.logit_row_of.push_back(logit_row);
 }
 
-void Scheduler::launch(StepBatch b) {
-  if (!b.fb.previous_samples.empty()) b.fb.previous_samples.resize(b.fb.tokens.size(), -1);
+template <class F>
+void Scheduler::compute_masks(size_t n, F mask_of) {
   // Each Constraint has its own scratch and the vocabulary is read only: the rows' masks side by side.
-  if (b.masks.size() > 1 && !mask_pool_)
+  if (n > 1 && !mask_pool_)
     mask_pool_ = std::make_unique<ThreadPool>(int(std::clamp(std::thread::hardware_concurrency(), 1u, 8u)));
-  auto fill_masks = [&](int64_t lo, int64_t hi) {
+  auto fill = [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) {
-      auto [spec, r] = b.masks[size_t(i)];
-      r->constraint->allowed_tokens(b.specs[spec].allowed);
+      auto [r, words] = mask_of(size_t(i));
+      r->constraint->allowed_tokens(*words);
     }
   };
-  if (b.masks.size() == 1) fill_masks(0, 1);
-  else if (!b.masks.empty()) mask_pool_->parallel_for(int64_t(b.masks.size()), 1, fill_masks);
+  if (n == 1) fill(0, 1);
+  else if (n > 1) mask_pool_->parallel_for(int64_t(n), 1, fill);
+}
+
+void Scheduler::launch(StepBatch b) {
+  if (!b.fb.previous_samples.empty()) b.fb.previous_samples.resize(b.fb.tokens.size(), -1);
+  std::vector<StepBatch::Mask> now;
+  std::vector<int32_t> later;
+  for (const auto& m : b.masks) {
+    if (!m.later) now.push_back(m);
+    else later.push_back(int32_t(m.spec)), b.step.later_masks.push_back({int32_t(m.spec), m.r});
+  }
+  compute_masks(now.size(), [&](size_t i) { return std::pair{now[i].r, &b.specs[now[i].spec].allowed}; });
   const double t0 = now_s();
-  runner_.launch(b.fb, b.specs);
+  runner_.launch(b.fb, b.specs, later);
   const double t1 = now_s();
   stats_.forward_seconds += t1 - t0;
   b.step.launched_s = t0;
   b.step.launch_s = t1 - t0;
   launched_.push_back(std::move(b.step));
+}
+
+void Scheduler::complete_masks() {
+  if (launched_.empty() || launched_.back().later_masks.empty()) return;
+  auto& later = launched_.back().later_masks;
+  std::vector<std::vector<uint32_t>> masks(later.size());
+  // A request that ended with the step before (its row is dropped at collection) keeps an empty mask: any token.
+  std::vector<size_t> live;
+  for (size_t i = 0; i < later.size(); ++i)
+    if (later[i].second->finish == FinishReason::None) live.push_back(i);
+  compute_masks(live.size(), [&](size_t i) { return std::pair{later[live[i]].second, &masks[live[i]]}; });
+  const double t0 = now_s();
+  runner_.complete_launch(masks);
+  stats_.forward_seconds += now_s() - t0;
+  later.clear();
 }
 
 void Scheduler::launch_ahead() {
@@ -463,8 +491,9 @@ void Scheduler::launch_ahead() {
     Request& r = *cur.plan[i].first;
     if (cur.logit_row_of[i] != int64_t(i) || r.abort_requested || r.finish != FinishReason::None) return;
     const int64_t generated = int64_t(r.output.size()) + 1;  // once the running step's token is in
-    if (generated < r.params.min_new_tokens) return;          // its eos / stop-id bans change per token
-    if (r.constraint) return;  // its token mask needs the running step's token on the host
+    // Its eos / stop-id bans change per token (a constrained request's grammar decides instead; its mask comes once
+    // the running step's token is in: complete_masks).
+    if (generated < r.params.min_new_tokens && !r.constraint) return;
     SampleSpec s = sample_spec(r, 1);
     if (s.penalized()) return;  // the penalties need the running step's token on the host
     const int64_t pos = r.computed + cur.plan[i].second;  // where that token goes
@@ -518,8 +547,9 @@ bool Scheduler::launch_ahead_mixed() {
       // Ends with cur for sure (length or context): no row. A stop token is not known yet: it keeps its row,
       // which collect_oldest drops.
       if (generated >= r->params.max_new_tokens || r->total_tokens() + 1 >= max_pos) continue;
-      if (generated < r->params.min_new_tokens) return false;  // its eos / stop-id bans change per token
-      if (r->constraint) return false;  // its token mask needs cur's token on the host
+      // Its eos / stop-id bans change per token (a constrained request's grammar decides instead; its mask comes
+      // once cur's token is in: complete_masks).
+      if (generated < r->params.min_new_tokens && !r->constraint) return false;
       n.spec = sample_spec(*r, 1);
       if (n.spec->penalized()) return false;  // the penalties need cur's token on the host
     }

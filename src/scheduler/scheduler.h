@@ -130,13 +130,22 @@ class Scheduler {
     // Per plan entry: its prompt-logprob rows (the first, and how many; they score its next prompt positions).
     std::vector<int64_t> score_first, score_rows;
     double launched_s = 0, launch_s = 0;  // for the step trace: when the launch began, and how long it took
+    // Constrained rows whose masks wait for the step in flight (Executor::launch's `later`): logit row, request.
+    std::vector<std::pair<int32_t, Request*>> later_masks;
   };
   // A step's batch as it is built: the forward batch, the plan with its logit rows, one spec a logit row.
   struct StepBatch {
     ForwardBatch fb;
     LaunchedStep step;
     std::vector<SampleSpec> specs;
-    std::vector<std::pair<size_t, Request*>> masks;  // specs whose JSON-grammar bans launch() fills in
+    // Constrained rows: spec, request, and whether its mask waits for the token the step in flight samples for it
+    // (complete_masks) or launch() fills it in.
+    struct Mask {
+      size_t spec;
+      Request* r;
+      bool later;
+    };
+    std::vector<Mask> masks;
   };
   // Prompt logprobs: the positions q of r's chunk [computed, computed + chunk) whose logits score a prompt token (the
   // one at q + 1), as [first, end); the logit rows the chunk takes (those, and the sampling row where the chunk ends
@@ -151,6 +160,12 @@ class Scheduler {
   void add_chunk(StepBatch& b, const std::shared_ptr<Request>& r, int64_t computed, int64_t chunk,
                  int64_t sample_row = -1, std::optional<SampleSpec> spec = std::nullopt);
   void launch(StepBatch b);
+  // Computes the masks of rows [0, n) side by side (up to 8 threads): mask_of(i) -> {request, its words}.
+  template <class F>
+  void compute_masks(size_t n, F mask_of);
+  // The look-ahead step's later masks, now that the step before it is collected: computed and handed to the
+  // executor, which then starts its sampling.
+  void complete_masks();
   void launch_ahead();
   bool launch_ahead_mixed();
   void collect_oldest(Delivery& deliveries);

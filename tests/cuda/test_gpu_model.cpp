@@ -472,7 +472,8 @@ TEST(GpuModel, SampledScreenStepsMatchTheGemmAndSampler) {
 // Decode steps whose rows carry grammar masks (SampleSpec::allowed), with graphs (the general sampler's) and without:
 // every token is one its row's mask allows - a greedy row's best allowed token by the step's logits (its unmasked
 // argmax left out, so it moves), a row with one allowed token drawn at temperature 1 that token - and unmasked rows
-// beside them keep their argmax.
+// beside them keep their argmax. The same step with some masks given after its launch (the overlap schedule's later
+// masks: the forward's graph, then the sampler's) picks the same tokens.
 TEST(GpuModel, GrammarMaskedDecodeStepsPickTheBestAllowedToken) {
   if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
   for (const bool with_graphs : {true, false}) {
@@ -508,8 +509,31 @@ TEST(GpuModel, GrammarMaskedDecodeStepsPickTheBestAllowedToken) {
         for (int64_t t = 0; t < V; ++t)
           if (ok[s][size_t(t)]) specs[s].allowed[size_t(t) / 32] |= 1u << (t % 32);
       }
+      const std::mt19937_64 rng_before = rng;
       gpu.r->step(fb, specs, got);
       ASSERT_EQ(got.size(), seqs.size());
+      {
+        // The same step with the masks of every other masked row (and an empty one for an unmasked row) given after
+        // the launch (Executor::launch's `later`, complete_launch): the forward's graph, then the sampler's, or
+        // eager - the same tokens, draws included.
+        rng = rng_before;
+        std::vector<SampleSpec> held = specs;
+        std::vector<int32_t> later;
+        std::vector<std::vector<uint32_t>> masks;
+        for (size_t s = 0; s < seqs.size(); ++s)
+          if (s % 2 == 0 || s == 3) {
+            later.push_back(int32_t(s));
+            masks.push_back(std::move(held[s].allowed));
+            held[s].allowed.clear();
+          }
+        std::vector<Sampled> deferred;
+        gpu.r->executor().launch(fb, held, later);
+        gpu.r->executor().complete_launch(masks);
+        gpu.r->executor().collect(deferred);
+        ASSERT_EQ(deferred.size(), got.size());
+        for (size_t s = 0; s < seqs.size(); ++s)
+          EXPECT_EQ(deferred[s].token, got[s].token) << "step " << step << " sequence " << s << ": masks given later";
+      }
       for (size_t s = 0; s < seqs.size(); ++s) {
         const std::string where = "step " + std::to_string(step) + " sequence " + std::to_string(s);
         const int32_t tok = got[s].token;

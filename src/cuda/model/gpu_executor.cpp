@@ -39,8 +39,18 @@ constexpr int kMaxSplits = 16;   // split-KV parts of a decode sequence
 constexpr int kMinHeadRows = 256;
 // How a step samples (and which set of captured graphs it replays): the general sampler; the all-greedy fast path (the
 // lm_head screen at the sizes it takes); the all-greedy fast path where a row wants a logprob (no screen); the lm_head
-// screen for sampled steps (lmhead_screen_topk: 1-64 rows, each greedy or with top_k in 1..64, no logprobs).
-enum SamplerKind { kGeneral = 0, kGreedy = 1, kGreedyLogprob = 2, kTopK = 3, kSamplerKinds = 4 };
+// screen for sampled steps (lmhead_screen_topk: 1-64 rows, each greedy or with top_k in 1..64, no logprobs). And the
+// general form in two halves, for steps whose grammar masks come while the forward runs (Executor::launch's `later`):
+// the forward with the lm_head's logits, then the general sampler.
+enum SamplerKind {
+  kGeneral = 0,
+  kGreedy = 1,
+  kGreedyLogprob = 2,
+  kTopK = 3,
+  kForward = 4,
+  kSampleGeneral = 5,
+  kSamplerKinds = 6
+};
 
 size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
@@ -120,7 +130,10 @@ class GpuExecutor : public Executor {
   const ModelConfig& config() const override { return cfg_; }
   KVPool& kv() override { return *kv_; }
   void step(const ForwardBatch& batch, const std::vector<SampleSpec>& specs, std::vector<Sampled>& out) override;
-  void launch(const ForwardBatch& batch, const std::vector<SampleSpec>& specs) override;
+  using Executor::launch;
+  void launch(const ForwardBatch& batch, const std::vector<SampleSpec>& specs,
+              const std::vector<int32_t>& later) override;
+  void complete_launch(std::vector<std::vector<uint32_t>>& masks) override;
   void collect(std::vector<Sampled>& out) override;
   void drop_launched() override;
   void forward_logits(const ForwardBatch& batch, std::vector<float>& logits) override;
@@ -134,9 +147,10 @@ class GpuExecutor : public Executor {
 
  private:
   // Fills buffer set `cur_`'s metadata for a batch and uploads it on `upload`; returns the step inputs. pad_to > T
-  // pads a decode batch for a graph.
+  // pads a decode batch for a graph. `later` (ascending logit rows, may be null): masked rows whose masks come with
+  // complete_launch() (their mask rows in later_mask_rows_; no mask is uploaded then).
   StepInputs prepare(const ForwardBatch& batch, const std::vector<SampleSpec>& specs, int pad_to,
-                     cudaStream_t upload);
+                     cudaStream_t upload, const std::vector<int32_t>* later = nullptr);
   // Copies the first `bytes` of the metadata, then the first table_pages entries of table_rows block-table rows.
   void upload_meta(cudaStream_t s, size_t bytes, int table_rows = 0, int table_pages = 0);
   void run_sampling(int r0, int rows, int step_rows, bool with_penalties);
@@ -205,12 +219,14 @@ class GpuExecutor : public Executor {
     // Decode batch size -> graph, by SamplerKind: [kGeneral] ends with the general sampler, [kGreedy] with the
     // all-greedy fast path (the lm_head screen where it applies), [kGreedyLogprob] with the all-greedy fast path that
     // writes a logprob (captured only at the sizes where [kGreedy] holds the screen), [kTopK] with the screen for
-    // sampled steps (captured at the sizes it takes).
+    // sampled steps (captured at the sizes it takes), [kForward] and [kSampleGeneral] [kGeneral]'s two halves (a
+    // step with later grammar masks: the forward at launch, the sampler once the masks are up).
     std::map<int, cudaGraphExec_t> graphs[kSamplerKinds];
   };
   StepBuffers buf_[2];
   int cur_ = 0;  // the set the next launch uses
   int mask_rows_ = 0;  // the grammar masks in the step being launched (buf_[cur_].host_masks' rows)
+  std::vector<int> later_mask_rows_;  // of those, the rows whose masks come with complete_launch()
   size_t mask_words() const { return (size_t(cfg_.vocab_size) + 31) / 32; }
   char* host_meta() { return static_cast<char*>(buf_[cur_].host_meta.get()); }
   cudaStream_t upload_stream_ = nullptr, download_stream_ = nullptr;
@@ -224,10 +240,18 @@ class GpuExecutor : public Executor {
   float screen_amax_ = 0.0f;
   struct Launched {
     std::vector<int> top_n;  // top logprobs wanted per sampled row (its size: the rows)
-    bool want_lp, want_rank;
-    int buf;
+    bool want_lp = false, want_rank = false, want_top = false;
+    int buf = 0;
+    bool side = false;  // its copies on the side streams
     int rows() const { return int(top_n.size()); }
+    // Launched with later masks: only its forward is enqueued; complete_launch() enqueues the rest.
+    bool pending = false;
+    int graph_bs = 0, mask_rows = 0;
+    bool pen = false;  // its sampler reads the penalty / ban arrays
+    std::vector<int> later_mask_rows;
   };
+  // The end of a launched step on the streams: the set's done event, the samples' copies back, out_ready.
+  void enqueue_copies_back(const Launched& l);
   std::deque<Launched> in_flight_;
   std::vector<int32_t> h_pen_ids_, h_pen_counts_, h_ban_ids_;
   std::vector<float> h_ban_values_;  // beside h_ban_ids_: the logit_bias value, -inf for a ban
@@ -434,7 +458,7 @@ GpuExecutor::~GpuExecutor() {
 }
 
 StepInputs GpuExecutor::prepare(const ForwardBatch& batch, const std::vector<SampleSpec>& specs, int pad_to,
-                                cudaStream_t upload) {
+                                cudaStream_t upload, const std::vector<int32_t>* later) {
   const MetaLayout& L = *layout_;
   const int T = int(batch.tokens.size()), S = int(batch.seqs.size()), R = int(batch.logit_rows.size());
   MS_CHECK(T > 0 && T <= L.max_tokens && S <= L.max_seqs && R <= L.max_tokens,
@@ -484,6 +508,8 @@ StepInputs GpuExecutor::prepare(const ForwardBatch& batch, const std::vector<Sam
   h_ban_ids_.clear();
   h_ban_values_.clear();
   mask_rows_ = 0;
+  later_mask_rows_.clear();
+  size_t next_later = 0;
   forced_before_.assign(size_t(Rp) + 1, 0);
   for (int r = 0; r < Rp; ++r) {
     forced_before_[size_t(r) + 1] = forced_before_[size_t(r)];
@@ -539,7 +565,13 @@ StepInputs GpuExecutor::prepare(const ForwardBatch& batch, const std::vector<Sam
             if (ban_mark_[size_t(t)] != ban_stamp_) h_ban_ids_.push_back(t), h_ban_values_.push_back(v);
       }
       p.ban_end = int32_t(h_ban_ids_.size());
-      if (s.masked()) {
+      const bool later_row = later != nullptr && next_later < later->size() && (*later)[next_later] == r;
+      if (later_row) {  // its mask comes with complete_launch()
+        MS_CHECK(mask_rows_ < L.max_seqs, "more than {} grammar masks in one step", L.max_seqs);
+        ++next_later;
+        later_mask_rows_.push_back(mask_rows_);
+        p.mask_row = mask_rows_++;
+      } else if (s.masked()) {
         const size_t W = mask_words();
         MS_CHECK(mask_rows_ < L.max_seqs, "more than {} grammar masks in one step", L.max_seqs);
         MS_CHECK(s.allowed.size() <= W, "a grammar mask of {} words for a vocabulary of {} tokens", s.allowed.size(),
@@ -555,6 +587,7 @@ StepInputs GpuExecutor::prepare(const ForwardBatch& batch, const std::vector<Sam
     }
     prm[r] = p;
   }
+  MS_CHECK(later == nullptr || next_later == later->size(), "later mask rows not ascending rows of the step");
   if (meta_2d_copy()) {
     // Only the pages in use of each table row: at 128 sequences of 512 tokens that is 17 KB, where the whole rows
     // (max_pages = 2,561 at a 40,960-token context) are 1.3 MB on every step's critical path.
@@ -619,7 +652,7 @@ void GpuExecutor::upload_meta(cudaStream_t s, size_t bytes, int table_rows, int 
   grow_upload(pen_counts_, h_pen_counts_);
   grow_upload(ban_ids_, h_ban_ids_);
   grow_upload(ban_values_, h_ban_values_);
-  if (mask_rows_ > 0)
+  if (mask_rows_ > 0 && later_mask_rows_.empty())  // (else complete_launch() uploads them)
     MS_CUDA_CHECK(cudaMemcpyAsync(buf_[cur_].masks.get(), buf_[cur_].host_masks.get(),
                                   size_t(mask_rows_) * mask_words() * 4, cudaMemcpyHostToDevice, s));
 }
@@ -651,10 +684,13 @@ void GpuExecutor::run_sampling(int r0, int rows, int step_rows, bool with_penalt
   if (forced < rows) sample(a, stream_);
 }
 
-void GpuExecutor::launch(const ForwardBatch& batch, const std::vector<SampleSpec>& specs) {
+void GpuExecutor::launch(const ForwardBatch& batch, const std::vector<SampleSpec>& specs,
+                         const std::vector<int32_t>& later) {
   const int T = int(batch.tokens.size()), R = int(batch.logit_rows.size());
   MS_CHECK(specs.size() == size_t(R), "{} sampling specs for {} logit rows", specs.size(), R);
   MS_CHECK(in_flight_.size() < 2, "a third step launched while two are in flight");
+  MS_CHECK(in_flight_.empty() || !in_flight_.back().pending,
+           "a step launched before the one before it was completed (complete_launch)");
   MS_CHECK(batch.previous_samples.empty() || batch.previous_samples.size() == size_t(T),
            "previous_samples: {} entries for {} tokens", batch.previous_samples.size(), T);
   for (int32_t r : batch.previous_samples)
@@ -662,7 +698,8 @@ void GpuExecutor::launch(const ForwardBatch& batch, const std::vector<SampleSpec
              "a step takes sample {} of the previous step, which is not in flight or has fewer rows", r);
   // No penalties, logit biases, bans or forced tokens: the captured graphs handle the step (grammar masks too: they
   // live at a fixed address, and the general sampler reads them).
-  bool plain = true, masked = false;
+  const bool deferred = !later.empty();  // masks to come: the forward now, the general sampler in complete_launch()
+  bool plain = true, masked = deferred;
   for (auto& s : specs) plain = plain && !s.listed() && !s.forced(), masked = masked || s.masked();
   bool greedy = plain && !masked;  // and every row greedy without top logprobs: the fast sampler
   bool topk = plain && !masked;  // or every row greedy or top_k 1..64, no logprobs: the screen for sampled steps
@@ -678,7 +715,7 @@ void GpuExecutor::launch(const ForwardBatch& batch, const std::vector<SampleSpec
                    : topk && !logprob && screen_topk_for(R) ? kTopK
                                                                : kGeneral;
   StepBuffers& b = buf_[cur_];
-  auto& graphs = b.graphs[kind];
+  auto& graphs = b.graphs[deferred ? kForward : kind];
   bool is_decode = R == T && int(batch.seqs.size()) == T;
   for (auto& q : batch.seqs) is_decode = is_decode && q.num_tokens == 1;
   int graph_bs = 0;
@@ -691,50 +728,113 @@ void GpuExecutor::launch(const ForwardBatch& batch, const std::vector<SampleSpec
   // events would only add their latency. A side upload may start once the step that last used this set has read
   // its metadata, and, for a step with penalties, once the step before has read the penalty arrays it overwrites.
   const bool side = side_stream_copies() && !in_flight_.empty();
-  cudaStream_t up = side ? upload_stream_ : stream_, down = side ? download_stream_ : stream_;
+  cudaStream_t up = side ? upload_stream_ : stream_;
   if (side) {
     MS_CUDA_CHECK(cudaStreamWaitEvent(up, b.done, 0));
     if (!plain) MS_CUDA_CHECK(cudaStreamWaitEvent(up, buf_[cur_ ^ 1].done, 0));
   }
-  StepInputs in = prepare(batch, specs, graph_bs, up);
+  StepInputs in = prepare(batch, specs, graph_bs, up, deferred ? &later : nullptr);
   if (side) {
     MS_CUDA_CHECK(cudaEventRecord(b.meta_ready, up));
     MS_CUDA_CHECK(cudaStreamWaitEvent(stream_, b.meta_ready, 0));
   }
-  if (graph_bs > 0) {
+  Launched l;
+  l.want_rank = forced_before_.back() > 0;
+  l.buf = cur_;
+  l.side = side;
+  for (auto& s : specs) {
+    l.want_lp |= s.logprob, l.want_top |= s.top_logprobs > 0;
+    l.top_n.push_back(int(std::min<int64_t>(s.top_logprobs, kMaxTop)));
+  }
+  l.pen = !h_pen_ids_.empty() || !h_ban_ids_.empty();
+  if (deferred) {
+    // (Look-ahead steps carry no scored prompt positions, so the lm_head never runs in slices here.)
+    MS_CHECK(!in.head_in_chunks && !l.want_rank, "a step with later masks scores prompt positions");
+    if (graph_bs > 0) MS_CUDA_CHECK(cudaGraphLaunch(graphs.at(graph_bs), stream_));
+    else model_->forward(in, stream_);  // (in.head_argmax false: the lm_head's logits)
+    l.pending = true;
+    l.graph_bs = graph_bs;
+    l.mask_rows = mask_rows_;
+    l.later_mask_rows = later_mask_rows_;
+  } else if (graph_bs > 0) {
     MS_CUDA_CHECK(cudaGraphLaunch(graphs.at(graph_bs), stream_));
   } else {
     in.head_argmax = kind != kGeneral && R > 0 && head_argmax_for(R, kind);
     model_->forward(in, stream_);
-    const bool pen = !h_pen_ids_.empty() || !h_ban_ids_.empty();
-    if (R > 0) over_head_slices(in, [&](int r0, int n) { sample_rows(r0, n, R, kind, pen, in.head_argmax); });
+    if (R > 0) over_head_slices(in, [&](int r0, int n) { sample_rows(r0, n, R, kind, l.pen, in.head_argmax); });
   }
+  if (!deferred) enqueue_copies_back(l);
+  in_flight_.push_back(std::move(l));
+  cur_ ^= 1;
+}
+
+void GpuExecutor::complete_launch(std::vector<std::vector<uint32_t>>& masks) {
+  MS_CHECK(!in_flight_.empty() && in_flight_.back().pending,
+           "complete_launch() without a step launched with later masks");
+  Launched& l = in_flight_.back();
+  MS_CHECK(masks.size() == l.later_mask_rows.size(), "{} masks for {} later rows", masks.size(),
+           l.later_mask_rows.size());
+  StepBuffers& b = buf_[l.buf];
+  const size_t W = mask_words();
+  for (size_t i = 0; i < masks.size(); ++i) {
+    MS_CHECK(masks[i].size() <= W, "a grammar mask of {} words for a vocabulary of {} tokens", masks[i].size(),
+             cfg_.vocab_size);
+    uint32_t* m = static_cast<uint32_t*>(b.host_masks.get()) + size_t(l.later_mask_rows[i]) * W;
+    if (masks[i].empty()) {  // not constraining (a reasoning section), or a row dropped at collection
+      std::fill(m, m + W, ~0u);
+    } else {
+      std::copy(masks[i].begin(), masks[i].end(), m);
+      std::fill(m + masks[i].size(), m + W, 0u);
+    }
+    if (cfg_.vocab_size % 32) m[W - 1] &= (1u << (cfg_.vocab_size % 32)) - 1u;  // no token past the vocabulary
+  }
+  // Every mask row of the step (those known at launch are in host_masks already), then the sampler.
+  cudaStream_t up = l.side ? upload_stream_ : stream_;
+  MS_CUDA_CHECK(cudaMemcpyAsync(b.masks.get(), b.host_masks.get(), size_t(l.mask_rows) * W * 4,
+                                cudaMemcpyHostToDevice, up));
+  if (l.side) {
+    MS_CUDA_CHECK(cudaEventRecord(b.meta_ready, up));
+    MS_CUDA_CHECK(cudaStreamWaitEvent(stream_, b.meta_ready, 0));
+  }
+  const int R = l.rows();
+  if (l.graph_bs > 0) {
+    MS_CUDA_CHECK(cudaGraphLaunch(b.graphs[kSampleGeneral].at(l.graph_bs), stream_));
+  } else if (R > 0) {
+    struct SetGuard {  // sample_rows() works on buf_[cur_]: the launched step's set meanwhile
+      int& cur;
+      int saved;
+      ~SetGuard() { cur = saved; }
+    } guard{cur_, cur_};
+    cur_ = l.buf;
+    sample_rows(0, R, R, kGeneral, l.pen, false);
+  }
+  enqueue_copies_back(l);
+  l.pending = false;
+}
+
+void GpuExecutor::enqueue_copies_back(const Launched& l) {
+  StepBuffers& b = buf_[l.buf];
   MS_CUDA_CHECK(cudaEventRecord(b.done, stream_));
-  Launched l{{}, false, forced_before_.back() > 0, cur_};
-  bool want_top = false;
-  for (auto& s : specs) {
-    l.want_lp |= s.logprob, want_top |= s.top_logprobs > 0;
-    l.top_n.push_back(int(std::min<int64_t>(s.top_logprobs, kMaxTop)));
-  }
   // The samples back to the host. The set's outputs are next overwritten by the step launched after the one
   // after this, which the overlap schedule launches only once this one is collected, i.e. these copies are done.
-  if (side) MS_CUDA_CHECK(cudaStreamWaitEvent(down, b.done, 0));
+  cudaStream_t down = l.side ? download_stream_ : stream_;
+  if (l.side) MS_CUDA_CHECK(cudaStreamWaitEvent(down, b.done, 0));
+  const int R = l.rows();
   const HostOut h(b.host_out.get(), R);
   if (R > 0) MS_CUDA_CHECK(cudaMemcpyAsync(h.ids, b.out_ids.get(), size_t(R) * 4, cudaMemcpyDeviceToHost, down));
   if (l.want_lp) MS_CUDA_CHECK(cudaMemcpyAsync(h.lps, b.out_lp.get(), size_t(R) * 4, cudaMemcpyDeviceToHost, down));
   if (l.want_rank)
     MS_CUDA_CHECK(cudaMemcpyAsync(h.ranks, b.out_rank.get(), size_t(R) * 4, cudaMemcpyDeviceToHost, down));
-  if (want_top) {
+  if (l.want_top) {
     MS_CUDA_CHECK(cudaMemcpyAsync(h.tids, b.top_ids.get(), size_t(R) * kMaxTop * 4, cudaMemcpyDeviceToHost, down));
     MS_CUDA_CHECK(cudaMemcpyAsync(h.tlps, b.top_lp.get(), size_t(R) * kMaxTop * 4, cudaMemcpyDeviceToHost, down));
   }
   MS_CUDA_CHECK(cudaEventRecord(b.out_ready, down));
-  in_flight_.push_back(std::move(l));
-  cur_ ^= 1;
 }
 
 void GpuExecutor::collect(std::vector<Sampled>& out) {
   MS_CHECK(!in_flight_.empty(), "collect() without a launched step");
+  MS_CHECK(!in_flight_.front().pending, "collect() of a step whose masks were not given (complete_launch)");
   const Launched l = std::move(in_flight_.front());
   in_flight_.pop_front();
   MS_CUDA_CHECK(cudaEventSynchronize(buf_[l.buf].out_ready));
@@ -846,9 +946,13 @@ void GpuExecutor::sample_rows(int r0, int rows, int step_rows, int kind, bool wi
 }
 
 void GpuExecutor::record_decode(int bs, StepInputs& in, int kind) {
-  in.head_argmax = kind != kGeneral && head_argmax_for(bs, kind);
+  if (kind == kSampleGeneral) {  // the sampler alone, over the logits kForward's graph leaves
+    sample_rows(0, bs, bs, kGeneral, false, false);
+    return;
+  }
+  in.head_argmax = kind != kGeneral && kind != kForward && head_argmax_for(bs, kind);
   model_->forward(in, stream_);
-  sample_rows(0, bs, bs, kind, false, in.head_argmax);
+  if (kind != kForward) sample_rows(0, bs, bs, kind, false, in.head_argmax);
 }
 
 void GpuExecutor::capture_graphs() {
@@ -907,7 +1011,8 @@ void GpuExecutor::capture_graphs() {
   MS_CUDA_CHECK(cudaMemGetInfo(&free1, &total));
   log_info("CUDA graphs: {} decode batch sizes ({}..{}), each with the general and the greedy sampler for both "
            "buffer sets ({} with a greedy form that writes logprobs beside the lm_head screen's, {} with the screen for "
-           "sampled steps), captured in {:.2f} s, {}",
+           "sampled steps; the general one also as forward and sampler apart, for grammar masks computed while the "
+           "forward runs), captured in {:.2f} s, {}",
            buf_[0].graphs[kGeneral].size(), sizes.back(), sizes.front(), buf_[0].graphs[kGreedyLogprob].size(),
            buf_[0].graphs[kTopK].size(),
            now_s() - t0,
