@@ -294,6 +294,87 @@ TEST(LmheadScreen, MatchesDoubleArgmax) {
   }
 }
 
+// Greedy rows under grammar masks (lmhead_screen_masked after the screen): each masked row's id is the double argmax
+// over its allowed tokens - masks that allow the screen's pick (kept), random ones that leave it out, a single token,
+// a mask with stray bits past the vocabulary (never read: no weight row there) - and unmasked rows and a row whose
+// mask allows nothing keep the screen's pick; a second launch on the same workspace gives the same ids (it is left
+// zeroed).
+TEST(LmheadScreen, MaskedRowsTakeTheArgmaxOfTheirAllowedTokens) {
+  for (const int V : {17, 5000, 40001}) {
+    for (const int K : {128, 2048}) {
+      for (const int M : {1, 5, 13, 64}) {
+        if (!gpu_usable(M, K, V)) GTEST_SKIP() << "needs a GPU with mma.sync f16 (and sm_90 for 9-64 rows)";
+        const uint32_t seed = uint32_t(V * 17 + K * 3 + M);
+        std::vector<uint16_t> hx = token_rows(M, K, seed), hw = level_rows(size_t(V) * K, 0.1f, seed + 1);
+        Dev<uint16_t> x(hx), w(hw);
+        const Screen sc(w, V, K);
+        const std::vector<int32_t> picks = run_screen(x, M, w, sc);
+        const size_t words = size_t(V + 31) / 32;
+        std::vector<uint32_t> masks;
+        std::vector<cuda::SampleRowParams> params(static_cast<size_t>(M));
+        std::vector<std::vector<uint8_t>> ok(static_cast<size_t>(M));
+        std::mt19937 g(seed);
+        int refused = 0;
+        for (int m = 0; m < M; ++m) {
+          const int kind = m % 5;
+          if (kind == 0) continue;  // unmasked
+          auto& a = ok[size_t(m)];
+          a.assign(size_t(V), 0);
+          const int pick = picks[size_t(m)];
+          if (kind == 1) {  // random, the pick allowed
+            for (auto& o : a) o = uint8_t(g() % 4 == 0);
+            a[size_t(pick)] = 1;
+          } else if (kind == 2) {  // random, the pick left out
+            for (auto& o : a) o = uint8_t(g() % 3 == 0);
+            a[size_t(pick)] = 0;
+          } else if (kind == 3) {  // one token
+            a[size_t(pick + 1 + int(g() % uint32_t(std::max(V - 1, 1)))) % size_t(V)] = uint8_t(V > 1);
+          }  // kind 4: nothing allowed
+          params[size_t(m)].mask_row = int32_t(masks.size() / words);
+          const size_t base = masks.size();
+          masks.resize(base + words, 0u);
+          for (int t = 0; t < V; ++t)
+            if (a[size_t(t)]) masks[base + size_t(t) / 32] |= 1u << (t % 32);
+          if (kind == 2 && V % 32) masks[base + words - 1] |= ~((1u << (V % 32)) - 1u);  // stray bits past V
+          refused += !a[size_t(pick)] && kind != 4;
+        }
+        Dev<uint32_t> dmasks(masks);
+        Dev<cuda::SampleRowParams> dparams(params);
+        Dev<char> ws(cuda::lmhead_screen_masked_workspace_bytes(M));
+        MS_CUDA_CHECK(cudaMemset(ws.p, 0, ws.n));
+        Dev<int32_t> ids(picks);
+        const std::string where = "V " + std::to_string(V) + " K " + std::to_string(K) + " M " + std::to_string(M);
+        for (int pass = 0; pass < 2; ++pass) {
+          ids.upload(picks);
+          cuda::lmhead_screen_masked(reinterpret_cast<const cuda::bf16*>(x.p), M, K,
+                                     reinterpret_cast<const cuda::bf16*>(w.p), V, dmasks.p, dparams.p, ids.p, ws.p,
+                                     nullptr);
+          MS_CUDA_CHECK(cudaDeviceSynchronize());
+          const std::vector<int32_t> got = ids.download();
+          for (int m = 0; m < M; ++m) {
+            const auto& a = ok[size_t(m)];
+            const int id = got[size_t(m)];
+            if (a.empty() || a[size_t(picks[size_t(m)])] || std::count(a.begin(), a.end(), 1) == 0) {
+              EXPECT_EQ(id, picks[size_t(m)]) << where << " row " << m << " pass " << pass << ": kept its pick";
+              continue;
+            }
+            ASSERT_TRUE(id >= 0 && id < V && a[size_t(id)]) << where << " row " << m << ": token " << id;
+            const Exact e = exact_logits(hx, m, K, hw, V);
+            double best = -INFINITY, scale = 0;
+            for (int t = 0; t < V; ++t)
+              if (a[size_t(t)]) best = std::max(best, e.lg[size_t(t)]), scale = std::max(scale, std::fabs(e.lg[size_t(t)]));
+            EXPECT_GE(e.lg[size_t(id)], best - (1e-5 * scale + 1e-6)) << where << " row " << m << ": token " << id
+                                                                      << " is not the best allowed one";
+          }
+        }
+        if (M >= 5 && V > 1) {
+          EXPECT_GT(refused, 0) << where;
+        }
+      }
+    }
+  }
+}
+
 // The full q30b8l lm_head (gen-model's level weights, gain 4) against the served path at these rows: gemv_stream's
 // f32 logits and the greedy sampler. The same ids but for near-ties of the two summation orders.
 TEST(LmheadScreen, MatchesGemvStreamAndGreedyOnTheFullVocabulary) {

@@ -488,7 +488,7 @@ TEST(GpuModel, GrammarMaskedDecodeStepsPickTheBestAllowedToken) {
       std::vector<SampleSpec> specs;
       std::mt19937_64 rng(1);
       ForwardBatch fb = fixed_token_step(gpu, seqs, step, V, rng, specs);
-      std::vector<Sampled> plain, got;
+      std::vector<Sampled> plain, got, greedy_later;
       std::vector<float> logits;
       gpu.r->step(fb, specs, plain);  // unmasked (each run of the step rewrites the same K / V rows)
       gpu.r->forward(fb, logits);     // the step's logits, eager
@@ -526,6 +526,7 @@ TEST(GpuModel, GrammarMaskedDecodeStepsPickTheBestAllowedToken) {
             masks.push_back(std::move(held[s].allowed));
             held[s].allowed.clear();
           }
+        std::vector<std::vector<uint32_t>> masks2 = masks;  // (complete_launch takes them)
         std::vector<Sampled> deferred;
         gpu.r->executor().launch(fb, held, later);
         gpu.r->executor().complete_launch(masks);
@@ -533,23 +534,33 @@ TEST(GpuModel, GrammarMaskedDecodeStepsPickTheBestAllowedToken) {
         ASSERT_EQ(deferred.size(), got.size());
         for (size_t s = 0; s < seqs.size(); ++s)
           EXPECT_EQ(deferred[s].token, got[s].token) << "step " << step << " sequence " << s << ": masks given later";
+        // Every row greedy: the lm_head screen, then the masked rows' argmax over their allowed tokens
+        // (lmhead_screen_masked) - checked below as the general sampler's tokens are.
+        for (auto& sp : held) sp.sampler.temperature = 0.0f;
+        gpu.r->executor().launch(fb, held, later);
+        gpu.r->executor().complete_launch(masks2);
+        gpu.r->executor().collect(greedy_later);
+        ASSERT_EQ(greedy_later.size(), got.size());
       }
       for (size_t s = 0; s < seqs.size(); ++s) {
         const std::string where = "step " + std::to_string(step) + " sequence " + std::to_string(s);
-        const int32_t tok = got[s].token;
-        if (ok[s].empty()) {
-          EXPECT_EQ(tok, plain[s].token) << where << ": an unmasked row moved";
-          continue;
+        for (const bool all_greedy : {false, true}) {
+          const int32_t tok = (all_greedy ? greedy_later : got)[s].token;
+          const std::string w = where + (all_greedy ? " (all greedy, masks given later)" : "");
+          if (ok[s].empty()) {
+            EXPECT_EQ(tok, plain[s].token) << w << ": an unmasked row moved";
+            continue;
+          }
+          ASSERT_TRUE(tok >= 0 && tok < V && ok[s][size_t(tok)]) << w << ": token " << tok << " left out by the mask";
+          if (!all_greedy) moved += tok != plain[s].token;
+          if (!all_greedy && specs[s].sampler.temperature > 0.0f) continue;
+          const float* row = &logits[s * size_t(V)];
+          float best = -INFINITY;
+          for (int64_t t = 0; t < V; ++t)
+            if (ok[s][size_t(t)]) best = std::max(best, row[t]);
+          // The eager logits against the step's own (a padded graph batch may round differently): near-ties only.
+          EXPECT_GE(row[tok], best - 0.05f) << w << ": token " << tok << " is not the best allowed one";
         }
-        ASSERT_TRUE(tok >= 0 && tok < V && ok[s][size_t(tok)]) << where << ": token " << tok << " left out by the mask";
-        moved += tok != plain[s].token;
-        if (specs[s].sampler.temperature > 0.0f) continue;
-        const float* row = &logits[s * size_t(V)];
-        float best = -INFINITY;
-        for (int64_t t = 0; t < V; ++t)
-          if (ok[s][size_t(t)]) best = std::max(best, row[t]);
-        // The eager logits against the step's own (a padded graph batch may round differently): near-ties only.
-        EXPECT_GE(row[tok], best - 0.05f) << where << ": token " << tok << " is not the best allowed one";
       }
       for (size_t s = 0; s < seqs.size(); ++s) seqs[s].push_back(fb.tokens[s]);
     }

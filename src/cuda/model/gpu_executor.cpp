@@ -39,9 +39,10 @@ constexpr int kMaxSplits = 16;   // split-KV parts of a decode sequence
 constexpr int kMinHeadRows = 256;
 // How a step samples (and which set of captured graphs it replays): the general sampler; the all-greedy fast path (the
 // lm_head screen at the sizes it takes); the all-greedy fast path where a row wants a logprob (no screen); the lm_head
-// screen for sampled steps (lmhead_screen_topk: 1-64 rows, each greedy or with top_k in 1..64, no logprobs). And the
-// general form in two halves, for steps whose grammar masks come while the forward runs (Executor::launch's `later`):
-// the forward with the lm_head's logits, then the general sampler.
+// screen for sampled steps (lmhead_screen_topk: 1-64 rows, each greedy or with top_k in 1..64, no logprobs). And for
+// steps whose grammar masks come while the forward runs (Executor::launch's `later`), the forward apart (up to the
+// lm_head's input rows), then, once the masks are up, the lm_head and the general sampler, or for all-greedy steps of
+// the screen's sizes the lm_head screen and the masked rows' argmax over their allowed tokens (lmhead_screen_masked).
 enum SamplerKind {
   kGeneral = 0,
   kGreedy = 1,
@@ -49,7 +50,8 @@ enum SamplerKind {
   kTopK = 3,
   kForward = 4,
   kSampleGeneral = 5,
-  kSamplerKinds = 6
+  kSampleMaskedGreedy = 6,
+  kSamplerKinds = 7
 };
 
 size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
@@ -185,6 +187,9 @@ class GpuExecutor : public Executor {
   }
   void capture_graphs();
   void record_decode(int bs, StepInputs& in, int kind);
+  // A step with later masks, after its forward (in.head_argmax: head_rows()): the sampler of `kind`
+  // (kSampleGeneral: the lm_head + the general sampler; kSampleMaskedGreedy: the screen + lmhead_screen_masked).
+  void sample_after_forward(const StepInputs& in, int rows, int kind, bool with_penalties);
   // Waits for everything queued on the compute and both copy streams (launched steps still use the buffers);
   // check: a CUDA error throws (not in the destructor or when dropping steps after a failure).
   void sync_streams(bool check) const;
@@ -219,14 +224,15 @@ class GpuExecutor : public Executor {
     // Decode batch size -> graph, by SamplerKind: [kGeneral] ends with the general sampler, [kGreedy] with the
     // all-greedy fast path (the lm_head screen where it applies), [kGreedyLogprob] with the all-greedy fast path that
     // writes a logprob (captured only at the sizes where [kGreedy] holds the screen), [kTopK] with the screen for
-    // sampled steps (captured at the sizes it takes), [kForward] and [kSampleGeneral] [kGeneral]'s two halves (a
-    // step with later grammar masks: the forward at launch, the sampler once the masks are up).
+    // sampled steps (captured at the sizes it takes); a step with later grammar masks: [kForward] at launch, then
+    // [kSampleGeneral] (the lm_head + the general sampler) or, all-greedy at the screen's sizes, [kSampleMaskedGreedy].
     std::map<int, cudaGraphExec_t> graphs[kSamplerKinds];
   };
   StepBuffers buf_[2];
   int cur_ = 0;  // the set the next launch uses
   int mask_rows_ = 0;  // the grammar masks in the step being launched (buf_[cur_].host_masks' rows)
   std::vector<int> later_mask_rows_;  // of those, the rows whose masks come with complete_launch()
+  StepInputs deferred_in_;  // the inputs of the step launched with later masks (its eager sampler needs them)
   size_t mask_words() const { return (size_t(cfg_.vocab_size) + 31) / 32; }
   char* host_meta() { return static_cast<char*>(buf_[cur_].host_meta.get()); }
   cudaStream_t upload_stream_ = nullptr, download_stream_ = nullptr;
@@ -236,7 +242,7 @@ class GpuExecutor : public Executor {
   DeviceArray<float> ban_values_;
   DeviceArray<uint8_t> sample_ws_, greedy_ws_, head_argmax_ws_;
   // The lm_head screen's int8 copy of the lm_head, its largest |w| and its workspace (be_.lmhead_screen).
-  DeviceArray<uint8_t> screen_weights_, screen_ws_;
+  DeviceArray<uint8_t> screen_weights_, screen_ws_, screen_masked_ws_;
   float screen_amax_ = 0.0f;
   struct Launched {
     std::vector<int> top_n;  // top logprobs wanted per sampled row (its size: the rows)
@@ -248,6 +254,7 @@ class GpuExecutor : public Executor {
     bool pending = false;
     int graph_bs = 0, mask_rows = 0;
     bool pen = false;  // its sampler reads the penalty / ban arrays
+    bool masked_greedy = false;  // all-greedy at the screen's sizes: kSampleMaskedGreedy's form
     std::vector<int> later_mask_rows;
   };
   // The end of a launched step on the streams: the set's done event, the samples' copies back, out_ready.
@@ -355,6 +362,8 @@ GpuExecutor::GpuExecutor(const std::string& model_dir, const GpuOptions& opts) :
     screen_amax_ = lmhead_screen_amax(screen_weights_.get(), V, H, stream_);
     screen_ws_ = DeviceArray<uint8_t>(alloc_, lmhead_screen_workspace_bytes(V, H), "activations");
     lmhead_screen_workspace_init(screen_ws_.get(), V, H, stream_);
+    screen_masked_ws_ = DeviceArray<uint8_t>(alloc_, lmhead_screen_masked_workspace_bytes(max_seqs), "activations");
+    MS_CUDA_CHECK(cudaMemsetAsync(screen_masked_ws_.get(), 0, screen_masked_ws_.bytes(), stream_));
     log_info("lm_head screen: an int8 copy of the lm_head ({}) for {}", format_bytes(screen_weights_.bytes()),
              be_.lmhead_screen && be_.lmhead_screen_topk ? "greedy and sampled (top_k <= 64) steps of 1-64 rows"
              : be_.lmhead_screen                         ? "greedy steps of 1-64 rows"
@@ -703,10 +712,11 @@ void GpuExecutor::launch(const ForwardBatch& batch, const std::vector<SampleSpec
   for (auto& s : specs) plain = plain && !s.listed() && !s.forced(), masked = masked || s.masked();
   bool greedy = plain && !masked;  // and every row greedy without top logprobs: the fast sampler
   bool topk = plain && !masked;  // or every row greedy or top_k 1..64, no logprobs: the screen for sampled steps
-  bool logprob = false;
+  bool logprob = false, greedy_rows = plain;  // greedy_rows: greedy, whatever the masks
   for (auto& s : specs) {
     const bool g = s.sampler.temperature <= 0.0f || s.sampler.top_k == 1;
     greedy = greedy && g && s.top_logprobs == 0;
+    greedy_rows = greedy_rows && g && s.top_logprobs == 0;
     topk = topk && (g || (s.sampler.top_k >= 1 && s.sampler.top_k <= kLmheadScreenMaxTopK)) && s.top_logprobs == 0;
     logprob = logprob || s.logprob;
   }
@@ -750,9 +760,15 @@ void GpuExecutor::launch(const ForwardBatch& batch, const std::vector<SampleSpec
   if (deferred) {
     // (Look-ahead steps carry no scored prompt positions, so the lm_head never runs in slices here.)
     MS_CHECK(!in.head_in_chunks && !l.want_rank, "a step with later masks scores prompt positions");
-    if (graph_bs > 0) MS_CUDA_CHECK(cudaGraphLaunch(graphs.at(graph_bs), stream_));
-    else model_->forward(in, stream_);  // (in.head_argmax false: the lm_head's logits)
+    if (graph_bs > 0) {
+      MS_CUDA_CHECK(cudaGraphLaunch(graphs.at(graph_bs), stream_));
+    } else {
+      in.head_argmax = true;  // up to the lm_head's input rows
+      model_->forward(in, stream_);
+    }
     l.pending = true;
+    l.masked_greedy = greedy_rows && !logprob && be_.lmhead_screen && screen_for(R);
+    deferred_in_ = in;
     l.graph_bs = graph_bs;
     l.mask_rows = mask_rows_;
     l.later_mask_rows = later_mask_rows_;
@@ -797,16 +813,17 @@ void GpuExecutor::complete_launch(std::vector<std::vector<uint32_t>>& masks) {
     MS_CUDA_CHECK(cudaStreamWaitEvent(stream_, b.meta_ready, 0));
   }
   const int R = l.rows();
+  const int kind = l.masked_greedy ? kSampleMaskedGreedy : kSampleGeneral;
   if (l.graph_bs > 0) {
-    MS_CUDA_CHECK(cudaGraphLaunch(b.graphs[kSampleGeneral].at(l.graph_bs), stream_));
+    MS_CUDA_CHECK(cudaGraphLaunch(b.graphs[kind].at(l.graph_bs), stream_));
   } else if (R > 0) {
-    struct SetGuard {  // sample_rows() works on buf_[cur_]: the launched step's set meanwhile
+    struct SetGuard {  // the sampler works on buf_[cur_]: the launched step's set meanwhile
       int& cur;
       int saved;
       ~SetGuard() { cur = saved; }
     } guard{cur_, cur_};
     cur_ = l.buf;
-    sample_rows(0, R, R, kGeneral, l.pen, false);
+    sample_after_forward(deferred_in_, R, kind, l.pen);
   }
   enqueue_copies_back(l);
   l.pending = false;
@@ -946,13 +963,28 @@ void GpuExecutor::sample_rows(int r0, int rows, int step_rows, int kind, bool wi
 }
 
 void GpuExecutor::record_decode(int bs, StepInputs& in, int kind) {
-  if (kind == kSampleGeneral) {  // the sampler alone, over the logits kForward's graph leaves
-    sample_rows(0, bs, bs, kGeneral, false, false);
+  if (kind == kSampleGeneral || kind == kSampleMaskedGreedy) {  // after kForward's graph
+    sample_after_forward(in, bs, kind, false);
     return;
   }
-  in.head_argmax = kind != kGeneral && kind != kForward && head_argmax_for(bs, kind);
+  in.head_argmax = kind == kForward || (kind != kGeneral && head_argmax_for(bs, kind));
   model_->forward(in, stream_);
   if (kind != kForward) sample_rows(0, bs, bs, kind, false, in.head_argmax);
+}
+
+void GpuExecutor::sample_after_forward(const StepInputs& in, int rows, int kind, bool with_penalties) {
+  StepBuffers& b = buf_[cur_];
+  if (kind == kSampleMaskedGreedy) {
+    const int H = int(cfg_.hidden_size), V = int(cfg_.vocab_size);
+    lmhead_screen(model_->head_rows(), rows, H, model_->head_weight(), screen_weights_.get(), screen_amax_, V,
+                  b.out_ids.get(), screen_ws_.get(), stream_);
+    lmhead_screen_masked(model_->head_rows(), rows, H, model_->head_weight(), V, b.masks.get(),
+                         reinterpret_cast<const SampleRowParams*>(b.meta.get() + layout_->params_at(rows)),
+                         b.out_ids.get(), screen_masked_ws_.get(), stream_);
+    return;
+  }
+  model_->head_logits(in, stream_);
+  sample_rows(0, rows, rows, kGeneral, with_penalties, false);
 }
 
 void GpuExecutor::capture_graphs() {
@@ -986,6 +1018,7 @@ void GpuExecutor::capture_graphs() {
       for (int kind = 0; kind < kSamplerKinds; ++kind) {
         if (kind == kGreedyLogprob && !screen_for(bs)) continue;  // the same graph as kGreedy's
         if (kind == kTopK && !screen_topk_for(bs)) continue;     // kGeneral's
+        if (kind == kSampleMaskedGreedy && !(be_.lmhead_screen && screen_for(bs))) continue;
         record_decode(bs, in, kind);  // eager warm-up: libraries pick algorithms, load modules outside capture
         MS_CUDA_CHECK(cudaStreamSynchronize(stream_));
         cudaGraph_t g = nullptr;

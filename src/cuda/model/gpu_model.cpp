@@ -465,6 +465,14 @@ void GpuQwen3::forward(const StepInputs& in, cudaStream_t s, StepProfile* prof) 
   mark("gemm lm_head", g4.first, g4.second);
 }
 
+void GpuQwen3::head_logits(const StepInputs& in, cudaStream_t s) {
+  MS_CHECK(head_rows_ != nullptr && in.R > 0 && !in.head_in_chunks, "head_logits() without a head_argmax forward");
+  if ((be_.skip_ops & kSkipLmHead) != 0) return;  // timing only
+  const int H = int(cfg_.hidden_size);
+  be_.gemm->run(head_rows_, H, in.R, H, head_weight(), int(cfg_.vocab_size), logits_.get(), cfg_.vocab_size,
+                OutType::F32, s);
+}
+
 void GpuQwen3::head_chunk(const StepInputs& in, int r0, int n, cudaStream_t s) {
   MS_CHECK(in.head_in_chunks && r0 >= 0 && n > 0 && n <= max_rows_ && r0 + n <= in.R,
            "lm_head slice of rows {} .. {} outside a chunked step of {} rows (slices of at most {})", r0, r0 + n, in.R,

@@ -135,6 +135,9 @@ class GpuQwen3 {
   // After a forward with in.head_in_chunks: the logits of logit rows [r0, r0 + n) into logits()' first n rows
   // (n <= max_head_rows()).
   void head_chunk(const StepInputs& in, int r0, int n, cudaStream_t stream);
+  // After a forward with in.head_argmax: the lm_head over its head_rows() into logits(), as a forward without it
+  // ends (the same GEMM).
+  void head_logits(const StepInputs& in, cudaStream_t stream);
   int max_head_rows() const { return max_rows_; }
   float* logits() const { return logits_.get(); }
   const bf16* head_rows() const { return head_rows_; }  // the lm_head's input rows of the last head_argmax forward

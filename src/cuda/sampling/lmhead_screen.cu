@@ -788,6 +788,7 @@ std::string lmhead_screen_code(const DeviceInfo& dev) {
         reinterpret_cast<const void*>(wide_pick_topk_kernel)})
     if (std::string why = check_kernel_present(k, dev); !why.empty()) return why;
   if (std::string why = topk_draw_code(dev); !why.empty()) return why;
+  if (std::string why = masked_code(dev); !why.empty()) return why;
   return wide_code(dev);
 }
 

@@ -41,6 +41,17 @@ void lmhead_screen_workspace_init(void* workspace, int vocab, int K, cudaStream_
 void lmhead_screen(const bf16* x, int rows, int K, const bf16* w, const void* screen_weights, float amax_all,
                    int vocab, int32_t* out_ids, void* workspace, cudaStream_t stream);
 
+// Greedy rows under grammar masks (lmhead_screen_masked.cu), after lmhead_screen over the same rows wrote each row's
+// argmax over every token to ids: a row whose mask (params[r].mask_row >= 0: its row of `masks`, (vocab + 31) / 32
+// words, bit t % 32 of word t / 32 set where token t may be picked) refuses that argmax gets ids[r] = the argmax over
+// its allowed tokens of the f32 sum x[r] . w[v] (the lowest id on ties), evaluated as the screen's picks evaluate
+// theirs from the allowed tokens' BF16 weight rows alone; the other rows keep theirs (the argmax over every token is
+// the argmax over any set holding it). A mask that allows no token leaves the row's id. workspace: the bytes below,
+// zeroed once before the first launch (each launch leaves it zeroed). Two launches, programmatic dependents.
+size_t lmhead_screen_masked_workspace_bytes(int max_rows);
+void lmhead_screen_masked(const bf16* x, int rows, int K, const bf16* w, int vocab, const uint32_t* masks,
+                          const SampleRowParams* params, int32_t* ids, void* workspace, cudaStream_t stream);
+
 // The screen for sampled steps of 1-64 rows (lmhead_screen_topk.cu's draw after the screen and a top-k pick; 9-64 rows on
 // sm_90: the wide stream writing every row's a + B and a pick block a (vocabulary slice, token)): every row
 // greedy (temperature 0, top_k 1 or min_p > 1) or sampling with top_k in 1..kLmheadScreenMaxTopK, without penalties,

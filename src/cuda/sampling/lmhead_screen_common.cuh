@@ -186,5 +186,7 @@ int launch_wide_hi(const bf16* x, int rows, int K, const void* screen_weights, f
 void launch_topk_draw(const Best* topk, const int* topk_n, int blocks, int rows, const SampleRowParams* params,
                       int32_t* out_ids, cudaStream_t stream);
 std::string topk_draw_code(const DeviceInfo& dev);
+// lmhead_screen_masked's kernels (lmhead_screen_masked.cu): "" when this binary holds them for `dev`.
+std::string masked_code(const DeviceInfo& dev);
 
 }  // namespace moeserve::cuda::screen_detail

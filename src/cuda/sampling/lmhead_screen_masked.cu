@@ -1,0 +1,97 @@
+// Greedy rows under grammar masks after the lm_head screen (lmhead_screen_masked, lmhead_screen.h): the screen's pick
+// is the argmax over every token, so where a row's mask allows it, it is the argmax over the allowed ones too; only
+// the rows whose mask refuses it get the argmax over their allowed tokens, evaluated exactly (the screen picks' own
+// warp dot, exact_logit) from the BF16 weight rows of those tokens alone. A structural JSON state allows a few hundred
+// tokens: a few hundred weight rows read instead of the whole lm_head.
+//
+// Two launches: the scan (a grid of vocabulary slices; each block walks, for every refused row, the mask words of its
+// slice, a warp a word at a time, a token a warp dot; its warps' best (logit, id) into the row's 64-bit key by
+// atomicMax), then the write (one block: each keyed row's id, its key back to 0 for the next launch).
+#include <algorithm>
+
+#include "cuda/launch.h"
+#include "cuda/pdl.cuh"
+#include "cuda/registry.h"
+#include "cuda/sampling/lmhead_screen_common.cuh"
+
+namespace moeserve::cuda {
+namespace screen_detail {
+namespace {
+
+constexpr int kMaskedWarps = 8;
+
+// Whether row r's mask refuses its current pick (the rows whose argmax the scan replaces).
+__device__ __forceinline__ bool pick_refused(const SampleRowParams* params, const uint32_t* masks, size_t words,
+                                             const int32_t* ids, int r) {
+  const int mr = params[r].mask_row;
+  if (mr < 0) return false;
+  const int id = __ldcg(ids + r);
+  return ((__ldcg(masks + size_t(mr) * words + size_t(id >> 5)) >> (id & 31)) & 1u) == 0;
+}
+
+__global__ void __launch_bounds__(kMaskedWarps * 32)
+    masked_scan_kernel(const bf16* x, int rows, int K, const bf16* w, int vocab, const uint32_t* masks,
+                       const SampleRowParams* params, const int32_t* ids, unsigned long long* keys) {
+  pdl_enter();  // ids and x come from the kernels before
+  const size_t words = (size_t(vocab) + 31) / 32;
+  const int warp = int(threadIdx.x) >> 5, lane = int(threadIdx.x) & 31;
+  const int per = int((words + gridDim.x - 1) / gridDim.x);
+  const int w0 = int(blockIdx.x) * per, w1 = min(int(words), w0 + per);
+  for (int r = 0; r < rows; ++r) {
+    if (!pick_refused(params, masks, words, ids, r)) continue;  // (uniform over the grid)
+    const uint32_t* m = masks + size_t(params[r].mask_row) * words;
+    const bf16* xr = x + size_t(r) * size_t(K);
+    Best best{-INFINITY, INT_MAX};
+    for (int wi = w0 + warp; wi < w1; wi += kMaskedWarps) {
+      unsigned bits = __ldcg(m + wi);
+      if (wi == int(words) - 1 && vocab % 32) bits &= (1u << (vocab % 32)) - 1u;  // no token past the vocabulary
+      while (bits) {
+        const int t = wi * 32 + __ffs(int(bits)) - 1;
+        bits &= bits - 1;
+        best = better(best, Best{exact_logit(xr, w + int64_t(t) * K, K, lane), t});
+      }
+    }
+    if (lane == 0 && best.id != INT_MAX && !(best.v != best.v)) atomicMax(keys + r, best_key(best.v, best.id));
+  }
+}
+
+__global__ void __launch_bounds__(256) masked_write_kernel(int rows, int32_t* ids, unsigned long long* keys) {
+  pdl_enter();
+  for (int r = int(threadIdx.x); r < rows; r += 256) {
+    const unsigned long long k = keys[r];
+    if (k == 0) continue;  // kept its pick (or its mask allows no token: the constraint then refuses it)
+    ids[r] = row_of_key(k);
+    keys[r] = 0;
+  }
+}
+
+}  // namespace
+
+std::string masked_code(const DeviceInfo& dev) {
+  for (const void* k : {reinterpret_cast<const void*>(masked_scan_kernel),
+                        reinterpret_cast<const void*>(masked_write_kernel)})
+    if (std::string why = check_kernel_present(k, dev); !why.empty()) return why;
+  return "";
+}
+
+}  // namespace screen_detail
+
+size_t lmhead_screen_masked_workspace_bytes(int max_rows) {
+  return size_t(std::max(max_rows, 1)) * sizeof(unsigned long long);
+}
+
+void lmhead_screen_masked(const bf16* x, int rows, int K, const bf16* w, int vocab, const uint32_t* masks,
+                          const SampleRowParams* params, int32_t* ids, void* workspace, cudaStream_t stream) {
+  using namespace screen_detail;
+  MS_CHECK(rows >= 1 && K % 8 == 0 && vocab > 0, "lmhead_screen_masked: {} rows of K {} over {}", rows, K, vocab);
+  static const int sms = current_device_multiprocessors();  // one device per process
+  // Two blocks an SM, each a slice of ~V / 2 SMs tokens (18 mask words at Qwen3's vocabulary and 132 SMs).
+  const int words = (vocab + 31) / 32;
+  const int blocks = std::max(1, std::min(2 * sms, words));
+  auto* keys = static_cast<unsigned long long*>(workspace);
+  launch_pdl(masked_scan_kernel, dim3(unsigned(blocks)), dim3(kMaskedWarps * 32), 0, stream, x, rows, K, w, vocab,
+             masks, params, static_cast<const int32_t*>(ids), keys);
+  launch_pdl(masked_write_kernel, dim3(1), dim3(256), 0, stream, rows, ids, keys);
+}
+
+}  // namespace moeserve::cuda
