@@ -298,7 +298,7 @@ TEST(LmheadScreen, MatchesDoubleArgmax) {
 // over its allowed tokens - masks that allow the screen's pick (kept), random ones that leave it out, a single token,
 // a mask with stray bits past the vocabulary (never read: no weight row there) - and unmasked rows and a row whose
 // mask allows nothing keep the screen's pick; a second launch on the same workspace gives the same ids (it is left
-// zeroed).
+// zeroed); and without the screen's picks, every masked row its allowed argmax.
 TEST(LmheadScreen, MaskedRowsTakeTheArgmaxOfTheirAllowedTokens) {
   for (const int V : {17, 5000, 40001}) {
     for (const int K : {128, 2048}) {
@@ -344,6 +344,11 @@ TEST(LmheadScreen, MaskedRowsTakeTheArgmaxOfTheirAllowedTokens) {
         MS_CUDA_CHECK(cudaMemset(ws.p, 0, ws.n));
         Dev<int32_t> ids(picks);
         const std::string where = "V " + std::to_string(V) + " K " + std::to_string(K) + " M " + std::to_string(M);
+        std::vector<Exact> exact(static_cast<size_t>(M));  // computed once a row, when needed
+        auto exact_of = [&](int m) -> const Exact& {
+          if (exact[size_t(m)].lg.empty()) exact[size_t(m)] = exact_logits(hx, m, K, hw, V);
+          return exact[size_t(m)];
+        };
         for (int pass = 0; pass < 2; ++pass) {
           ids.upload(picks);
           cuda::lmhead_screen_masked(reinterpret_cast<const cuda::bf16*>(x.p), M, K,
@@ -359,7 +364,7 @@ TEST(LmheadScreen, MaskedRowsTakeTheArgmaxOfTheirAllowedTokens) {
               continue;
             }
             ASSERT_TRUE(id >= 0 && id < V && a[size_t(id)]) << where << " row " << m << ": token " << id;
-            const Exact e = exact_logits(hx, m, K, hw, V);
+            const Exact& e = exact_of(m);
             double best = -INFINITY, scale = 0;
             for (int t = 0; t < V; ++t)
               if (a[size_t(t)]) best = std::max(best, e.lg[size_t(t)]), scale = std::max(scale, std::fabs(e.lg[size_t(t)]));
@@ -369,6 +374,31 @@ TEST(LmheadScreen, MaskedRowsTakeTheArgmaxOfTheirAllowedTokens) {
         }
         if (M >= 5 && V > 1) {
           EXPECT_GT(refused, 0) << where;
+        }
+        // Without the screen's picks (picked = false): every masked row its allowed tokens' argmax (token 0 when none
+        // is allowed), the unmasked rows' ids untouched.
+        std::vector<int32_t> marks(static_cast<size_t>(M), -7);
+        ids.upload(marks);
+        cuda::lmhead_screen_masked(reinterpret_cast<const cuda::bf16*>(x.p), M, K,
+                                   reinterpret_cast<const cuda::bf16*>(w.p), V, dmasks.p, dparams.p, ids.p, ws.p,
+                                   nullptr, /*picked=*/false);
+        MS_CUDA_CHECK(cudaDeviceSynchronize());
+        const std::vector<int32_t> unpicked = ids.download();
+        for (int m = 0; m < M; ++m) {
+          const auto& a = ok[size_t(m)];
+          const int id = unpicked[size_t(m)];
+          if (a.empty()) {
+            EXPECT_EQ(id, -7) << where << " row " << m << ": an unmasked row written without picks";
+          } else if (std::count(a.begin(), a.end(), 1) == 0) {
+            EXPECT_EQ(id, 0) << where << " row " << m << ": a mask allowing nothing, without picks";
+          } else {
+            ASSERT_TRUE(id >= 0 && id < V && a[size_t(id)]) << where << " row " << m << ": token " << id << " (no picks)";
+            const Exact& e = exact_of(m);
+            double best = -INFINITY, scale = 0;
+            for (int t = 0; t < V; ++t)
+              if (a[size_t(t)]) best = std::max(best, e.lg[size_t(t)]), scale = std::max(scale, std::fabs(e.lg[size_t(t)]));
+            EXPECT_GE(e.lg[size_t(id)], best - (1e-5 * scale + 1e-6)) << where << " row " << m << " (no picks)";
+          }
         }
       }
     }

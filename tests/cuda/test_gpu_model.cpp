@@ -541,6 +541,44 @@ TEST(GpuModel, GrammarMaskedDecodeStepsPickTheBestAllowedToken) {
         gpu.r->executor().complete_launch(masks2);
         gpu.r->executor().collect(greedy_later);
         ASSERT_EQ(greedy_later.size(), got.size());
+        // Every row greedy under a small mask (40 random tokens, on even rows the unmasked argmax too), half of them
+        // given later: no screen, each row's argmax over its allowed tokens (lmhead_screen_masked without picks).
+        std::vector<std::vector<uint8_t>> small(seqs.size(), std::vector<uint8_t>(size_t(V), 0));
+        std::vector<SampleSpec> held_small = held;
+        std::vector<int32_t> later_small;
+        std::vector<std::vector<uint32_t>> masks_small;
+        for (size_t s = 0; s < seqs.size(); ++s) {
+          for (int i = 0; i < 40; ++i) small[s][g() % uint32_t(V)] = 1;
+          if (s % 2 == 0) small[s][size_t(plain[s].token)] = 1;
+          std::vector<uint32_t> words(size_t(V + 31) / 32, 0u);
+          for (int64_t t = 0; t < V; ++t)
+            if (small[s][size_t(t)]) words[size_t(t) / 32] |= 1u << (t % 32);
+          held_small[s].allowed.clear();
+          if (s % 3 == 0) {
+            later_small.push_back(int32_t(s));
+            masks_small.push_back(std::move(words));
+          } else {
+            held_small[s].allowed = std::move(words);
+          }
+        }
+        std::vector<Sampled> small_got;
+        gpu.r->executor().launch(fb, held_small, later_small);
+        gpu.r->executor().complete_launch(masks_small);
+        gpu.r->executor().collect(small_got);
+        ASSERT_EQ(small_got.size(), seqs.size());
+        for (size_t s = 0; s < seqs.size(); ++s) {
+          const int32_t tok = small_got[s].token;
+          ASSERT_TRUE(tok >= 0 && tok < V && small[s][size_t(tok)])
+              << "step " << step << " sequence " << s << " (small masks): token " << tok << " left out by the mask";
+          const float* row = &logits[s * size_t(V)];
+          float best = -INFINITY;
+          for (int64_t t = 0; t < V; ++t)
+            if (small[s][size_t(t)]) best = std::max(best, row[t]);
+          EXPECT_GE(row[tok], best - 0.05f) << "step " << step << " sequence " << s << " (small masks): token " << tok;
+          if (s % 2 == 0) {
+            EXPECT_EQ(tok, plain[s].token) << "step " << step << " sequence " << s << " (small masks): its argmax allowed";
+          }
+        }
       }
       for (size_t s = 0; s < seqs.size(); ++s) {
         const std::string where = "step " + std::to_string(step) + " sequence " + std::to_string(s);

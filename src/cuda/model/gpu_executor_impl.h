@@ -39,7 +39,8 @@ inline constexpr int kMinHeadRows = 256;
 // screen for sampled steps (lmhead_screen_topk: 1-64 rows, each greedy or with top_k in 1..64, no logprobs). And for
 // steps whose grammar masks come while the forward runs (Executor::launch's `later`), the forward apart (up to the
 // lm_head's input rows), then, once the masks are up, the lm_head and the general sampler, or for all-greedy steps of
-// the screen's sizes the lm_head screen and the masked rows' argmax over their allowed tokens (lmhead_screen_masked).
+// the screen's sizes the lm_head screen and the masked rows' argmax over their allowed tokens (lmhead_screen_masked),
+// or, all-greedy with every row's mask allowing at most kMaskedOnlyTokens tokens, that argmax alone (no screen).
 enum SamplerKind {
   kGeneral = 0,
   kGreedy = 1,
@@ -48,8 +49,13 @@ enum SamplerKind {
   kForward = 4,
   kSampleGeneral = 5,
   kSampleMaskedGreedy = 6,
-  kSamplerKinds = 7
+  kSampleMaskedOnly = 7,
+  kSamplerKinds = 8
 };
+// The most tokens a mask of an all-greedy step may allow for the step to skip the screen (kSampleMaskedOnly): each
+// allowed token's weight row is read (4 KB at hidden 2,048: 16 MB at this bound, against the screen's int8 copy of
+// the lm_head, 311 MB at Qwen3's vocabulary). A JSON structure state allows 4-267 tokens, a free string ~150 k.
+inline constexpr int64_t kMaskedOnlyTokens = 4096;
 
 inline size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
@@ -168,7 +174,8 @@ class GpuExecutor : public Executor {
   void capture_graphs();
   void record_decode(int bs, StepInputs& in, int kind);
   // A step with later masks, after its forward (in.head_argmax: head_rows()): the sampler of `kind`
-  // (kSampleGeneral: the lm_head + the general sampler; kSampleMaskedGreedy: the screen + lmhead_screen_masked).
+  // (kSampleGeneral: the lm_head + the general sampler; kSampleMaskedGreedy: the screen + lmhead_screen_masked;
+  // kSampleMaskedOnly: lmhead_screen_masked without picks).
   void sample_after_forward(const StepInputs& in, int rows, int kind, bool with_penalties);
   // Waits for everything queued on the compute and both copy streams (launched steps still use the buffers);
   // check: a CUDA error throws (not in the destructor or when dropping steps after a failure).
@@ -205,7 +212,8 @@ class GpuExecutor : public Executor {
     // all-greedy fast path (the lm_head screen where it applies), [kGreedyLogprob] with the all-greedy fast path that
     // writes a logprob (captured only at the sizes where [kGreedy] holds the screen), [kTopK] with the screen for
     // sampled steps (captured at the sizes it takes); a step with later grammar masks: [kForward] at launch, then
-    // [kSampleGeneral] (the lm_head + the general sampler) or, all-greedy at the screen's sizes, [kSampleMaskedGreedy].
+    // [kSampleGeneral] (the lm_head + the general sampler) or, all-greedy at the screen's sizes, [kSampleMaskedGreedy],
+    // or, all-greedy with every row's mask small, [kSampleMaskedOnly] (every size).
     std::map<int, cudaGraphExec_t> graphs[kSamplerKinds];
   };
   StepBuffers buf_[2];
@@ -234,7 +242,7 @@ class GpuExecutor : public Executor {
     bool pending = false;
     int graph_bs = 0, mask_rows = 0;
     bool pen = false;  // its sampler reads the penalty / ban arrays
-    bool masked_greedy = false;  // all-greedy at the screen's sizes: kSampleMaskedGreedy's form
+    bool greedy = false;  // every row greedy without logprobs, whatever the masks: the masked greedy forms
     std::vector<int> later_mask_rows;
   };
   // The end of a launched step on the streams: the set's done event, the samples' copies back, out_ready.

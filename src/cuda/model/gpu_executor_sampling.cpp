@@ -63,7 +63,7 @@ void GpuExecutor::sample_rows(int r0, int rows, int step_rows, int kind, bool wi
 }
 
 void GpuExecutor::record_decode(int bs, StepInputs& in, int kind) {
-  if (kind == kSampleGeneral || kind == kSampleMaskedGreedy) {  // after kForward's graph
+  if (kind == kSampleGeneral || kind == kSampleMaskedGreedy || kind == kSampleMaskedOnly) {  // after kForward's graph
     sample_after_forward(in, bs, kind, false);
     return;
   }
@@ -74,13 +74,15 @@ void GpuExecutor::record_decode(int bs, StepInputs& in, int kind) {
 
 void GpuExecutor::sample_after_forward(const StepInputs& in, int rows, int kind, bool with_penalties) {
   StepBuffers& b = buf_[cur_];
-  if (kind == kSampleMaskedGreedy) {
+  if (kind == kSampleMaskedGreedy || kind == kSampleMaskedOnly) {
     const int H = int(cfg_.hidden_size), V = int(cfg_.vocab_size);
-    lmhead_screen(model_->head_rows(), rows, H, model_->head_weight(), screen_weights_.get(), screen_amax_, V,
-                  b.out_ids.get(), screen_ws_.get(), stream_);
+    const bool picked = kind == kSampleMaskedGreedy;
+    if (picked)
+      lmhead_screen(model_->head_rows(), rows, H, model_->head_weight(), screen_weights_.get(), screen_amax_, V,
+                    b.out_ids.get(), screen_ws_.get(), stream_);
     lmhead_screen_masked(model_->head_rows(), rows, H, model_->head_weight(), V, b.masks.get(),
                          reinterpret_cast<const SampleRowParams*>(b.meta.get() + layout_->params_at(rows)),
-                         b.out_ids.get(), screen_masked_ws_.get(), stream_);
+                         b.out_ids.get(), screen_masked_ws_.get(), stream_, picked);
     return;
   }
   model_->head_logits(in, stream_);
@@ -119,6 +121,7 @@ void GpuExecutor::capture_graphs() {
         if (kind == kGreedyLogprob && !screen_for(bs)) continue;  // the same graph as kGreedy's
         if (kind == kTopK && !screen_topk_for(bs)) continue;     // kGeneral's
         if (kind == kSampleMaskedGreedy && !(be_.lmhead_screen && screen_for(bs))) continue;
+        if (kind == kSampleMaskedOnly && !be_.lmhead_screen) continue;  // (the masked pick ships with the screen)
         record_decode(bs, in, kind);  // eager warm-up: libraries pick algorithms, load modules outside capture
         MS_CUDA_CHECK(cudaStreamSynchronize(stream_));
         cudaGraph_t g = nullptr;

@@ -48,9 +48,13 @@ void lmhead_screen(const bf16* x, int rows, int K, const bf16* w, const void* sc
 // theirs from the allowed tokens' BF16 weight rows alone; the other rows keep theirs (the argmax over every token is
 // the argmax over any set holding it). A mask that allows no token leaves the row's id. workspace: the bytes below,
 // zeroed once before the first launch (each launch leaves it zeroed). Two launches, programmatic dependents.
+// picked = false: no screen ran, ids hold nothing - every masked row gets the argmax over its allowed tokens (token 0
+// where it allows none), the unmasked rows' ids are left as they are (for steps whose every mask allows few tokens:
+// their rows read instead of the screen's 311 MB). Any number of rows.
 size_t lmhead_screen_masked_workspace_bytes(int max_rows);
 void lmhead_screen_masked(const bf16* x, int rows, int K, const bf16* w, int vocab, const uint32_t* masks,
-                          const SampleRowParams* params, int32_t* ids, void* workspace, cudaStream_t stream);
+                          const SampleRowParams* params, int32_t* ids, void* workspace, cudaStream_t stream,
+                          bool picked = true);
 
 // The screen for sampled steps of 1-64 rows (lmhead_screen_topk.cu's draw after the screen and a top-k pick; 9-64 rows on
 // sm_90: the wide stream writing every row's a + B and a pick block a (vocabulary slice, token)): every row

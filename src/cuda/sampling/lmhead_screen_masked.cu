@@ -1,4 +1,5 @@
-// Greedy rows under grammar masks after the lm_head screen (lmhead_screen_masked, lmhead_screen.h): the screen's pick
+// Greedy rows under grammar masks after the lm_head screen (lmhead_screen_masked, lmhead_screen.h), or without it
+// where every row's mask allows few tokens (`picked` false: every masked row evaluated): the screen's pick
 // is the argmax over every token, so where a row's mask allows it, it is the argmax over the allowed ones too; only
 // the rows whose mask refuses it get the argmax over their allowed tokens, evaluated exactly (the screen picks' own
 // warp dot, exact_logit) from the BF16 weight rows of those tokens alone. A structural JSON state allows a few hundred
@@ -20,25 +21,27 @@ namespace {
 
 constexpr int kMaskedWarps = 8;
 
-// Whether row r's mask refuses its current pick (the rows whose argmax the scan replaces).
+// Whether row r's mask refuses its current pick (the rows whose argmax the scan replaces); with no picks (`picked`
+// false), every masked row.
 __device__ __forceinline__ bool pick_refused(const SampleRowParams* params, const uint32_t* masks, size_t words,
-                                             const int32_t* ids, int r) {
+                                             const int32_t* ids, int r, bool picked) {
   const int mr = params[r].mask_row;
   if (mr < 0) return false;
+  if (!picked) return true;
   const int id = __ldcg(ids + r);
   return ((__ldcg(masks + size_t(mr) * words + size_t(id >> 5)) >> (id & 31)) & 1u) == 0;
 }
 
 __global__ void __launch_bounds__(kMaskedWarps * 32)
     masked_scan_kernel(const bf16* x, int rows, int K, const bf16* w, int vocab, const uint32_t* masks,
-                       const SampleRowParams* params, const int32_t* ids, unsigned long long* keys) {
+                       const SampleRowParams* params, const int32_t* ids, bool picked, unsigned long long* keys) {
   pdl_enter();  // ids and x come from the kernels before
   const size_t words = (size_t(vocab) + 31) / 32;
   const int warp = int(threadIdx.x) >> 5, lane = int(threadIdx.x) & 31;
   const int per = int((words + gridDim.x - 1) / gridDim.x);
   const int w0 = int(blockIdx.x) * per, w1 = min(int(words), w0 + per);
   for (int r = 0; r < rows; ++r) {
-    if (!pick_refused(params, masks, words, ids, r)) continue;  // (uniform over the grid)
+    if (!pick_refused(params, masks, words, ids, r, picked)) continue;  // (uniform over the grid)
     const uint32_t* m = masks + size_t(params[r].mask_row) * words;
     const bf16* xr = x + size_t(r) * size_t(K);
     Best best{-INFINITY, INT_MAX};
@@ -55,11 +58,14 @@ __global__ void __launch_bounds__(kMaskedWarps * 32)
   }
 }
 
-__global__ void __launch_bounds__(256) masked_write_kernel(int rows, int32_t* ids, unsigned long long* keys) {
+__global__ void __launch_bounds__(256)
+    masked_write_kernel(int rows, const SampleRowParams* params, bool picked, int32_t* ids, unsigned long long* keys) {
   pdl_enter();
   for (int r = int(threadIdx.x); r < rows; r += 256) {
     const unsigned long long k = keys[r];
-    if (k == 0) continue;  // kept its pick (or its mask allows no token: the constraint then refuses it)
+    // Key 0: kept its pick, or its mask allows no token (the constraint then refuses what it gets: without picks,
+    // token 0).
+    if (k == 0 && (picked || params[r].mask_row < 0)) continue;
     ids[r] = row_of_key(k);
     keys[r] = 0;
   }
@@ -81,7 +87,8 @@ size_t lmhead_screen_masked_workspace_bytes(int max_rows) {
 }
 
 void lmhead_screen_masked(const bf16* x, int rows, int K, const bf16* w, int vocab, const uint32_t* masks,
-                          const SampleRowParams* params, int32_t* ids, void* workspace, cudaStream_t stream) {
+                          const SampleRowParams* params, int32_t* ids, void* workspace, cudaStream_t stream,
+                          bool picked) {
   using namespace screen_detail;
   MS_CHECK(rows >= 1 && K % 8 == 0 && vocab > 0, "lmhead_screen_masked: {} rows of K {} over {}", rows, K, vocab);
   static const int sms = current_device_multiprocessors();  // one device per process
@@ -90,8 +97,8 @@ void lmhead_screen_masked(const bf16* x, int rows, int K, const bf16* w, int voc
   const int blocks = std::max(1, std::min(2 * sms, words));
   auto* keys = static_cast<unsigned long long*>(workspace);
   launch_pdl(masked_scan_kernel, dim3(unsigned(blocks)), dim3(kMaskedWarps * 32), 0, stream, x, rows, K, w, vocab,
-             masks, params, static_cast<const int32_t*>(ids), keys);
-  launch_pdl(masked_write_kernel, dim3(1), dim3(256), 0, stream, rows, ids, keys);
+             masks, params, static_cast<const int32_t*>(ids), picked, keys);
+  launch_pdl(masked_write_kernel, dim3(1), dim3(256), 0, stream, rows, params, picked, ids, keys);
 }
 
 }  // namespace moeserve::cuda
