@@ -69,6 +69,13 @@ toks = r["usage"]["completion_tokens"]
 print(f"    constrained greedy: {toks} tokens in {dt:.2f} s = {toks / dt:.0f} tok/s")
 code, p, dtp = post("/v1/completions", {"prompt": "Describe a person", "max_tokens": toks, "temperature": 0, "ignore_eos": True})
 print(f"    plain greedy:       {p['usage']['completion_tokens']} tokens in {dtp:.2f} s = {p['usage']['completion_tokens'] / dtp:.0f} tok/s")
+qs = {"temperature": 0.6, "top_k": 20, "top_p": 0.95, "seed": 3}  # Qwen3's default chat sampling
+code, r, dt = post("/v1/chat/completions", {**chat, **qs})
+check("sampled chat (Qwen3 defaults)", code, r["choices"][0]["message"]["content"], r["choices"][0]["finish_reason"])
+toks = r["usage"]["completion_tokens"]
+code, p, dtp = post("/v1/completions", {"prompt": "Describe a person", "max_tokens": toks, "ignore_eos": True, **qs})
+print(f"    constrained sampled: {toks / dt:.0f} tok/s; plain sampled: {p['usage']['completion_tokens'] / dtp:.0f} tok/s "
+      f"({toks} tokens, temperature 0.6, top_k 20, top_p 0.95)")
 # Batched: 16 constrained greedy requests at a time, 64 in all (their rows' masks computed side by side while the
 # forward runs), against 64 plain ones of the same lengths, 16 at a time.
 N, M = 16, 64

@@ -298,7 +298,8 @@ TEST(LmheadScreen, MatchesDoubleArgmax) {
 // over its allowed tokens - masks that allow the screen's pick (kept), random ones that leave it out, a single token,
 // a mask with stray bits past the vocabulary (never read: no weight row there) - and unmasked rows and a row whose
 // mask allows nothing keep the screen's pick; a second launch on the same workspace gives the same ids (it is left
-// zeroed); and without the screen's picks, every masked row its allowed argmax.
+// zeroed); without the screen's picks, every masked row its allowed argmax; and the masked rows' logits
+// (lmhead_masked_logits) against the double sums, -inf outside the masks.
 TEST(LmheadScreen, MaskedRowsTakeTheArgmaxOfTheirAllowedTokens) {
   for (const int V : {17, 5000, 40001}) {
     for (const int K : {128, 2048}) {
@@ -398,6 +399,32 @@ TEST(LmheadScreen, MaskedRowsTakeTheArgmaxOfTheirAllowedTokens) {
             for (int t = 0; t < V; ++t)
               if (a[size_t(t)]) best = std::max(best, e.lg[size_t(t)]), scale = std::max(scale, std::fabs(e.lg[size_t(t)]));
             EXPECT_GE(e.lg[size_t(id)], best - (1e-5 * scale + 1e-6)) << where << " row " << m << " (no picks)";
+          }
+        }
+        // The masked rows' logits for the general sampler (lmhead_masked_logits): every allowed token's logit, -inf
+        // elsewhere and on unmasked rows; each row's largest is the pick above (the same evaluation).
+        Dev<float> lg(size_t(M) * size_t(V));
+        lg.poison();
+        cuda::lmhead_masked_logits(reinterpret_cast<const cuda::bf16*>(x.p), M, K,
+                                   reinterpret_cast<const cuda::bf16*>(w.p), V, dmasks.p, dparams.p, lg.p, nullptr);
+        MS_CUDA_CHECK(cudaDeviceSynchronize());
+        const std::vector<float> hl = lg.download();
+        for (int m = 0; m < M; ++m) {
+          const auto& a = ok[size_t(m)];
+          const float* row = &hl[size_t(m) * size_t(V)];
+          int arg = -1;
+          for (int t = 0; t < V; ++t) {
+            const bool allowed = !a.empty() && a[size_t(t)];
+            if (!allowed) {
+              ASSERT_TRUE(std::isinf(row[t]) && row[t] < 0) << where << " row " << m << " token " << t << ": " << row[t];
+              continue;
+            }
+            const Exact& e = exact_of(m);
+            ASSERT_NEAR(row[t], e.lg[size_t(t)], 1e-4 * (1.0 + std::fabs(e.lg[size_t(t)]))) << where << " row " << m;
+            if (arg < 0 || row[t] > row[arg]) arg = t;
+          }
+          if (arg >= 0) {
+            EXPECT_EQ(arg, unpicked[size_t(m)]) << where << " row " << m << ": the logits' argmax against the pick";
           }
         }
       }

@@ -483,7 +483,7 @@ TEST(GpuModel, GrammarMaskedDecodeStepsPickTheBestAllowedToken) {
     std::vector<std::vector<int32_t>> seqs = random_prompts(13, V, 77, 4, 5, 19);
     prefill(gpu, seqs, 6);
     std::mt19937 g(5);
-    int moved = 0;
+    int moved = 0, sparse_differ = 0, sparse_sampled = 0;
     for (int step = 0; step < 4; ++step) {
       std::vector<SampleSpec> specs;
       std::mt19937_64 rng(1);
@@ -562,6 +562,7 @@ TEST(GpuModel, GrammarMaskedDecodeStepsPickTheBestAllowedToken) {
           }
         }
         std::vector<Sampled> small_got;
+        const std::vector<std::vector<uint32_t>> masks_small_copy = masks_small;
         gpu.r->executor().launch(fb, held_small, later_small);
         gpu.r->executor().complete_launch(masks_small);
         gpu.r->executor().collect(small_got);
@@ -578,6 +579,39 @@ TEST(GpuModel, GrammarMaskedDecodeStepsPickTheBestAllowedToken) {
           if (s % 2 == 0) {
             EXPECT_EQ(tok, plain[s].token) << "step " << step << " sequence " << s << " (small masks): its argmax allowed";
           }
+        }
+        // The same small masks, sampled (temperature 0.8, top_k 5 on odd rows; the even rows greedy): the allowed
+        // tokens' logits alone and the general sampler (lmhead_masked_logits), against the same step with the masks
+        // given up front (the whole lm_head and the general sampler), the same random bits: the same tokens but where
+        // the two summation orders split a draw's boundary.
+        std::vector<SampleSpec> sampled_small = held_small;
+        for (size_t s = 0; s < seqs.size(); ++s) {
+          if (s % 2 == 1) sampled_small[s].sampler.temperature = 0.8f, sampled_small[s].sampler.top_k = 5;
+          if (sampled_small[s].allowed.empty()) {  // (a later row: its mask as the up-front run has it)
+            for (size_t i = 0; i < later_small.size(); ++i)
+              if (size_t(later_small[i]) == s) sampled_small[s].allowed = masks_small_copy[i];
+          }
+        }
+        std::vector<SampleSpec> sparse_specs = sampled_small;
+        std::vector<std::vector<uint32_t>> sparse_masks;
+        for (int32_t r : later_small) {
+          sparse_masks.push_back(std::move(sparse_specs[size_t(r)].allowed));
+          sparse_specs[size_t(r)].allowed.clear();
+        }
+        const std::mt19937_64 rng_small = rng;
+        std::vector<Sampled> upfront, sparse;
+        gpu.r->step(fb, sampled_small, upfront);
+        rng = rng_small;
+        gpu.r->executor().launch(fb, sparse_specs, later_small);
+        gpu.r->executor().complete_launch(sparse_masks);
+        gpu.r->executor().collect(sparse);
+        ASSERT_EQ(sparse.size(), seqs.size());
+        for (size_t s = 0; s < seqs.size(); ++s) {
+          const int32_t tok = sparse[s].token;
+          ASSERT_TRUE(tok >= 0 && tok < V && small[s][size_t(tok)])
+              << "step " << step << " sequence " << s << " (small masks, sampled): token " << tok;
+          sparse_differ += tok != upfront[s].token;
+          sparse_sampled += s % 2 == 1;
         }
       }
       for (size_t s = 0; s < seqs.size(); ++s) {
@@ -603,6 +637,7 @@ TEST(GpuModel, GrammarMaskedDecodeStepsPickTheBestAllowedToken) {
       for (size_t s = 0; s < seqs.size(); ++s) seqs[s].push_back(fb.tokens[s]);
     }
     EXPECT_EQ(moved, 4 * 10) << "every masked row should leave its unmasked argmax";
+    EXPECT_LE(sparse_differ, 2) << "of " << 4 * seqs.size() << " small-mask rows, " << sparse_sampled << " sampled";
     release(gpu);
   }
 }

@@ -517,6 +517,7 @@ void GpuExecutor::launch(const ForwardBatch& batch, const std::vector<SampleSpec
     }
     l.pending = true;
     l.greedy = greedy_rows && !logprob && be_.lmhead_screen;
+    l.sparse = !l.want_lp && !l.want_top && be_.lmhead_screen;  // (the masked kernels ship with the screen)
     deferred_in_ = in;
     l.graph_bs = graph_bs;
     l.mask_rows = mask_rows_;
@@ -562,17 +563,18 @@ void GpuExecutor::complete_launch(std::vector<std::vector<uint32_t>>& masks) {
     MS_CUDA_CHECK(cudaStreamWaitEvent(stream_, b.meta_ready, 0));
   }
   const int R = l.rows();
-  int kind = kSampleGeneral;
-  if (l.greedy) {  // the screen + the refused rows' argmax, or that argmax alone where every mask is small
-    bool small = l.mask_rows == R;  // every row masked
-    for (int r = 0; r < l.mask_rows && small; ++r) {
-      const uint32_t* m = static_cast<const uint32_t*>(b.host_masks.get()) + size_t(r) * W;
-      int64_t n = 0;
-      for (size_t i = 0; i < W && n <= kMaskedOnlyTokens; ++i) n += __builtin_popcount(m[i]);
-      small = n <= kMaskedOnlyTokens;
-    }
-    kind = small ? kSampleMaskedOnly : screen_for(R) ? kSampleMaskedGreedy : kSampleGeneral;
+  // Greedy: the screen + the refused rows' argmax, or that argmax alone where every mask is small; sampled without
+  // logprobs where every mask is small: the allowed tokens' logits alone; else the lm_head + the general sampler.
+  bool small = (l.greedy || l.sparse) && l.mask_rows == R;  // every row masked
+  for (int r = 0; r < l.mask_rows && small; ++r) {
+    const uint32_t* m = static_cast<const uint32_t*>(b.host_masks.get()) + size_t(r) * W;
+    int64_t n = 0;
+    for (size_t i = 0; i < W && n <= kMaskedOnlyTokens; ++i) n += __builtin_popcount(m[i]);
+    small = n <= kMaskedOnlyTokens;
   }
+  const int kind = l.greedy ? (small ? kSampleMaskedOnly : screen_for(R) ? kSampleMaskedGreedy : kSampleGeneral)
+                   : small  ? kSampleSparse
+                            : kSampleGeneral;
   if (l.graph_bs > 0) {
     MS_CUDA_CHECK(cudaGraphLaunch(b.graphs[kind].at(l.graph_bs), stream_));
   } else if (R > 0) {

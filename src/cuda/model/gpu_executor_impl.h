@@ -40,7 +40,9 @@ inline constexpr int kMinHeadRows = 256;
 // steps whose grammar masks come while the forward runs (Executor::launch's `later`), the forward apart (up to the
 // lm_head's input rows), then, once the masks are up, the lm_head and the general sampler, or for all-greedy steps of
 // the screen's sizes the lm_head screen and the masked rows' argmax over their allowed tokens (lmhead_screen_masked),
-// or, all-greedy with every row's mask allowing at most kMaskedOnlyTokens tokens, that argmax alone (no screen).
+// or, all-greedy with every row's mask allowing at most kMaskedOnlyTokens tokens, that argmax alone (no screen); or,
+// sampled with every row's mask that small and no logprobs, the allowed tokens' logits alone (-inf elsewhere) and the
+// general sampler (lmhead_masked_logits).
 enum SamplerKind {
   kGeneral = 0,
   kGreedy = 1,
@@ -50,9 +52,10 @@ enum SamplerKind {
   kSampleGeneral = 5,
   kSampleMaskedGreedy = 6,
   kSampleMaskedOnly = 7,
-  kSamplerKinds = 8
+  kSampleSparse = 8,
+  kSamplerKinds = 9
 };
-// The most tokens a mask of an all-greedy step may allow for the step to skip the screen (kSampleMaskedOnly): each
+// The most tokens a mask may allow for a step to skip the screen (kSampleMaskedOnly) or the lm_head (kSampleSparse): each
 // allowed token's weight row is read (4 KB at hidden 2,048: 16 MB at this bound, against the screen's int8 copy of
 // the lm_head, 311 MB at Qwen3's vocabulary). A JSON structure state allows 4-267 tokens, a free string ~150 k.
 inline constexpr int64_t kMaskedOnlyTokens = 4096;
@@ -175,7 +178,7 @@ class GpuExecutor : public Executor {
   void record_decode(int bs, StepInputs& in, int kind);
   // A step with later masks, after its forward (in.head_argmax: head_rows()): the sampler of `kind`
   // (kSampleGeneral: the lm_head + the general sampler; kSampleMaskedGreedy: the screen + lmhead_screen_masked;
-  // kSampleMaskedOnly: lmhead_screen_masked without picks).
+  // kSampleMaskedOnly: lmhead_screen_masked without picks; kSampleSparse: lmhead_masked_logits + the general sampler).
   void sample_after_forward(const StepInputs& in, int rows, int kind, bool with_penalties);
   // Waits for everything queued on the compute and both copy streams (launched steps still use the buffers);
   // check: a CUDA error throws (not in the destructor or when dropping steps after a failure).
@@ -213,7 +216,7 @@ class GpuExecutor : public Executor {
     // writes a logprob (captured only at the sizes where [kGreedy] holds the screen), [kTopK] with the screen for
     // sampled steps (captured at the sizes it takes); a step with later grammar masks: [kForward] at launch, then
     // [kSampleGeneral] (the lm_head + the general sampler) or, all-greedy at the screen's sizes, [kSampleMaskedGreedy],
-    // or, all-greedy with every row's mask small, [kSampleMaskedOnly] (every size).
+    // or, all-greedy with every row's mask small, [kSampleMaskedOnly], or, sampled so, [kSampleSparse] (every size).
     std::map<int, cudaGraphExec_t> graphs[kSamplerKinds];
   };
   StepBuffers buf_[2];
@@ -243,6 +246,7 @@ class GpuExecutor : public Executor {
     int graph_bs = 0, mask_rows = 0;
     bool pen = false;  // its sampler reads the penalty / ban arrays
     bool greedy = false;  // every row greedy without logprobs, whatever the masks: the masked greedy forms
+    bool sparse = false;  // no logprobs: the allowed tokens' logits suffice where every mask is small
     std::vector<int> later_mask_rows;
   };
   // The end of a launched step on the streams: the set's done event, the samples' copies back, out_ready.

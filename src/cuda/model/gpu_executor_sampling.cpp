@@ -63,7 +63,7 @@ void GpuExecutor::sample_rows(int r0, int rows, int step_rows, int kind, bool wi
 }
 
 void GpuExecutor::record_decode(int bs, StepInputs& in, int kind) {
-  if (kind == kSampleGeneral || kind == kSampleMaskedGreedy || kind == kSampleMaskedOnly) {  // after kForward's graph
+  if (kind >= kSampleGeneral) {  // after kForward's graph
     sample_after_forward(in, bs, kind, false);
     return;
   }
@@ -85,7 +85,13 @@ void GpuExecutor::sample_after_forward(const StepInputs& in, int rows, int kind,
                          b.out_ids.get(), screen_masked_ws_.get(), stream_, picked);
     return;
   }
-  model_->head_logits(in, stream_);
+  if (kind == kSampleSparse)
+    lmhead_masked_logits(model_->head_rows(), rows, int(cfg_.hidden_size), model_->head_weight(), int(cfg_.vocab_size),
+                         b.masks.get(),
+                         reinterpret_cast<const SampleRowParams*>(b.meta.get() + layout_->params_at(rows)),
+                         model_->logits(), stream_);
+  else
+    model_->head_logits(in, stream_);
   sample_rows(0, rows, rows, kGeneral, with_penalties, false);
 }
 
@@ -121,7 +127,7 @@ void GpuExecutor::capture_graphs() {
         if (kind == kGreedyLogprob && !screen_for(bs)) continue;  // the same graph as kGreedy's
         if (kind == kTopK && !screen_topk_for(bs)) continue;     // kGeneral's
         if (kind == kSampleMaskedGreedy && !(be_.lmhead_screen && screen_for(bs))) continue;
-        if (kind == kSampleMaskedOnly && !be_.lmhead_screen) continue;  // (the masked pick ships with the screen)
+        if ((kind == kSampleMaskedOnly || kind == kSampleSparse) && !be_.lmhead_screen) continue;  // (ships with it)
         record_decode(bs, in, kind);  // eager warm-up: libraries pick algorithms, load modules outside capture
         MS_CUDA_CHECK(cudaStreamSynchronize(stream_));
         cudaGraph_t g = nullptr;

@@ -55,6 +55,13 @@ size_t lmhead_screen_masked_workspace_bytes(int max_rows);
 void lmhead_screen_masked(const bf16* x, int rows, int K, const bf16* w, int vocab, const uint32_t* masks,
                           const SampleRowParams* params, int32_t* ids, void* workspace, cudaStream_t stream,
                           bool picked = true);
+// The logits [rows, vocab] f32 of rows whose every allowed token is known (lmhead_screen_masked's masks and params):
+// each allowed token's exact logit (as lmhead_screen_masked evaluates it), -inf for every other token and for every
+// token of an unmasked row - for the general sampler where every row's mask is small (it then reads the allowed
+// tokens' weight rows instead of the whole lm_head; its penalties, biases, temperature and filters act on the same
+// values over the allowed set). Any number of rows; two launches, programmatic dependents.
+void lmhead_masked_logits(const bf16* x, int rows, int K, const bf16* w, int vocab, const uint32_t* masks,
+                          const SampleRowParams* params, float* logits, cudaStream_t stream);
 
 // The screen for sampled steps of 1-64 rows (lmhead_screen_topk.cu's draw after the screen and a top-k pick; 9-64 rows on
 // sm_90: the wide stream writing every row's a + B and a pick block a (vocabulary slice, token)): every row
