@@ -88,7 +88,10 @@ class JsonSchema {
  public:
   // UserError for an unsupported keyword (named, with its JSON pointer), a bad value (e.g. "type": 3), an
   // unresolvable $ref, or a schema no JSON value can satisfy at the top level where that is obvious.
-  static std::shared_ptr<const JsonSchema> compile(const nlohmann::ordered_json& schema);
+  // ignore_unsupported: an unsupported keyword is skipped as an annotation instead (the grammar then allows more
+  // than the schema: for schemas the client did not write as a constraint, such as a tool's parameters).
+  static std::shared_ptr<const JsonSchema> compile(const nlohmann::ordered_json& schema,
+                                                   bool ignore_unsupported = false);
   // OpenAI's response_format {"type": "json_object"}: any JSON object.
   static std::shared_ptr<const JsonSchema> any_object();
   ~JsonSchema();

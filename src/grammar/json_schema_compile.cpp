@@ -92,7 +92,8 @@ void add_builtins(std::vector<SchemaNode>& nodes) {
 
 class Compiler {
  public:
-  explicit Compiler(const json& doc) : doc_(doc), impl_(std::make_unique<JsonSchema::Impl>()) {
+  Compiler(const json& doc, bool ignore_unsupported)
+      : doc_(doc), ignore_unsupported_(ignore_unsupported), impl_(std::make_unique<JsonSchema::Impl>()) {
     add_builtins(impl_->nodes);
   }
 
@@ -138,6 +139,7 @@ class Compiler {
   };
 
   const json& doc_;
+  const bool ignore_unsupported_;
   std::unique_ptr<JsonSchema::Impl> impl_;
   std::map<std::string, uint32_t> refs_;  // $ref text -> its Alias node: a recursive $ref ends at the map
   std::vector<Enum> enums_;
@@ -152,7 +154,7 @@ uint32_t Compiler::compile(const json& s, const std::string& at) {
   }
   MS_USER_CHECK(s.is_object(), "JSON schema: the schema at {} is {}; expected an object or a boolean", at, show(s));
   for (const auto& [k, v] : s.items()) {
-    MS_USER_CHECK(contains(kKeywords, k) || contains(kAnnotations, k),
+    MS_USER_CHECK(contains(kKeywords, k) || contains(kAnnotations, k) || ignore_unsupported_,
                   "JSON schema: keyword \"{}\" at {} is not supported; supported keywords: {} (allOf with one "
                   "schema; $ref to \"#\", \"#/$defs/NAME\" or \"#/definitions/NAME\"); ignored annotations: {}",
                   k, at, join(kKeywords), join(kAnnotations));
@@ -504,8 +506,8 @@ void Compiler::prune() {
 // ---------------------------------------------------------------------------------------------------------------
 // Public API.
 
-std::shared_ptr<const JsonSchema> JsonSchema::compile(const nlohmann::ordered_json& schema) {
-  Compiler c(schema);
+std::shared_ptr<const JsonSchema> JsonSchema::compile(const nlohmann::ordered_json& schema, bool ignore_unsupported) {
+  Compiler c(schema, ignore_unsupported);
   std::unique_ptr<Impl> impl = c.run();
   return std::shared_ptr<const JsonSchema>(new JsonSchema(std::move(impl)));
 }

@@ -9,6 +9,7 @@
 #include "parsers/reasoning.h"
 #include "parsers/tool_calls.h"
 #include "server/text.h"
+#include "server/tool_grammar.h"
 
 namespace moeserve::server {
 
@@ -420,9 +421,22 @@ ApiRequest parse_chat_request(const json& body, const ParseContext& ctx) {
     }
   }
   std::string prompt = ctx.text->render_chat(in.messages, in.tools, in.add_generation_prompt, in.kwargs);
+  bool tool_grammar = false;
   if ((r.tool_choice == "required" || r.tool_choice == "function") && !ctx.tool_call_parser.empty()) {
-    // The model continues inside a call of the right function (or some function): no thinking first.
-    r.forced_prefix = parsers::forced_tool_call_prefix(ctx.tool_call_parser, r.tool_choice_function);
+    // The model continues inside a call of the right function (or some function): no thinking first. Where the
+    // parser's syntax has a grammar (tool_grammar.h) and no other grammar was asked for (that is a 400 below), the
+    // call follows the tools' parameters.
+    ToolCallGrammar g;
+    if (!r.sampling.grammar && ctx.text->has_tokenizer())
+      g = tool_call_grammar(ctx.tool_call_parser, r.tools, r.tool_choice == "function" ? r.tool_choice_function : "");
+    if (g.spec) {
+      g.spec->vocab = ctx.text->grammar_vocabulary(ctx.vocab_size);
+      r.sampling.grammar = std::move(g.spec);
+      r.forced_prefix = std::move(g.prefix);
+      tool_grammar = true;
+    } else {
+      r.forced_prefix = parsers::forced_tool_call_prefix(ctx.tool_call_parser, r.tool_choice_function);
+    }
     prompt += r.forced_prefix;
     r.thinking_enabled = false;
   }
@@ -430,7 +444,7 @@ ApiRequest parse_chat_request(const json& body, const ParseContext& ctx) {
   std::string tail = prompt.substr(prompt.size() > 16 ? prompt.size() - 16 : 0);
   while (!tail.empty() && (tail.back() == '\n' || tail.back() == ' ')) tail.pop_back();
   r.starts_in_reasoning = tail.size() >= 7 && tail.compare(tail.size() - 7, 7, "<think>") == 0;
-  if (r.sampling.grammar) constrain_after_reasoning(ctx, r);
+  if (r.sampling.grammar && !tool_grammar) constrain_after_reasoning(ctx, r);
   r.prompts.push_back(ctx.text->encode(prompt, false));
   if (r.prompts.back().empty())
     bad("messages", "the chat template renders these messages as an empty prompt (a template may skip roles it does "

@@ -387,7 +387,7 @@ test('stop strings are matched across tokens and not emitted', async () => {
   assert.ok(seen.length >= 2 && seen.every((n, i) => i === 0 || n >= seen[i - 1]) && seen.at(-1) === 4, String(seen));
 });
 
-test('tools are accepted; tool_choice is validated', async () => {
+test('tools are accepted; tool_choice is validated; a required or named call follows the parameters', async () => {
   const tools = [{ type: 'function', function: { name: 'get_weather', description: 'Weather for a city',
     parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] } } }];
   const r = await client.chat.completions.create({ model: MODEL, messages: [{ role: 'user', content: 'Weather in Paris?' }],
@@ -418,6 +418,33 @@ test('tools are accepted; tool_choice is validated', async () => {
       }
   assert.equal(name, 'get_weather');
   assert.equal(args, calls[0].function.arguments);
+  // tool_choice named / required with qwen3_coder: the call follows the tools' parameters (tool_grammar.h). Enum and
+  // boolean parameters keep it short; the demo model's random weights would write anything without the grammar.
+  const typed = [{ type: 'function', function: { name: 'set_units', parameters: { type: 'object',
+      properties: { unit: { type: 'string', enum: ['C', 'F'] }, detailed: { type: 'boolean' } },
+      required: ['unit', 'detailed'] } } },
+    { type: 'function', function: { name: 'toggle', parameters: { type: 'object',
+      properties: { on: { type: 'boolean' } }, required: ['on'] } } }];
+  for (const [choice, names] of [[{ type: 'function', function: { name: 'set_units' } }, ['set_units']],
+                                 ['required', ['set_units', 'toggle']]]) {
+    for (const temperature of [0, 1]) {
+      const t = await client.chat.completions.create({ model: MODEL, messages: [{ role: 'user', content: 'Units?' }],
+        tools: typed, tool_choice: choice, max_tokens: 64, temperature, seed: 4 });
+      const ch = t.choices[0];
+      assert.equal(ch.finish_reason, 'tool_calls', JSON.stringify(ch));
+      assert.equal(ch.message.tool_calls.length, 1, JSON.stringify(ch));
+      const call = ch.message.tool_calls[0].function;
+      assert.ok(names.includes(call.name), JSON.stringify(call));
+      const a = JSON.parse(call.arguments);
+      if (call.name === 'set_units') {
+        assert.deepEqual(Object.keys(a), ['unit', 'detailed'], call.arguments);
+        assert.ok(['C', 'F'].includes(a.unit) && typeof a.detailed === 'boolean', call.arguments);
+      } else {
+        assert.deepEqual(Object.keys(a), ['on'], call.arguments);
+        assert.equal(typeof a.on, 'boolean', call.arguments);
+      }
+    }
+  }
   // A conversation with a tool call and its result renders and runs.
   const r2 = await client.chat.completions.create({ model: MODEL, tools, max_tokens: 3, temperature: 0, messages: [
     { role: 'user', content: 'Weather in Paris?' },
