@@ -469,6 +469,24 @@ TEST(GpuModel, SampledScreenStepsMatchTheGemmAndSampler) {
   EXPECT_GT(not_argmax, 0) << "temperature 1.5 / top_k 40 never left the argmax: the draw ignores its random bits?";
 }
 
+// A step launched with the masks of rows `later` to come (Executor::launch's later rows), then given them: its samples.
+std::vector<Sampled> step_with_later_masks(Executor& e, const ForwardBatch& fb, const std::vector<SampleSpec>& specs,
+                                           const std::vector<int32_t>& later, std::vector<std::vector<uint32_t>> masks) {
+  std::vector<Sampled> out;
+  e.launch(fb, specs, later);
+  e.complete_launch(masks);
+  e.collect(out);
+  return out;
+}
+
+// The largest logit of the tokens `ok` allows.
+float best_allowed(const float* row, const std::vector<uint8_t>& ok) {
+  float best = -INFINITY;
+  for (size_t t = 0; t < ok.size(); ++t)
+    if (ok[t]) best = std::max(best, row[t]);
+  return best;
+}
+
 // Decode steps whose rows carry grammar masks (SampleSpec::allowed), with graphs (the general sampler's) and without:
 // every token is one its row's mask allows - a greedy row's best allowed token by the step's logits (its unmasked
 // argmax left out, so it moves), a row with one allowed token drawn at temperature 1 that token - and unmasked rows
@@ -526,20 +544,14 @@ TEST(GpuModel, GrammarMaskedDecodeStepsPickTheBestAllowedToken) {
             masks.push_back(std::move(held[s].allowed));
             held[s].allowed.clear();
           }
-        std::vector<std::vector<uint32_t>> masks2 = masks;  // (complete_launch takes them)
-        std::vector<Sampled> deferred;
-        gpu.r->executor().launch(fb, held, later);
-        gpu.r->executor().complete_launch(masks);
-        gpu.r->executor().collect(deferred);
+        const std::vector<Sampled> deferred = step_with_later_masks(gpu.r->executor(), fb, held, later, masks);
         ASSERT_EQ(deferred.size(), got.size());
         for (size_t s = 0; s < seqs.size(); ++s)
           EXPECT_EQ(deferred[s].token, got[s].token) << "step " << step << " sequence " << s << ": masks given later";
         // Every row greedy: the lm_head screen, then the masked rows' argmax over their allowed tokens
         // (lmhead_screen_masked) - checked below as the general sampler's tokens are.
         for (auto& sp : held) sp.sampler.temperature = 0.0f;
-        gpu.r->executor().launch(fb, held, later);
-        gpu.r->executor().complete_launch(masks2);
-        gpu.r->executor().collect(greedy_later);
+        greedy_later = step_with_later_masks(gpu.r->executor(), fb, held, later, masks);
         ASSERT_EQ(greedy_later.size(), got.size());
         // Every row greedy under a small mask (40 random tokens, on even rows the unmasked argmax too), half of them
         // given later: no screen, each row's argmax over its allowed tokens (lmhead_screen_masked without picks).
@@ -561,20 +573,15 @@ TEST(GpuModel, GrammarMaskedDecodeStepsPickTheBestAllowedToken) {
             held_small[s].allowed = std::move(words);
           }
         }
-        std::vector<Sampled> small_got;
-        const std::vector<std::vector<uint32_t>> masks_small_copy = masks_small;
-        gpu.r->executor().launch(fb, held_small, later_small);
-        gpu.r->executor().complete_launch(masks_small);
-        gpu.r->executor().collect(small_got);
+        const std::vector<Sampled> small_got =
+            step_with_later_masks(gpu.r->executor(), fb, held_small, later_small, masks_small);
         ASSERT_EQ(small_got.size(), seqs.size());
         for (size_t s = 0; s < seqs.size(); ++s) {
           const int32_t tok = small_got[s].token;
           ASSERT_TRUE(tok >= 0 && tok < V && small[s][size_t(tok)])
               << "step " << step << " sequence " << s << " (small masks): token " << tok << " left out by the mask";
           const float* row = &logits[s * size_t(V)];
-          float best = -INFINITY;
-          for (int64_t t = 0; t < V; ++t)
-            if (small[s][size_t(t)]) best = std::max(best, row[t]);
+          const float best = best_allowed(row, small[s]);
           EXPECT_GE(row[tok], best - 0.05f) << "step " << step << " sequence " << s << " (small masks): token " << tok;
           if (s % 2 == 0) {
             EXPECT_EQ(tok, plain[s].token) << "step " << step << " sequence " << s << " (small masks): its argmax allowed";
@@ -589,7 +596,7 @@ TEST(GpuModel, GrammarMaskedDecodeStepsPickTheBestAllowedToken) {
           if (s % 2 == 1) sampled_small[s].sampler.temperature = 0.8f, sampled_small[s].sampler.top_k = 5;
           if (sampled_small[s].allowed.empty()) {  // (a later row: its mask as the up-front run has it)
             for (size_t i = 0; i < later_small.size(); ++i)
-              if (size_t(later_small[i]) == s) sampled_small[s].allowed = masks_small_copy[i];
+              if (size_t(later_small[i]) == s) sampled_small[s].allowed = masks_small[i];
           }
         }
         std::vector<SampleSpec> sparse_specs = sampled_small;
@@ -599,12 +606,11 @@ TEST(GpuModel, GrammarMaskedDecodeStepsPickTheBestAllowedToken) {
           sparse_specs[size_t(r)].allowed.clear();
         }
         const std::mt19937_64 rng_small = rng;
-        std::vector<Sampled> upfront, sparse;
+        std::vector<Sampled> upfront;
         gpu.r->step(fb, sampled_small, upfront);
         rng = rng_small;
-        gpu.r->executor().launch(fb, sparse_specs, later_small);
-        gpu.r->executor().complete_launch(sparse_masks);
-        gpu.r->executor().collect(sparse);
+        const std::vector<Sampled> sparse =
+            step_with_later_masks(gpu.r->executor(), fb, sparse_specs, later_small, std::move(sparse_masks));
         ASSERT_EQ(sparse.size(), seqs.size());
         for (size_t s = 0; s < seqs.size(); ++s) {
           const int32_t tok = sparse[s].token;
@@ -627,9 +633,7 @@ TEST(GpuModel, GrammarMaskedDecodeStepsPickTheBestAllowedToken) {
           if (!all_greedy) moved += tok != plain[s].token;
           if (!all_greedy && specs[s].sampler.temperature > 0.0f) continue;
           const float* row = &logits[s * size_t(V)];
-          float best = -INFINITY;
-          for (int64_t t = 0; t < V; ++t)
-            if (ok[s][size_t(t)]) best = std::max(best, row[t]);
+          const float best = best_allowed(row, ok[s]);
           // The eager logits against the step's own (a padded graph batch may round differently): near-ties only.
           EXPECT_GE(row[tok], best - 0.05f) << w << ": token " << tok << " is not the best allowed one";
         }
