@@ -761,6 +761,50 @@ TEST(LmheadScreen, DISABLED_Timing) {
   }
 }
 
+// The masked pick without the screen (lmhead_screen_masked, picked = false) and the masked logits (lmhead_masked_logits)
+// by how many tokens every row's mask allows, beside the screen they replace, at 1 and 16 rows of the q30b8l lm_head:
+// where the executor's kMaskedOnlyTokens bound should sit. Masks of evenly spread random tokens.
+TEST(LmheadScreen, DISABLED_MaskedTiming) {
+  constexpr int V = 151936, K = 2048;
+  if (!gpu_usable(16, K, V)) GTEST_SKIP() << "needs a GPU with the screen";
+  const std::vector<uint16_t> hw = level_rows(size_t(V) * K, 4.0f * std::sqrt(3.0f / float(K)), 7);
+  Dev<uint16_t> w(hw);
+  const Screen s(w, V, K);
+  Dev<char> ws(cuda::lmhead_screen_workspace_bytes(V, K)), mws(cuda::lmhead_screen_masked_workspace_bytes(64));
+  cuda::lmhead_screen_workspace_init(ws.p, V, K, nullptr);
+  MS_CUDA_CHECK(cudaMemset(mws.p, 0, mws.n));
+  Dev<int32_t> ids(64);
+  Dev<float> logits(size_t(16) * V);
+  const size_t words = size_t(V + 31) / 32;
+  const auto* wb = reinterpret_cast<const cuda::bf16*>(w.p);
+  for (const int M : {1, 16}) {
+    Dev<uint16_t> x(token_rows(M, K, 900 + uint32_t(M)));
+    const auto* xb = reinterpret_cast<const cuda::bf16*>(x.p);
+    const double screen_us = time_us([&] { cuda::lmhead_screen(xb, M, K, wb, s.q.p, s.amax, V, ids.p, ws.p, nullptr); });
+    std::printf("[ info ] %d rows: the screen %.1f us\n", M, screen_us);
+    for (const int allowed : {16, 256, 1024, 4096, 16384, 65536}) {
+      std::mt19937 g(uint32_t(allowed + M));
+      std::vector<uint32_t> masks(size_t(M) * words, 0u);
+      std::vector<cuda::SampleRowParams> params(static_cast<size_t>(M));
+      for (int m = 0; m < M; ++m) {
+        params[size_t(m)].mask_row = m;
+        for (int i = 0; i < allowed; ++i) {
+          const int t = int(g() % uint32_t(V));
+          masks[size_t(m) * words + size_t(t) / 32] |= 1u << (t % 32);
+        }
+      }
+      Dev<uint32_t> dm(masks);
+      Dev<cuda::SampleRowParams> dp(params);
+      const double pick_us = time_us([&] {
+        cuda::lmhead_screen_masked(xb, M, K, wb, V, dm.p, dp.p, ids.p, mws.p, nullptr, /*picked=*/false);
+      });
+      const double logits_us = time_us([&] { cuda::lmhead_masked_logits(xb, M, K, wb, V, dm.p, dp.p, logits.p, nullptr); });
+      std::printf("[ info ] %d rows, ~%d tokens allowed each: masked pick alone %.1f us, masked logits %.1f us\n", M,
+                  allowed, pick_us, logits_us);
+    }
+  }
+}
+
 // The screen for sampled steps against the served path it replaces at 1-8 rows (gemv_stream + sample()), at Qwen3's
 // default sampling (temperature 0.6, top_k 20, top_p 0.95), and the greedy screen beside: back-to-back launches.
 TEST(LmheadScreenTopK, DISABLED_Timing) {
