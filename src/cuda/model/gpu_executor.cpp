@@ -566,9 +566,9 @@ void GpuExecutor::complete_launch(std::vector<std::vector<uint32_t>>& masks) {
   // Greedy: the screen + the refused rows' argmax, or that argmax alone where every mask is small; sampled without
   // logprobs where every mask is small: the allowed tokens' logits alone; else the lm_head + the general sampler.
   bool small = (l.greedy || l.sparse) && l.mask_rows == R;  // every row masked
+  int64_t n = 0;  // the tokens the step's masks allow, all rows together
   for (int r = 0; r < l.mask_rows && small; ++r) {
     const uint32_t* m = static_cast<const uint32_t*>(b.host_masks.get()) + size_t(r) * W;
-    int64_t n = 0;
     for (size_t i = 0; i < W && n <= kMaskedOnlyTokens; ++i) n += __builtin_popcount(m[i]);
     small = n <= kMaskedOnlyTokens;
   }

@@ -55,10 +55,12 @@ enum SamplerKind {
   kSampleSparse = 8,
   kSamplerKinds = 9
 };
-// The most tokens a mask may allow for a step to skip the screen (kSampleMaskedOnly) or the lm_head (kSampleSparse): each
-// allowed token's weight row is read (4 KB at hidden 2,048: 16 MB at this bound, against the screen's int8 copy of
-// the lm_head, 311 MB at Qwen3's vocabulary). A JSON structure state allows 4-267 tokens, a free string ~150 k.
-inline constexpr int64_t kMaskedOnlyTokens = 4096;
+// The most tokens a step's masks may allow, all rows together, for it to skip the screen (kSampleMaskedOnly) or the
+// lm_head (kSampleSparse): each allowed token of each row is a warp dot over its weight row (4 KB at hidden 2,048).
+// H100, q30b8l's lm_head (test_gpu_lmhead_screen DISABLED_MaskedTiming, docs/PERF.md session 62): the pick costs
+// ~8 us + ~2.5 ns a token whatever the rows, the screen 109 us at 1 row and 122 at 16, the lm_head GEMV ~190. A JSON
+// structure state allows 4-267 tokens, a free string ~150 k.
+inline constexpr int64_t kMaskedOnlyTokens = 32768;
 
 inline size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 

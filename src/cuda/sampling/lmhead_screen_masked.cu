@@ -10,6 +10,7 @@
 // atomicMax), then the write (one block: each keyed row's id, its key back to 0 for the next launch).
 #include <algorithm>
 
+#include "core/env.h"
 #include "cuda/launch.h"
 #include "cuda/pdl.cuh"
 #include "cuda/registry.h"
@@ -114,6 +115,14 @@ __global__ void __launch_bounds__(256)
   }
 }
 
+// The scan grids' blocks: each warp walks its slice's words a token at a time (one 4 KB weight row in flight a
+// warp), so more blocks keep more rows in flight; MOESERVE_MASKED_BLOCKS_PER_SM (A/B switch) sets how many an SM.
+int masked_blocks(int words) {
+  static const int sms = current_device_multiprocessors();  // one device per process
+  static const int per_sm = int(env_int("MOESERVE_MASKED_BLOCKS_PER_SM", 8, 1, 32));
+  return std::max(1, std::min(per_sm * sms, words));
+}
+
 }  // namespace
 
 std::string masked_code(const DeviceInfo& dev) {
@@ -136,10 +145,7 @@ void lmhead_screen_masked(const bf16* x, int rows, int K, const bf16* w, int voc
                           bool picked) {
   using namespace screen_detail;
   MS_CHECK(rows >= 1 && K % 8 == 0 && vocab > 0, "lmhead_screen_masked: {} rows of K {} over {}", rows, K, vocab);
-  static const int sms = current_device_multiprocessors();  // one device per process
-  // Two blocks an SM, each a slice of ~V / 2 SMs tokens (18 mask words at Qwen3's vocabulary and 132 SMs).
-  const int words = (vocab + 31) / 32;
-  const int blocks = std::max(1, std::min(2 * sms, words));
+  const int blocks = masked_blocks((vocab + 31) / 32);
   auto* keys = static_cast<unsigned long long*>(workspace);
   launch_pdl(masked_scan_kernel, dim3(unsigned(blocks)), dim3(kMaskedWarps * 32), 0, stream, x, rows, K, w, vocab,
              masks, params, static_cast<const int32_t*>(ids), picked, keys);
@@ -151,11 +157,10 @@ void lmhead_masked_logits(const bf16* x, int rows, int K, const bf16* w, int voc
   using namespace screen_detail;
   MS_CHECK(rows >= 1 && K % 8 == 0 && vocab > 0, "lmhead_masked_logits: {} rows of K {} over {}", rows, K, vocab);
   static const int sms = current_device_multiprocessors();  // one device per process
-  const int words = (vocab + 31) / 32;
   const int64_t n = int64_t(rows) * vocab;
   launch_pdl(masked_fill_kernel, dim3(unsigned(std::min<int64_t>(4 * sms, (n + 255) / 256))), dim3(256), 0, stream,
              logits, n);
-  launch_pdl(masked_logits_kernel, dim3(unsigned(std::max(1, std::min(2 * sms, words)))), dim3(kMaskedWarps * 32), 0,
+  launch_pdl(masked_logits_kernel, dim3(unsigned(masked_blocks((vocab + 31) / 32))), dim3(kMaskedWarps * 32), 0,
              stream, x, rows, K, w, vocab, masks, params, logits);
 }
 
