@@ -6,6 +6,7 @@
 
 #include "core/json_depth.h"
 #include "core/json_int.h"
+#include "grammar/ebnf.h"
 #include "parsers/reasoning.h"
 #include "parsers/tool_calls.h"
 #include "server/text.h"
@@ -128,8 +129,10 @@ void check_model(const Body& b, const ParseContext& ctx, ApiRequest& r) {
 // Constrained decoding: the grammar a request's output must follow - a JSON schema (OpenAI's response_format
 // json_object / json_schema, vLLM's guided_json and structured_outputs {"json": ...}, SGLang's json_schema, a schema
 // as a JSON string) or a regular expression (vLLM's guided_regex / guided_choice and structured_outputs {"regex"} /
-// {"choice"}, SGLang's regex); null when none. EBNF grammars and structural tags are not implemented: a request that
-// asks for one is refused rather than answered with text its client would take for conforming output.
+// {"choice"}, SGLang's regex, and an EBNF grammar of a regular language - vLLM's guided_grammar / structured_outputs
+// {"grammar"}, SGLang's ebnf - expanded into one: grammar/ebnf.h); null when none. Recursive grammars and structural
+// tags are not implemented: a request that asks for one is refused rather than answered with text its client would
+// take for conforming output.
 std::shared_ptr<grammar::ConstraintSpec> requested_grammar(const Body& b, const ParseContext& ctx) {
   std::shared_ptr<grammar::ConstraintSpec> spec;
   std::string from;
@@ -162,6 +165,10 @@ std::shared_ptr<grammar::ConstraintSpec> requested_grammar(const Body& b, const 
     if (!j.is_string()) bad(field, fmt::format("'{}' must be a regular expression (a string)", field));
     take(field, [&](grammar::ConstraintSpec& s) { s.regex = grammar::Regex::compile(j.get_ref<const std::string&>()); });
   };
+  auto ebnf = [&](const std::string& field, const json& j) {
+    if (!j.is_string()) bad(field, fmt::format("'{}' must be an EBNF grammar (a string)", field));
+    take(field, [&](grammar::ConstraintSpec& s) { s.regex = grammar::compile_ebnf(j.get_ref<const std::string&>()); });
+  };
   auto choice = [&](const std::string& field, const json& j) {
     if (!j.is_array() || j.empty() || !std::all_of(j.begin(), j.end(), [](const json& c) { return c.is_string(); }))
       bad(field, fmt::format("'{}' must be a non-empty list of strings", field));
@@ -190,6 +197,8 @@ std::shared_ptr<grammar::ConstraintSpec> requested_grammar(const Body& b, const 
   if (b.has("guided_regex")) regex("guided_regex", b.j["guided_regex"]);
   if (b.has("regex")) regex("regex", b.j["regex"]);
   if (b.has("guided_choice")) choice("guided_choice", b.j["guided_choice"]);
+  if (b.has("guided_grammar")) ebnf("guided_grammar", b.j["guided_grammar"]);
+  if (b.has("ebnf")) ebnf("ebnf", b.j["ebnf"]);
   if (b.has("structured_outputs")) {
     const json& so = b.j["structured_outputs"];
     if (!so.is_object()) bad("structured_outputs", "'structured_outputs' must be an object such as {\"json\": {...}}");
@@ -198,18 +207,18 @@ std::shared_ptr<grammar::ConstraintSpec> requested_grammar(const Body& b, const 
       if (it.key() == "json") schema("structured_outputs", it.value());
       else if (it.key() == "regex") regex("structured_outputs", it.value());
       else if (it.key() == "choice") choice("structured_outputs", it.value());
+      else if (it.key() == "grammar") ebnf("structured_outputs", it.value());
       else if (it.key() != "disable_fallback" && it.key() != "disable_any_whitespace" &&
                it.key() != "disable_additional_properties" && it.key() != "whitespace_pattern")
-        bad("structured_outputs", fmt::format("structured_outputs '{}' is not supported (json, regex, choice are)",
+        bad("structured_outputs", fmt::format("structured_outputs '{}' is not supported (json, regex, choice, grammar are)",
                                               it.key().substr(0, 40)));
     }
   }
-  for (const char* k : {"guided_grammar", "ebnf", "structural_tag"})
-    if (b.has(k))
-      bad(k, fmt::format("'{}' asks for constrained decoding by {}, which this server does not support (JSON schemas, "
-                         "regular expressions and choices are: response_format, guided_json / guided_regex / "
-                         "guided_choice, json_schema / regex)",
-                         k, std::string(k) == "structural_tag" ? "structural tags" : "a grammar"));
+  if (b.has("structural_tag"))
+    bad("structural_tag", "'structural_tag' asks for constrained decoding by structural tags, which this server does "
+                          "not support (JSON schemas, regular expressions, choices and regular EBNF grammars are: "
+                          "response_format, guided_json / guided_regex / guided_choice / guided_grammar, json_schema / "
+                          "regex / ebnf)");
   if (spec && !ctx.text->has_tokenizer())
     bad(from, "constrained decoding needs the tokenizer (this server runs with --skip-tokenizer-init)");
   if (spec) spec->vocab = ctx.text->grammar_vocabulary(ctx.vocab_size);

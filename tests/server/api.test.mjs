@@ -210,7 +210,7 @@ test('response_format json_schema: every output is a document of the schema, str
   await assertSameGreedy(srv.base, prompt, 12, batched.json, solo, 'beside a constrained request');
 });
 
-test('constrained decoding on every endpoint: json_object, vLLM guided_json, SGLang json_schema; EBNF refused', async () => {
+test('constrained decoding on every endpoint: json_object, vLLM guided_json, SGLang json_schema; recursive EBNF and structural tags refused', async () => {
   const small = { type: 'object', properties: { a: { type: 'integer' }, b: { enum: ['x', 'y'] } }, required: ['a', 'b'] };
   const obj = await client.chat.completions.create({ model: MODEL, messages: [{ role: 'user', content: 'JSON please' }],
     max_tokens: 200, temperature: 0, chat_template_kwargs: { enable_thinking: false }, response_format: { type: 'json_object' } });
@@ -253,7 +253,9 @@ test('constrained decoding on every endpoint: json_object, vLLM guided_json, SGL
     ['/v1/chat/completions', { ...chat, tools: [{ type: 'function', function: { name: 'f', parameters: {} } }],
       tool_choice: 'required', response_format: { type: 'json_object' } }, 'tool_choice', /tool/],
     ['/v1/completions', { prompt: 'x', max_tokens: 1, guided_json: '{not json' }, 'guided_json', /not valid JSON/],
-    ['/generate', { text: 'x', sampling_params: { max_new_tokens: 1, ebnf: 'root ::= "a"' } }, 'ebnf', /grammar/],
+    ['/generate', { text: 'x', sampling_params: { max_new_tokens: 1, ebnf: 'root ::= "(" root ")" | "x"' } }, 'ebnf',
+      /recursive/],
+    ['/generate', { text: 'x', sampling_params: { max_new_tokens: 1, structural_tag: '{}' } }, 'structural_tag', /structural tags/],
   ];
   for (const [path, body, param, message] of refused) {
     const r = await postJson(srv.base, path, body);
@@ -301,6 +303,14 @@ test('constrained decoding by regular expression and choice: vLLM guided_regex /
       (j) => j.text, /^20[0-9]{2}-(0[1-9]|1[0-2])$/],
     ['/v1/completions', { prompt: 'Emoji:', max_tokens: 20, temperature: 0.5, seed: 2, guided_regex: '[\\u{1F600}-\\u{1F64F}é]{2,3}' },
       (j) => j.choices[0].text, /^[\u{1F600}-\u{1F64F}é]{2,3}$/u],
+    // EBNF grammars of regular languages: SGLang's ebnf, vLLM's guided_grammar and structured_outputs {grammar}.
+    ['/generate', { text: 'Answer:', sampling_params: { max_new_tokens: 40, temperature: 0.8,
+      ebnf: 'root ::= answer " (" conf ")"\nanswer ::= "yes" | "no"  # the verdict\nconf ::= [0-9] "%"' } },
+      (j) => j.text, /^(yes|no) \([0-9]%\)$/],
+    ['/v1/chat/completions', chat({ guided_grammar: 'root ::= ("ab" | "c"){1,5} "!"' }), (j) => j.choices[0].message.content,
+      /^(ab|c){1,5}!$/],
+    ['/v1/completions', { prompt: 'Grade:', max_tokens: 10, temperature: 1, seed: 3,
+      structured_outputs: { grammar: 'root ::= [A-C] [+-]?' } }, (j) => j.choices[0].text, /^[A-C][+-]?$/],
   ];
   // JSON Schema strings with a pattern (search semantics) and a format: the decoded values match.
   const patterned = { type: 'object', properties: { code: { type: 'string', pattern: '^[A-Z]{3}-\\d{2}$' },
@@ -332,7 +342,9 @@ test('constrained decoding by regular expression and choice: vLLM guided_regex /
     ['/v1/chat/completions', chat({ guided_choice: [] }), 'guided_choice', /non-empty list/],
     ['/v1/chat/completions', chat({ guided_choice: ['a', 3] }), 'guided_choice', /list of strings/],
     ['/v1/completions', { prompt: 'x', max_tokens: 1, guided_json: { type: 'object' }, guided_regex: 'a' }, 'guided_regex', /both/],
-    ['/v1/chat/completions', chat({ structured_outputs: { grammar: 'root ::= "a"' } }), 'structured_outputs', /grammar/],
+    ['/v1/chat/completions', chat({ structured_outputs: { grammar: 'root ::= a\na ::= "x" a?' } }), 'structured_outputs',
+      /refers to itself/],
+    ['/v1/chat/completions', chat({ guided_grammar: 'root ::= "a' }), 'guided_grammar', /line 1 column 10: this string literal is not closed/],
     ['/v1/completions', { prompt: 'x', max_tokens: 1, guided_regex: 'a{2000}' }, 'guided_regex', /1000|repetition/],
   ];
   for (const [path, body, param, message] of refused) {
