@@ -14,6 +14,7 @@ namespace moeserve::grammar {
 namespace {
 
 constexpr size_t kMaxGrammarBytes = 65536;  // the expansion is bounded by the regex's kMaxRegexBytes anyway
+constexpr size_t kMaxRuleDepth = 256;       // a chain of rule references (the expansion recurses along it)
 
 // An expression of a rule: the parse, before the rules are expanded into each other.
 struct Expr {
@@ -279,6 +280,8 @@ class Expander {
                                 "grammars whose rules expand to a regular language",
                                 name, cycle, name));
       }
+    if (path_.size() >= kMaxRuleDepth)
+      p_.fail(at, fmt::format("rules refer to rules more than {} deep (through `{}`)", kMaxRuleDepth, name));
     path_.push_back(name);
     std::string re = expand(it->second);
     path_.pop_back();

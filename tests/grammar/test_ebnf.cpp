@@ -74,7 +74,7 @@ TEST(Ebnf, UnicodeLiteralsAndRanges) {
 
 // Each refusal is a UserError whose message holds the words an author needs (and the line of the fault).
 TEST(Ebnf, RefusalsNameTheFault) {
-  const std::vector<std::pair<const char*, std::vector<const char*>>> bad = {
+  std::vector<std::pair<const char*, std::vector<const char*>>> bad = {
       {"root ::= \"(\" root \")\" | \"x\"", {"refers to itself", "root -> root", "recursive"}},
       {"root ::= a\na ::= \"x\" b\nb ::= a", {"line 3", "a -> b -> a"}},
       {"root ::= missing", {"`missing` is not defined"}},
@@ -92,6 +92,10 @@ TEST(Ebnf, RefusalsNameTheFault) {
       {"root ::= \"a\" ) \"b\"", {"line 1"}},
       {"root ::= []", {"empty character class"}},
   };
+  std::string chain = "root ::= r0\n";  // 300 rules, each the next one: deeper than the expansion goes
+  for (int i = 0; i < 300; ++i) chain += "r" + std::to_string(i) + " ::= r" + std::to_string(i + 1) + "\n";
+  chain += "r300 ::= \"x\"\n";
+  bad.push_back({chain.c_str(), {"more than 256 deep"}});
   for (const auto& [g, words] : bad) {
     try {
       compile_ebnf(g);
