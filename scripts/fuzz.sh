@@ -5,7 +5,7 @@
 #   scripts/fuzz.sh [SECONDS_PER_TARGET] [TARGET...]      (default 60 s; all targets)
 #
 # Targets: tokenizer_encode tokenizer_decode tokenizer_json template tool_calls reasoning api_request
-# model_config http_response sglang_event safetensors http_request (fuzz/fuzz_checks.h and the fuzz_*_checks.h beside it say what each checks and its input layout).
+# model_config http_response sglang_event safetensors http_request grammar (fuzz/fuzz_checks.h and the fuzz_*_checks.h beside it say what each checks and its input layout).
 # Environment: FUZZ_CXX / FUZZ_CC (default clang++-14 / clang-14), FUZZ_TIMEOUT (seconds one input may take,
 # default 30), FUZZ_RSS_MB (default 4096), JOBS (build parallelism, default nproc).
 #
@@ -22,7 +22,7 @@ BUILD=$ROOT/build-fuzz
 SECONDS_PER_TARGET=${1:-60}
 shift || true
 ALL_TARGETS=(tokenizer_encode tokenizer_decode tokenizer_json template tool_calls reasoning api_request model_config http_response
-             sglang_event safetensors http_request)
+             sglang_event safetensors http_request grammar)
 if [[ $# -gt 0 ]]; then TARGETS=("$@"); else TARGETS=("${ALL_TARGETS[@]}"); fi
 for t in "${TARGETS[@]}"; do
   [[ " ${ALL_TARGETS[*]} " == *" $t "* ]] || { echo "unknown target '$t' (${ALL_TARGETS[*]})" >&2; exit 2; }
@@ -149,6 +149,15 @@ reqs = [
 for i, r in enumerate(reqs):
     put("http_request", bytes([0, 0]) + r.encode())
     put("http_request", bytes([1, 37 + 20 * i]) + r.encode())
+# Grammars (fuzz_grammar_checks.h): byte 0 = 0 EBNF, 1 regex, 2 JSON schema.
+for g in ['root ::= "yes" | "no"', 'root ::= item ("," item){0,3}\nitem ::= [0-9]+ | "x"  # c\n',
+          'root ::= "\\"" [^"\\\\\\n]* "\\""', 'root ::= a\na ::= "(" a ")"', 'root ::= ("ab"?)+ [\\u4E00-\\u9FFF]{2}']:
+    put("grammar", b"\x00" + g.encode())
+for r in [r'\d{3}-\d{4}', r'(yes|no)( because [a-z ]{1,40})?', r'[^\n]{0,20}', r'(?:a|b)*a(a|b){3}', r'[\u{1F600}-\u{1F64F}]+']:
+    put("grammar", b"\x01" + r.encode())
+for j in ['{"type": "object", "properties": {"n": {"type": "integer"}, "s": {"type": "string", "maxLength": 3}}, "required": ["n"]}',
+          '{"anyOf": [{"type": "string", "pattern": "^[A-Z]+$"}, {"enum": [1, "x", null]}]}', '{"type": "array", "items": {"$ref": "#"}}']:
+    put("grammar", b"\x02" + j.encode())
 # Past crashes stay in the corpus.
 for d in glob.glob(os.path.join(root, "tests/fuzz_regressions/data/*")):
     for f in glob.glob(os.path.join(d, "*")):
@@ -157,7 +166,7 @@ EOF
 
 # --- run -------------------------------------------------------------------------------------------------------
 declare -A MAX_LEN=([tokenizer_encode]=4096 [tokenizer_decode]=3072 [tokenizer_json]=8192 [template]=16384
-                    [tool_calls]=4096 [reasoning]=1024 [api_request]=4096
+                    [tool_calls]=4096 [reasoning]=1024 [api_request]=4096 [grammar]=2048
                     [model_config]=4096 [http_response]=4096 [sglang_event]=2048 [safetensors]=4096
                     [http_request]=4096)
 mkdir -p "$BUILD/logs"

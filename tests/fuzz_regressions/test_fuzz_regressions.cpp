@@ -21,6 +21,7 @@
 #include "fuzz_bench_checks.h"
 #include "fuzz_checks.h"
 #include "fuzz_config_checks.h"
+#include "fuzz_grammar_checks.h"
 #include "fuzz_http_checks.h"
 #include "fuzz_safetensors_checks.h"
 
@@ -145,6 +146,8 @@ TEST(FuzzRegressions, HttpRequest) { replay("http_request", check_http_request);
 TEST(FuzzRegressions, ModelConfig) { replay("model_config", check_model_config); }
 
 TEST(FuzzRegressions, Safetensors) { replay("safetensors", check_safetensors); }
+
+TEST(FuzzRegressions, Grammar) { replay("grammar", check_grammar); }
 
 TEST(FuzzRegressions, ApiRequest) {
   ASSERT_TRUE(fs::exists(fs::path(qwen3_tokenizer_dir()) / "tokenizer_config.json"))
