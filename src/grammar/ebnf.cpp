@@ -283,7 +283,7 @@ class Expander {
     if (path_.size() >= kMaxRuleDepth)
       p_.fail(at, fmt::format("rules refer to rules more than {} deep (through `{}`)", kMaxRuleDepth, name));
     path_.push_back(name);
-    std::string re = expand(it->second);
+    std::string re = body(name, it->second);
     path_.pop_back();
     if (re.size() > size_t(kMaxRegexBytes))
       p_.fail(at, fmt::format("the rule `{}` expands to a regular expression of more than {} bytes", name,
@@ -292,6 +292,98 @@ class Expander {
   }
 
  private:
+  static bool mentions(const Expr& e, const std::string& name) {
+    if (e.kind == Expr::kRef) return e.text == name;
+    for (const Expr& k : e.kids)
+      if (mentions(k, name)) return true;
+    return false;
+  }
+
+  // A rule's alternatives as sequences of elements, an optional tail group (`x ("," A)?`) opened into the
+  // alternatives with and without it, so that tail references show as the last element.
+  static std::vector<std::vector<const Expr*>> alternatives_of(const Expr& e) {
+    std::vector<std::vector<const Expr*>> out;
+    auto add_seq = [&](const Expr& a) {
+      std::vector<const Expr*> seq;
+      if (a.kind == Expr::kSeq) {
+        for (const Expr& k : a.kids) seq.push_back(&k);
+      } else {
+        seq.push_back(&a);
+      }
+      const Expr* last = seq.empty() ? nullptr : seq.back();
+      if (last && last->kind == Expr::kRepeat && last->lo == 0 && last->hi == 1) {
+        seq.pop_back();
+        out.push_back(seq);
+        const Expr& opt = last->kids[0];
+        const std::vector<const Expr*> opts =
+            opt.kind == Expr::kAlt ? [&] {
+              std::vector<const Expr*> v;
+              for (const Expr& k : opt.kids) v.push_back(&k);
+              return v;
+            }()
+                                   : std::vector<const Expr*>{&opt};
+        for (const Expr* o : opts) {
+          std::vector<const Expr*> with = seq;
+          if (o->kind == Expr::kSeq) {
+            for (const Expr& k : o->kids) with.push_back(&k);
+          } else {
+            with.push_back(o);
+          }
+          out.push_back(std::move(with));
+        }
+      } else {
+        out.push_back(std::move(seq));
+      }
+    };
+    if (e.kind == Expr::kAlt) {
+      for (const Expr& a : e.kids) add_seq(a);
+    } else {
+      add_seq(e);
+    }
+    return out;
+  }
+
+  std::string expand_seq(const std::vector<const Expr*>& seq, size_t from, size_t to) {
+    std::string s;
+    for (size_t i = from; i < to; ++i) s += expand(*seq[i]);
+    return s;
+  }
+
+  // A rule's regular expression. A rule may refer to itself directly as the last element of alternatives (right
+  // recursion, A ::= x A | y: x*y) or as the first (left recursion, A ::= A x | y: yx*), not both and nowhere else.
+  std::string body(const std::string& name, const Expr& e) {
+    if (!mentions(e, name)) return expand(e);
+    std::vector<std::string> base, right, left;
+    for (const auto& seq : alternatives_of(e)) {
+      size_t self = 0;
+      for (const Expr* x : seq) self += mentions(*x, name) ? 1 : 0;
+      if (self == 0) {
+        base.push_back(expand_seq(seq, 0, seq.size()));
+      } else if (self == 1 && seq.back()->kind == Expr::kRef && seq.back()->text == name) {
+        if (seq.size() > 1) right.push_back(expand_seq(seq, 0, seq.size() - 1));
+      } else if (self == 1 && seq.front()->kind == Expr::kRef && seq.front()->text == name) {
+        if (seq.size() > 1) left.push_back(expand_seq(seq, 1, seq.size()));
+      } else {
+        p_.fail(e.at, fmt::format("the rule `{}` refers to itself inside an alternative ({} -> {}): recursive "
+                                  "grammars are not supported, only grammars whose rules expand to a regular language "
+                                  "(a rule may repeat itself at the end or the start of an alternative)",
+                                  name, name, name));
+      }
+    }
+    if (!right.empty() && !left.empty())
+      p_.fail(e.at, fmt::format("the rule `{}` refers to itself both at the start and at the end of alternatives: "
+                                "that grammar need not be regular, and is not supported", name));
+    if (base.empty()) p_.fail(e.at, fmt::format("the rule `{}` never ends: every alternative refers to it", name));
+    auto group = [](const std::vector<std::string>& v) {
+      std::string s = "(?:";
+      for (size_t i = 0; i < v.size(); ++i) s += (i ? "|" : "") + v[i];
+      return s + ")";
+    };
+    if (!right.empty()) return group(right) + "*" + group(base);
+    if (!left.empty()) return group(base) + group(left) + "*";
+    return group(base);  // (only `A ::= A | ...`: the self-reference adds nothing)
+  }
+
   std::string expand(const Expr& e) {
     switch (e.kind) {
       case Expr::kLiteral: return regex_escape(e.text);

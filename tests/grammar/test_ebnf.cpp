@@ -42,6 +42,12 @@ TEST(Ebnf, RegularGrammarsMatchTheirRegularExpressions) {
       {"root ::= (\"ab\"?)+ \"c\"", "(ab)*c", "abc", {"c", "ababc"}},
       {"root ::=\n  \"a\"\n  | \"b\" rest\nrest ::= [x-z]{2,}", "a|b[x-z]{2,}", "abxyzw", {"a", "bxy", "bzzzz"}},
       {R"(root ::= "\x41\u00e9" [\t\-a] 'q')", "A\u00e9[\\t\\-a]q", "A\xc3\xa9\t-aq", {"A\xc3\xa9-q"}},
+      // Rules that repeat themselves at the end (right recursion, an optional tail group too) or at the start.
+      {"root ::= list\nlist ::= item (\",\" list)?\nitem ::= [a-c]+", "[a-c]+(,[a-c]+)*", "abc,", {"a", "ab,c,cc"}},
+      {"root ::= \"a\" root | \"b\" | \"c\" root", "[ac]*b", "abc", {"b", "acab"}},
+      {"root ::= root \"x\" | \"y\" | root \"z\"", "y[xz]*", "xyz", {"y", "yxzx"}},
+      {"root ::= digit root?\ndigit ::= [0-9]", "[0-9]+", "019a", {"7", "2024"}},
+      {"root ::= root | \"q\"", "q", "qx", {"q"}},
   };
   std::mt19937 g(11);
   for (const Case& c : cases) {
@@ -76,6 +82,9 @@ TEST(Ebnf, UnicodeLiteralsAndRanges) {
 TEST(Ebnf, RefusalsNameTheFault) {
   std::vector<std::pair<const char*, std::vector<const char*>>> bad = {
       {"root ::= \"(\" root \")\" | \"x\"", {"refers to itself", "root -> root", "recursive"}},
+      {"root ::= \"a\" root | root \"b\" | \"c\"", {"both at the start and at the end"}},
+      {"root ::= \"a\" root", {"never ends"}},
+      {"root ::= x\nx ::= \"a\" y | \"c\"\ny ::= \"b\" x", {"x -> y -> x"}},
       {"root ::= a\na ::= \"x\" b\nb ::= a", {"line 3", "a -> b -> a"}},
       {"root ::= missing", {"`missing` is not defined"}},
       {"root ::= \"a\"\nroot ::= \"b\"", {"defined twice", "line 2"}},

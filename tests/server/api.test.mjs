@@ -309,6 +309,8 @@ test('constrained decoding by regular expression and choice: vLLM guided_regex /
       (j) => j.text, /^(yes|no) \([0-9]%\)$/],
     ['/v1/chat/completions', chat({ guided_grammar: 'root ::= ("ab" | "c"){1,5} "!"' }), (j) => j.choices[0].message.content,
       /^(ab|c){1,5}!$/],
+    ['/generate', { text: 'List:', sampling_params: { max_new_tokens: 40, temperature: 0.9, seed: 7,
+      ebnf: 'root ::= list "."\nlist ::= item ("," list)?\nitem ::= "a" | "bc"' } }, (j) => j.text, /^(a|bc)(,(a|bc))*\.$/],
     ['/v1/completions', { prompt: 'Grade:', max_tokens: 10, temperature: 1, seed: 3,
       structured_outputs: { grammar: 'root ::= [A-C] [+-]?' } }, (j) => j.choices[0].text, /^[A-C][+-]?$/],
   ];
@@ -342,8 +344,8 @@ test('constrained decoding by regular expression and choice: vLLM guided_regex /
     ['/v1/chat/completions', chat({ guided_choice: [] }), 'guided_choice', /non-empty list/],
     ['/v1/chat/completions', chat({ guided_choice: ['a', 3] }), 'guided_choice', /list of strings/],
     ['/v1/completions', { prompt: 'x', max_tokens: 1, guided_json: { type: 'object' }, guided_regex: 'a' }, 'guided_regex', /both/],
-    ['/v1/chat/completions', chat({ structured_outputs: { grammar: 'root ::= a\na ::= "x" a?' } }), 'structured_outputs',
-      /refers to itself/],
+    ['/v1/chat/completions', chat({ structured_outputs: { grammar: 'root ::= a\na ::= "(" a ")" | "x"' } }),
+      'structured_outputs', /refers to itself/],
     ['/v1/chat/completions', chat({ guided_grammar: 'root ::= "a' }), 'guided_grammar', /line 1 column 10: this string literal is not closed/],
     ['/v1/completions', { prompt: 'x', max_tokens: 1, guided_regex: 'a{2000}' }, 'guided_regex', /1000|repetition/],
   ];
