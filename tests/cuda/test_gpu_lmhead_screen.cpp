@@ -724,13 +724,20 @@ TEST(LmheadScreen, OneWorkspaceAcrossLaunchesOfBothForms) {
   }
 }
 
+// q30b8l's lm_head (gen-model's level weights, gain 4) on the device with its int8 screen copy: the timing reports'.
+struct Q30bLmHead {
+  static constexpr int V = 151936, K = 2048;
+  Dev<uint16_t> w{level_rows(size_t(V) * K, 4.0f * std::sqrt(3.0f / float(K)), 7)};
+  Screen s{w, V, K};
+};
+
 // Timing on q30b8l's lm_head: the screen against gemv_stream + the greedy sampler (the served path at 1-8 rows).
 TEST(LmheadScreen, DISABLED_Timing) {
   constexpr int V = 151936, K = 2048;
   if (!gpu_usable(1, K, V)) GTEST_SKIP() << "needs a GPU with mma.sync f16";
-  const std::vector<uint16_t> hw = level_rows(size_t(V) * K, 4.0f * std::sqrt(3.0f / float(K)), 7);
-  Dev<uint16_t> w(hw);
-  const Screen s(w, V, K);
+  const Q30bLmHead lm;
+  const Dev<uint16_t>& w = lm.w;
+  const Screen& s = lm.s;
   Dev<char> ws(cuda::lmhead_screen_workspace_bytes(V, K));
   cuda::lmhead_screen_workspace_init(ws.p, V, K, nullptr);
   Dev<float> logits(size_t(8) * V), lp(8);
@@ -767,9 +774,9 @@ TEST(LmheadScreen, DISABLED_Timing) {
 TEST(LmheadScreen, DISABLED_MaskedTiming) {
   constexpr int V = 151936, K = 2048;
   if (!gpu_usable(16, K, V)) GTEST_SKIP() << "needs a GPU with the screen";
-  const std::vector<uint16_t> hw = level_rows(size_t(V) * K, 4.0f * std::sqrt(3.0f / float(K)), 7);
-  Dev<uint16_t> w(hw);
-  const Screen s(w, V, K);
+  const Q30bLmHead lm;
+  const Dev<uint16_t>& w = lm.w;
+  const Screen& s = lm.s;
   Dev<char> ws(cuda::lmhead_screen_workspace_bytes(V, K)), mws(cuda::lmhead_screen_masked_workspace_bytes(64));
   cuda::lmhead_screen_workspace_init(ws.p, V, K, nullptr);
   MS_CUDA_CHECK(cudaMemset(mws.p, 0, mws.n));
@@ -810,9 +817,9 @@ TEST(LmheadScreen, DISABLED_MaskedTiming) {
 TEST(LmheadScreenTopK, DISABLED_Timing) {
   constexpr int V = 151936, K = 2048;
   if (!gpu_usable(1, K, V) || !cuda::lmhead_screen_topk_supported(1, K, V)) GTEST_SKIP() << "needs a GPU";
-  const std::vector<uint16_t> hw = level_rows(size_t(V) * K, 4.0f * std::sqrt(3.0f / float(K)), 7);
-  Dev<uint16_t> w(hw);
-  const Screen s(w, V, K);
+  const Q30bLmHead lm;
+  const Dev<uint16_t>& w = lm.w;
+  const Screen& s = lm.s;
   Dev<char> ws(cuda::lmhead_screen_workspace_bytes(V, K)), sws(cuda::sample_workspace_bytes(64, V));
   cuda::lmhead_screen_workspace_init(ws.p, V, K, nullptr);
   Dev<float> logits(size_t(64) * V);
