@@ -437,7 +437,8 @@ ApiRequest parse_chat_request(const json& body, const ParseContext& ctx) {
     // call follows the tools' parameters.
     ToolCallGrammar g;
     if (!r.sampling.grammar && ctx.text->has_tokenizer())
-      g = tool_call_grammar(ctx.tool_call_parser, r.tools, r.tool_choice == "function" ? r.tool_choice_function : "");
+      g = tool_call_grammar(ctx.tool_call_parser, r.tools, r.tool_choice == "function" ? r.tool_choice_function : "",
+                            b.boolean("parallel_tool_calls", true));
     if (g.spec) {
       g.spec->vocab = ctx.text->grammar_vocabulary(ctx.vocab_size);
       r.sampling.grammar = std::move(g.spec);

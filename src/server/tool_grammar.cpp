@@ -88,22 +88,30 @@ std::string coder_body(const json& f) {
   return body;
 }
 
-ToolCallGrammar coder_grammar(const std::vector<const json*>& fns, const std::string& function) {
-  std::string pattern;
+ToolCallGrammar coder_grammar(const std::vector<const json*>& fns, const std::string& function, bool parallel) {
   ToolCallGrammar g;
-  if (!function.empty()) {
-    pattern = coder_body(*fns[0]);
-    g.prefix = "<tool_call>\n<function=" + function + ">\n";
-  } else {
-    for (const json* f : fns)
-      pattern += (pattern.empty() ? "(" : "|") + grammar::regex_escape((*f)["name"].get<std::string>()) + ">\\n" +
-                 coder_body(*f);
-    pattern += ")";
-    g.prefix = "<tool_call>\n<function=";
-  }
-  pattern += "</function>\\n</tool_call>";
   g.spec = std::make_shared<grammar::ConstraintSpec>();
-  g.spec->regex = grammar::Regex::compile(pattern);
+  if (!function.empty()) {
+    g.prefix = "<tool_call>\n<function=" + function + ">\n";
+    g.spec->regex = grammar::Regex::compile(coder_body(*fns[0]) + "</function>\\n</tool_call>");
+    return g;
+  }
+  std::string call;  // a function's name (after the forced "<function="), its parameters, the call's end
+  for (const json* f : fns)
+    call += (call.empty() ? "(?:" : "|") + grammar::regex_escape((*f)["name"].get<std::string>()) + ">\\n" +
+            coder_body(*f);
+  call += ")</function>\\n</tool_call>";
+  g.prefix = "<tool_call>\n<function=";
+  // Parallel calls (OpenAI's parallel_tool_calls, on by default): more blocks after the first, as the template
+  // writes them; where that pattern passes the regex's bounds, one call.
+  if (parallel) {
+    try {
+      g.spec->regex = grammar::Regex::compile(call + "(?:\\n<tool_call>\\n<function=" + call + ")*");
+      return g;
+    } catch (const UserError&) {
+    }
+  }
+  g.spec->regex = grammar::Regex::compile(call);
   return g;
 }
 
@@ -138,13 +146,14 @@ std::string qwen3_coder_free_value_regex() {
   return "[^<]*(<((" + leave(leave, rests) + ")[^<]*|" + prefix(prefix, rests) + "))*";
 }
 
-ToolCallGrammar tool_call_grammar(const std::string& parser, const json& tools, const std::string& function) {
+ToolCallGrammar tool_call_grammar(const std::string& parser, const json& tools, const std::string& function,
+                                  bool parallel) {
   const bool hermes = parser == "hermes" || parser == "qwen25", coder = parser == "qwen3_coder";
   if (!hermes && !coder) return {};
   const std::vector<const json*> fns = callable(tools, function);
   if (fns.empty() || fns.size() > kMaxToolAlternatives) return {};
   try {
-    return hermes ? hermes_grammar(fns) : coder_grammar(fns, function);
+    return hermes ? hermes_grammar(fns) : coder_grammar(fns, function, parallel);
   } catch (const UserError& e) {  // past the grammar's bounds: the call is left to the model
     log_debug("tool_choice: no grammar for the tools' call ({}); the call is not constrained", e.what());
     return {};

@@ -8,8 +8,10 @@
 //  - qwen3_coder: `<tool_call>\n<function=` (+ NAME>\n when named) opens it; the rest by a regular expression: each
 //    declared parameter in the schema's order, the required ones present, as <parameter=P>\nVALUE\n</parameter>\n
 //    (VALUE: an integer, number, boolean or string enum by its type, else any text without the markers that end a
-//    value: </parameter>, <parameter=, </function>), then </function>\n</tool_call>.
-// After the call only the request's end tokens. One call (no parallel calls under a grammar).
+//    value: </parameter>, <parameter=, </function>), then </function>\n</tool_call>; for 'required' with parallel
+//    calls (OpenAI's parallel_tool_calls, default true) more such blocks may follow, each opened by
+//    \n<tool_call>\n<function=.
+// After the call(s) only the request's end tokens. hermes: one call.
 #pragma once
 
 #include <memory>
@@ -31,7 +33,7 @@ struct ToolCallGrammar {
 // kMaxToolAlternatives functions, a regex past its bounds): the caller then keeps the unconstrained opening.
 constexpr size_t kMaxToolAlternatives = 32;
 ToolCallGrammar tool_call_grammar(const std::string& parser, const nlohmann::ordered_json& tools,
-                                  const std::string& function);
+                                  const std::string& function, bool parallel = true);
 
 // qwen3_coder's value text: anything without "</parameter>", "<parameter=" or "</function>" (exposed for tests).
 std::string qwen3_coder_free_value_regex();

@@ -439,26 +439,37 @@ test('tools are accepted; tool_choice is validated; a required or named call fol
       required: ['unit', 'detailed'] } } },
     { type: 'function', function: { name: 'toggle', parameters: { type: 'object',
       properties: { on: { type: 'boolean' } }, required: ['on'] } } }];
-  for (const [choice, names] of [[{ type: 'function', function: { name: 'set_units' } }, ['set_units']],
-                                 ['required', ['set_units', 'toggle']]]) {
+  const checkCall = (call, names) => {
+    assert.ok(names.includes(call.name), JSON.stringify(call));
+    const a = JSON.parse(call.arguments);
+    if (call.name === 'set_units') {
+      assert.deepEqual(Object.keys(a), ['unit', 'detailed'], call.arguments);
+      assert.ok(['C', 'F'].includes(a.unit) && typeof a.detailed === 'boolean', call.arguments);
+    } else {
+      assert.deepEqual(Object.keys(a), ['on'], call.arguments);
+      assert.equal(typeof a.on, 'boolean', call.arguments);
+    }
+  };
+  // Named, and required without parallel calls: exactly one call, then the end.
+  for (const [choice, names, extra] of [[{ type: 'function', function: { name: 'set_units' } }, ['set_units'], {}],
+                                        ['required', ['set_units', 'toggle'], { parallel_tool_calls: false }]]) {
     for (const temperature of [0, 1]) {
       const t = await client.chat.completions.create({ model: MODEL, messages: [{ role: 'user', content: 'Units?' }],
-        tools: typed, tool_choice: choice, max_tokens: 64, temperature, seed: 4 });
+        tools: typed, tool_choice: choice, max_tokens: 64, temperature, seed: 4, ...extra });
       const ch = t.choices[0];
       assert.equal(ch.finish_reason, 'tool_calls', JSON.stringify(ch));
       assert.equal(ch.message.tool_calls.length, 1, JSON.stringify(ch));
-      const call = ch.message.tool_calls[0].function;
-      assert.ok(names.includes(call.name), JSON.stringify(call));
-      const a = JSON.parse(call.arguments);
-      if (call.name === 'set_units') {
-        assert.deepEqual(Object.keys(a), ['unit', 'detailed'], call.arguments);
-        assert.ok(['C', 'F'].includes(a.unit) && typeof a.detailed === 'boolean', call.arguments);
-      } else {
-        assert.deepEqual(Object.keys(a), ['on'], call.arguments);
-        assert.equal(typeof a.on, 'boolean', call.arguments);
-      }
+      checkCall(ch.message.tool_calls[0].function, names);
     }
   }
+  // Required with parallel calls (the default): one or more, each a declared function with its arguments (the last
+  // may be cut by max_tokens).
+  const par = await client.chat.completions.create({ model: MODEL, messages: [{ role: 'user', content: 'Units?' }],
+    tools: typed, tool_choice: 'required', max_tokens: 96, temperature: 1, seed: 9 });
+  const pch = par.choices[0];
+  assert.ok(pch.message.tool_calls.length >= 1, JSON.stringify(pch));
+  const complete = pch.finish_reason === 'tool_calls' ? pch.message.tool_calls : pch.message.tool_calls.slice(0, -1);
+  for (const c of complete) checkCall(c.function, ['set_units', 'toggle']);
   // A conversation with a tool call and its result renders and runs.
   const r2 = await client.chat.completions.create({ model: MODEL, tools, max_tokens: 3, temperature: 0, messages: [
     { role: 'user', content: 'Weather in Paris?' },

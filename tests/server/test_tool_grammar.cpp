@@ -91,7 +91,7 @@ TEST(ToolGrammar, Qwen3CoderNamedCallFollowsTheParameters) {
   EXPECT_EQ(json::parse(r.calls[0].arguments), json::parse(R"({"city": "San Francisco, CA", "days": 3, "unit": "F"})"));
 }
 
-// 'required': any declared function, each with its own parameters; a function without parameters takes none.
+// 'required': any declared function, each with its own parameters; a function without parameters takes any.
 TEST(ToolGrammar, Qwen3CoderRequiredCallNamesADeclaredFunction) {
   const ToolCallGrammar g = tool_call_grammar("qwen3_coder", kTools, "");
   ASSERT_TRUE(g.spec && g.spec->regex);
@@ -101,6 +101,22 @@ TEST(ToolGrammar, Qwen3CoderRequiredCallNamesADeclaredFunction) {
   EXPECT_TRUE(whole_match(g.spec->regex, "ping>\n</function>\n</tool_call>"));
   EXPECT_TRUE(whole_match(g.spec->regex, "ping>\n<parameter=any>\nthing\n</parameter>\n</function>\n</tool_call>"));
   EXPECT_FALSE(whole_match(g.spec->regex, "nope>\n</function>\n</tool_call>"));
+  // Parallel calls (the default): more blocks, each opened as the template opens one; without, one call.
+  const std::string two = "ping>\n</function>\n</tool_call>\n<tool_call>\n<function=search>\n<parameter=query>\nq\n"
+                          "</parameter>\n<parameter=limit>\n1\n</parameter>\n</function>\n</tool_call>";
+  EXPECT_TRUE(whole_match(g.spec->regex, two));
+  EXPECT_FALSE(whole_match(g.spec->regex, "ping>\n</function>\n</tool_call>\n<tool_call>\n<function=nope>\n"
+                                          "</function>\n</tool_call>"));
+  const ToolCallGrammar single = tool_call_grammar("qwen3_coder", kTools, "", /*parallel=*/false);
+  ASSERT_TRUE(single.spec && single.spec->regex);
+  EXPECT_FALSE(whole_match(single.spec->regex, two));
+  EXPECT_TRUE(whole_match(single.spec->regex, "ping>\n</function>\n</tool_call>"));
+  auto p = parsers::ToolCallParser::create("qwen3_coder", kTools);
+  const parsers::ToolParseResult r = p->parse_full(g.prefix + two);
+  ASSERT_EQ(r.calls.size(), 2u) << r.content;
+  EXPECT_EQ(r.calls[0].name, "ping");
+  EXPECT_EQ(r.calls[1].name, "search");
+  EXPECT_EQ(json::parse(r.calls[1].arguments), json::parse(R"({"query": "q", "limit": 1})"));
   EXPECT_FALSE(whole_match(g.spec->regex, "search>\n<parameter=query>\nmoe\n</parameter>\n</function>\n</tool_call>"));
 }
 
