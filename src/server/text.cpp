@@ -83,11 +83,7 @@ std::string TextLayer::render_chat(const nlohmann::ordered_json& messages, const
 std::shared_ptr<const grammar::TokenVocabulary> TextLayer::grammar_vocabulary(int64_t model_vocab) const {
   const tok::Tokenizer& t = tokenizer();
   std::call_once(grammar_once_, [&] {
-    std::vector<std::optional<std::string>> bytes(static_cast<size_t>(model_vocab));
-    const int32_t n = int32_t(std::min<int64_t>(model_vocab, t.vocab_size()));
-    for (int32_t id = 0; id < n; ++id)
-      if (!t.is_added(id)) bytes[size_t(id)] = t.token_bytes(id);
-    grammar_vocab_ = std::make_shared<const grammar::TokenVocabulary>(bytes);
+    grammar_vocab_ = std::make_shared<const grammar::TokenVocabulary>(tok::constrained_token_bytes(t, model_vocab));
   });
   return grammar_vocab_;
 }

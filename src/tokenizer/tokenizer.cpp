@@ -280,6 +280,20 @@ std::optional<std::string> Tokenizer::token_bytes(int32_t id) const {
 
 int32_t Tokenizer::vocab_size() const { return impl_->vocab_size; }
 
+std::vector<std::optional<std::string>> constrained_token_bytes(const Tokenizer& t, int64_t model_vocab) {
+  std::vector<std::optional<std::string>> bytes(static_cast<size_t>(std::max<int64_t>(model_vocab, 0)));
+  const int32_t n = int32_t(std::min<int64_t>(model_vocab, t.vocab_size()));
+  for (int32_t id = 0; id < n; ++id) {
+    if (t.is_special(id)) continue;
+    if (!t.is_added(id)) {
+      bytes[size_t(id)] = t.token_bytes(id);
+    } else if (std::string s = t.decode(std::span<const int32_t>(&id, 1)); !s.empty()) {
+      bytes[size_t(id)] = std::move(s);
+    }
+  }
+  return bytes;
+}
+
 bool Tokenizer::is_added(int32_t id) const {
   return id >= 0 && id < impl_->vocab_size && impl_->added_id[id] != 0;
 }

