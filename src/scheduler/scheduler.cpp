@@ -85,6 +85,7 @@ void Scheduler::add(std::shared_ptr<Request> r) {
     std::vector<int32_t> ends(r->params.stop_token_ids.begin(), r->params.stop_token_ids.end());
     for (int64_t e : runner_.eos_ids()) ends.push_back(int32_t(e));
     r->constraint = std::make_unique<grammar::Constraint>(r->params.grammar, std::move(ends));
+    ++stats_.constrained_requests;
   }
   waiting_.push_back(std::move(r));
 }
@@ -428,6 +429,14 @@ void Scheduler::add_chunk(StepBatch& b, const std::shared_ptr<Request>& r, int64
 
 template <class F>
 void Scheduler::compute_masks(size_t n, F mask_of) {
+  if (n == 0) return;
+  const double t0 = now_s();
+  struct Account {
+    SchedulerStats& s;
+    double t0;
+    size_t n;
+    ~Account() { s.grammar_mask_seconds += now_s() - t0, s.grammar_masks += int64_t(n); }
+  } account{stats_, t0, n};
   // Each Constraint has its own scratch and the vocabulary is read only: the rows' masks side by side.
   if (n > 1 && !mask_pool_)
     mask_pool_ = std::make_unique<ThreadPool>(int(std::clamp(std::thread::hardware_concurrency(), 1u, 8u)));

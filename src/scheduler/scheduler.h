@@ -80,6 +80,10 @@ struct SchedulerStats {
   // Where the engine thread's time goes: whole steps, the executor's forward + sampling (device time plus its
   // launch and copy overhead), and output delivery (detokenizing, parsers, response chunks).
   double step_seconds = 0, forward_seconds = 0, deliver_seconds = 0;
+  // Constrained decoding: requests admitted with a grammar, the token masks computed for their rows and the engine
+  // thread's wall time computing them (the rows of a step side by side; a look-ahead step's while its forward runs).
+  int64_t constrained_requests = 0, grammar_masks = 0;
+  double grammar_mask_seconds = 0;
 };
 
 class Scheduler {

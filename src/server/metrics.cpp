@@ -60,6 +60,13 @@ std::string Metrics::render(const SchedulerStats& s, int64_t page_size, bool cud
                "Step time in the executor's forward and sampling (device work, launches, copies).", s.forward_seconds);
   r += counter("moeserve_engine_deliver_seconds_total",
                "Step time delivering outputs (detokenizing, parsers, response chunks).", s.deliver_seconds);
+  r += counter("moeserve_constrained_requests_total",
+               "Requests (each choice of n) constrained by a grammar (JSON schema, regex, choice, EBNF, tool call).",
+               double(s.constrained_requests));
+  r += counter("moeserve_grammar_masks_total", "Token masks computed for constrained rows.", double(s.grammar_masks));
+  r += counter("moeserve_grammar_mask_seconds_total",
+               "Engine thread time computing token masks (a step's rows side by side, up to 8 threads).",
+               s.grammar_mask_seconds);
   r += counter("moeserve_requests_total", "Requests received by the generation endpoints.", double(requests_total));
   r += counter("moeserve_requests_failed_total", "Requests that ended with an error.", double(requests_failed));
   r += counter("moeserve_requests_aborted_total", "Requests aborted (client gone).", double(requests_aborted));

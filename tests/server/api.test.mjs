@@ -928,4 +928,14 @@ test('metrics are Prometheus text', async () => {
   }
   assert.match(m.text, /moeserve_time_to_first_token_seconds_bucket\{le="\+Inf"\} \d+/);
   assert.match(m.text, /moeserve_e2e_request_latency_seconds_count \d+/);
+  // A constrained request counts, with a mask a generated token (the end's included) and the time they took.
+  const before = (await metrics(srv.base)).values;
+  const r = await postJson(srv.base, '/generate', { text: 'x', sampling_params: { max_new_tokens: 8, temperature: 0,
+    regex: '[ab]{3}' } });
+  assert.equal(r.status, 200, r.text);
+  const after = (await metrics(srv.base)).values;
+  assert.equal(after.moeserve_constrained_requests_total - before.moeserve_constrained_requests_total, 1);
+  const masks = after.moeserve_grammar_masks_total - before.moeserve_grammar_masks_total;
+  assert.ok(masks >= r.json.meta_info.completion_tokens, `${masks} masks for ${r.json.meta_info.completion_tokens} tokens`);
+  assert.ok(after.moeserve_grammar_mask_seconds_total > before.moeserve_grammar_mask_seconds_total);
 });
