@@ -351,20 +351,10 @@ StepInputs GpuExecutor::prepare(const ForwardBatch& batch, const std::vector<Sam
       }
       p.ban_end = int32_t(h_ban_ids_.size());
       const bool later_row = later != nullptr && next_later < later->size() && (*later)[next_later] == r;
-      if (later_row) {  // its mask comes with complete_launch()
+      if (later_row || s.masked()) {
         MS_CHECK(mask_rows_ < L.max_seqs, "more than {} grammar masks in one step", L.max_seqs);
-        ++next_later;
-        later_mask_rows_.push_back(mask_rows_);
-        p.mask_row = mask_rows_++;
-      } else if (s.masked()) {
-        const size_t W = mask_words();
-        MS_CHECK(mask_rows_ < L.max_seqs, "more than {} grammar masks in one step", L.max_seqs);
-        MS_CHECK(s.allowed.size() <= W, "a grammar mask of {} words for a vocabulary of {} tokens", s.allowed.size(),
-                 cfg_.vocab_size);
-        uint32_t* m = static_cast<uint32_t*>(buf_[cur_].host_masks.get()) + size_t(mask_rows_) * W;
-        std::copy(s.allowed.begin(), s.allowed.end(), m);
-        std::fill(m + s.allowed.size(), m + W, 0u);
-        if (cfg_.vocab_size % 32) m[W - 1] &= (1u << (cfg_.vocab_size % 32)) - 1u;  // no token past the vocabulary
+        if (later_row) ++next_later, later_mask_rows_.push_back(mask_rows_);  // its mask comes with complete_launch()
+        else write_mask(buf_[cur_], mask_rows_, s.allowed);
         p.mask_row = mask_rows_++;
       }
     } else {
@@ -527,7 +517,7 @@ void GpuExecutor::launch(const ForwardBatch& batch, const std::vector<SampleSpec
   } else {
     in.head_argmax = kind != kGeneral && R > 0 && head_argmax_for(R, kind);
     model_->forward(in, stream_);
-    if (R > 0) over_head_slices(in, [&](int r0, int n) { sample_rows(r0, n, R, kind, l.pen, in.head_argmax); });
+    if (R > 0) over_head_slices(in, [&](int r0, int n) { sample_rows(b, r0, n, R, kind, l.pen, in.head_argmax); });
   }
   if (!deferred) enqueue_copies_back(l);
   in_flight_.push_back(std::move(l));
@@ -542,18 +532,8 @@ void GpuExecutor::complete_launch(std::vector<std::vector<uint32_t>>& masks) {
            l.later_mask_rows.size());
   StepBuffers& b = buf_[l.buf];
   const size_t W = mask_words();
-  for (size_t i = 0; i < masks.size(); ++i) {
-    MS_CHECK(masks[i].size() <= W, "a grammar mask of {} words for a vocabulary of {} tokens", masks[i].size(),
-             cfg_.vocab_size);
-    uint32_t* m = static_cast<uint32_t*>(b.host_masks.get()) + size_t(l.later_mask_rows[i]) * W;
-    if (masks[i].empty()) {  // not constraining (a reasoning section), or a row dropped at collection
-      std::fill(m, m + W, ~0u);
-    } else {
-      std::copy(masks[i].begin(), masks[i].end(), m);
-      std::fill(m + masks[i].size(), m + W, 0u);
-    }
-    if (cfg_.vocab_size % 32) m[W - 1] &= (1u << (cfg_.vocab_size % 32)) - 1u;  // no token past the vocabulary
-  }
+  // (An empty mask: not constraining - a reasoning section -, or a row dropped at collection.)
+  for (size_t i = 0; i < masks.size(); ++i) write_mask(b, l.later_mask_rows[i], masks[i]);
   // Every mask row of the step (those known at launch are in host_masks already), then the sampler.
   cudaStream_t up = l.side ? upload_stream_ : stream_;
   MS_CUDA_CHECK(cudaMemcpyAsync(b.masks.get(), b.host_masks.get(), size_t(l.mask_rows) * W * 4,
@@ -578,16 +558,24 @@ void GpuExecutor::complete_launch(std::vector<std::vector<uint32_t>>& masks) {
   if (l.graph_bs > 0) {
     MS_CUDA_CHECK(cudaGraphLaunch(b.graphs[kind].at(l.graph_bs), stream_));
   } else if (R > 0) {
-    struct SetGuard {  // the sampler works on buf_[cur_]: the launched step's set meanwhile
-      int& cur;
-      int saved;
-      ~SetGuard() { cur = saved; }
-    } guard{cur_, cur_};
-    cur_ = l.buf;
-    sample_after_forward(deferred_in_, R, kind, l.pen);
+    sample_after_forward(b, deferred_in_, R, kind, l.pen);
   }
   enqueue_copies_back(l);
   l.pending = false;
+}
+
+void GpuExecutor::write_mask(StepBuffers& b, int row, const std::vector<uint32_t>& allowed) const {
+  const size_t W = mask_words();
+  MS_CHECK(allowed.size() <= W, "a grammar mask of {} words for a vocabulary of {} tokens", allowed.size(),
+           cfg_.vocab_size);
+  uint32_t* m = static_cast<uint32_t*>(b.host_masks.get()) + size_t(row) * W;
+  if (allowed.empty()) {
+    std::fill(m, m + W, ~0u);
+  } else {
+    std::copy(allowed.begin(), allowed.end(), m);
+    std::fill(m + allowed.size(), m + W, 0u);
+  }
+  if (cfg_.vocab_size % 32) m[W - 1] &= (1u << (cfg_.vocab_size % 32)) - 1u;  // no token past the vocabulary
 }
 
 void GpuExecutor::enqueue_copies_back(const Launched& l) {

@@ -139,6 +139,7 @@ class GpuExecutor : public Executor {
   int64_t max_logit_rows() const override { return layout_ ? layout_->max_tokens : 1; }
 
  private:
+  struct StepBuffers;  // (below: a step's inputs and outputs, two sets)
   // Fills buffer set `cur_`'s metadata for a batch and uploads it on `upload`; returns the step inputs. pad_to > T
   // pads a decode batch for a graph. `later` (ascending logit rows, may be null): masked rows whose masks come with
   // complete_launch() (their mask rows in later_mask_rows_; no mask is uploaded then).
@@ -146,12 +147,13 @@ class GpuExecutor : public Executor {
                      cudaStream_t upload, const std::vector<int32_t>* later = nullptr);
   // Copies the first `bytes` of the metadata, then the first table_pages entries of table_rows block-table rows.
   void upload_meta(cudaStream_t s, size_t bytes, int table_rows = 0, int table_pages = 0);
-  void run_sampling(int r0, int rows, int step_rows, bool with_penalties);
-  // The step's sampler over `rows` logit rows into the current set's outputs: the all-greedy fast path or the
-  // general one.
+  void run_sampling(StepBuffers& b, int r0, int rows, int step_rows, bool with_penalties);
+  // The step's sampler over `rows` logit rows into buffer set b's outputs (b's parameters and masks): the all-greedy
+  // fast path or the general one.
   // `kind` (SamplerKind): general, greedy, or greedy with a logprob (never the lm_head screen, which writes none).
   // r0 / step_rows: rows [r0, r0 + rows) of a step of step_rows rows, whose logits are logits()' first `rows`.
-  void sample_rows(int r0, int rows, int step_rows, int kind, bool with_penalties, bool head_argmax = false);
+  void sample_rows(StepBuffers& b, int r0, int rows, int step_rows, int kind, bool with_penalties,
+                   bool head_argmax = false);
   // After forward(in): f(r0, n) with logit rows [r0, r0 + n) in logits()' first n rows - once over all of in's rows,
   // or, when in.head_in_chunks, slice by slice of the logits' rows after head_chunk().
   template <class F>
@@ -181,7 +183,7 @@ class GpuExecutor : public Executor {
   // A step with later masks, after its forward (in.head_argmax: head_rows()): the sampler of `kind`
   // (kSampleGeneral: the lm_head + the general sampler; kSampleMaskedGreedy: the screen + lmhead_screen_masked;
   // kSampleMaskedOnly: lmhead_screen_masked without picks; kSampleSparse: lmhead_masked_logits + the general sampler).
-  void sample_after_forward(const StepInputs& in, int rows, int kind, bool with_penalties);
+  void sample_after_forward(StepBuffers& b, const StepInputs& in, int rows, int kind, bool with_penalties);
   // Waits for everything queued on the compute and both copy streams (launched steps still use the buffers);
   // check: a CUDA error throws (not in the destructor or when dropping steps after a failure).
   void sync_streams(bool check) const;
@@ -227,6 +229,9 @@ class GpuExecutor : public Executor {
   std::vector<int> later_mask_rows_;  // of those, the rows whose masks come with complete_launch()
   StepInputs deferred_in_;  // the inputs of the step launched with later masks (its eager sampler needs them)
   size_t mask_words() const { return (size_t(cfg_.vocab_size) + 31) / 32; }
+  // A grammar mask (SampleSpec::allowed; empty: every token) into row `row` of b's host masks, no token past the
+  // vocabulary.
+  void write_mask(StepBuffers& b, int row, const std::vector<uint32_t>& allowed) const;
   char* host_meta() { return static_cast<char*>(buf_[cur_].host_meta.get()); }
   cudaStream_t upload_stream_ = nullptr, download_stream_ = nullptr;
   // Penalty inputs (one set: a step with penalties orders its upload after both sets' steps) and the sampler's

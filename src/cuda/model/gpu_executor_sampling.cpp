@@ -14,12 +14,11 @@
 
 namespace moeserve::cuda::executor_detail {
 
-void GpuExecutor::run_sampling(int r0, int rows, int step_rows, bool with_penalties) {
+void GpuExecutor::run_sampling(StepBuffers& b, int r0, int rows, int step_rows, bool with_penalties) {
   SampleArgs a;
   a.logits = model_->logits();
   a.rows = rows;
   a.vocab = int(cfg_.vocab_size);
-  StepBuffers& b = buf_[cur_];
   a.params = reinterpret_cast<const SampleRowParams*>(b.meta.get() + layout_->params_at(step_rows)) + r0;
   a.pen_ids = with_penalties ? pen_ids_.get() : nullptr;
   a.pen_counts = with_penalties ? pen_counts_.get() : nullptr;
@@ -41,8 +40,8 @@ void GpuExecutor::run_sampling(int r0, int rows, int step_rows, bool with_penalt
   if (forced < rows) sample(a, stream_);
 }
 
-void GpuExecutor::sample_rows(int r0, int rows, int step_rows, int kind, bool with_penalties, bool head_argmax) {
-  StepBuffers& b = buf_[cur_];
+void GpuExecutor::sample_rows(StepBuffers& b, int r0, int rows, int step_rows, int kind, bool with_penalties,
+                              bool head_argmax) {
   const bool greedy = kind == kGreedy || kind == kGreedyLogprob;
   MS_CHECK(!head_argmax || (r0 == 0 && rows == step_rows), "the lm_head + argmax sampler over a slice of a step");
   if (kind == kTopK && head_argmax)
@@ -59,21 +58,21 @@ void GpuExecutor::sample_rows(int r0, int rows, int step_rows, int kind, bool wi
   else if (greedy)
     sample_greedy(model_->logits(), rows, int(cfg_.vocab_size), b.out_ids.get() + r0, b.out_lp.get() + r0, stream_,
                   greedy_ws_.get());
-  else run_sampling(r0, rows, step_rows, with_penalties);
+  else run_sampling(b, r0, rows, step_rows, with_penalties);
 }
 
 void GpuExecutor::record_decode(int bs, StepInputs& in, int kind) {
   if (kind >= kSampleGeneral) {  // after kForward's graph
-    sample_after_forward(in, bs, kind, false);
+    sample_after_forward(buf_[cur_], in, bs, kind, false);
     return;
   }
   in.head_argmax = kind == kForward || (kind != kGeneral && head_argmax_for(bs, kind));
   model_->forward(in, stream_);
-  if (kind != kForward) sample_rows(0, bs, bs, kind, false, in.head_argmax);
+  if (kind != kForward) sample_rows(buf_[cur_], 0, bs, bs, kind, false, in.head_argmax);
 }
 
-void GpuExecutor::sample_after_forward(const StepInputs& in, int rows, int kind, bool with_penalties) {
-  StepBuffers& b = buf_[cur_];
+void GpuExecutor::sample_after_forward(StepBuffers& b, const StepInputs& in, int rows, int kind,
+                                       bool with_penalties) {
   if (kind == kSampleMaskedGreedy || kind == kSampleMaskedOnly) {
     const int H = int(cfg_.hidden_size), V = int(cfg_.vocab_size);
     const bool picked = kind == kSampleMaskedGreedy;
@@ -92,7 +91,7 @@ void GpuExecutor::sample_after_forward(const StepInputs& in, int rows, int kind,
                          model_->logits(), stream_);
   else
     model_->head_logits(in, stream_);
-  sample_rows(0, rows, rows, kGeneral, with_penalties, false);
+  sample_rows(b, 0, rows, rows, kGeneral, with_penalties, false);
 }
 
 void GpuExecutor::capture_graphs() {
