@@ -301,44 +301,30 @@ class Expander {
 
   // A rule's alternatives as sequences of elements, an optional tail group (`x ("," A)?`) opened into the
   // alternatives with and without it, so that tail references show as the last element.
+  // e's parts when it is of `kind` (an alternation's alternatives, a sequence's elements), else e alone.
+  static std::vector<const Expr*> parts(const Expr& e, Expr::Kind kind) {
+    std::vector<const Expr*> v;
+    if (e.kind != kind) return {&e};
+    for (const Expr& k : e.kids) v.push_back(&k);
+    return v;
+  }
+
   static std::vector<std::vector<const Expr*>> alternatives_of(const Expr& e) {
     std::vector<std::vector<const Expr*>> out;
-    auto add_seq = [&](const Expr& a) {
-      std::vector<const Expr*> seq;
-      if (a.kind == Expr::kSeq) {
-        for (const Expr& k : a.kids) seq.push_back(&k);
-      } else {
-        seq.push_back(&a);
-      }
+    for (const Expr* a : parts(e, Expr::kAlt)) {
+      std::vector<const Expr*> seq = parts(*a, Expr::kSeq);
       const Expr* last = seq.empty() ? nullptr : seq.back();
-      if (last && last->kind == Expr::kRepeat && last->lo == 0 && last->hi == 1) {
-        seq.pop_back();
-        out.push_back(seq);
-        const Expr& opt = last->kids[0];
-        const std::vector<const Expr*> opts =
-            opt.kind == Expr::kAlt ? [&] {
-              std::vector<const Expr*> v;
-              for (const Expr& k : opt.kids) v.push_back(&k);
-              return v;
-            }()
-                                   : std::vector<const Expr*>{&opt};
-        for (const Expr* o : opts) {
-          std::vector<const Expr*> with = seq;
-          if (o->kind == Expr::kSeq) {
-            for (const Expr& k : o->kids) with.push_back(&k);
-          } else {
-            with.push_back(o);
-          }
-          out.push_back(std::move(with));
-        }
-      } else {
+      if (!last || last->kind != Expr::kRepeat || last->lo != 0 || last->hi != 1) {
         out.push_back(std::move(seq));
+        continue;
       }
-    };
-    if (e.kind == Expr::kAlt) {
-      for (const Expr& a : e.kids) add_seq(a);
-    } else {
-      add_seq(e);
+      seq.pop_back();
+      out.push_back(seq);  // without the optional tail
+      for (const Expr* o : parts(last->kids[0], Expr::kAlt)) {  // with each of its alternatives
+        std::vector<const Expr*> with = seq;
+        for (const Expr* x : parts(*o, Expr::kSeq)) with.push_back(x);
+        out.push_back(std::move(with));
+      }
     }
     return out;
   }

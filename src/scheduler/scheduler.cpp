@@ -431,12 +431,6 @@ template <class F>
 void Scheduler::compute_masks(size_t n, F mask_of) {
   if (n == 0) return;
   const double t0 = now_s();
-  struct Account {
-    SchedulerStats& s;
-    double t0;
-    size_t n;
-    ~Account() { s.grammar_mask_seconds += now_s() - t0, s.grammar_masks += int64_t(n); }
-  } account{stats_, t0, n};
   // Each Constraint has its own scratch and the vocabulary is read only: the rows' masks side by side.
   if (n > 1 && !mask_pool_)
     mask_pool_ = std::make_unique<ThreadPool>(int(std::clamp(std::thread::hardware_concurrency(), 1u, 8u)));
@@ -447,7 +441,9 @@ void Scheduler::compute_masks(size_t n, F mask_of) {
     }
   };
   if (n == 1) fill(0, 1);
-  else if (n > 1) mask_pool_->parallel_for(int64_t(n), 1, fill);
+  else mask_pool_->parallel_for(int64_t(n), 1, fill);
+  stats_.grammar_mask_seconds += now_s() - t0;
+  stats_.grammar_masks += int64_t(n);
 }
 
 void Scheduler::launch(StepBatch b) {

@@ -280,21 +280,15 @@ void bring_up(App& app) {
   app.text = std::make_unique<TextLayer>(o.model_path, o.tokenizer_path, o.chat_template, o.skip_tokenizer_init);
   // Constrained decoding's vocabulary tries (~0.1 s on one core), built beside the model's load rather than inside
   // the first constrained request.
-  std::thread grammar_vocab;
+  std::jthread grammar_vocab;  // (joined when bring_up returns or throws)
   if (app.text->has_tokenizer())
-    grammar_vocab = std::thread([&app, v = cfg.vocab_size] {
+    grammar_vocab = std::jthread([&app, v = cfg.vocab_size] {
       try {
         app.text->grammar_vocabulary(v);
       } catch (const std::exception& e) {  // (the first constrained request tries again and reports it)
         log_warn("constrained decoding's vocabulary: {}", e.what());
       }
     });
-  struct Joiner {
-    std::thread& t;
-    ~Joiner() {
-      if (t.joinable()) t.join();
-    }
-  } join_grammar_vocab{grammar_vocab};
   app.set_stage(device == "cuda" ? "loading the model onto the GPU, self-testing kernels, capturing CUDA graphs"
                                   : "loading the model");
   LaunchOptions lo;

@@ -161,13 +161,16 @@ std::shared_ptr<grammar::ConstraintSpec> requested_grammar(const Body& b, const 
       bad(field, fmt::format("'{}' must be a JSON schema (an object), got {}", field, sj->dump().substr(0, 80)));
     take(field, [&](grammar::ConstraintSpec& s) { s.schema = grammar::JsonSchema::compile(*sj); });
   };
+  // A grammar given as text, compiled to a regex: a regular expression, or an EBNF grammar expanded into one.
+  auto textual = [&](const std::string& field, const json& j, const char* what, auto compile) {
+    if (!j.is_string()) bad(field, fmt::format("'{}' must be {} (a string)", field, what));
+    take(field, [&](grammar::ConstraintSpec& s) { s.regex = compile(j.get_ref<const std::string&>()); });
+  };
   auto regex = [&](const std::string& field, const json& j) {
-    if (!j.is_string()) bad(field, fmt::format("'{}' must be a regular expression (a string)", field));
-    take(field, [&](grammar::ConstraintSpec& s) { s.regex = grammar::Regex::compile(j.get_ref<const std::string&>()); });
+    textual(field, j, "a regular expression", [](const std::string& t) { return grammar::Regex::compile(t); });
   };
   auto ebnf = [&](const std::string& field, const json& j) {
-    if (!j.is_string()) bad(field, fmt::format("'{}' must be an EBNF grammar (a string)", field));
-    take(field, [&](grammar::ConstraintSpec& s) { s.regex = grammar::compile_ebnf(j.get_ref<const std::string&>()); });
+    textual(field, j, "an EBNF grammar", [](const std::string& t) { return grammar::compile_ebnf(t); });
   };
   auto choice = [&](const std::string& field, const json& j) {
     if (!j.is_array() || j.empty() || !std::all_of(j.begin(), j.end(), [](const json& c) { return c.is_string(); }))
