@@ -17,6 +17,7 @@ mixed steps' host launch and the prompt-token costs below 512 tokens are not mod
 
   tools/wave_sim.py                                 # the default budget and small budgets
   tools/wave_sim.py --decode-delta-us -50 --prompt-scale 0.9   # decode step 50 us faster, prompt steps 10% faster
+  tools/wave_sim.py --prompt-us-per-token 512:1.2,1024:0.95,2048:0.87  # cheaper prompt chunks riding decode steps
 """
 import argparse
 import bisect
@@ -37,14 +38,14 @@ def interp(table, x):
     return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
 
 
-def step_ms(decodes, prompt_tokens, decode_delta_ms=0.0, prompt_scale=1.0):
+def step_ms(decodes, prompt_tokens, decode_delta_ms=0.0, prompt_scale=1.0, prompt_table=None):
     t = interp(DECODE_MS, decodes) + decode_delta_ms if decodes > 0 else PROMPT_ONLY_MS
     if prompt_tokens > 0:
-        t += interp(PROMPT_US_PER_TOKEN, prompt_tokens) * prompt_scale * prompt_tokens / 1000.0
+        t += interp(prompt_table or PROMPT_US_PER_TOKEN, prompt_tokens) * prompt_scale * prompt_tokens / 1000.0
     return t
 
 
-def simulate(conc, prompt, out, budget, requests, decode_delta_ms=0.0, prompt_scale=1.0):
+def simulate(conc, prompt, out, budget, requests, decode_delta_ms=0.0, prompt_scale=1.0, prompt_table=None):
     """Output tokens/s after the first eighth of the requests (the ramp) until the last finishes."""
     t = 0.0
     waiting = [prompt] * conc  # prompt tokens still to run, FCFS
@@ -61,7 +62,7 @@ def simulate(conc, prompt, out, budget, requests, decode_delta_ms=0.0, prompt_sc
                 first_tokens += 1
             else:
                 queue.append(rem - take)
-        t += step_ms(len(running), p, decode_delta_ms, prompt_scale)
+        t += step_ms(len(running), p, decode_delta_ms, prompt_scale, prompt_table)
         produced += len(running) + first_tokens
         running = [r - 1 for r in running]
         finished = sum(1 for r in running if r == 0)
@@ -86,12 +87,21 @@ def main():
     ap.add_argument("--requests", type=int, default=2048)
     ap.add_argument("--decode-delta-us", type=float, default=0.0, help="added to every step that has decodes")
     ap.add_argument("--prompt-scale", type=float, default=1.0, help="multiplies the prompt tokens' cost")
+    ap.add_argument("--prompt-us-per-token", metavar="P:US,...",
+                    help="the change's prompt-token costs by step prompt tokens (e.g. 512:1.2,1024:0.95,2048:0.87), "
+                         "replacing the measured table's entries up to the largest P given")
     a = ap.parse_args()
+    changed = dict(PROMPT_US_PER_TOKEN)
+    if a.prompt_us_per_token:
+        given = {int(k): float(v) for k, v in (kv.split(":") for kv in a.prompt_us_per_token.split(","))}
+        changed = {k: v for k, v in changed.items() if k > max(given)} | given
     for budget in a.budget or [8192, 4160, 2112, 1088, 576]:
         base = simulate(a.concurrency, a.prompt, a.out, budget, a.requests)
-        new = simulate(a.concurrency, a.prompt, a.out, budget, a.requests, a.decode_delta_us / 1000.0, a.prompt_scale)
+        new = simulate(a.concurrency, a.prompt, a.out, budget, a.requests, a.decode_delta_us / 1000.0, a.prompt_scale,
+                       sorted(changed.items()))
+        is_change = a.decode_delta_us or a.prompt_scale != 1.0 or a.prompt_us_per_token
         print(f"budget {budget:5d}: {base:8.0f} tok/s with the measured costs" +
-              (f", {new:8.0f} with the change ({new / base - 1:+.1%})" if (a.decode_delta_us or a.prompt_scale != 1.0) else ""))
+              (f", {new:8.0f} with the change ({new / base - 1:+.1%})" if is_change else ""))
 
 
 if __name__ == "__main__":
