@@ -40,6 +40,33 @@ Distribution summarize(const std::vector<double>& values) {
   return d;
 }
 
+namespace {
+
+// BenchMetrics::max_output_tokens_per_s and max_concurrent_requests.
+void peak_rates(const std::vector<RequestResult>& results, BenchMetrics& m) {
+  double first = INFINITY, last = -INFINITY;
+  for (auto& r : results)
+    if (r.success) first = std::min(first, r.start_s), last = std::max(last, r.start_s + r.latency_s);
+  if (!(first <= last)) return;
+  const size_t buckets = size_t(std::ceil(last - first)) + 1;
+  std::vector<double> tokens(buckets, 0.0);
+  std::vector<int64_t> in_flight(buckets, 0);
+  auto bucket = [&](double t) { return std::min(size_t(std::max(t - first, 0.0)), buckets - 1); };
+  for (auto& r : results) {
+    if (!r.success) continue;
+    const size_t events = 1 + r.itl_s.size();
+    const double per_event = r.output_len > 0 ? double(r.output_len) / double(events) : 1.0;
+    double t = r.start_s + r.ttft_s;
+    tokens[bucket(t)] += per_event;
+    for (double x : r.itl_s) tokens[bucket(t += x)] += per_event;
+    for (size_t b = bucket(r.start_s), e = bucket(r.start_s + r.latency_s); b <= e; ++b) ++in_flight[b];
+  }
+  m.max_output_tokens_per_s = *std::max_element(tokens.begin(), tokens.end());
+  m.max_concurrent_requests = *std::max_element(in_flight.begin(), in_flight.end());
+}
+
+}  // namespace
+
 BenchMetrics compute_metrics(const std::vector<RequestResult>& results, double duration_s) {
   BenchMetrics m;
   m.duration_s = duration_s;
@@ -64,6 +91,7 @@ BenchMetrics compute_metrics(const std::vector<RequestResult>& results, double d
     m.total_throughput = double(m.total_input + m.total_output) / duration_s;
     m.concurrency = std::accumulate(e2e.begin(), e2e.end(), 0.0) / 1e3 / duration_s;
   }
+  peak_rates(results, m);
   m.ttft_ms = summarize(ttft);
   m.tpot_ms = summarize(tpot);
   m.itl_ms = summarize(itl);
@@ -110,6 +138,8 @@ std::string format_report(const BenchMetrics& m, const RunInfo& info) {
   row(out, "Request throughput (req/s):", m.request_throughput);
   row(out, "Input token throughput (tok/s):", m.input_throughput);
   row(out, "Output token throughput (tok/s):", m.output_throughput);
+  row(out, "Peak output token throughput (tok/s):", m.max_output_tokens_per_s);
+  row(out, "Peak concurrent requests:", double(m.max_concurrent_requests));
   row(out, "Total token throughput (tok/s):", m.total_throughput);
   row(out, "Concurrency:", m.concurrency);
   title(out, "End-to-End Latency", '-');
@@ -152,6 +182,8 @@ json metrics_to_json(const BenchMetrics& m, const RunInfo& info, const std::vect
   j["total_throughput"] = m.total_throughput;
   j["total_token_throughput"] = m.total_throughput;  // vLLM's name
   j["concurrency"] = m.concurrency;
+  j["max_output_tokens_per_s"] = m.max_output_tokens_per_s;  // vLLM's names
+  j["max_concurrent_requests"] = m.max_concurrent_requests;
   const std::pair<const char*, const Distribution*> dists[] = {
       {"ttft", &m.ttft_ms}, {"tpot", &m.tpot_ms}, {"itl", &m.itl_ms}, {"e2e_latency", &m.e2e_ms}};
   for (auto& [name, d] : dists) {

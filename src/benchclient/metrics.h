@@ -44,6 +44,11 @@ struct BenchMetrics {
   double duration_s = 0;
   double request_throughput = 0, input_throughput = 0, output_throughput = 0, total_throughput = 0;
   double concurrency = 0;  // sum of e2e latencies / duration: the mean number of requests in flight
+  // vLLM's peaks over one-second buckets from the first request's start: output tokens whose stream event (the first
+  // token, then each ITL) fell in the bucket (a request's tokens spread evenly over its events, so that events
+  // carrying several tokens count them all), and requests in flight at some time in the bucket.
+  double max_output_tokens_per_s = 0;
+  int64_t max_concurrent_requests = 0;
   Distribution ttft_ms, tpot_ms, itl_ms, e2e_ms;
 };
 BenchMetrics compute_metrics(const std::vector<RequestResult>& results, double duration_s);

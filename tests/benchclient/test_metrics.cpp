@@ -68,6 +68,39 @@ TEST(Metrics, ComputedLikeSglang) {
   EXPECT_NEAR(m.e2e_ms.p99, 498.0, 1e-9);   // 300 400 500: pos 1.98
 }
 
+// vLLM's peak rates over one-second buckets from the first start, worked by hand (binary fractions, exact):
+//   a: start 0, events 0.5 0.875 1.25 1.625 (4 tokens, one an event), in flight 0 - 1.625 (buckets 0, 1)
+//   b: start 0.25, events 0.75 0.875 1.125 (6 tokens: two an event), in flight 0.25 - 1.125 (buckets 0, 1)
+//   c: start 2.5, one event 2.75 (1 token), in flight 2.5 - 2.75 (bucket 2); a failed request counts nowhere.
+// Tokens by bucket 2 + 4, 2 + 2, 1, 0 -> peak 6; requests in flight 2, 2, 1, 0 -> peak 2.
+TEST(Metrics, PeakRatesOverOneSecondBuckets) {
+  RequestResult a, b, c, f;
+  a.success = true, a.start_s = 0, a.ttft_s = 0.5, a.itl_s = {0.375, 0.375, 0.375}, a.latency_s = 1.625;
+  a.output_len = 4;
+  b.success = true, b.start_s = 0.25, b.ttft_s = 0.5, b.itl_s = {0.125, 0.25}, b.latency_s = 0.875, b.output_len = 6;
+  c.success = true, c.start_s = 2.5, c.ttft_s = 0.25, c.latency_s = 0.25, c.output_len = 1;
+  f.success = false, f.start_s = 0.5, f.latency_s = 9, f.output_len = 50;
+  BenchMetrics m = compute_metrics({a, b, c, f}, 2.75);
+  EXPECT_DOUBLE_EQ(m.max_output_tokens_per_s, 6.0);
+  EXPECT_EQ(m.max_concurrent_requests, 2);
+  // Two more requests in flight through second 2, whose events there outnumber the first second's.
+  RequestResult d = c, e = c;
+  d.start_s = 2.0, d.ttft_s = 0.25, d.itl_s = {0.25, 0.25}, d.latency_s = 0.75, d.output_len = 9;
+  BenchMetrics m2 = compute_metrics({a, b, c, d, e, f}, 2.75);
+  EXPECT_DOUBLE_EQ(m2.max_output_tokens_per_s, 11.0);  // bucket 2: 1 + 9 + 1
+  EXPECT_EQ(m2.max_concurrent_requests, 3);
+  BenchMetrics none = compute_metrics({f}, 1.0);
+  EXPECT_EQ(none.max_output_tokens_per_s, 0.0);
+  EXPECT_EQ(none.max_concurrent_requests, 0);
+  RunInfo info;
+  const std::string report = format_report(m, info);
+  EXPECT_NE(report.find("Peak output token throughput (tok/s):    6.00"), std::string::npos) << report;
+  EXPECT_NE(report.find("Peak concurrent requests:                2.00"), std::string::npos) << report;
+  const nlohmann::json j = metrics_to_json(m, info, {a, b, c, f}, false);
+  EXPECT_DOUBLE_EQ(j["max_output_tokens_per_s"].get<double>(), 6.0);
+  EXPECT_EQ(j["max_concurrent_requests"], 2);
+}
+
 TEST(Metrics, ReportAndJson) {
   auto results = sample_results();
   BenchMetrics m = compute_metrics(results, 2.0);
