@@ -724,11 +724,14 @@ TEST(LmheadScreen, OneWorkspaceAcrossLaunchesOfBothForms) {
   }
 }
 
-// q30b8l's lm_head (gen-model's level weights, gain 4) on the device with its int8 screen copy: the timing reports'.
+// q30b8l's lm_head (gen-model's level weights, gain 4) on the device with its int8 screen copy and an initialized
+// screen workspace: the timing and profile reports'.
 struct Q30bLmHead {
   static constexpr int V = 151936, K = 2048;
   Dev<uint16_t> w{level_rows(size_t(V) * K, 4.0f * std::sqrt(3.0f / float(K)), 7)};
   Screen s{w, V, K};
+  Dev<char> ws{cuda::lmhead_screen_workspace_bytes(V, K)};
+  Q30bLmHead() { cuda::lmhead_screen_workspace_init(ws.p, V, K, nullptr); }
 };
 
 // Timing on q30b8l's lm_head: the screen against gemv_stream + the greedy sampler (the served path at 1-8 rows).
@@ -738,8 +741,7 @@ TEST(LmheadScreen, DISABLED_Timing) {
   const Q30bLmHead lm;
   const Dev<uint16_t>& w = lm.w;
   const Screen& s = lm.s;
-  Dev<char> ws(cuda::lmhead_screen_workspace_bytes(V, K));
-  cuda::lmhead_screen_workspace_init(ws.p, V, K, nullptr);
+  const Dev<char>& ws = lm.ws;
   Dev<float> logits(size_t(8) * V), lp(8);
   Dev<int32_t> ids(8);
   Dev<char> aws(cuda::lmhead_argmax_workspace_bytes(64, V));
@@ -777,8 +779,8 @@ TEST(LmheadScreen, DISABLED_MaskedTiming) {
   const Q30bLmHead lm;
   const Dev<uint16_t>& w = lm.w;
   const Screen& s = lm.s;
-  Dev<char> ws(cuda::lmhead_screen_workspace_bytes(V, K)), mws(cuda::lmhead_screen_masked_workspace_bytes(64));
-  cuda::lmhead_screen_workspace_init(ws.p, V, K, nullptr);
+  const Dev<char>& ws = lm.ws;
+  Dev<char> mws(cuda::lmhead_screen_masked_workspace_bytes(64));
   MS_CUDA_CHECK(cudaMemset(mws.p, 0, mws.n));
   Dev<int32_t> ids(64);
   Dev<float> logits(size_t(16) * V);
@@ -820,8 +822,8 @@ TEST(LmheadScreenTopK, DISABLED_Timing) {
   const Q30bLmHead lm;
   const Dev<uint16_t>& w = lm.w;
   const Screen& s = lm.s;
-  Dev<char> ws(cuda::lmhead_screen_workspace_bytes(V, K)), sws(cuda::sample_workspace_bytes(64, V));
-  cuda::lmhead_screen_workspace_init(ws.p, V, K, nullptr);
+  const Dev<char>& ws = lm.ws;
+  Dev<char> sws(cuda::sample_workspace_bytes(64, V));
   Dev<float> logits(size_t(64) * V);
   Dev<int32_t> ids(64);
   std::vector<cuda::SampleRowParams> hp(64);
@@ -863,10 +865,10 @@ TEST(LmheadScreenTopK, DISABLED_Timing) {
 TEST(LmheadScreenTopK, DISABLED_Profile) {
   constexpr int V = 151936, K = 2048;
   if (!gpu_usable(1, K, V) || !cuda::lmhead_screen_topk_supported(1, K, V)) GTEST_SKIP() << "needs a GPU";
-  Dev<uint16_t> w(level_rows(size_t(V) * K, 4.0f * std::sqrt(3.0f / float(K)), 7));
-  const Screen s(w, V, K);
-  Dev<char> ws(cuda::lmhead_screen_workspace_bytes(V, K));
-  cuda::lmhead_screen_workspace_init(ws.p, V, K, nullptr);
+  const Q30bLmHead lm;
+  const Dev<uint16_t>& w = lm.w;
+  const Screen& s = lm.s;
+  const Dev<char>& ws = lm.ws;
   Dev<int32_t> ids(64);
   std::vector<cuda::SampleRowParams> hp(64);
   for (auto& p : hp) p.temperature = 0.6f, p.top_k = 20, p.top_p = 0.95f, p.random = 12345;
