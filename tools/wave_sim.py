@@ -18,6 +18,7 @@ mixed steps' host launch and the prompt-token costs below 512 tokens are not mod
   tools/wave_sim.py                                 # the default budget and small budgets
   tools/wave_sim.py --decode-delta-us -50 --prompt-scale 0.9   # decode step 50 us faster, prompt steps 10% faster
   tools/wave_sim.py --prompt-us-per-token 512:1.2,1024:0.95,2048:0.87  # cheaper prompt chunks riding decode steps
+  tools/wave_sim.py --budget 8192 --mixed-budget 2048 ...   # a policy: small chunks only while decodes run
 """
 import argparse
 import bisect
@@ -45,8 +46,10 @@ def step_ms(decodes, prompt_tokens, decode_delta_ms=0.0, prompt_scale=1.0, promp
     return t
 
 
-def simulate(conc, prompt, out, budget, requests, decode_delta_ms=0.0, prompt_scale=1.0, prompt_table=None):
-    """Output tokens/s after the first eighth of the requests (the ramp) until the last finishes."""
+def simulate(conc, prompt, out, budget, requests, decode_delta_ms=0.0, prompt_scale=1.0, prompt_table=None,
+             mixed_budget=None):
+    """Output tokens/s after the first eighth of the requests (the ramp) until the last finishes. mixed_budget: the
+    prompt tokens of a step that has decodes, where it differs from a prompt-only step's budget."""
     t = 0.0
     waiting = [prompt] * conc  # prompt tokens still to run, FCFS
     running = []  # output tokens still to produce
@@ -55,8 +58,9 @@ def simulate(conc, prompt, out, budget, requests, decode_delta_ms=0.0, prompt_sc
     t0 = p0 = None
     while done < requests:
         p, first_tokens, queue = 0, 0, []
+        step_budget = mixed_budget if running and mixed_budget else budget
         for rem in waiting:
-            take = min(rem, budget - p)
+            take = min(rem, step_budget - p)
             p += take
             if take == rem:
                 first_tokens += 1
@@ -90,15 +94,17 @@ def main():
     ap.add_argument("--prompt-us-per-token", metavar="P:US,...",
                     help="the change's prompt-token costs by step prompt tokens (e.g. 512:1.2,1024:0.95,2048:0.87), "
                          "replacing the measured table's entries up to the largest P given")
+    ap.add_argument("--mixed-budget", type=int, help="prompt tokens of a step with decodes (a scheduler policy: "
+                    "--budget then bounds the prompt-only steps)")
     a = ap.parse_args()
     changed = dict(PROMPT_US_PER_TOKEN)
     if a.prompt_us_per_token:
         given = {int(k): float(v) for k, v in (kv.split(":") for kv in a.prompt_us_per_token.split(","))}
         changed = {k: v for k, v in changed.items() if k > max(given)} | given
     for budget in a.budget or [8192, 4160, 2112, 1088, 576]:
-        base = simulate(a.concurrency, a.prompt, a.out, budget, a.requests)
+        base = simulate(a.concurrency, a.prompt, a.out, budget, a.requests, mixed_budget=a.mixed_budget)
         new = simulate(a.concurrency, a.prompt, a.out, budget, a.requests, a.decode_delta_us / 1000.0, a.prompt_scale,
-                       sorted(changed.items()))
+                       sorted(changed.items()), a.mixed_budget)
         is_change = a.decode_delta_us or a.prompt_scale != 1.0 or a.prompt_us_per_token
         print(f"budget {budget:5d}: {base:8.0f} tok/s with the measured costs" +
               (f", {new:8.0f} with the change ({new / base - 1:+.1%})" if is_change else ""))
