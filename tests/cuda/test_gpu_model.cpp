@@ -178,6 +178,50 @@ TEST(GpuModel, MixedBatchMatchesCpuAndSoloRuns) {
   release(cpu);
 }
 
+// A mixed step as the scheduler builds them under load: sequences with cached context taking one token (decodes) or
+// a chunk of several, interleaved, and new prompts - against the CPU (the prefill attention's work list over decode
+// rows, chunks that start mid-page, new prompts). H100, session 64: largest difference 0.139 (also with branch
+// next/moe-tma-evict-first's MOESERVE_ATTN_MIXED_SPLIT=1, which sends the decodes through the decode kernel).
+TEST(GpuModel, MixedStepOfDecodesChunksAndNewPromptsMatchesCpu) {
+  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  Runner cpu = make("cpu"), gpu = make("cuda");
+  const int64_t V = cpu.r->config().vocab_size;
+  const std::vector<std::vector<int32_t>> cached = random_prompts(14, V, 11, 20, 13, 70);
+  const std::vector<std::vector<int32_t>> fresh = random_prompts(3, V, 12, 9, 17, 40);
+  std::vector<float> want, got;
+  for (Runner* R : {&cpu, &gpu}) {
+    prefill(*R, cached, 16);
+    std::mt19937 g(13);
+    ForwardBatch fb;
+    for (size_t s = 0; s < cached.size() + fresh.size(); ++s) {
+      const bool is_new = s >= cached.size();
+      const int64_t start = is_new ? 0 : int64_t(cached[s].size());
+      const int64_t n = is_new ? int64_t(fresh[s - cached.size()].size()) : s % 3 == 1 ? 7 : 1;
+      if (is_new) R->pages.push_back(R->r->kv().allocator().allocate(R->r->kv().pages_for(n)));
+      const int64_t row = int64_t(fb.tokens.size());
+      for (int64_t i = 0; i < n; ++i) {
+        fb.tokens.push_back(is_new ? fresh[s - cached.size()][size_t(i)] : int32_t(g() % uint32_t(V)));
+        fb.positions.push_back(start + i);
+      }
+      fb.seqs.push_back({R->pages[s].data(), start, n, row});
+      fb.logit_rows.push_back(row + n - 1);
+    }
+    R->r->forward(fb, R == &cpu ? want : got);
+  }
+  ASSERT_EQ(want.size(), got.size());
+  const size_t seqs = cached.size() + fresh.size();
+  ASSERT_EQ(got.size(), seqs * size_t(V));
+  double worst = 0;
+  for (size_t s = 0; s < seqs; ++s) {
+    const double d = top_diff(&want[s * size_t(V)], &got[s * size_t(V)], V);
+    EXPECT_LT(d, 0.15) << "sequence " << s << ": the mixed step on the GPU vs the CPU";
+    worst = std::max(worst, d);
+  }
+  std::printf("[ info ] largest top-8 |logprob| difference, mixed step GPU vs CPU: %.4f\n", worst);
+  release(gpu);
+  release(cpu);
+}
+
 // Graph-replayed decode steps of `count` sequences against the CPU's logits of the same steps; top_n > 0 asks for top
 // logprobs (the general sampler), 0 leaves the steps all-greedy (at 32 rows on sm_90 the lm_head then runs inside the
 // sampler: lmhead_argmax).
