@@ -12,8 +12,11 @@ The cost tables are H200 measurements of q30b8l BF16 (docs/PERF.md): decode step
 28-43, served step), prompt tokens from `gpu_profile --mixed` (session 35, 64 decodes + P prompt tokens, after the
 prefill attention's work list) and the served 8,192-token prompt step (session 38: 16 decodes + 8,176 tokens).
 Calibration: the default budget (8,192) gives 19,475 tok/s at 64 concurrent against 19,489 / 19,492 measured
-(session 42); small budgets come out optimistic (576: -5% against -11% measured in session 35), because the eager
-mixed steps' host launch and the prompt-token costs below 512 tokens are not modelled in detail.
+(session 42); small budgets come out optimistic (576: -5% against -11% measured in session 35; session 64, H100,
+256 requests: 2112 +3.4% over 8192 with that machine's riding costs against -1.0% served), because the served runs'
+steps carry fewer decodes (ramp, tail, prompts waiting behind the chunk: session 64's step traces, 58.8 decodes a
+decode-only step and 47 a mixed one where the simulation has 64 and 54) and the eager mixed steps' host launch and
+the prompt-token costs below 512 tokens are not modelled in detail.
 
   tools/wave_sim.py                                 # the default budget and small budgets
   tools/wave_sim.py --decode-delta-us -50 --prompt-scale 0.9   # decode step 50 us faster, prompt steps 10% faster
