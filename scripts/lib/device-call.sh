@@ -3,7 +3,8 @@
 # output to $OUT/progress.log (a call that runs past its limit still returns what it printed), prints the GPU's
 # serial, and defines:
 #   t BINARY ARGS...    a test binary under a timeout (T_TIMEOUT, default 250 s), its log in $OUT, a summary printed;
-#                       returns its exit status
+#                       returns its exit status. A shell function: give it variables as `VAR=x t ...` (bash passes
+#                       them to its commands) or export them - `env VAR=x t ...` finds no program `t` (session 64)
 #   gen_model_start     writes the q30b8l benchmark model to $M (/tmp/m/q30b8l) in the background;
 #   gen_model_wait      waits for it by pid. (A bare `wait` also waits for the tee's process substitution, which never
 #                       ends: session 40 lost a 500 s call to that.)
