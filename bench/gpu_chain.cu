@@ -11,6 +11,8 @@
 // equal; op 0 is also checked against the CPU. The default chain is q30b8l's layer as four dense GEMVs (q/k/v
 // 5120 x 2048, o_proj 2048 x 4096, the 8 experts' gate/up as 12288 x 2048, their down as 2048 x 6144; 113 MB) times
 // 8 layers: what the step's attention, routing and norms add on top is not modelled.
+// Then the same two ways with the ops cut into equal 16 KB items (chain_split_kernel, session 65): whether the
+// persistent form's distance from the floor is the persistence or the whole-K row blocks' imbalance.
 //   gpu_chain [--layers 8] [--reps 20]     (run it under `timeout`: a broken counter would spin forever)
 // Prints one line a form: time of the chain, us an op, TB/s, x the floor at 4.6 TB/s (bench/gpu_read_bw). A
 // benchmark, not a test: the figures go to docs/PERF.md.
@@ -62,6 +64,10 @@ struct ChainArgs {
   bf16* X[kMaxOps + 1];  // X[0] the input, X[j + 1] = bf16(W_j X[j][0:K_j])
   unsigned* done;        // [ops] finished row blocks, counted across runs (epochs)
   int ops;
+  // The split-item forms (chain_split_kernel) only:
+  float* part;      // [ops][kMaxSplits][max_n] a row block's partial sums, one row of kMaxSplits a K range
+  unsigned* rb_cnt; // [ops][max_rb] the splits of a row block that have written their partials (the last resets it)
+  int max_n, max_rb;
 };
 
 // A block's work: items (op, row block) in op order; in the launch form one item, in the persistent form every
@@ -69,6 +75,35 @@ struct ChainArgs {
 struct Cursor {
   int op, rb, u;
 };
+
+// One warp's 64-k slice of 16 rows (row r at src + r K) into its ring stage, swizzled; !ok: a zero fill.
+__device__ __forceinline__ void load_slice(bf16* dst, const bf16* src, int K, bool ok, int lane, const bf16* any) {
+#pragma unroll
+  for (int m = 0; m < 4; ++m) {
+    const int id = lane + 32 * m, r = id >> 3, c = id & 7;
+    cp_async16(dst + r * kSliceK + ((c ^ (r & 7)) << 3), ok ? src + int64_t(r) * K + 8 * c : any, ok);
+  }
+  cp_async_commit();
+}
+
+// Op `op`'s input into shared memory once the op before is complete: in the persistent form when its row blocks
+// (`rb_before` of them) have all been counted this run (epoch), in the launch form by the programmatic wait.
+__device__ __forceinline__ void wait_and_stage(const ChainArgs& a, int op, int rb_before, int persistent,
+                                               unsigned epoch, bf16* xs) {
+  if (persistent) {
+    if (op > 0 && threadIdx.x == 0) {
+      const unsigned target = epoch * unsigned(rb_before);
+      while (ld_acquire(a.done + op - 1) < target) __nanosleep(20);
+    }
+  } else {
+    mc::pdl_wait();  // then the next op's blocks may start and load their weights (launch.h's contract)
+    mc::pdl_launch_dependents();
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < a.K[op] / 8; i += kThreads)
+    reinterpret_cast<uint4*>(xs)[i] = __ldcg(reinterpret_cast<const uint4*>(a.X[op]) + i);
+  __syncthreads();
+}
 
 template <int S>
 __global__ void __launch_bounds__(kThreads) chain_kernel(const __grid_constant__ ChainArgs a, int op_begin,
@@ -102,12 +137,7 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(const __grid_constant__
     const int K = live ? a.K[pc.op] : 0;
     const bool ok = live && ks * kSliceK < K;
     const bf16* src = ok ? a.W[pc.op] + int64_t(pc.rb * kRows) * K + ks * kSliceK : nullptr;
-#pragma unroll
-    for (int m = 0; m < 4; ++m) {
-      const int id = lane + 32 * m, r = id >> 3, c = id & 7;
-      cp_async16(dst + r * kSliceK + ((c ^ (r & 7)) << 3), ok ? src + int64_t(r) * K + 8 * c : a.W[0], ok);
-    }
-    cp_async_commit();
+    load_slice(dst, src, K, ok, lane, a.W[0]);
     ++issued;
     if (live) advance(pc);
   };
@@ -119,20 +149,7 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(const __grid_constant__
   const int r = lane >> 1, h = lane & 1;
   while (cc.op < op_end) {
     if (cc.op != staged_op) {  // the op's input: after the op before is complete
-      if (persistent) {
-        if (cc.op > 0 && threadIdx.x == 0) {
-          const unsigned target = epoch * unsigned(row_blocks(cc.op - 1));
-          while (ld_acquire(a.done + cc.op - 1) < target) __nanosleep(20);
-        }
-      } else {
-        mc::pdl_wait();  // then the next op's blocks may start and load their weights (launch.h's contract)
-        mc::pdl_launch_dependents();
-      }
-      __syncthreads();
-      const int K = a.K[cc.op];
-      for (int i = threadIdx.x; i < K / 8; i += kThreads)
-        reinterpret_cast<uint4*>(xs)[i] = __ldcg(reinterpret_cast<const uint4*>(a.X[cc.op]) + i);
-      __syncthreads();
+      wait_and_stage(a, cc.op, cc.op > 0 ? row_blocks(cc.op - 1) : 0, persistent, epoch, xs);
       staged_op = cc.op;
     }
     cp_async_wait<S - 1>();
@@ -168,6 +185,118 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(const __grid_constant__
     }
     __syncthreads();
     if (persistent && threadIdx.x == 0) atomicAdd(a.done + item.op, 1u);
+  }
+  cp_async_wait<0>();
+}
+
+// The split-item form (session 65): the same ops cut into equal items of 16 rows x kItemK of K (16 KB, one 64-k slice
+// a warp), item i of an op being row block i / splits, K range i % splits, so that every op has about as many items a
+// block (q/k/v 1,280, o_proj 1,024, gate/up 3,072, down 1,536 on 264 blocks) where chain_kernel's row blocks of the
+// whole K leave blocks idle (o_proj and down have 128 row blocks: half of 2 x 132 blocks stream, the others wait) or
+// give some blocks two where most have one (q/k/v: 320). A row block's splits write their partial sums; the last of
+// them (a counter a row block, reset by it) adds them in split order - deterministic, so the launch and persistent
+// forms agree bitwise - and writes the row block's outputs, then counts the row block for the next op's wait. Tests
+// whether the persistent chain's distance from the floor (session 22: 1.8x) is the persistence or the imbalance.
+// Session 65, H100: correct and 2.1x slower than the whole-K forms (persistent 2 x 4: 847.9 us against 398.0; 1 x 8
+// 1,381.3): a 16 KB item's handshake - three block barriers, two fences and an atomic - costs more than its 16 KB
+// take to stream (~0.5 us at a block's share of the HBM rate). A balanced persistent layer needs its reductions off
+// the item path (items of >= 64-128 KB, or partials summed by the op that consumes them).
+constexpr int kItemK = kWarps * kSliceK;  // 512
+constexpr int kMaxSplits = 12;            // K / kItemK for K up to 6,144
+
+template <int S>
+__global__ void __launch_bounds__(kThreads) chain_split_kernel(const __grid_constant__ ChainArgs a, int op_begin,
+                                                              int op_end, int persistent, unsigned epoch) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  bf16* ring = reinterpret_cast<bf16*>(smem_raw);  // [warps][S][16 x 64]
+  bf16* xs = ring + kWarps * S * kSliceElems;      // [K] the op's input
+  __shared__ float partial[kWarps][kRows];
+  __shared__ int last_split;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int step = persistent ? int(gridDim.x) : 1 << 30;
+  bf16* my_ring = ring + warp * S * kSliceElems;
+  auto splits = [&](int op) { return a.K[op] / kItemK; };
+  auto items = [&](int op) { return a.N[op] / kRows * splits(op); };
+  struct Item {
+    int op, i;
+  };
+  auto first_item = [&](int op) {  // the first item at or after op `op`; op == op_end: none
+    while (op < op_end && int(blockIdx.x) >= items(op)) ++op;
+    return Item{op, int(blockIdx.x)};
+  };
+  auto advance = [&](Item& c) {
+    c.i += step;
+    if (c.i >= items(c.op)) c = first_item(c.op + 1);
+  };
+  Item pc = first_item(op_begin);  // the producer's next item (one slice a warp)
+  int issued = 0;
+  auto issue = [&]() {
+    bf16* dst = my_ring + (issued % S) * kSliceElems;
+    const bool live = pc.op < op_end;
+    const int K = live ? a.K[pc.op] : 0, sp = live ? splits(pc.op) : 1;
+    const bf16* src =
+        live ? a.W[pc.op] + int64_t(pc.i / sp * kRows) * K + (pc.i % sp) * kItemK + warp * kSliceK : nullptr;
+    load_slice(dst, src, K, live, lane, a.W[0]);
+    ++issued;
+    if (live) advance(pc);
+  };
+  for (int i = 0; i < S; ++i) issue();  // weights are never written: before any wait
+
+  Item cc = first_item(op_begin);
+  int staged_op = -1, consumed = 0;
+  const int r = lane >> 1, h = lane & 1;
+  while (cc.op < op_end) {
+    const int op = cc.op, sp = splits(op), rb = cc.i / sp, ksp = cc.i % sp;
+    if (op != staged_op) {  // the op's input: after the op before is complete
+      wait_and_stage(a, op, op > 0 ? a.N[op - 1] / kRows : 0, persistent, epoch, xs);
+      staged_op = op;
+    }
+    cp_async_wait<S - 1>();
+    __syncwarp();
+    const bf16* sl = my_ring + (consumed % S) * kSliceElems;
+    const int kb = ksp * kItemK + warp * kSliceK;
+    float acc = 0.f;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int c = 4 * h + i;
+      const uint4 w = *reinterpret_cast<const uint4*>(sl + r * kSliceK + ((c ^ (r & 7)) << 3));
+      const uint4 x = *reinterpret_cast<const uint4*>(xs + kb + 8 * c);
+      acc += dot8(w, x);
+    }
+    __syncwarp();
+    ++consumed;
+    issue();
+    acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+    if (h == 0) partial[warp][r] = acc;
+    __syncthreads();
+    float* part_rb = a.part + (int64_t(op) * kMaxSplits) * a.max_n + rb * kRows;
+    if (threadIdx.x < kRows) {
+      float v = 0.f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) v += partial[w][threadIdx.x];
+      part_rb[int64_t(ksp) * a.max_n + threadIdx.x] = v;
+      __threadfence();  // the partial is visible before this split is counted
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      unsigned* cnt = a.rb_cnt + int64_t(op) * a.max_rb + rb;
+      const bool last = atomicAdd(cnt, 1u) == unsigned(sp - 1);
+      if (last) atomicExch(cnt, 0u);  // every split has arrived: ready for the next run
+      last_split = last;
+    }
+    __syncthreads();
+    if (last_split) {  // the row block's outputs, its splits in order
+      __threadfence();
+      if (threadIdx.x < kRows) {
+        float y = 0.f;
+        for (int q = 0; q < sp; ++q) y += __ldcg(part_rb + int64_t(q) * a.max_n + threadIdx.x);
+        a.X[op + 1][rb * kRows + threadIdx.x] = __float2bfloat16_rn(y);
+        __threadfence();
+      }
+      __syncthreads();
+      if (persistent && threadIdx.x == 0) atomicAdd(a.done + op, 1u);
+    }
+    advance(cc);
   }
   cp_async_wait<0>();
 }
@@ -224,6 +353,14 @@ static int run(int argc, char** argv) {
   fill_bf16_kernel<<<8, 256, 0, st>>>(a.X[0], size_t(a.K[0]), 1.0f, 12345u);
   MS_CUDA_CHECK(cudaMalloc(&a.done, kMaxOps * sizeof(unsigned)));
   MS_CUDA_CHECK(cudaMemsetAsync(a.done, 0, kMaxOps * sizeof(unsigned), st));
+  for (int j = 0; j < a.ops; ++j) {
+    MS_CHECK(a.K[j] % kItemK == 0 && a.K[j] / kItemK <= kMaxSplits, "split items: K {}", a.K[j]);
+    a.max_n = std::max(a.max_n, a.N[j]);
+  }
+  a.max_rb = a.max_n / kRows;
+  MS_CUDA_CHECK(cudaMalloc(&a.part, size_t(a.ops) * kMaxSplits * a.max_n * sizeof(float)));
+  MS_CUDA_CHECK(cudaMalloc(&a.rb_cnt, size_t(a.ops) * a.max_rb * sizeof(unsigned)));
+  MS_CUDA_CHECK(cudaMemsetAsync(a.rb_cnt, 0, size_t(a.ops) * a.max_rb * sizeof(unsigned), st));
   MS_CUDA_CHECK(cudaStreamSynchronize(st));
 
   int dev = 0, sms = 0;
@@ -264,13 +401,15 @@ static int run(int argc, char** argv) {
   };
 
   // Launches, in a CUDA graph with programmatic edges.
-  auto launches = [&](auto kernel, int S) {
+  auto launches = [&](auto kernel, int S, bool split = false) {
     const size_t smem = smem_bytes(S, max_k);
     MS_CHECK(mc::raise_dynamic_smem(reinterpret_cast<const void*>(kernel), smem), "smem {}", smem);
     cudaGraph_t g;
     MS_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-    for (int j = 0; j < a.ops; ++j)
-      mc::launch_pdl(kernel, dim3(unsigned(a.N[j] / kRows)), dim3(kThreads), smem, st, a, j, j + 1, 0, 0u);
+    for (int j = 0; j < a.ops; ++j) {
+      const int blocks = a.N[j] / kRows * (split ? a.K[j] / kItemK : 1);
+      mc::launch_pdl(kernel, dim3(unsigned(blocks)), dim3(kThreads), smem, st, a, j, j + 1, 0, 0u);
+    }
     MS_CUDA_CHECK(cudaStreamEndCapture(st, &g));
     cudaGraphExec_t exec;
     MS_CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
@@ -319,6 +458,24 @@ static int run(int argc, char** argv) {
     row(p.name, s);
     check(p.name);
   }
+  // The split-item forms: equal 16 KB items (their sums round otherwise than the whole-K forms': their own reference).
+  reference.clear();
+  row("split items, launches, 4", launches(chain_split_kernel<4>, 4, true));
+  check("split launches 4");
+  for (const P p : {P{"split items, pers. 2 x 4", 4, 2}, P{"split items, pers. 2 x 6", 6, 2},
+                    P{"split items, pers. 1 x 8", 8, 1}, P{"split items, pers. 1 x 12", 12, 1}}) {
+    double s = -1;
+    if (p.S == 4) s = persistent(chain_split_kernel<4>, 4, p.per_sm);
+    else if (p.S == 6) s = persistent(chain_split_kernel<6>, 6, p.per_sm);
+    else if (p.S == 8) s = persistent(chain_split_kernel<8>, 8, p.per_sm);
+    else s = persistent(chain_split_kernel<12>, 12, p.per_sm);
+    if (s < 0) {
+      std::printf("%-26s does not fit\n", p.name);
+      continue;
+    }
+    row(p.name, s);
+    check(p.name);
+  }
   // Op 0 against the CPU (the chain's later ops depend on the bf16 rounding of each input: compared across forms).
   {
     std::vector<uint16_t> w(size_t(a.N[0]) * a.K[0]), x(size_t(a.K[0])), y(size_t(a.N[0]));
@@ -340,6 +497,8 @@ static int run(int argc, char** argv) {
   }
   for (bf16* p : bufs) cudaFree(p);
   cudaFree(a.done);
+  cudaFree(a.part);
+  cudaFree(a.rb_cnt);
   cudaStreamDestroy(st);
   if (failures) std::printf("FAILED: %d checks\n", failures);
   return failures ? 1 : 0;
