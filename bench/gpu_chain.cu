@@ -86,6 +86,16 @@ __device__ __forceinline__ void load_slice(bf16* dst, const bf16* src, int K, bo
   cp_async_commit();
 }
 
+// acc += lane (r = lane / 2, h = lane % 2)'s share of row r of a ring slice times the input at xk: four 16-byte chunks.
+__device__ __forceinline__ void slice_dot(float& acc, const bf16* sl, const bf16* xk, int r, int h) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int c = 4 * h + i;
+    acc += dot8(*reinterpret_cast<const uint4*>(sl + r * kSliceK + ((c ^ (r & 7)) << 3)),
+                *reinterpret_cast<const uint4*>(xk + 8 * c));
+  }
+}
+
 // Op `op`'s input into shared memory once the op before is complete: in the persistent form when its row blocks
 // (`rb_before` of them) have all been counted this run (epoch), in the launch form by the programmatic wait.
 __device__ __forceinline__ void wait_and_stage(const ChainArgs& a, int op, int rb_before, int persistent,
@@ -156,15 +166,7 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(const __grid_constant__
     __syncwarp();
     const bf16* sl = my_ring + (consumed % S) * kSliceElems;
     const int ks = warp + kWarps * cc.u;
-    if (ks * kSliceK < a.K[cc.op]) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int c = 4 * h + i;
-        const uint4 w = *reinterpret_cast<const uint4*>(sl + r * kSliceK + ((c ^ (r & 7)) << 3));
-        const uint4 x = *reinterpret_cast<const uint4*>(xs + ks * kSliceK + 8 * c);
-        acc += dot8(w, x);
-      }
-    }
+    if (ks * kSliceK < a.K[cc.op]) slice_dot(acc, sl, xs + ks * kSliceK, r, h);
     __syncwarp();
     ++consumed;
     issue();
@@ -280,14 +282,7 @@ __global__ void __launch_bounds__(kThreads) chain_split_kernel(const __grid_cons
     cp_async_wait<S - 1>();
     __syncwarp();
     const bf16* sl = my_ring + (consumed % S) * kSliceElems;
-    const int kb = (cc.rb % sp) * IS * kItemK + (warp + kWarps * cc.u) * kSliceK;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int c = 4 * h + i;
-      const uint4 w = *reinterpret_cast<const uint4*>(sl + r * kSliceK + ((c ^ (r & 7)) << 3));
-      const uint4 x = *reinterpret_cast<const uint4*>(xs + kb + 8 * c);
-      acc += dot8(w, x);
-    }
+    slice_dot(acc, sl, xs + (cc.rb % sp) * IS * kItemK + (warp + kWarps * cc.u) * kSliceK, r, h);
     __syncwarp();
     ++consumed;
     issue();
@@ -393,20 +388,21 @@ static int run(int argc, char** argv) {
   moeserve::bench::GpuTimer t;
   std::vector<uint16_t> reference;
   int failures = 0;
-  auto check = [&](const char* name) {
-    const auto v = output();
+  // A form's output: finite, and bitwise the first form's of its kind (`ref`, set by the first).
+  auto compare = [&](const char* name, const std::vector<uint16_t>& v, std::vector<uint16_t>& ref) {
     for (uint16_t b : v)
       if (!std::isfinite(bf2f(b))) {
         std::printf("  %s: a non-finite output\n", name);
         ++failures;
         return;
       }
-    if (reference.empty()) reference = v;
-    else if (v != reference) {
-      std::printf("  %s: output differs from the launch form's\n", name);
+    if (ref.empty()) ref = v;
+    else if (v != ref) {
+      std::printf("  %s: output differs from the first form's of its kind\n", name);
       ++failures;
     }
   };
+  auto check = [&](const char* name) { compare(name, output(), reference); };
 
   // Launches, in a CUDA graph with programmatic edges.
   auto launches = [&](auto kernel, int S, int split_slices = 0) {
@@ -484,18 +480,7 @@ static int run(int argc, char** argv) {
   };
   std::vector<uint16_t> split_reference, split_op0;
   auto split_check = [&](const char* name, int IS) {
-    const auto v = split_output(last, IS);
-    for (uint16_t b : v)
-      if (!std::isfinite(bf2f(b))) {
-        std::printf("  %s: a non-finite output\n", name);
-        ++failures;
-        return;
-      }
-    if (split_reference.empty()) split_reference = v;
-    else if (v != split_reference) {
-      std::printf("  %s: output differs from the first split form's\n", name);
-      ++failures;
-    }
+    compare(name, split_output(last, IS), split_reference);
     split_op0 = split_output(0, IS);
   };
   struct SplitForm {
