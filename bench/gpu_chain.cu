@@ -431,6 +431,9 @@ static int run(int argc, char** argv) {
     int per_sm = 0;
     MS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem));
     if (per_sm < P) return -1;
+    // The counters from zero for each form: a form counts row blocks or items of its own size a run.
+    MS_CUDA_CHECK(cudaMemsetAsync(a.done, 0, kMaxOps * sizeof(unsigned), st));
+    epoch = 0;
     auto once = [&] {
       ++epoch;
       int ob = 0, oe = a.ops, pers = 1;
