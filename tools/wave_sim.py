@@ -16,7 +16,9 @@ Calibration: the default budget (8,192) gives 19,475 tok/s at 64 concurrent agai
 256 requests: 2112 +3.4% over 8192 with that machine's riding costs against -1.0% served), because the served runs'
 steps carry fewer decodes (ramp, tail, prompts waiting behind the chunk: session 64's step traces, 58.8 decodes a
 decode-only step and 47 a mixed one where the simulation has 64 and 54) and the eager mixed steps' host launch and
-the prompt-token costs below 512 tokens are not modelled in detail.
+the prompt-token costs below 512 tokens are not modelled in detail. Its ramp and drain are too costly: --requests
+256 against 1,000 says -2.4%, where the server ran 256 prompts 0.15-0.17% below 1,024 (session 65, two H100s,
+`scripts/gpu-bench.sh` scenarios conc64 / conc64-1k) - compare runs of the same request count.
 
   tools/wave_sim.py                                 # the default budget and small budgets
   tools/wave_sim.py --decode-delta-us -50 --prompt-scale 0.9   # decode step 50 us faster, prompt steps 10% faster
