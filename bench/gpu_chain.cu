@@ -14,7 +14,11 @@
 // Then the same two ways with the ops cut into items of 32-64 KB that spread every op over all blocks
 // (chain_split_kernel, session 65): whether the persistent form's distance from the floor is the persistence or the
 // whole-K row blocks' imbalance.
-//   gpu_chain [--layers 8] [--reps 20]     (run it under `timeout`: a broken counter would spin forever)
+// --routed: the split forms only, over a layer model closer to the decode layer's constraint: gate/up and down read
+// 8 of 128 experts (q30b's [128][1536][2048] and [128][2048][768]) chosen by a router stand-in (the top 8 of o_proj's
+// first 128 outputs), so their weights can stream only once o_proj is complete, while the next layer's q/k/v weights
+// may stream during the experts'; layer 0's routing, gate/up and down are checked against the CPU.
+//   gpu_chain [--layers 8] [--reps 20] [--routed]     (under `timeout`: a broken counter would spin forever)
 // Prints one line a form: time of the chain, us an op, TB/s, x the floor at 4.6 TB/s (bench/gpu_read_bw). A
 // benchmark, not a test: the figures go to docs/PERF.md.
 #include <cooperative_groups.h>
@@ -68,7 +72,12 @@ struct ChainArgs {
   // The split-item forms (chain_split_kernel) only:
   float* part;  // [ops][kMaxSplits][max_n] an op's partial sums, a row of max_n a K range
   int max_n;
+  // The routed layer model (--routed): ops 4 l + 2 and 4 l + 3 read the experts chosen from op 4 l + 1's outputs.
+  int kind[kMaxOps];  // kDense, kRoutedGu (8 experts' gate/up rows), kRoutedDown (their down rows, K = 8 x 768)
+  int* ids;           // [layers][kTopK] the chosen experts (every block chooses the same; block 0 writes them)
 };
+constexpr int kDense = 0, kRoutedGu = 1, kRoutedDown = 2;
+constexpr int kExperts = 128, kTopK = 8, kInter = 768, kGuRows = 2 * kInter;  // q30b's experts
 
 // A block's work: items (op, row block) in op order; in the launch form one item, in the persistent form every
 // row block rb = blockIdx.x + gridDim.x i of every op. Warp w takes slices w, w + 8, ... of an item's K / 64.
@@ -77,13 +86,31 @@ struct Cursor {
 };
 
 // One warp's 64-k slice of 16 rows (row r at src + r K) into its ring stage, swizzled; !ok: a zero fill.
-__device__ __forceinline__ void load_slice(bf16* dst, const bf16* src, int K, bool ok, int lane, const bf16* any) {
+__device__ __forceinline__ void load_slice(bf16* dst, const bf16* src, int ld, bool ok, int lane, const bf16* any) {
 #pragma unroll
   for (int m = 0; m < 4; ++m) {
     const int id = lane + 32 * m, r = id >> 3, c = id & 7;
-    cp_async16(dst + r * kSliceK + ((c ^ (r & 7)) << 3), ok ? src + int64_t(r) * K + 8 * c : any, ok);
+    cp_async16(dst + r * kSliceK + ((c ^ (r & 7)) << 3), ok ? src + int64_t(r) * ld + 8 * c : any, ok);
   }
   cp_async_commit();
+}
+
+// Waits until at most n (0 <= n < 16) of this thread's cp.async groups are still in flight.
+__device__ __forceinline__ void wait_pending(int n) {
+  switch (n) {
+    case 0: cp_async_wait<0>(); break;
+    case 1: cp_async_wait<1>(); break;
+    case 2: cp_async_wait<2>(); break;
+    case 3: cp_async_wait<3>(); break;
+    case 4: cp_async_wait<4>(); break;
+    case 5: cp_async_wait<5>(); break;
+    case 6: cp_async_wait<6>(); break;
+    case 7: cp_async_wait<7>(); break;
+    case 8: cp_async_wait<8>(); break;
+    case 9: cp_async_wait<9>(); break;
+    case 10: cp_async_wait<10>(); break;
+    default: cp_async_wait<11>(); break;
+  }
 }
 
 // acc += lane (r = lane / 2, h = lane % 2)'s share of row r of a ring slice times the input at xk: four 16-byte chunks.
@@ -201,6 +228,8 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(const __grid_constant__
 // Session 65, H100, an earlier form (16 KB items, a row block's splits summed by the last of them behind a counter,
 // fences and three barriers an item; 6c4762d): correct and 2.1x slower than the whole-K forms - a per-item handshake
 // costs more than streaming the item. This form keeps one barrier an item (the warps' sums, double-buffered).
+// Routed ops (--routed): a warp issues a routed op's slices only once its block has chosen that layer's experts
+// (when it stages the op's input), so the ring runs ahead through dense ops and stops at the routing point.
 constexpr int kItemK = kWarps * kSliceK;  // 512: the K range of one slice a warp
 constexpr int kMaxSplits = 12;            // K / kItemK for K up to 6,144
 
@@ -211,9 +240,12 @@ __global__ void __launch_bounds__(kThreads) chain_split_kernel(const __grid_cons
   bf16* ring = reinterpret_cast<bf16*>(smem_raw);  // [warps][S][16 x 64]
   bf16* xs = ring + kWarps * S * kSliceElems;      // [K] the op's input
   __shared__ float partial[2][kWarps][kRows];
+  __shared__ int s_ids[kTopK], s_ids_layer;  // the routed ops' experts, and the layer they were chosen for
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int step = persistent ? int(gridDim.x) : 1 << 30;
   bf16* my_ring = ring + warp * S * kSliceElems;
+  if (threadIdx.x == 0) s_ids_layer = -1;
+  __syncthreads();
   auto splits = [&](int op) { return a.K[op] / (IS * kItemK); };
   auto items = [&](int op) { return a.N[op] / kRows * splits(op); };
   auto first_item = [&](int op) {  // the first item at or after op `op`; op == op_end: none
@@ -227,20 +259,35 @@ __global__ void __launch_bounds__(kThreads) chain_split_kernel(const __grid_cons
     if (c.rb >= items(c.op)) c = first_item(c.op + 1);
   };
   Cursor pc = first_item(op_begin);  // the producer's next slice
-  int issued = 0;
-  auto issue = [&]() {
-    const bool live = pc.op < op_end;
-    const int K = live ? a.K[pc.op] : 0, sp = live ? splits(pc.op) : 1;
-    const int k0 = live ? (pc.rb % sp) * IS * kItemK + (warp + kWarps * pc.u) * kSliceK : 0;
-    const bf16* src = live ? a.W[pc.op] + int64_t(pc.rb / sp * kRows) * K + k0 : nullptr;
-    load_slice(my_ring + (issued % S) * kSliceElems, src, K, live, lane, a.W[0]);
+  int issued = 0, consumed = 0;
+  // Issues the producer's next slice into the ring; false (nothing issued) when the ring is full, the ops are done,
+  // or the slice belongs to a routed op whose layer has not chosen its experts yet (they are chosen when the block
+  // stages the op's input, after the op before it is complete everywhere).
+  auto issue = [&]() -> bool {
+    if (pc.op >= op_end || issued - consumed >= S) return false;
+    const int op = pc.op, kind = a.kind[op], K = a.K[op], sp = splits(op);
+    if (kind != kDense && s_ids_layer != op / 4) return false;
+    const int row0 = pc.rb / sp * kRows, k0 = (pc.rb % sp) * IS * kItemK + (warp + kWarps * pc.u) * kSliceK;
+    const bf16* src;
+    int ld = K;
+    if (kind == kRoutedGu) {  // rows j 1536 + i: row i of expert ids[j]'s gate/up
+      src = a.W[op] + (int64_t(s_ids[row0 / kGuRows]) * kGuRows + row0 % kGuRows) * K + k0;
+    } else if (kind == kRoutedDown) {  // k in [768 j, 768 j + 768): expert ids[j]'s down rows, their k - 768 j
+      ld = kInter;
+      src = a.W[op] + (int64_t(s_ids[k0 / kInter]) * a.N[op] + row0) * kInter + k0 % kInter;
+    } else {
+      src = a.W[op] + int64_t(row0) * K + k0;
+    }
+    load_slice(my_ring + (issued % S) * kSliceElems, src, ld, true, lane, a.W[0]);
     ++issued;
-    if (live) advance(pc);
+    advance(pc);
+    return true;
   };
-  for (int i = 0; i < S; ++i) issue();  // weights are never written: before any wait
+  while (issue()) {
+  }  // weights are never written: before any wait (a routed op's only once its experts are known)
 
   Cursor cc = first_item(op_begin);
-  int staged_op = -1, consumed = 0, mine = 0, buf = 0;  // mine: this block's items of the staged op
+  int staged_op = -1, mine = 0, buf = 0;  // mine: this block's items of the staged op
   float acc = 0.f;
   const int r = lane >> 1, h = lane & 1;
   // This block's items of `op` counted (its partials stored before: the barrier orders them before the release).
@@ -250,6 +297,13 @@ __global__ void __launch_bounds__(kThreads) chain_split_kernel(const __grid_cons
       asm volatile("red.release.gpu.global.add.u32 [%0], %1;\n" ::"l"(a.done + op), "r"(unsigned(mine)) : "memory");
     }
     mine = 0;
+  };
+  // The sum of op `op`'s split partials at output n (in split order).
+  auto output_of = [&](int op, int n) {
+    const float* p = a.part + int64_t(op) * kMaxSplits * a.max_n + n;
+    float v = 0.f;
+    for (int q = 0; q < splits(op); ++q) v += __ldcg(p + int64_t(q) * a.max_n);
+    return v;
   };
   while (cc.op < op_end) {
     const int op = cc.op, sp = splits(op);
@@ -265,21 +319,55 @@ __global__ void __launch_bounds__(kThreads) chain_split_kernel(const __grid_cons
         mc::pdl_launch_dependents();
       }
       __syncthreads();
-      const int psp = op > 0 ? splits(op - 1) : 0;
-      const float* prev = op > 0 ? a.part + int64_t(op - 1) * kMaxSplits * a.max_n : nullptr;
       for (int k = threadIdx.x; k < a.K[op]; k += kThreads) {
         if (op == 0) {
           xs[k] = a.X[0][k];
+        } else if (a.kind[op] == kRoutedDown) {  // act = silu(gate) * up of expert slot k / 768
+          const int j = k / kInter, i = k % kInter;
+          const float g = output_of(op - 1, j * kGuRows + i), u = output_of(op - 1, j * kGuRows + kInter + i);
+          xs[k] = __float2bfloat16_rn(g / (1.0f + __expf(-g)) * u);
         } else {
-          float v = 0.f;
-          for (int q = 0; q < psp; ++q) v += __ldcg(prev + int64_t(q) * a.max_n + k);
-          xs[k] = __float2bfloat16_rn(v);
+          xs[k] = __float2bfloat16_rn(output_of(op - 1, k));
         }
       }
       __syncthreads();
+      if (a.kind[op] == kRoutedGu && warp == 0) {  // the router stand-in: the top 8 of the input's first 128 values
+        float v[kExperts / 32];
+#pragma unroll
+        for (int q = 0; q < kExperts / 32; ++q) v[q] = __bfloat162float(xs[lane + 32 * q]);
+        for (int j = 0; j < kTopK; ++j) {
+          float best = -INFINITY;
+          int bi = kExperts;
+#pragma unroll
+          for (int q = 0; q < kExperts / 32; ++q)
+            if (v[q] > best) best = v[q], bi = lane + 32 * q;  // (q ascending: the lowest index of a tie)
+#pragma unroll
+          for (int o = 16; o > 0; o >>= 1) {
+            const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (ob > best || (ob == best && oi < bi)) best = ob, bi = oi;
+          }
+          if (bi >= kExperts) bi = j;  // (no finite value left: any expert, in range)
+          if (bi % 32 == lane) v[bi / 32] = -INFINITY;
+          if (lane == 0) {
+            s_ids[j] = bi;
+            if (blockIdx.x == 0) a.ids[(op / 4) * kTopK + j] = bi;
+          }
+        }
+        if (lane == 0) s_ids_layer = op / 4;
+      }
+      if (a.kind[op] == kRoutedDown && s_ids_layer != op / 4) {  // the down launch of the launch form: block 0 of the
+        __syncthreads();                                         // gate/up launch chose them (complete: its grid is)
+        if (threadIdx.x < kTopK) s_ids[threadIdx.x] = __ldcg(a.ids + (op / 4) * kTopK + threadIdx.x);
+        if (threadIdx.x == 0) s_ids_layer = op / 4;
+      }
+      __syncthreads();
       staged_op = op;
+      while (issue()) {
+      }  // the ring refilled (a routed op's slices can go now)
     }
-    cp_async_wait<S - 1>();
+    if (issued <= consumed) __trap();  // (a slice consumed before it was issued: a broken schedule, made loud)
+    wait_pending(issued - consumed - 1);
     __syncwarp();
     const bf16* sl = my_ring + (consumed % S) * kSliceElems;
     slice_dot(acc, sl, xs + (cc.rb % sp) * IS * kItemK + (warp + kWarps * cc.u) * kSliceK, r, h);
@@ -315,12 +403,14 @@ float bf2f(uint16_t b) { return moeserve::bf16_to_f32(b); }
 
 static int run(int argc, char** argv) {
   int layers = 8, reps = 20;
+  bool routed = false;
   for (int i = 1; i < argc; ++i) {
     const std::string s = argv[i];
     if (s == "--layers" && i + 1 < argc) layers = std::atoi(argv[++i]);
     else if (s == "--reps" && i + 1 < argc) reps = std::atoi(argv[++i]);
+    else if (s == "--routed") routed = true;
     else {
-      std::fprintf(stderr, "usage: gpu_chain [--layers 8] [--reps 20]\n");
+      std::fprintf(stderr, "usage: gpu_chain [--layers 8] [--reps 20] [--routed]\n");
       return 2;
     }
   }
@@ -336,6 +426,7 @@ static int run(int argc, char** argv) {
   std::vector<bf16*> bufs;
   for (int j = 0; j < a.ops; ++j) {
     a.N[j] = shapes[j % 4][0], a.K[j] = shapes[j % 4][1];
+    a.kind[j] = !routed ? kDense : j % 4 == 2 ? kRoutedGu : j % 4 == 3 ? kRoutedDown : kDense;
     max_k = std::max(max_k, a.K[j]);
     bytes += 2.0 * a.N[j] * a.K[j];
   }
@@ -343,13 +434,20 @@ static int run(int argc, char** argv) {
     MS_CHECK(a.K[j + 1] <= a.N[j] && a.N[j] % kRows == 0 && a.K[j] % kSliceK == 0, "chain shapes");
   cudaStream_t st;
   MS_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  // A routed op holds all 128 experts (gate/up [128][1536][2048], down [128][2048][768]) and reads 8 of them.
+  auto weight_elems = [&](int j) {
+    return a.kind[j] == kRoutedGu     ? size_t(kExperts) * kGuRows * a.K[j]
+           : a.kind[j] == kRoutedDown ? size_t(kExperts) * a.N[j] * kInter
+                                      : size_t(a.N[j]) * a.K[j];
+  };
   for (int j = 0; j < a.ops; ++j) {
     bf16* w = nullptr;
-    MS_CUDA_CHECK(cudaMalloc(&w, size_t(a.N[j]) * a.K[j] * 2));
-    fill_bf16_kernel<<<1024, 256, 0, st>>>(w, size_t(a.N[j]) * a.K[j], std::sqrt(3.0f / float(a.K[j])), 977u * j + 1);
+    MS_CUDA_CHECK(cudaMalloc(&w, weight_elems(j) * 2));
+    fill_bf16_kernel<<<1024, 256, 0, st>>>(w, weight_elems(j), std::sqrt(3.0f / float(a.K[j])), 977u * j + 1);
     a.W[j] = w;
     bufs.push_back(w);
   }
+  MS_CUDA_CHECK(cudaMalloc(&a.ids, size_t(layers) * kTopK * sizeof(int)));
   for (int j = 0; j <= a.ops; ++j) {
     const int n = j == 0 ? a.K[0] : a.N[j - 1];
     MS_CUDA_CHECK(cudaMalloc(&a.X[j], size_t(n) * 2));
@@ -372,9 +470,10 @@ static int run(int argc, char** argv) {
   cudaDeviceProp prop{};
   MS_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
   const double floor_s = bytes / (kReadTBs * 1e12);
-  std::printf("%s, %d SMs: %d dependent GEMVs (%d layers of q/k/v, o_proj, gate/up, down), %.1f MB, floor %.1f us at "
+  std::printf("%s, %d SMs: %d dependent GEMVs (%d layers of q/k/v, o_proj, gate/up, down%s), %.1f MB, floor %.1f us at "
               "%.1f TB/s; best of %d\n",
-              prop.name, sms, a.ops, layers, bytes * 1e-6, floor_s * 1e6, kReadTBs, reps);
+              prop.name, sms, a.ops, layers, routed ? ": the experts routed, 8 of 128" : "", bytes * 1e-6,
+              floor_s * 1e6, kReadTBs, reps);
   std::printf("%-26s %10s %10s %8s %8s\n", "form", "chain us", "us an op", "TB/s", "x floor");
   auto row = [&](const char* name, double s) {
     std::printf("%-26s %10.1f %10.2f %8.3f %8.2f\n", name, s * 1e6, s * 1e6 / a.ops, bytes / s * 1e-12, s / floor_s);
@@ -444,43 +543,47 @@ static int run(int argc, char** argv) {
     };
     return t.best(reps, once, st);
   };
-  row("launches, 4-stage rings", launches(chain_kernel<4>, 4));
-  check("launches 4");
-  row("launches, 8-stage rings", launches(chain_kernel<8>, 8));
-  check("launches 8");
   struct P {
     const char* name;
     int S, per_sm;
   };
-  for (const P p : {P{"persistent, 1 x 4 stages", 4, 1}, P{"persistent, 2 x 4 stages", 4, 2},
-                    P{"persistent, 1 x 8 stages", 8, 1}, P{"persistent, 1 x 12 stages", 12, 1}}) {
-    double s = -1;
-    if (p.S == 4) s = persistent(chain_kernel<4>, 4, p.per_sm);
-    else if (p.S == 8) s = persistent(chain_kernel<8>, 8, p.per_sm);
-    else s = persistent(chain_kernel<12>, 12, p.per_sm);
-    if (s < 0) {
-      std::printf("%-26s does not fit\n", p.name);
-      continue;
+  if (!routed) {  // (the whole-K kernel reads dense weights only)
+    row("launches, 4-stage rings", launches(chain_kernel<4>, 4));
+    check("launches 4");
+    row("launches, 8-stage rings", launches(chain_kernel<8>, 8));
+    check("launches 8");
+    for (const P p : {P{"persistent, 1 x 4 stages", 4, 1}, P{"persistent, 2 x 4 stages", 4, 2},
+                      P{"persistent, 1 x 8 stages", 8, 1}, P{"persistent, 1 x 12 stages", 12, 1}}) {
+      double s = -1;
+      if (p.S == 4) s = persistent(chain_kernel<4>, 4, p.per_sm);
+      else if (p.S == 8) s = persistent(chain_kernel<8>, 8, p.per_sm);
+      else s = persistent(chain_kernel<12>, 12, p.per_sm);
+      if (s < 0) {
+        std::printf("%-26s does not fit\n", p.name);
+        continue;
+      }
+      row(p.name, s);
+      check(p.name);
     }
-    row(p.name, s);
-    check(p.name);
   }
   // The split-item forms (their sums round otherwise than the whole-K forms': their own reference). The outputs are
   // an op's partial sums; the chain's result and op 0's are summed here in split order as the device stages them.
   const int last = a.ops - 1;
-  auto split_output = [&](int op, int IS) {
+  auto split_sums = [&](int op, int IS) {  // op's outputs, its split partials summed in order as the device does
     const int sp = a.K[op] / (IS * kItemK);
-    std::vector<float> part(size_t(sp) * a.max_n);
+    std::vector<float> part(size_t(sp) * a.max_n), y(size_t(a.N[op]), 0.f);
     MS_CUDA_CHECK(cudaMemcpy(part.data(), a.part + size_t(op) * kMaxSplits * a.max_n, part.size() * sizeof(float),
                              cudaMemcpyDeviceToHost));
-    std::vector<uint16_t> y(size_t(a.N[op]));
-    for (int n = 0; n < a.N[op]; ++n) {
-      float v = 0.f;
-      for (int q = 0; q < sp; ++q) v += part[size_t(q) * a.max_n + n];
-      y[size_t(n)] = moeserve::f32_to_bf16(v);
-    }
+    for (int n = 0; n < a.N[op]; ++n)
+      for (int q = 0; q < sp; ++q) y[size_t(n)] += part[size_t(q) * a.max_n + n];
     return y;
   };
+  auto split_output = [&](int op, int IS) {
+    std::vector<uint16_t> y;
+    for (float v : split_sums(op, IS)) y.push_back(moeserve::f32_to_bf16(v));
+    return y;
+  };
+  int last_is = 0;  // the item size of the last split form run (its partials are what the buffers hold)
   std::vector<uint16_t> split_reference, split_op0;
   auto split_check = [&](const char* name, int IS) {
     compare(name, split_output(last, IS), split_reference);
@@ -508,33 +611,76 @@ static int run(int argc, char** argv) {
     }
     row(f.name, s);
     split_check(f.name, f.IS);
+    last_is = f.IS;
   }
-  // Op 0 against the CPU (the chain's later ops depend on the bf16 rounding of each input: compared across forms).
+  // Rows against the CPU: y(n) within tolerance of the double sum of w(n, k) x(k) (the chain's later ops depend on
+  // the bf16 rounding of each input: those are compared across forms, and the routed layer 0 from the GPU's inputs).
+  auto cpu_rows = [&](const char* name, int N, int K, auto w_at, auto x_at, auto y_at) {
+    int bad = 0;
+    for (int n = 0; n < N; ++n) {
+      double want = 0, mag = 0;
+      for (int k = 0; k < K; ++k) {
+        const double p = double(w_at(n, k)) * double(x_at(k));
+        want += p;
+        mag += std::fabs(p);
+      }
+      if (!(std::fabs(double(y_at(n)) - want) <= 8e-3 * std::fabs(want) + 1e-4 * mag + 1e-4)) ++bad;
+    }
+    std::printf("%s against the CPU: %d of %d rows out of tolerance\n", name, bad, N);
+    failures += bad > 0;
+  };
   {
     std::vector<uint16_t> w(size_t(a.N[0]) * a.K[0]), x(size_t(a.K[0])), y(size_t(a.N[0]));
     MS_CUDA_CHECK(cudaMemcpy(w.data(), a.W[0], w.size() * 2, cudaMemcpyDeviceToHost));
     MS_CUDA_CHECK(cudaMemcpy(x.data(), a.X[0], x.size() * 2, cudaMemcpyDeviceToHost));
-    MS_CUDA_CHECK(cudaMemcpy(y.data(), a.X[1], y.size() * 2, cudaMemcpyDeviceToHost));
-    auto cpu_check = [&](const char* name, const std::vector<uint16_t>& out) {
-      int bad = 0;
-      for (int n = 0; n < a.N[0]; ++n) {
-        double want = 0, mag = 0;
-        for (int k = 0; k < a.K[0]; ++k) {
-          const double p = double(bf2f(w[size_t(n) * a.K[0] + k])) * bf2f(x[size_t(k)]);
-          want += p;
-          mag += std::fabs(p);
-        }
-        if (!(std::fabs(bf2f(out[size_t(n)]) - want) <= 8e-3 * std::fabs(want) + 1e-4 * mag + 1e-4)) ++bad;
-      }
-      std::printf("op 0 against the CPU (%s): %d of %d rows out of tolerance\n", name, bad, a.N[0]);
-      failures += bad > 0;
-    };
-    cpu_check("whole-K forms", y);
-    if (!split_op0.empty()) cpu_check("split forms", split_op0);
+    auto w_at = [&](int n, int k) { return bf2f(w[size_t(n) * a.K[0] + k]); };
+    auto x_at = [&](int k) { return bf2f(x[size_t(k)]); };
+    if (!routed) {
+      MS_CUDA_CHECK(cudaMemcpy(y.data(), a.X[1], y.size() * 2, cudaMemcpyDeviceToHost));
+      cpu_rows("op 0 (whole-K forms)", a.N[0], a.K[0], w_at, x_at, [&](int n) { return bf2f(y[size_t(n)]); });
+    }
+    if (!split_op0.empty())
+      cpu_rows("op 0 (split forms)", a.N[0], a.K[0], w_at, x_at, [&](int n) { return bf2f(split_op0[size_t(n)]); });
+  }
+  if (routed && last_is > 0) {  // layer 0's routing, gate/up and down from the GPU's own inputs to them
+    std::vector<float> xc;  // gate/up's input: o_proj's outputs as bf16
+    for (float v : split_sums(1, last_is)) xc.push_back(bf2f(moeserve::f32_to_bf16(v)));
+    std::vector<int> want_ids, got_ids(kTopK);
+    std::vector<float> logits(xc.begin(), xc.begin() + kExperts);
+    for (int j = 0; j < kTopK; ++j) {  // the largest, the lowest index of a tie, as the kernel's warp
+      const int e = int(std::max_element(logits.begin(), logits.end()) - logits.begin());
+      want_ids.push_back(e);
+      logits[size_t(e)] = -INFINITY;
+    }
+    MS_CUDA_CHECK(cudaMemcpy(got_ids.data(), a.ids, kTopK * sizeof(int), cudaMemcpyDeviceToHost));
+    std::printf("routed layer 0: experts %s the CPU's top %d\n", got_ids == want_ids ? "are" : "are NOT", kTopK);
+    failures += got_ids != want_ids;
+    const int K = a.K[2];
+    std::vector<uint16_t> gu(size_t(kTopK) * kGuRows * K), dn(size_t(kTopK) * a.N[3] * kInter);
+    for (int j = 0; j < kTopK; ++j) {
+      MS_CUDA_CHECK(cudaMemcpy(gu.data() + size_t(j) * kGuRows * K, a.W[2] + size_t(got_ids[size_t(j)]) * kGuRows * K,
+                               size_t(kGuRows) * K * 2, cudaMemcpyDeviceToHost));
+      MS_CUDA_CHECK(cudaMemcpy(dn.data() + size_t(j) * a.N[3] * kInter,
+                               a.W[3] + size_t(got_ids[size_t(j)]) * a.N[3] * kInter, size_t(a.N[3]) * kInter * 2,
+                               cudaMemcpyDeviceToHost));
+    }
+    const std::vector<float> c = split_sums(2, last_is), d = split_sums(3, last_is);
+    cpu_rows("routed gate/up, layer 0", a.N[2], K, [&](int n, int k) { return bf2f(gu[size_t(n) * K + k]); },
+             [&](int k) { return xc[size_t(k)]; }, [&](int n) { return c[size_t(n)]; });
+    std::vector<float> act(size_t(a.K[3]));
+    for (int k = 0; k < a.K[3]; ++k) {
+      const int j = k / kInter, i = k % kInter;
+      const float g = c[size_t(j * kGuRows + i)], u = c[size_t(j * kGuRows + kInter + i)];
+      act[size_t(k)] = bf2f(moeserve::f32_to_bf16(g / (1.0f + std::exp(-g)) * u));
+    }
+    cpu_rows("routed down, layer 0", a.N[3], a.K[3],
+             [&](int n, int k) { return bf2f(dn[(size_t(k / kInter) * a.N[3] + n) * kInter + k % kInter]); },
+             [&](int k) { return act[size_t(k)]; }, [&](int n) { return d[size_t(n)]; });
   }
   for (bf16* p : bufs) cudaFree(p);
   cudaFree(a.done);
   cudaFree(a.part);
+  cudaFree(a.ids);
   cudaStreamDestroy(st);
   if (failures) std::printf("FAILED: %d checks\n", failures);
   return failures ? 1 : 0;
