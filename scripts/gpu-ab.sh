@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A/B of engine variants on the GPU machine in one call: for each variant (environment settings and gpu_profile
 # flags), the served decode step at batch 1, 64 and 128 (graph replay + sampling + copies, host-timed) from
-# build/bench/gpu_profile, one row a variant, plus the full per-op report of each in logs.tgz. Each cell is
+# build/bench/gpu_profile, one row a variant, plus the full per-op report of each in gpu-ab-logs.tgz. Each cell is
 # "served / overlapped": one step launched and collected at a time, then the overlap schedule's regime (the next
 # step launched before the last is collected), which is what a server's decode runs at.
 #   scripts/gpu-ab.sh MODEL_DIR 'base=' 'nopdl=MOESERVE_PDL=0' 'gemv=--gemm-backend gemv' ...
@@ -9,7 +9,7 @@
 # with `scripts/pack-for-gpu.sh --baseline` or scripts/build-ab-binaries.sh, e.g. build=build-base, or a folder the
 # binaries were copied to), other words with '=' are environment settings, the rest
 # gpu_profile flags. Alternate the variants (a= b= a2= b2=): machines drift within a call.
-# Env: OUT (where logs.tgz goes), MOESERVE_BUILD (default build), AB_FLAGS (gpu_profile flags for every variant,
+# Env: OUT (where gpu-ab-logs.tgz goes, scripts/lib/archive.sh), MOESERVE_BUILD (default build), AB_FLAGS (gpu_profile flags for every variant,
 # e.g. "--batch-sizes 1,64 --prefill=false": the columns then follow those batch sizes).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -53,4 +53,6 @@ for v in "$@"; do
   for i in "${!bs[@]}"; do printf ' %18s' "$(cell "$i")"; done
   printf '  %s / %s\n' "$(chosen gemm "$LOGS/$name.log")" "$(chosen moe "$LOGS/$name.log")"
 done
-mkdir -p "${OUT:-/tmp}" && tar czf "${OUT:-/tmp}/logs.tgz" -C "$LOGS" . && echo "logs: ${OUT:-/tmp}/logs.tgz"
+source "$ROOT/scripts/lib/archive.sh"
+archive=$(log_archive gpu-ab)
+tar czf "$archive" -C "$LOGS" . && echo "logs: $archive"

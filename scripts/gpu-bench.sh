@@ -11,7 +11,7 @@
 # quarter as much: the steady state that SGLang's and vLLM's serving benchmarks, 1,000 prompts by default, report -
 # only when named),
 # BENCH_ARGS (extra `moeserve bench` flags, e.g. "--temperature 0.6": sampled requests, which take the checkpoint's
-# top_k / top_p), OUT (where logs.tgz goes),
+# top_k / top_p), OUT (where the logs go: gpu-bench-logs.tgz, scripts/lib/archive.sh),
 # STEP_TRACE (default 1: each server writes a step trace, MOESERVE_STEP_TRACE, unless the caller set that, and the
 # table is followed by one line a scenario run from tools/step_trace_summary.py --brief; 0: no trace), GPU_SAMPLE
 # (default 1: nvidia-smi samples the SM clock and the power draw every 20 ms through each scenario, and one line a
@@ -23,8 +23,9 @@ BUILD=${MOESERVE_BUILD:-$ROOT/build}
 source "$ROOT/scripts/lib/ensure-built.sh"
 ensure_built "$BUILD" bin/moeserve
 BIN=$BUILD/bin/moeserve
-LOGS=$(mktemp -d /tmp/gpu-bench.XXXXXX)  # every log; OUT gets them as one archive (logs.tgz)
-ARCHIVE=${OUT:-/tmp}/logs.tgz
+LOGS=$(mktemp -d /tmp/gpu-bench.XXXXXX)  # every log; OUT gets them as one archive
+source "$ROOT/scripts/lib/archive.sh"
+ARCHIVE=$(log_archive gpu-bench)
 DIR=${BENCH_DIR:-/tmp/moeserve-bench}
 MODELS=${MODELS:-q30b8l}
 PORT=${PORT:-30123}
@@ -130,11 +131,11 @@ for m in $MODELS; do
   if [[ -n $trace && -s $trace ]]; then  # run 0 is the server's own warm-up request; then the scenarios in order
     echo "$m step trace ($trace):" >>"$LOGS/step-traces.txt"
     python3 "$ROOT/tools/step_trace_summary.py" --brief "$trace" >>"$LOGS/step-traces.txt" 2>&1
-    python3 "$ROOT/tools/step_trace_summary.py" --waves "$trace" >>"$LOGS/step-waves.txt" 2>&1  # in logs.tgz
+    python3 "$ROOT/tools/step_trace_summary.py" --waves "$trace" >>"$LOGS/step-waves.txt" 2>&1  # in the archive
   fi
   [[ $m == q30b && ${KEEP_Q30B:-0} != 1 ]] && rm -rf "$path"  # the disk back for whatever follows in this call
 done
-mkdir -p "$(dirname "$ARCHIVE")" && tar czf "$ARCHIVE" -C "$LOGS" . 2>/dev/null && echo "logs: $ARCHIVE"
+tar czf "$ARCHIVE" -C "$LOGS" . 2>/dev/null && echo "logs: $ARCHIVE"
 echo
 cat "$LOGS/gpu.txt" 2>/dev/null
 cat "$LOGS/engine-times.txt" 2>/dev/null

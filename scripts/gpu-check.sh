@@ -9,7 +9,7 @@
 # Env: MOESERVE_BUILD (default build), GPU_CHECK_E2E=0 to skip the node suite, GPU_CHECK_VARIANTS=0 to skip the rows
 # that rerun a test binary with a non-default path switched on, GPU_CHECK_TIMINGS=1 to add the
 # kernel timing reports, GPU_CHECK_FROM=NAME to start at row NAME (the rest of a run cut by a time limit),
-# GPU_CHECK_SKIP=REGEX to leave out the rows whose names match, OUT: where logs.tgz (every log) goes; the logs themselves are written under /tmp, so
+# GPU_CHECK_SKIP=REGEX to leave out the rows whose names match, OUT: where gpu-check-logs.tgz (every log; scripts/lib/archive.sh) goes; the logs themselves are written under /tmp, so
 # that a device run brings back one archive rather than dozens of files.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -17,8 +17,8 @@ BUILD=${MOESERVE_BUILD:-$ROOT/build}
 source "$ROOT/scripts/lib/ensure-built.sh"
 ensure_built "$BUILD" bin/moeserve tests/test_cuda
 LOGS=$(mktemp -d /tmp/gpu-check.XXXXXX)
-ARCHIVE=${OUT:-/tmp}/logs.tgz
-mkdir -p "$(dirname "$ARCHIVE")"
+source "$ROOT/scripts/lib/archive.sh"
+ARCHIVE=$(log_archive gpu-check)
 export MOESERVE_TEST_DATA=$ROOT/tests/data
 export MOESERVE_CACHE=${MOESERVE_CACHE:-/tmp/moeserve-cache}
 export NCCL_NVLS_ENABLE=0
