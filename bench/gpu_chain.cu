@@ -566,8 +566,9 @@ static int run(int argc, char** argv) {
       check(p.name);
     }
   }
-  // The split-item forms (their sums round otherwise than the whole-K forms': their own reference). The outputs are
-  // an op's partial sums; the chain's result and op 0's are summed here in split order as the device stages them.
+  // The split-item forms (their sums round otherwise than the whole-K forms': references of their own, one an item
+  // size). The outputs are an op's partial sums; the chain's result and op 0's are summed here in split order as the
+  // device stages them.
   const int last = a.ops - 1;
   auto split_sums = [&](int op, int IS) {  // op's outputs, its split partials summed in order as the device does
     const int sp = a.K[op] / (IS * kItemK);
@@ -584,9 +585,9 @@ static int run(int argc, char** argv) {
     return y;
   };
   int last_is = 0;  // the item size of the last split form run (its partials are what the buffers hold)
-  std::vector<uint16_t> split_reference, split_op0;
+  std::vector<uint16_t> split_reference[5], split_op0;  // a reference an item size: IS splits round otherwise
   auto split_check = [&](const char* name, int IS) {
-    compare(name, split_output(last, IS), split_reference);
+    compare(name, split_output(last, IS), split_reference[IS]);
     split_op0 = split_output(0, IS);
   };
   struct SplitForm {
