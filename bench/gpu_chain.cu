@@ -125,11 +125,13 @@ __device__ __forceinline__ void slice_dot(float& acc, const bf16* sl, const bf16
 
 // Op `op`'s input into shared memory once the op before is complete: in the persistent form when its row blocks
 // (`rb_before` of them) have all been counted this run (epoch), in the launch form by the programmatic wait.
-__device__ __forceinline__ void wait_and_stage(const ChainArgs& a, int op, int rb_before, int persistent,
-                                               unsigned epoch, bf16* xs) {
+// Waits until the op before `op` is complete: in the persistent form until its `count_before` units (row blocks or
+// items) have all been counted this run (epoch), in the launch form by the programmatic wait; then a block barrier.
+__device__ __forceinline__ void wait_op_before(const ChainArgs& a, int op, int count_before, int persistent,
+                                               unsigned epoch) {
   if (persistent) {
     if (op > 0 && threadIdx.x == 0) {
-      const unsigned target = epoch * unsigned(rb_before);
+      const unsigned target = epoch * unsigned(count_before);
       while (ld_acquire(a.done + op - 1) < target) __nanosleep(20);
     }
   } else {
@@ -137,6 +139,26 @@ __device__ __forceinline__ void wait_and_stage(const ChainArgs& a, int op, int r
     mc::pdl_launch_dependents();
   }
   __syncthreads();
+}
+
+// The warps' sums of the block's 16 rows (lane pairs of each warp hold a row's halves) into `partial`, then a block
+// barrier: row t's sum is partial[0][t] + ... + partial[kWarps - 1][t] (warp_rows_sum). acc restarts at zero.
+__device__ __forceinline__ void stash_warp_rows(float& acc, float (&partial)[kWarps][kRows], int warp, int r, int h) {
+  acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+  if (h == 0) partial[warp][r] = acc;
+  acc = 0.f;
+  __syncthreads();
+}
+__device__ __forceinline__ float warp_rows_sum(const float (&partial)[kWarps][kRows], int row) {
+  float v = 0.f;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) v += partial[w][row];
+  return v;
+}
+
+__device__ __forceinline__ void wait_and_stage(const ChainArgs& a, int op, int rb_before, int persistent,
+                                               unsigned epoch, bf16* xs) {
+  wait_op_before(a, op, rb_before, persistent, epoch);
   for (int i = threadIdx.x; i < a.K[op] / 8; i += kThreads)
     reinterpret_cast<uint4*>(xs)[i] = __ldcg(reinterpret_cast<const uint4*>(a.X[op]) + i);
   __syncthreads();
@@ -201,14 +223,9 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(const __grid_constant__
     advance(cc);
     if (cc.u != 0 || (cc.op == item.op && cc.rb == item.rb)) continue;
     // The item's last slice: the warps' sums, the row block's outputs, its count.
-    acc += __shfl_xor_sync(0xffffffffu, acc, 1);
-    if (h == 0) partial[warp][r] = acc;
-    acc = 0.f;
-    __syncthreads();
+    stash_warp_rows(acc, partial, warp, r, h);
     if (threadIdx.x < kRows) {
-      float s = 0.f;
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) s += partial[w][threadIdx.x];
+      const float s = warp_rows_sum(partial, threadIdx.x);
       a.X[item.op + 1][item.rb * kRows + threadIdx.x] = __float2bfloat16_rn(s);
       __threadfence();
     }
@@ -309,16 +326,7 @@ __global__ void __launch_bounds__(kThreads) chain_split_kernel(const __grid_cons
     const int op = cc.op, sp = splits(op);
     if (op != staged_op) {  // the op's input: after the op before is complete
       if (staged_op >= 0) count_done(staged_op);
-      if (persistent) {
-        if (op > 0 && threadIdx.x == 0) {
-          const unsigned target = epoch * unsigned(items(op - 1));
-          while (ld_acquire(a.done + op - 1) < target) __nanosleep(20);
-        }
-      } else {
-        mc::pdl_wait();
-        mc::pdl_launch_dependents();
-      }
-      __syncthreads();
+      wait_op_before(a, op, op > 0 ? items(op - 1) : 0, persistent, epoch);
       for (int k = threadIdx.x; k < a.K[op]; k += kThreads) {
         if (op == 0) {
           xs[k] = a.X[0][k];
@@ -377,17 +385,12 @@ __global__ void __launch_bounds__(kThreads) chain_split_kernel(const __grid_cons
     const Cursor item = cc;
     advance(cc);
     if (cc.u != 0 || (cc.op == item.op && cc.rb == item.rb)) continue;
-    // The item's last slice: the warps' sums into its split's partial row.
-    acc += __shfl_xor_sync(0xffffffffu, acc, 1);
-    if (h == 0) partial[buf][warp][r] = acc;
-    acc = 0.f;
-    __syncthreads();  // (the other buffer's reads, an item ago, are behind this barrier too)
-    if (threadIdx.x < kRows) {
-      float v = 0.f;
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) v += partial[buf][w][threadIdx.x];
-      a.part[(int64_t(item.op) * kMaxSplits + item.rb % sp) * a.max_n + item.rb / sp * kRows + threadIdx.x] = v;
-    }
+    // The item's last slice: the warps' sums into its split's partial row (the other buffer's reads, an item ago,
+    // are behind this barrier too).
+    stash_warp_rows(acc, partial[buf], warp, r, h);
+    if (threadIdx.x < kRows)
+      a.part[(int64_t(item.op) * kMaxSplits + item.rb % sp) * a.max_n + item.rb / sp * kRows + threadIdx.x] =
+          warp_rows_sum(partial[buf], threadIdx.x);
     buf ^= 1;
     ++mine;
   }
