@@ -60,6 +60,13 @@ __device__ __forceinline__ void bulk_copy_hint(void* dst, const void* src, unsig
       : "memory");
 }
 
+// The GPU's global nanosecond clock (%globaltimer), common to all SMs: the benchmarks' phase timelines.
+__device__ __forceinline__ unsigned long long global_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+  return t;
+}
+
 __device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
   unsigned v;
   asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");

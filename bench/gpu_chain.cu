@@ -53,6 +53,7 @@ using moe_ptx::cp_async_commit;
 using moe_ptx::cp_async_wait;
 using bench_ptx::dot8;
 using bench_ptx::fill_bf16_kernel;
+using bench_ptx::global_ns;
 using bench_ptx::ld_acquire;
 using bf16 = __nv_bfloat16;
 
@@ -75,6 +76,10 @@ struct ChainArgs {
   // The routed layer model (--routed): ops 4 l + 2 and 4 l + 3 read the experts chosen from op 4 l + 1's outputs.
   int kind[kMaxOps];  // kDense, kRoutedGu (8 experts' gate/up rows), kRoutedDown (their down rows, K = 8 x 768)
   int* ids;           // [layers][kTopK] the chosen experts (every block chooses the same; block 0 writes them)
+  // --timeline (the whole-K kernel only): %globaltimer a block and op, [ops][clk_blocks][3]: before its wait for the
+  // op before, its input staged, its last row block of the op counted; nullptr: none recorded.
+  unsigned long long* clk;
+  int clk_blocks;
 };
 constexpr int kDense = 0, kRoutedGu = 1, kRoutedDown = 2;
 constexpr int kExperts = 128, kTopK = 8, kInter = 768, kGuRows = 2 * kInter;  // q30b's experts
@@ -156,15 +161,24 @@ __device__ __forceinline__ float warp_rows_sum(const float (&partial)[kWarps][kR
   return v;
 }
 
+// This block's clock `what` (0 before the wait, 1 staged, 2 done) of op `op`, when a timeline is recorded.
+__device__ __forceinline__ void stamp(const ChainArgs& a, int op, int what) {
+  if (a.clk != nullptr && threadIdx.x == 0) a.clk[(int64_t(op) * a.clk_blocks + blockIdx.x) * 3 + what] = global_ns();
+}
+
 __device__ __forceinline__ void wait_and_stage(const ChainArgs& a, int op, int rb_before, int persistent,
                                                unsigned epoch, bf16* xs) {
+  stamp(a, op, 0);
   wait_op_before(a, op, rb_before, persistent, epoch);
   for (int i = threadIdx.x; i < a.K[op] / 8; i += kThreads)
     reinterpret_cast<uint4*>(xs)[i] = __ldcg(reinterpret_cast<const uint4*>(a.X[op]) + i);
   __syncthreads();
+  stamp(a, op, 1);
 }
 
-template <int S>
+// RELEASE: a row block's outputs counted by one release add after the block barrier (the warps that wrote them do
+// not wait for a fence; the split kernel's way) instead of a fence in each writing thread before the barrier.
+template <int S, bool RELEASE = false>
 __global__ void __launch_bounds__(kThreads) chain_kernel(const __grid_constant__ ChainArgs a, int op_begin,
                                                         int op_end, int persistent, unsigned epoch) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -227,10 +241,14 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(const __grid_constant__
     if (threadIdx.x < kRows) {
       const float s = warp_rows_sum(partial, threadIdx.x);
       a.X[item.op + 1][item.rb * kRows + threadIdx.x] = __float2bfloat16_rn(s);
-      __threadfence();
+      if (!RELEASE) __threadfence();
     }
     __syncthreads();
-    if (persistent && threadIdx.x == 0) atomicAdd(a.done + item.op, 1u);
+    if (persistent && threadIdx.x == 0) {
+      if (RELEASE) asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(a.done + item.op) : "memory");
+      else atomicAdd(a.done + item.op, 1u);
+    }
+    stamp(a, item.op, 2);  // (the block's last row block of the op leaves its time)
   }
   cp_async_wait<0>();
 }
@@ -398,6 +416,64 @@ __global__ void __launch_bounds__(kThreads) chain_split_kernel(const __grid_cons
   cp_async_wait<0>();
 }
 
+// The clocks of one whole-K run (--timeline) as one row an op kind (q/k/v, o_proj, gate/up, down), medians over
+// the layers after the first: the op's span (its last row block counted after the op before's), the span's read
+// rate, how long after the op before completed its blocks had staged their input (the first, the median), each
+// block's busy time (staged to its last row block counted: median, longest), and the block that completed the op last
+// (its lag after the op before, its busy time, its row blocks and their read rate). grid 0: the launch form (a block a
+// row block); else the persistent form's grid (row block rb to block rb % grid).
+void print_timeline(const std::vector<unsigned long long>& c, const ChainArgs& a, int grid) {
+  auto at = [&](int j, int b, int w) { return c[(size_t(j) * a.clk_blocks + b) * 3 + w]; };
+  auto median = [](std::vector<double> v) {
+    if (v.empty()) return 0.0;
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  const char* kinds[4] = {"q/k/v", "o_proj", "gate/up", "down"};
+  constexpr int kCols = 10;
+  std::vector<double> col[4][kCols];
+  std::vector<double> done(size_t(a.ops), 0.0);
+  for (int j = 0; j < a.ops; ++j) {
+    const int rbs = a.N[j] / kRows, blocks = grid > 0 ? std::min(grid, rbs) : rbs;
+    unsigned long long first = ~0ull, last = 0;
+    int crit = -1;
+    std::vector<double> staged, busy;
+    for (int b = 0; b < blocks; ++b) {
+      if (at(j, b, 1) == 0 || at(j, b, 2) == 0) continue;  // (no clocks: a block past the op's row blocks)
+      first = std::min(first, at(j, b, 1));
+      if (at(j, b, 2) > last) last = at(j, b, 2), crit = b;
+      staged.push_back(double(at(j, b, 1)));
+      busy.push_back(double(at(j, b, 2) - at(j, b, 1)) * 1e-3);
+    }
+    done[size_t(j)] = double(last);
+    if (j < 4 || crit < 0) continue;  // (layer 0: the ramp of the run)
+    const double before = done[size_t(j) - 1], span = (done[size_t(j)] - before) * 1e-3;
+    const double bytes_rb = 2.0 * kRows * a.K[j];
+    const int crit_rbs = grid > 0 ? (rbs - crit + grid - 1) / grid : 1;
+    const double crit_busy = double(at(j, crit, 2) - at(j, crit, 1)) * 1e-3;
+    const double v[kCols] = {span,
+                             bytes_rb * rbs / (span * 1e-6) * 1e-12,
+                             (double(first) - before) * 1e-3,
+                             (median(staged) - before) * 1e-3,
+                             median(busy),
+                             *std::max_element(busy.begin(), busy.end()),
+                             (double(at(j, crit, 1)) - before) * 1e-3,
+                             crit_busy,
+                             double(crit_rbs),
+                             bytes_rb * crit_rbs / (crit_busy * 1e-6) * 1e-9};
+    for (int q = 0; q < kCols; ++q) col[j % 4][q].push_back(v[q]);
+  }
+  std::printf("  %-8s %7s %6s %7s %7s %7s %7s | %9s %8s %4s %7s   (us; medians over layers 1..%d)\n", "op", "span",
+              "TB/s", "staged", "med", "busy", "max", "last: lag", "busy", "rbs", "GB/s", a.ops / 4 - 1);
+  for (int k = 0; k < 4; ++k) {
+    if (col[k][0].empty()) continue;
+    double m[kCols];
+    for (int q = 0; q < kCols; ++q) m[q] = median(col[k][q]);
+    std::printf("  %-8s %7.2f %6.2f %7.2f %7.2f %7.2f %7.2f | %9.2f %8.2f %4.0f %7.1f\n", kinds[k], m[0], m[1], m[2],
+                m[3], m[4], m[5], m[6], m[7], m[8], m[9]);
+  }
+}
+
 size_t smem_bytes(int S, int max_k) { return size_t(kWarps) * S * kSliceElems * 2 + size_t(max_k) * 2; }
 
 float bf2f(uint16_t b) { return moeserve::bf16_to_f32(b); }
@@ -406,14 +482,15 @@ float bf2f(uint16_t b) { return moeserve::bf16_to_f32(b); }
 
 static int run(int argc, char** argv) {
   int layers = 8, reps = 20;
-  bool routed = false;
+  bool routed = false, timeline = false;
   for (int i = 1; i < argc; ++i) {
     const std::string s = argv[i];
     if (s == "--layers" && i + 1 < argc) layers = std::atoi(argv[++i]);
     else if (s == "--reps" && i + 1 < argc) reps = std::atoi(argv[++i]);
     else if (s == "--routed") routed = true;
+    else if (s == "--timeline") timeline = true;
     else {
-      std::fprintf(stderr, "usage: gpu_chain [--layers 8] [--reps 20] [--routed]\n");
+      std::fprintf(stderr, "usage: gpu_chain [--layers 8] [--reps 20] [--routed | --timeline]\n");
       return 2;
     }
   }
@@ -550,7 +627,31 @@ static int run(int argc, char** argv) {
     const char* name;
     int S, per_sm;
   };
-  if (!routed) {  // (the whole-K kernel reads dense weights only)
+  if (timeline && !routed) {
+    // One run of each whole-K form with its clocks (after its timed runs): where an op's time goes.
+    a.clk_blocks = 2 * sms;
+    for (int j = 0; j < a.ops; ++j) a.clk_blocks = std::max(a.clk_blocks, a.N[j] / kRows);
+    const size_t n_clk = size_t(a.ops) * a.clk_blocks * 3;
+    unsigned long long* clk = nullptr;
+    MS_CUDA_CHECK(cudaMalloc(&clk, n_clk * 8));
+    auto traced = [&](const char* name, auto run_once, int grid_persistent) {
+      row(name, run_once());
+      check(name);
+      MS_CUDA_CHECK(cudaMemsetAsync(clk, 0, n_clk * 8, st));
+      a.clk = clk;
+      run_once();
+      a.clk = nullptr;
+      std::vector<unsigned long long> c(n_clk);
+      MS_CUDA_CHECK(cudaMemcpy(c.data(), clk, n_clk * 8, cudaMemcpyDeviceToHost));
+      print_timeline(c, a, grid_persistent);
+    };
+    traced("launches, 4-stage rings", [&] { return launches(chain_kernel<4>, 4); }, 0);
+    traced("persistent, 2 x 4 stages", [&] { return persistent(chain_kernel<4>, 4, 2); }, 2 * sms);
+    traced("persistent, 1 x 12 stages", [&] { return persistent(chain_kernel<12>, 12, 1); }, sms);
+    traced("pers. 2 x 4, release add", [&] { return persistent(chain_kernel<4, true>, 4, 2); }, 2 * sms);
+    traced("pers. 1 x 12, release add", [&] { return persistent(chain_kernel<12, true>, 12, 1); }, sms);
+    cudaFree(clk);
+  } else if (!routed) {  // (the whole-K kernel reads dense weights only)
     row("launches, 4-stage rings", launches(chain_kernel<4>, 4));
     check("launches 4");
     row("launches, 8-stage rings", launches(chain_kernel<8>, 8));
@@ -597,10 +698,13 @@ static int run(int argc, char** argv) {
     const char* name;
     int IS, S, per_sm;  // per_sm 0: the launch form
   };
-  for (const SplitForm f : {SplitForm{"split 64 KB, launches, 4", 4, 4, 0}, SplitForm{"split 64 KB, pers. 2 x 4", 4, 4, 2},
-                            SplitForm{"split 64 KB, pers. 2 x 6", 4, 6, 2}, SplitForm{"split 64 KB, pers. 1 x 8", 4, 8, 1},
-                            SplitForm{"split 64 KB, pers. 1 x 12", 4, 12, 1}, SplitForm{"split 32 KB, pers. 2 x 6", 2, 6, 2},
-                            SplitForm{"split 32 KB, pers. 1 x 12", 2, 12, 1}}) {
+  std::vector<SplitForm> split_forms;  // (none with --timeline)
+  if (!timeline)
+    split_forms = {SplitForm{"split 64 KB, launches, 4", 4, 4, 0}, SplitForm{"split 64 KB, pers. 2 x 4", 4, 4, 2},
+                   SplitForm{"split 64 KB, pers. 2 x 6", 4, 6, 2}, SplitForm{"split 64 KB, pers. 1 x 8", 4, 8, 1},
+                   SplitForm{"split 64 KB, pers. 1 x 12", 4, 12, 1}, SplitForm{"split 32 KB, pers. 2 x 6", 2, 6, 2},
+                   SplitForm{"split 32 KB, pers. 1 x 12", 2, 12, 1}};
+  for (const SplitForm& f : split_forms) {
     double s = -1;
     if (f.per_sm == 0) s = launches(chain_split_kernel<4, 4>, 4, 4);
     else if (f.IS == 4 && f.S == 4) s = persistent(chain_split_kernel<4, 4>, 4, f.per_sm);

@@ -112,11 +112,6 @@ struct SlotDesc {
 
 __host__ __device__ inline int split_lo(int n, int c, int g) { return int((long long)n * c / g); }
 
-__device__ __forceinline__ unsigned long long global_ns() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %globaltimer;\n" : "=l"(t));
-  return t;
-}
 __device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, %0;\n" ::"n"(kConsumers) : "memory"); }
 
 // A stage's outputs are visible to every CTA: all consumers are past their writes, one fence, one count.
