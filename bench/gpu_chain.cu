@@ -18,7 +18,12 @@
 // 8 of 128 experts (q30b's [128][1536][2048] and [128][2048][768]) chosen by a router stand-in (the top 8 of o_proj's
 // first 128 outputs), so their weights can stream only once o_proj is complete, while the next layer's q/k/v weights
 // may stream during the experts'; layer 0's routing, gate/up and down are checked against the CPU.
-//   gpu_chain [--layers 8] [--reps 20] [--routed]     (under `timeout`: a broken counter would spin forever)
+// Session 66 (H100): the split forms are ~1.47x slower than the whole-K ones (592.7 against 403.5 us persistent):
+// imbalance is not the persistent chain's distance from the floor.
+// --timeline: the whole-K forms only (launches, persistent, and persistent with a release add a row block instead of
+// the writers' fences), each followed by one run with its clocks (%globaltimer a block and op: before its wait, its
+// input staged, its last row block counted) printed as a row an op kind: where an op's time goes.
+//   gpu_chain [--layers 8] [--reps 20] [--routed | --timeline]   (under `timeout`: a broken counter would spin forever)
 // Prints one line a form: time of the chain, us an op, TB/s, x the floor at 4.6 TB/s (bench/gpu_read_bw). A
 // benchmark, not a test: the figures go to docs/PERF.md.
 #include <cooperative_groups.h>
