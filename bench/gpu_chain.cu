@@ -21,7 +21,7 @@
 // Session 66 (H100): the split forms are ~1.47x slower than the whole-K ones (592.7 against 403.5 us persistent):
 // imbalance is not the persistent chain's distance from the floor.
 // --timeline: the whole-K forms only (launches, persistent, and persistent with a release add a row block instead of
-// the writers' fences), each followed by one run with its clocks (%globaltimer a block and op: before its wait, its
+// the writers' fences, also with the row blocks dealt round robin across the ops), each followed by one run with its clocks (%globaltimer a block and op: before its wait, its
 // input staged, its last row block counted) printed as a row an op kind: where an op's time goes.
 //   gpu_chain [--layers 8] [--reps 20] [--routed | --timeline]   (under `timeout`: a broken counter would spin forever)
 // Prints one line a form: time of the chain, us an op, TB/s, x the floor at 4.6 TB/s (bench/gpu_read_bw). A
@@ -85,6 +85,9 @@ struct ChainArgs {
   // op before, its input staged, its last row block of the op counted; nullptr: none recorded.
   unsigned long long* clk;
   int clk_blocks;
+  // The whole-K persistent form's row block rb of op j goes to block (rb + rb_offset[j]) % grid; all 0: rb % grid
+  // (every op starting at block 0). rb_offset[j] = the row blocks of the ops before j: one round robin across ops.
+  int rb_offset[kMaxOps];
 };
 constexpr int kDense = 0, kRoutedGu = 1, kRoutedDown = 2;
 constexpr int kExperts = 128, kTopK = 8, kInter = 768, kGuRows = 2 * kInter;  // q30b's experts
@@ -195,10 +198,15 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(const __grid_constant__
   bf16* my_ring = ring + warp * S * kSliceElems;
   auto per_warp = [&](int op) { return (a.K[op] / kSliceK + kWarps - 1) / kWarps; };
   auto row_blocks = [&](int op) { return a.N[op] / kRows; };
-  // The first item at or after op `op` (rb = blockIdx.x there); op == op_end: none.
+  // The first item at or after op `op` (rb = blockIdx.x there, less the op's offset in the persistent form);
+  // op == op_end: none.
+  auto first_rb = [&](int op) {
+    const int g = int(gridDim.x);
+    return persistent ? (int(blockIdx.x) + g - a.rb_offset[op] % g) % g : int(blockIdx.x);
+  };
   auto first_item = [&](int op) {
-    while (op < op_end && int(blockIdx.x) >= row_blocks(op)) ++op;
-    return Cursor{op, int(blockIdx.x), 0};
+    while (op < op_end && first_rb(op) >= row_blocks(op)) ++op;
+    return Cursor{op, op < op_end ? first_rb(op) : 0, 0};
   };
   auto advance = [&](Cursor& c) {
     if (++c.u < per_warp(c.op)) return;
@@ -439,7 +447,7 @@ void print_timeline(const std::vector<unsigned long long>& c, const ChainArgs& a
   std::vector<double> col[4][kCols];
   std::vector<double> done(size_t(a.ops), 0.0);
   for (int j = 0; j < a.ops; ++j) {
-    const int rbs = a.N[j] / kRows, blocks = grid > 0 ? std::min(grid, rbs) : rbs;
+    const int rbs = a.N[j] / kRows, blocks = grid > 0 ? grid : rbs;
     unsigned long long first = ~0ull, last = 0;
     int crit = -1;
     std::vector<double> staged, busy;
@@ -454,7 +462,8 @@ void print_timeline(const std::vector<unsigned long long>& c, const ChainArgs& a
     if (j < 4 || crit < 0) continue;  // (layer 0: the ramp of the run)
     const double before = done[size_t(j) - 1], span = (done[size_t(j)] - before) * 1e-3;
     const double bytes_rb = 2.0 * kRows * a.K[j];
-    const int crit_rbs = grid > 0 ? (rbs - crit + grid - 1) / grid : 1;
+    const int crit_rb0 = grid > 0 ? (crit + grid - a.rb_offset[j] % grid) % grid : 0;
+    const int crit_rbs = grid > 0 ? (rbs - crit_rb0 + grid - 1) / grid : 1;
     const double crit_busy = double(at(j, crit, 2) - at(j, crit, 1)) * 1e-3;
     const double v[kCols] = {span,
                              bytes_rb * rbs / (span * 1e-6) * 1e-12,
@@ -655,6 +664,10 @@ static int run(int argc, char** argv) {
     traced("persistent, 1 x 12 stages", [&] { return persistent(chain_kernel<12>, 12, 1); }, sms);
     traced("pers. 2 x 4, release add", [&] { return persistent(chain_kernel<4, true>, 4, 2); }, 2 * sms);
     traced("pers. 1 x 12, release add", [&] { return persistent(chain_kernel<12, true>, 12, 1); }, sms);
+    for (int j = 1; j < a.ops; ++j) a.rb_offset[j] = a.rb_offset[j - 1] + a.N[j - 1] / kRows;  // one round robin
+    traced("pers. 2 x 4, rel., rotated", [&] { return persistent(chain_kernel<4, true>, 4, 2); }, 2 * sms);
+    traced("pers. 1 x 12, rel., rotated", [&] { return persistent(chain_kernel<12, true>, 12, 1); }, sms);
+    std::fill(a.rb_offset, a.rb_offset + kMaxOps, 0);
     cudaFree(clk);
   } else if (!routed) {  // (the whole-K kernel reads dense weights only)
     row("launches, 4-stage rings", launches(chain_kernel<4>, 4));
