@@ -21,7 +21,8 @@
 // Session 66 (H100): the split forms are ~1.47x slower than the whole-K ones (592.7 against 403.5 us persistent):
 // imbalance is not the persistent chain's distance from the floor.
 // --timeline: the whole-K forms only (launches, persistent, and persistent with a release add a row block instead of
-// the writers' fences, also with the row blocks dealt round robin across the ops), each followed by one run with its clocks (%globaltimer a block and op: before its wait, its
+// the writers' fences, also with the row blocks dealt round robin across the ops, and last without the products:
+// the loaders' own rate), each followed by one run with its clocks (%globaltimer a block and op: before its wait, its
 // input staged, its last row block counted) printed as a row an op kind: where an op's time goes.
 //   gpu_chain [--layers 8] [--reps 20] [--routed | --timeline]   (under `timeout`: a broken counter would spin forever)
 // Prints one line a form: time of the chain, us an op, TB/s, x the floor at 4.6 TB/s (bench/gpu_read_bw). A
@@ -88,6 +89,7 @@ struct ChainArgs {
   // The whole-K persistent form's row block rb of op j goes to block (rb + rb_offset[j]) % grid; all 0: rb % grid
   // (every op starting at block 0). rb_offset[j] = the row blocks of the ops before j: one round robin across ops.
   int rb_offset[kMaxOps];
+  int no_products;  // --timeline's last forms: the whole-K kernel streams and waits as ever but skips the products
 };
 constexpr int kDense = 0, kRoutedGu = 1, kRoutedDown = 2;
 constexpr int kExperts = 128, kTopK = 8, kInter = 768, kGuRows = 2 * kInter;  // q30b's experts
@@ -242,7 +244,7 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(const __grid_constant__
     __syncwarp();
     const bf16* sl = my_ring + (consumed % S) * kSliceElems;
     const int ks = warp + kWarps * cc.u;
-    if (ks * kSliceK < a.K[cc.op]) slice_dot(acc, sl, xs + ks * kSliceK, r, h);
+    if (!a.no_products && ks * kSliceK < a.K[cc.op]) slice_dot(acc, sl, xs + ks * kSliceK, r, h);
     __syncwarp();
     ++consumed;
     issue();
@@ -650,7 +652,7 @@ static int run(int argc, char** argv) {
     MS_CUDA_CHECK(cudaMalloc(&clk, n_clk * 8));
     auto traced = [&](const char* name, auto run_once, int grid_persistent) {
       row(name, run_once());
-      check(name);
+      if (!a.no_products) check(name);
       MS_CUDA_CHECK(cudaMemsetAsync(clk, 0, n_clk * 8, st));
       a.clk = clk;
       run_once();
@@ -668,6 +670,12 @@ static int run(int argc, char** argv) {
     traced("pers. 2 x 4, rel., rotated", [&] { return persistent(chain_kernel<4, true>, 4, 2); }, 2 * sms);
     traced("pers. 1 x 12, rel., rotated", [&] { return persistent(chain_kernel<12, true>, 12, 1); }, sms);
     std::fill(a.rb_offset, a.rb_offset + kMaxOps, 0);
+    // The same streams without the products (outputs not checked): the loaders' own rate in this pattern.
+    a.no_products = 1;
+    traced("launches 4, no products", [&] { return launches(chain_kernel<4>, 4); }, 0);
+    traced("pers. 2 x 4, no products", [&] { return persistent(chain_kernel<4, true>, 4, 2); }, 2 * sms);
+    traced("pers. 1 x 12, no products", [&] { return persistent(chain_kernel<12, true>, 12, 1); }, sms);
+    a.no_products = 0;
     cudaFree(clk);
   } else if (!routed) {  // (the whole-K kernel reads dense weights only)
     row("launches, 4-stage rings", launches(chain_kernel<4>, 4));
