@@ -21,8 +21,8 @@
 // Session 66 (H100): the split forms are ~1.47x slower than the whole-K ones (592.7 against 403.5 us persistent):
 // imbalance is not the persistent chain's distance from the floor.
 // --timeline: the whole-K forms only (launches, persistent, and persistent with a release add a row block instead of
-// the writers' fences, also with the row blocks dealt round robin across the ops, and last without the products:
-// the loaders' own rate), each followed by one run with its clocks (%globaltimer a block and op: before its wait, its
+// the writers' fences, also with the row blocks dealt round robin across the ops, then without the products - the
+// loaders' own rate - and last with the products on the tensor cores), each followed by one run with its clocks (%globaltimer a block and op: before its wait, its
 // input staged, its last row block counted) printed as a row an op kind: where an op's time goes.
 //   gpu_chain [--layers 8] [--reps 20] [--routed | --timeline]   (under `timeout`: a broken counter would spin forever)
 // Prints one line a form: time of the chain, us an op, TB/s, x the floor at 4.6 TB/s (bench/gpu_read_bw). A
@@ -138,6 +138,23 @@ __device__ __forceinline__ void slice_dot(float& acc, const bf16* sl, const bf16
   }
 }
 
+// The same slice's products on the tensor cores (mma.m16n8k16, the token as column 0 of B; the served GEMV's lane
+// mapping, gemv.cu): lane (g, q) feeds rows g and g + 8 and, for g = 0, the token, at k chunks q and q + 4 of the
+// slice; c[0] / c[2] of lanes q = 0 gather rows g / g + 8.
+__device__ __forceinline__ void slice_mma(float (&c)[4], const bf16* sl, const bf16* xk, int g, int q) {
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int ch = q + 4 * hh, sw = (ch ^ (g & 7)) << 3;  // rows g and g + 8 share the swizzle
+    const uint4 lo = *reinterpret_cast<const uint4*>(sl + g * kSliceK + sw);
+    const uint4 hi = *reinterpret_cast<const uint4*>(sl + (g + 8) * kSliceK + sw);
+    const uint4 b = g == 0 ? *reinterpret_cast<const uint4*>(xk + 8 * ch) : make_uint4(0, 0, 0, 0);
+    const unsigned a0[4] = {lo.x, hi.x, lo.y, hi.y}, b0[2] = {b.x, b.y};
+    const unsigned a1[4] = {lo.z, hi.z, lo.w, hi.w}, b1[2] = {b.z, b.w};
+    moe_ptx::mma_bf16_16816(c, a0, b0);
+    moe_ptx::mma_bf16_16816(c, a1, b1);
+  }
+}
+
 // Op `op`'s input into shared memory once the op before is complete: in the persistent form when its row blocks
 // (`rb_before` of them) have all been counted this run (epoch), in the launch form by the programmatic wait.
 // Waits until the op before `op` is complete: in the persistent form until its `count_before` units (row blocks or
@@ -188,7 +205,8 @@ __device__ __forceinline__ void wait_and_stage(const ChainArgs& a, int op, int r
 
 // RELEASE: a row block's outputs counted by one release add after the block barrier (the warps that wrote them do
 // not wait for a fence; the split kernel's way) instead of a fence in each writing thread before the barrier.
-template <int S, bool RELEASE = false>
+// MMA: the products by slice_mma (tensor cores) instead of slice_dot (CUDA cores).
+template <int S, bool RELEASE = false, bool MMA = false>
 __global__ void __launch_bounds__(kThreads) chain_kernel(const __grid_constant__ ChainArgs a, int op_begin,
                                                         int op_end, int persistent, unsigned epoch) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -233,7 +251,7 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(const __grid_constant__
 
   Cursor cc = first_item(op_begin);
   int staged_op = -1, consumed = 0;
-  float acc = 0.f;
+  float acc = 0.f, c4[4] = {0.f, 0.f, 0.f, 0.f};
   const int r = lane >> 1, h = lane & 1;
   while (cc.op < op_end) {
     if (cc.op != staged_op) {  // the op's input: after the op before is complete
@@ -244,7 +262,10 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(const __grid_constant__
     __syncwarp();
     const bf16* sl = my_ring + (consumed % S) * kSliceElems;
     const int ks = warp + kWarps * cc.u;
-    if (!a.no_products && ks * kSliceK < a.K[cc.op]) slice_dot(acc, sl, xs + ks * kSliceK, r, h);
+    if (!a.no_products && ks * kSliceK < a.K[cc.op]) {
+      if (MMA) slice_mma(c4, sl, xs + ks * kSliceK, lane / 4, lane % 4);
+      else slice_dot(acc, sl, xs + ks * kSliceK, r, h);
+    }
     __syncwarp();
     ++consumed;
     issue();
@@ -252,7 +273,13 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(const __grid_constant__
     advance(cc);
     if (cc.u != 0 || (cc.op == item.op && cc.rb == item.rb)) continue;
     // The item's last slice: the warps' sums, the row block's outputs, its count.
-    stash_warp_rows(acc, partial, warp, r, h);
+    if (MMA) {
+      if (lane % 4 == 0) partial[warp][lane / 4] = c4[0], partial[warp][lane / 4 + 8] = c4[2];
+      c4[0] = c4[1] = c4[2] = c4[3] = 0.f;
+      __syncthreads();
+    } else {
+      stash_warp_rows(acc, partial, warp, r, h);
+    }
     if (threadIdx.x < kRows) {
       const float s = warp_rows_sum(partial, threadIdx.x);
       a.X[item.op + 1][item.rb * kRows + threadIdx.x] = __float2bfloat16_rn(s);
@@ -643,6 +670,7 @@ static int run(int argc, char** argv) {
     const char* name;
     int S, per_sm;
   };
+  std::vector<uint16_t> op0_core;  // --timeline: op 0's outputs of the CUDA-core forms
   if (timeline && !routed) {
     // One run of each whole-K form with its clocks (after its timed runs): where an op's time goes.
     a.clk_blocks = 2 * sms;
@@ -650,9 +678,11 @@ static int run(int argc, char** argv) {
     const size_t n_clk = size_t(a.ops) * a.clk_blocks * 3;
     unsigned long long* clk = nullptr;
     MS_CUDA_CHECK(cudaMalloc(&clk, n_clk * 8));
-    auto traced = [&](const char* name, auto run_once, int grid_persistent) {
+    std::vector<uint16_t> mma_reference;  // (the tensor cores sum in another order)
+    // ref: the outputs' bitwise reference of the form's kind (nullptr: not checked).
+    auto traced = [&](const char* name, auto run_once, int grid_persistent, std::vector<uint16_t>* ref) {
       row(name, run_once());
-      if (!a.no_products) check(name);
+      if (ref != nullptr) compare(name, output(), *ref);
       MS_CUDA_CHECK(cudaMemsetAsync(clk, 0, n_clk * 8, st));
       a.clk = clk;
       run_once();
@@ -661,21 +691,31 @@ static int run(int argc, char** argv) {
       MS_CUDA_CHECK(cudaMemcpy(c.data(), clk, n_clk * 8, cudaMemcpyDeviceToHost));
       print_timeline(c, a, grid_persistent);
     };
-    traced("launches, 4-stage rings", [&] { return launches(chain_kernel<4>, 4); }, 0);
-    traced("persistent, 2 x 4 stages", [&] { return persistent(chain_kernel<4>, 4, 2); }, 2 * sms);
-    traced("persistent, 1 x 12 stages", [&] { return persistent(chain_kernel<12>, 12, 1); }, sms);
-    traced("pers. 2 x 4, release add", [&] { return persistent(chain_kernel<4, true>, 4, 2); }, 2 * sms);
-    traced("pers. 1 x 12, release add", [&] { return persistent(chain_kernel<12, true>, 12, 1); }, sms);
+    traced("launches, 4-stage rings", [&] { return launches(chain_kernel<4>, 4); }, 0, &reference);
+    traced("persistent, 2 x 4 stages", [&] { return persistent(chain_kernel<4>, 4, 2); }, 2 * sms, &reference);
+    traced("persistent, 1 x 12 stages", [&] { return persistent(chain_kernel<12>, 12, 1); }, sms, &reference);
+    traced("pers. 2 x 4, release add", [&] { return persistent(chain_kernel<4, true>, 4, 2); }, 2 * sms, &reference);
+    traced("pers. 1 x 12, release add", [&] { return persistent(chain_kernel<12, true>, 12, 1); }, sms, &reference);
     for (int j = 1; j < a.ops; ++j) a.rb_offset[j] = a.rb_offset[j - 1] + a.N[j - 1] / kRows;  // one round robin
-    traced("pers. 2 x 4, rel., rotated", [&] { return persistent(chain_kernel<4, true>, 4, 2); }, 2 * sms);
-    traced("pers. 1 x 12, rel., rotated", [&] { return persistent(chain_kernel<12, true>, 12, 1); }, sms);
+    traced("pers. 2 x 4, rel., rotated", [&] { return persistent(chain_kernel<4, true>, 4, 2); }, 2 * sms,
+           &reference);
+    traced("pers. 1 x 12, rel., rotated", [&] { return persistent(chain_kernel<12, true>, 12, 1); }, sms,
+           &reference);
     std::fill(a.rb_offset, a.rb_offset + kMaxOps, 0);
+    op0_core.resize(size_t(a.N[0]));  // (checked against the CPU below, with the last form's, the tensor cores')
+    MS_CUDA_CHECK(cudaMemcpy(op0_core.data(), a.X[1], op0_core.size() * 2, cudaMemcpyDeviceToHost));
     // The same streams without the products (outputs not checked): the loaders' own rate in this pattern.
     a.no_products = 1;
-    traced("launches 4, no products", [&] { return launches(chain_kernel<4>, 4); }, 0);
-    traced("pers. 2 x 4, no products", [&] { return persistent(chain_kernel<4, true>, 4, 2); }, 2 * sms);
-    traced("pers. 1 x 12, no products", [&] { return persistent(chain_kernel<12, true>, 12, 1); }, sms);
+    traced("launches 4, no products", [&] { return launches(chain_kernel<4>, 4); }, 0, nullptr);
+    traced("pers. 2 x 4, no products", [&] { return persistent(chain_kernel<4, true>, 4, 2); }, 2 * sms, nullptr);
+    traced("pers. 1 x 12, no products", [&] { return persistent(chain_kernel<12, true>, 12, 1); }, sms, nullptr);
     a.no_products = 0;
+    // The products on the tensor cores.
+    traced("launches 4, mma", [&] { return launches(chain_kernel<4, false, true>, 4); }, 0, &mma_reference);
+    traced("pers. 2 x 4, rel., mma", [&] { return persistent(chain_kernel<4, true, true>, 4, 2); }, 2 * sms,
+           &mma_reference);
+    traced("pers. 1 x 12, rel., mma", [&] { return persistent(chain_kernel<12, true, true>, 12, 1); }, sms,
+           &mma_reference);
     cudaFree(clk);
   } else if (!routed) {  // (the whole-K kernel reads dense weights only)
     row("launches, 4-stage rings", launches(chain_kernel<4>, 4));
@@ -771,7 +811,11 @@ static int run(int argc, char** argv) {
     auto x_at = [&](int k) { return bf2f(x[size_t(k)]); };
     if (!routed) {
       MS_CUDA_CHECK(cudaMemcpy(y.data(), a.X[1], y.size() * 2, cudaMemcpyDeviceToHost));
-      cpu_rows("op 0 (whole-K forms)", a.N[0], a.K[0], w_at, x_at, [&](int n) { return bf2f(y[size_t(n)]); });
+      cpu_rows(timeline ? "op 0 (whole-K forms, tensor cores)" : "op 0 (whole-K forms)", a.N[0], a.K[0], w_at, x_at,
+               [&](int n) { return bf2f(y[size_t(n)]); });
+      if (!op0_core.empty())
+        cpu_rows("op 0 (whole-K forms, CUDA cores)", a.N[0], a.K[0], w_at, x_at,
+                 [&](int n) { return bf2f(op0_core[size_t(n)]); });
     }
     if (!split_op0.empty())
       cpu_rows("op 0 (split forms)", a.N[0], a.K[0], w_at, x_at, [&](int n) { return bf2f(split_op0[size_t(n)]); });
