@@ -22,8 +22,9 @@
 // imbalance is not the persistent chain's distance from the floor.
 // --timeline: the whole-K forms only (launches, persistent, and persistent with a release add a row block instead of
 // the writers' fences, also with the row blocks dealt round robin across the ops, then without the products - the
-// loaders' own rate - and last with the products on the tensor cores), each followed by one run with its clocks (%globaltimer a block and op: before its wait, its
-// input staged, its last row block counted) printed as a row an op kind: where an op's time goes.
+// loaders' own rate - and last with the products on the tensor cores), each followed by one run with its clocks
+// (%globaltimer a block and op: before its wait, its input staged, its last row block counted) printed as a row an op
+// kind: where an op's time goes.
 //   gpu_chain [--layers 8] [--reps 20] [--routed | --timeline]   (under `timeout`: a broken counter would spin forever)
 // Prints one line a form: time of the chain, us an op, TB/s, x the floor at 4.6 TB/s (bench/gpu_read_bw). A
 // benchmark, not a test: the figures go to docs/PERF.md.
