@@ -182,11 +182,31 @@ __device__ __forceinline__ void stash_warp_rows(float& acc, float (&partial)[kWa
   acc = 0.f;
   __syncthreads();
 }
+// The same from slice_mma's accumulators (lanes q = 0 hold rows g and g + 8 in c[0] / c[2]); c restarts at zero.
+__device__ __forceinline__ void stash_warp_rows_mma(float (&c)[4], float (&partial)[kWarps][kRows], int warp,
+                                                    int lane) {
+  if (lane % 4 == 0) partial[warp][lane / 4] = c[0], partial[warp][lane / 4 + 8] = c[2];
+  c[0] = c[1] = c[2] = c[3] = 0.f;
+  __syncthreads();
+}
 __device__ __forceinline__ float warp_rows_sum(const float (&partial)[kWarps][kRows], int row) {
   float v = 0.f;
 #pragma unroll
   for (int w = 0; w < kWarps; ++w) v += partial[w][row];
   return v;
+}
+
+// After a warp's products of its ring slice: the stage freed and refilled, the consumer's cursor moved on; true when
+// the slice was the last of its item (`item`: the item it belonged to), whose sums are then due.
+template <class Issue, class Advance>
+__device__ __forceinline__ bool release_slice(int& consumed, Issue&& issue, Cursor& cc, Advance&& advance,
+                                              Cursor& item) {
+  __syncwarp();
+  ++consumed;
+  issue();
+  item = cc;
+  advance(cc);
+  return cc.u == 0 && !(cc.op == item.op && cc.rb == item.rb);
 }
 
 // This block's clock `what` (0 before the wait, 1 staged, 2 done) of op `op`, when a timeline is recorded.
@@ -267,20 +287,11 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(const __grid_constant__
       if (MMA) slice_mma(c4, sl, xs + ks * kSliceK, lane / 4, lane % 4);
       else slice_dot(acc, sl, xs + ks * kSliceK, r, h);
     }
-    __syncwarp();
-    ++consumed;
-    issue();
-    const Cursor item = cc;
-    advance(cc);
-    if (cc.u != 0 || (cc.op == item.op && cc.rb == item.rb)) continue;
+    Cursor item;
+    if (!release_slice(consumed, issue, cc, advance, item)) continue;
     // The item's last slice: the warps' sums, the row block's outputs, its count.
-    if (MMA) {
-      if (lane % 4 == 0) partial[warp][lane / 4] = c4[0], partial[warp][lane / 4 + 8] = c4[2];
-      c4[0] = c4[1] = c4[2] = c4[3] = 0.f;
-      __syncthreads();
-    } else {
-      stash_warp_rows(acc, partial, warp, r, h);
-    }
+    if (MMA) stash_warp_rows_mma(c4, partial, warp, lane);
+    else stash_warp_rows(acc, partial, warp, r, h);
     if (threadIdx.x < kRows) {
       const float s = warp_rows_sum(partial, threadIdx.x);
       a.X[item.op + 1][item.rb * kRows + threadIdx.x] = __float2bfloat16_rn(s);
@@ -440,12 +451,8 @@ __global__ void __launch_bounds__(kThreads) chain_split_kernel(const __grid_cons
     __syncwarp();
     const bf16* sl = my_ring + (consumed % S) * kSliceElems;
     slice_dot(acc, sl, xs + (cc.rb % sp) * IS * kItemK + (warp + kWarps * cc.u) * kSliceK, r, h);
-    __syncwarp();
-    ++consumed;
-    issue();
-    const Cursor item = cc;
-    advance(cc);
-    if (cc.u != 0 || (cc.op == item.op && cc.rb == item.rb)) continue;
+    Cursor item;
+    if (!release_slice(consumed, issue, cc, advance, item)) continue;
     // The item's last slice: the warps' sums into its split's partial row (the other buffer's reads, an item ago,
     // are behind this barrier too).
     stash_warp_rows(acc, partial[buf], warp, r, h);
@@ -478,12 +485,11 @@ void print_timeline(const std::vector<unsigned long long>& c, const ChainArgs& a
   std::vector<double> done(size_t(a.ops), 0.0);
   for (int j = 0; j < a.ops; ++j) {
     const int rbs = a.N[j] / kRows, blocks = grid > 0 ? grid : rbs;
-    unsigned long long first = ~0ull, last = 0;
+    unsigned long long last = 0;
     int crit = -1;
     std::vector<double> staged, busy;
     for (int b = 0; b < blocks; ++b) {
       if (at(j, b, 1) == 0 || at(j, b, 2) == 0) continue;  // (no clocks: a block past the op's row blocks)
-      first = std::min(first, at(j, b, 1));
       if (at(j, b, 2) > last) last = at(j, b, 2), crit = b;
       staged.push_back(double(at(j, b, 1)));
       busy.push_back(double(at(j, b, 2) - at(j, b, 1)) * 1e-3);
@@ -497,7 +503,7 @@ void print_timeline(const std::vector<unsigned long long>& c, const ChainArgs& a
     const double crit_busy = double(at(j, crit, 2) - at(j, crit, 1)) * 1e-3;
     const double v[kCols] = {span,
                              bytes_rb * rbs / (span * 1e-6) * 1e-12,
-                             (double(first) - before) * 1e-3,
+                             (*std::min_element(staged.begin(), staged.end()) - before) * 1e-3,
                              (median(staged) - before) * 1e-3,
                              median(busy),
                              *std::max_element(busy.begin(), busy.end()),
