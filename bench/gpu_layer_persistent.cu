@@ -28,6 +28,9 @@
 // ranges far apart; --no-compute: the consumers wait for each slot and release it without its products (the copy
 // side's own rate); --producer-sleep NS: a producer lane that cannot issue backs off NS ns instead of spinning.
 //   gpu_layer_persistent [--layers 8] [--reps 20] [--d-slots 8] [--e-slots 16] [--no-check] [--no-deps] [--no-hint] [--interleave] [--no-compute] [--producer-sleep NS]
+// --v2 [--stages 4|8|12] [--per-sm 1|2] [--core] (session 67): the same layer and check with the served kernels'
+// streaming instead (see v2 below): every warp its own cp.async ring of S 2 KB slices, whole-K row blocks of 16 rows,
+// tensor-core products (--core: CUDA-core), 1 or 2 CTAs an SM (2: S 4 only fits).
 // Prints the step time, us a layer, TB/s over the bytes read, x the read floor (4.6 TB/s), each stage's work (start
 // to done) over the CTAs, CTA 0's expert copies of layer 1 (issue, landing), and checks every stage of every layer
 // against the CPU (from the GPU's own inputs to the stage). A benchmark, not a test: the figures go to docs/PERF.md.
@@ -48,6 +51,7 @@
 #include <vector>
 
 #include "bench_ptx.cuh"
+#include "bench_ring.cuh"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "cuda/common.h"
@@ -172,8 +176,9 @@ __device__ __forceinline__ void rows_dot(const bf16* w, int rows, const float* x
   for (int r = 0; r < RMAX; ++r) y[r] = warp_sum(y[r]);
 }
 
-// xs = bf16(v * rsqrt(mean(v^2) + eps)) (kept as f32) for v = a (+ b), kH values from global memory.
-__device__ __forceinline__ void stage_norm(const float* a, const float* b, float* xs, float* red) {
+// xs = bf16(v * rsqrt(mean(v^2) + eps)) (as f32 or bf16) for v = a (+ b), kH values from global memory.
+template <typename T>
+__device__ __forceinline__ void stage_norm(const float* a, const float* b, T* xs, float* red) {
   float v[kH / kConsumers], ss = 0.f;
 #pragma unroll
   for (int i = 0; i < kH / kConsumers; ++i) {
@@ -183,8 +188,139 @@ __device__ __forceinline__ void stage_norm(const float* a, const float* b, float
   }
   const float r = rsqrtf(consumers_sum(ss, red) / kH + 1e-6f);
 #pragma unroll
-  for (int i = 0; i < kH / kConsumers; ++i) xs[threadIdx.x + kConsumers * i] = __bfloat162float(__float2bfloat16_rn(v[i] * r));
+  for (int i = 0; i < kH / kConsumers; ++i) xs[threadIdx.x + kConsumers * i] = T(__float2bfloat16_rn(v[i] * r));
   consumers_sync();
+}
+
+// The down stage's input: act = bf16(silu(g) u) of the 8 experts' gate/up outputs of layer l (as f32 or bf16).
+template <typename T>
+__device__ __forceinline__ void stage_act(const Params& p, int l, T* xs) {
+  for (int i = threadIdx.x; i < kTopK * kI; i += kConsumers) {
+    const int j = i / kI, k = i % kI;
+    const float g = __ldcg(p.gu + (size_t(l) * kTopK + j) * kGu + k);
+    const float u = __ldcg(p.gu + (size_t(l) * kTopK + j) * kGu + kI + k);
+    xs[i] = T(__float2bfloat16_rn(g / (1.f + __expf(-g)) * u));
+  }
+}
+
+// The attention stage of CTA c < kAttnCtas (kv head c / 32, keys [16 p, 16 p + 16) for p = c % 32): its 8 query
+// heads' partial softmax over its keys (ks / vs: their K and V rows in shared memory; the last part's key 15 is the
+// new token's, taken from q/k/v) into p.part.
+__device__ __forceinline__ void attention_part(const Params& p, int l, int c, const bf16* ks, const bf16* vs,
+                                               float* q_s, float* newk, float* newv) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const float* qkv = p.qkv + size_t(l) * kQkv;
+  const int hk = c / kParts, part = c % kParts;
+  const float scale = rsqrtf(float(kDim));
+  for (int i = threadIdx.x; i < kGroup * kDim; i += kConsumers) q_s[i] = __ldcg(qkv + hk * kGroup * kDim + i) * scale;
+  if (threadIdx.x < kDim) {
+    newk[threadIdx.x] = __ldcg(qkv + kQ + hk * kDim + threadIdx.x);
+    newv[threadIdx.x] = __ldcg(qkv + kQ + kKvHeads * kDim + hk * kDim + threadIdx.x);
+  }
+  consumers_sync();
+  const bool last = part == kParts - 1;  // its key 15 is the new token's
+  // Lane: key lane % 16, dims [64 (lane / 16), +64) as 8 chunks of 8, rotated by the key so that the 8 lanes of
+  // a 16-byte load phase read 8 different bank groups.
+  const int key = lane & 15, hh = lane >> 4;
+  const bool newkey = last && key == kKeysPart - 1;
+  float s = 0.f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int d = 64 * hh + 8 * ((i + key) & 7);
+    const float* q8 = q_s + warp * kDim + d;
+    if (newkey) {
+#pragma unroll
+      for (int t = 0; t < 8; ++t) s = fmaf(q8[t], newk[d + t], s);
+    } else {
+      const uint4 k8 = *reinterpret_cast<const uint4*>(ks + key * kDim + d);
+      const __nv_bfloat162* k2 = reinterpret_cast<const __nv_bfloat162*>(&k8);
+#pragma unroll
+      for (int t = 0; t < 4; ++t) {
+        const float2 kf = __bfloat1622float2(k2[t]);
+        s = fmaf(q8[2 * t], kf.x, s);
+        s = fmaf(q8[2 * t + 1], kf.y, s);
+      }
+    }
+  }
+  s += __shfl_xor_sync(0xffffffffu, s, 16);
+  const float m = warp_max(s);  // lanes k and k + 16 hold the same score
+  const float e = __expf(s - m);
+  const float lsum = warp_sum(e) * 0.5f;
+  float ov[4] = {0.f, 0.f, 0.f, 0.f};
+  for (int k = 0; k < kKeysPart; ++k) {
+    const float ek = __shfl_sync(0xffffffffu, e, k);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int d = 4 * lane + i;
+      const float vd = last && k == kKeysPart - 1 ? newv[d] : __bfloat162float(vs[k * kDim + d]);
+      ov[i] = fmaf(ek, vd, ov[i]);
+    }
+  }
+  float* out = p.part + ((((size_t(l) * kKvHeads + hk) * kParts + part) * kGroup + warp) * kPartFloats);
+  if (lane == 0) out[0] = m, out[1] = lsum;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) out[2 + 4 * lane + i] = ov[i];
+}
+
+// The merge stage of CTA c < kAttnCtas: 32 output dims of query head c / 4 from the 32 parts (warp 0).
+__device__ __forceinline__ void attention_merge(const Params& p, int l, int c) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (warp == 0) {
+    const int qh = c / 4, d0 = (c % 4) * 32, hk = qh / kGroup, w = qh % kGroup;
+    auto part_ptr = [&](int pp) {
+      return p.part + ((((size_t(l) * kKvHeads + hk) * kParts + pp) * kGroup + w) * kPartFloats);
+    };
+    const float mp = __ldcg(part_ptr(lane)), lp = __ldcg(part_ptr(lane) + 1);  // lane = part
+    const float M = warp_max(mp);
+    const float sc = __expf(mp - M);
+    const float Lsum = warp_sum(lp * sc);
+    float a = 0.f;
+#pragma unroll 8
+    for (int pp = 0; pp < kParts; ++pp) a += __shfl_sync(0xffffffffu, sc, pp) * __ldcg(part_ptr(pp) + 2 + d0 + lane);
+    p.attn[size_t(l) * kQ + qh * kDim + d0 + lane] = __float2bfloat16_rn(a / Lsum);
+  }
+}
+
+// Layer l's routing from o_proj's router rows (o: p.o of the layer): the top 8 of the 128 logits and their softmax
+// weights into ids / wts (warp 0; CTA 0 also writes them for the check), then route_ready = l + 1.
+__device__ __forceinline__ void route_top8(const Params& p, int l, int c, const float* o, int* ids_s, float* wts_s,
+                                           int* route_ready) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (warp == 0) {
+    float v[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) v[i] = __ldcg(o + kH + 4 * lane + i);
+    float top = 0.f;
+    int topi = 0;
+    for (int k = 0; k < kTopK; ++k) {
+      float bv = v[0];
+      int bi = 4 * lane;
+#pragma unroll
+      for (int i = 1; i < 4; ++i)
+        if (v[i] > bv) bv = v[i], bi = 4 * lane + i;
+#pragma unroll
+      for (int off = 16; off; off >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, off);
+        if (ov > bv || (ov == bv && oi < bi)) bv = ov, bi = oi;
+      }
+      if (lane == k) top = bv, topi = bi;
+      if (bi / 4 == lane) v[bi % 4] = -INFINITY;
+    }
+    const float mx = __shfl_sync(0xffffffffu, top, 0);
+    const float ex = lane < kTopK ? __expf(top - mx) : 0.f;
+    const float sum = warp_sum(ex);
+    if (lane < kTopK) {
+      ids_s[lane] = topi;
+      wts_s[lane] = ex / sum;
+      if (c == 0) p.ids[l * kTopK + lane] = topi, p.wts[l * kTopK + lane] = ex / sum;
+    }
+    __syncwarp();
+    if (lane == 0) {
+      __threadfence_block();
+      *reinterpret_cast<volatile int*>(route_ready) = l + 1;
+    }
+  }
 }
 
 __global__ void __launch_bounds__(kThreads, 1) layer_kernel(const __grid_constant__ Params p) {
@@ -359,7 +495,6 @@ __global__ void __launch_bounds__(kThreads, 1) layer_kernel(const __grid_constan
   for (int l = 0; l < L; ++l) {
     unsigned* cnt = p.cnt + l * kStages;
     const float* h = p.h + size_t(l) * kH;
-    const float* qkv = p.qkv + size_t(l) * kQkv;
     const float* o = p.o + size_t(l) * kORows;
     // qkv
     if (l > 0) wait_count(p.cnt + (l - 1) * kStages + kStDown, all, p.no_deps);
@@ -372,61 +507,9 @@ __global__ void __launch_bounds__(kThreads, 1) layer_kernel(const __grid_constan
     wait_count(cnt + kStQkv, all, p.no_deps);
     stamp(l, kStAttn);
     if (c < kAttnCtas) {
-      const int hk = c / kParts, part = c % kParts;
-      const float scale = rsqrtf(float(kDim));
-      for (int i = threadIdx.x; i < kGroup * kDim; i += kConsumers)
-        q_s[i] = __ldcg(qkv + hk * kGroup * kDim + i) * scale;
-      if (threadIdx.x < kDim) {
-        newk[threadIdx.x] = __ldcg(qkv + kQ + hk * kDim + threadIdx.x);
-        newv[threadIdx.x] = __ldcg(qkv + kQ + kKvHeads * kDim + hk * kDim + threadIdx.x);
-      }
-      consumers_sync();
       const unsigned kv_item = unsigned(l) * unsigned(nd) + unsigned(nd_qkv);
       const bf16* kv = ring_wait(dr, kv_item);
-      const bf16* ks = kv;
-      const bf16* vs = kv + kKeysPart * kDim;
-      const bool last = part == kParts - 1;  // its key 15 is the new token's
-      // Lane: key lane % 16, dims [64 (lane / 16), +64) as 8 chunks of 8, rotated by the key so that the 8 lanes of
-      // a 16-byte load phase read 8 different bank groups.
-      const int key = lane & 15, hh = lane >> 4;
-      const bool newkey = last && key == kKeysPart - 1;
-      float s = 0.f;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const int d = 64 * hh + 8 * ((i + key) & 7);
-        const float* q8 = q_s + warp * kDim + d;
-        if (newkey) {
-#pragma unroll
-          for (int t = 0; t < 8; ++t) s = fmaf(q8[t], newk[d + t], s);
-        } else {
-          const uint4 k8 = *reinterpret_cast<const uint4*>(ks + key * kDim + d);
-          const __nv_bfloat162* k2 = reinterpret_cast<const __nv_bfloat162*>(&k8);
-#pragma unroll
-          for (int t = 0; t < 4; ++t) {
-            const float2 kf = __bfloat1622float2(k2[t]);
-            s = fmaf(q8[2 * t], kf.x, s);
-            s = fmaf(q8[2 * t + 1], kf.y, s);
-          }
-        }
-      }
-      s += __shfl_xor_sync(0xffffffffu, s, 16);
-      const float m = warp_max(s);  // lanes k and k + 16 hold the same score
-      const float e = __expf(s - m);
-      const float lsum = warp_sum(e) * 0.5f;
-      float ov[4] = {0.f, 0.f, 0.f, 0.f};
-      for (int k = 0; k < kKeysPart; ++k) {
-        const float ek = __shfl_sync(0xffffffffu, e, k);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int d = 4 * lane + i;
-          const float vd = last && k == kKeysPart - 1 ? newv[d] : __bfloat162float(vs[k * kDim + d]);
-          ov[i] = fmaf(ek, vd, ov[i]);
-        }
-      }
-      float* out = p.part + ((((size_t(l) * kKvHeads + hk) * kParts + part) * kGroup + warp) * kPartFloats);
-      if (lane == 0) out[0] = m, out[1] = lsum;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) out[2 + 4 * lane + i] = ov[i];
+      attention_part(p, l, c, kv, kv + kKeysPart * kDim, q_s, newk, newv);
       consumers_sync();
       if (mine(kv_item)) ring_release(dr, kv_item);
       signal(cnt + kStAttn, clock_at(l, kStAttn) + 1);
@@ -435,20 +518,7 @@ __global__ void __launch_bounds__(kThreads, 1) layer_kernel(const __grid_constan
     wait_count(cnt + kStAttn, attn_all, p.no_deps);
     stamp(l, kStMerge);
     if (c < kAttnCtas) {
-      if (warp == 0) {
-        const int qh = c / 4, d0 = (c % 4) * 32, hk = qh / kGroup, w = qh % kGroup;
-        auto part_ptr = [&](int pp) {
-          return p.part + ((((size_t(l) * kKvHeads + hk) * kParts + pp) * kGroup + w) * kPartFloats);
-        };
-        const float mp = __ldcg(part_ptr(lane)), lp = __ldcg(part_ptr(lane) + 1);  // lane = part
-        const float M = warp_max(mp);
-        const float sc = __expf(mp - M);
-        const float Lsum = warp_sum(lp * sc);
-        float a = 0.f;
-#pragma unroll 8
-        for (int pp = 0; pp < kParts; ++pp) a += __shfl_sync(0xffffffffu, sc, pp) * __ldcg(part_ptr(pp) + 2 + d0 + lane);
-        p.attn[size_t(l) * kQ + qh * kDim + d0 + lane] = __float2bfloat16_rn(a / Lsum);
-      }
+      attention_merge(p, l, c);
       signal(cnt + kStMerge, clock_at(l, kStMerge) + 1);
     }
     // o
@@ -464,41 +534,7 @@ __global__ void __launch_bounds__(kThreads, 1) layer_kernel(const __grid_constan
     // gu: route first (the producer waits for it), then the normalized input
     wait_count(cnt + kStO, all, p.no_deps);
     stamp(l, kStGu);
-    if (warp == 0) {
-      float v[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) v[i] = __ldcg(o + kH + 4 * lane + i);
-      float top = 0.f;
-      int topi = 0;
-      for (int k = 0; k < kTopK; ++k) {
-        float bv = v[0];
-        int bi = 4 * lane;
-#pragma unroll
-        for (int i = 1; i < 4; ++i)
-          if (v[i] > bv) bv = v[i], bi = 4 * lane + i;
-#pragma unroll
-        for (int off = 16; off; off >>= 1) {
-          const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
-          const int oi = __shfl_xor_sync(0xffffffffu, bi, off);
-          if (ov > bv || (ov == bv && oi < bi)) bv = ov, bi = oi;
-        }
-        if (lane == k) top = bv, topi = bi;
-        if (bi / 4 == lane) v[bi % 4] = -INFINITY;
-      }
-      const float mx = __shfl_sync(0xffffffffu, top, 0);
-      const float ex = lane < kTopK ? __expf(top - mx) : 0.f;
-      const float sum = warp_sum(ex);
-      if (lane < kTopK) {
-        ids_s[l & 1][lane] = topi;
-        wts_s[l & 1][lane] = ex / sum;
-        if (c == 0) p.ids[l * kTopK + lane] = topi, p.wts[l * kTopK + lane] = ex / sum;
-      }
-      __syncwarp();
-      if (lane == 0) {
-        __threadfence_block();
-        *reinterpret_cast<volatile int*>(&route_ready) = l + 1;
-      }
-    }
+    route_top8(p, l, c, o, ids_s[l & 1], wts_s[l & 1], &route_ready);
     stage_norm(h, o, xs, red);
     items(true, l, 0, ne_gu, kH, x_plain,
           [&](const SlotDesc& d, int r, float y) { p.gu[(size_t(l) * kTopK + d.j) * kGu + d.row0 + r] = y; });
@@ -506,12 +542,7 @@ __global__ void __launch_bounds__(kThreads, 1) layer_kernel(const __grid_constan
     // down
     wait_count(cnt + kStGu, all, p.no_deps);
     stamp(l, kStDown);
-    for (int i = threadIdx.x; i < kTopK * kI; i += kConsumers) {
-      const int j = i / kI, k = i % kI;
-      const float g = __ldcg(p.gu + (size_t(l) * kTopK + j) * kGu + k);
-      const float u = __ldcg(p.gu + (size_t(l) * kTopK + j) * kGu + kI + k);
-      xs[i] = __bfloat162float(__float2bfloat16_rn(g / (1.f + __expf(-g)) * u));
-    }
+    stage_act(p, l, xs);
     if (threadIdx.x < kConsumerWarps * kOwnRowsMax) (&acc[0][0])[threadIdx.x] = 0.f;
     consumers_sync();
     items(true, l, ne_gu, ne, kI, [&](const SlotDesc& d) -> const float* { return xs + d.j * kI; },
@@ -527,6 +558,229 @@ __global__ void __launch_bounds__(kThreads, 1) layer_kernel(const __grid_constan
     signal(cnt + kStDown, clock_at(l, kStDown) + 1);
   }
 }
+
+// ---- v2: the served kernels' streaming inside the persistent layer (session 67) ----
+// Session 66's gpu_chain clocks put the persistent chain's loss in its blocks' stream rate, not its boundaries, and
+// the served lm_head streams this very slice pattern with mma products at 4.4 TB/s one block an SM. So v2 keeps the
+// layer above (stages, counters, attention, merge, routing, outputs and the CPU check) and replaces its streaming:
+// no producer warp and no bulk copies; 8 warps a block, each streaming its 64-k slices of whole-K row blocks of 16
+// weight rows through its own ring of S cp.async stages (bench_ring.cuh, gpu_chain's engine), the products on the
+// tensor cores (or the CUDA cores, for the comparison). A block's ring runs ahead across the stages: o_proj's rows
+// stream while the attention and its merge wait, the next layer's q/k/v rows while the experts' down rows are
+// consumed; the experts' rows only once the block has routed the layer (one FIFO ring: it stops there).
+// Row blocks of each op dealt round robin from where the op before ended (so that the blocks that had fewer of one
+// op take the extra ones of the next), counted one release add each; the attention and merge stages count CTAs.
+namespace v2 {
+using bench_ring::Cursor;
+using bench_ring::kSliceElems;
+using bench_ring::kSliceK;
+constexpr int kRb = bench_ring::kRows;  // 16 rows a row block
+static_assert(bench_ring::kWarps == kConsumerWarps, "v2 runs the ring's 8 warps as the consumers");
+constexpr int kOpsLayer = 4;  // q/k/v, o_proj (+ router rows), the experts' gate/up, their down (K: 8 experts x 768)
+__host__ __device__ constexpr int op_rows(int k) { return k == 0 ? kQkv : k == 1 ? kORows : k == 2 ? kTopK * kGu : kH; }
+__host__ __device__ constexpr int op_k(int k) { return k == 0 ? kH : k == 1 ? kQ : k == 2 ? kH : kTopK * kI; }
+__host__ __device__ constexpr int op_rbs(int k) { return op_rows(k) / kRb; }
+__host__ __device__ constexpr int op_prefix(int k) { return k == 0 ? 0 : op_prefix(k - 1) + op_rbs(k - 1); }
+constexpr int kLayerRbs = op_prefix(kOpsLayer);  // 1,352
+constexpr int kSlicesDown = kI / kSliceK;        // 12 slices an expert in the down op's K
+static_assert(kQkv % kRb == 0 && kORows % kRb == 0 && kGu % kRb == 0 && kH % kRb == 0, "whole row blocks");
+// Dynamic shared memory: the rings, the staged input (bf16, the largest K), the attention's q / new k, v (f32) and
+// its part's K and V rows.
+constexpr size_t smem_bytes(int S) {
+  return size_t(kConsumerWarps) * S * kSliceElems * 2 + size_t(kTopK * kI) * 2 + size_t(kGroup * kDim + 2 * kDim) * 4 +
+         size_t(2 * kKeysPart * kDim) * 2;
+}
+
+// A 16-byte global load that the compiler keeps where it is written (before a wait, so that it is in flight during it).
+__device__ __forceinline__ uint4 ld_early(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+
+__device__ __forceinline__ void count_add(unsigned* cnt) {
+  asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(cnt) : "memory");
+}
+
+template <int S, bool MMA>
+__global__ void __launch_bounds__(kConsumers, S <= 5 ? 2 : 1) layer_kernel(const __grid_constant__ Params p) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  bf16* ring = reinterpret_cast<bf16*>(smem);                           // [warps][S][16 x 64]
+  bf16* xs = ring + kConsumerWarps * S * kSliceElems;                   // [8 x 768] the op's input
+  float* q_s = reinterpret_cast<float*>(xs + kTopK * kI);               // [8][128]
+  float* newk = q_s + kGroup * kDim;                                    // [128]
+  float* newv = newk + kDim;                                            // [128]
+  bf16* kv = reinterpret_cast<bf16*>(newv + kDim);                      // [2][16][128]
+  __shared__ float partial[kConsumerWarps][kRb], red[kConsumerWarps];
+  __shared__ int ids_s[kTopK], routed;  // ids_s: the experts of layer routed - 1 (0: none yet)
+  __shared__ float wts_s[kTopK];
+  const int c = blockIdx.x, G = gridDim.x, L = p.layers, end_op = kOpsLayer * L;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  bf16* my_ring = ring + warp * S * kSliceElems;
+  if (threadIdx.x == 0) routed = 0;
+  __syncthreads();
+
+  // Row block rb of op j (layer j / 4, kind j % 4) belongs to CTA (rb + the row blocks dealt before it) % G.
+  auto first_item = [&](int op) {
+    for (; op < end_op; ++op) {
+      const int off = int((static_cast<long long>(op / kOpsLayer) * kLayerRbs + op_prefix(op % kOpsLayer)) % G);
+      const int rb = (c - off + G) % G;
+      if (rb < op_rbs(op % kOpsLayer)) return Cursor{op, rb, 0};
+    }
+    return Cursor{end_op, 0, 0};
+  };
+  auto advance = [&](Cursor& x) {
+    if (++x.u < op_k(x.op % kOpsLayer) / kSliceK / kConsumerWarps) return;
+    x.u = 0;
+    x.rb += G;
+    if (x.rb >= op_rbs(x.op % kOpsLayer)) x = first_item(x.op + 1);
+  };
+  Cursor pc = first_item(0);  // the warp's next slice to issue
+  int issued = 0, consumed = 0;
+  // Issues the warp's next slice; false when the ring is full, all is issued, or the slice is an expert's of a layer
+  // this block has not routed yet.
+  auto issue = [&]() -> bool {
+    if (pc.op >= end_op || issued - consumed >= S) return false;
+    const int l = pc.op / kOpsLayer, kind = pc.op % kOpsLayer, ks = warp + kConsumerWarps * pc.u;
+    if (kind >= 2 && *reinterpret_cast<volatile int*>(&routed) != l + 1) return false;
+    const bf16* src;
+    int ld = kH;
+    if (kind == 0) {
+      src = p.wqkv + (size_t(l) * kQkv + pc.rb * kRb) * kH + ks * kSliceK;
+    } else if (kind == 1) {
+      src = p.wo + (size_t(l) * kORows + pc.rb * kRb) * kQ + ks * kSliceK, ld = kQ;
+    } else if (kind == 2) {  // row block rb: rows [16 (rb % 96), +16) of expert slot rb / 96's gate/up
+      const int j = pc.rb / (kGu / kRb), row0 = pc.rb % (kGu / kRb) * kRb;
+      src = p.wgu + ((size_t(l) * kExperts + ids_s[j]) * kGu + row0) * kH + ks * kSliceK;
+    } else {  // k slice ks: slice ks % 12 of expert slot ks / 12's down rows
+      const int j = ks / kSlicesDown;
+      src = p.wd + ((size_t(l) * kExperts + ids_s[j]) * kH + pc.rb * kRb) * kI + ks % kSlicesDown * kSliceK, ld = kI;
+    }
+    bench_ring::load_slice(my_ring + (issued % S) * kSliceElems, src, ld, true, lane, src);
+    ++issued;
+    advance(pc);
+    return true;
+  };
+  while (issue()) {
+  }  // weights are never written: before any wait
+
+  auto clock_at = [&](int l, int s) { return p.clocks + ((size_t(c) * L + l) * kStages + s) * 2; };
+  auto stamp = [&](int l, int s, int what) {
+    if (threadIdx.x == 0) clock_at(l, s)[what] = global_ns();
+  };
+  auto wait_for = [&](const unsigned* cnt, int units) {
+    if (threadIdx.x == 0)
+      while (ld_acquire(cnt) < p.epoch * unsigned(units)) {
+      }
+    __syncthreads();
+  };
+  Cursor cc = first_item(0);
+  float acc = 0.f, c4[4] = {0.f, 0.f, 0.f, 0.f};
+  const int r = lane >> 1, h2 = lane & 1;
+  // This block's row blocks of op `op`: each row's sum to out(row, sum), each row block counted on `cnt`.
+  auto consume_op = [&](int op, unsigned* cnt, auto out) {
+    const int kind = op % kOpsLayer;
+    while (cc.op == op) {
+      if (issued <= consumed) __trap();  // (a slice consumed before it was issued: a broken schedule, made loud)
+      bench_ring::wait_pending(issued - consumed - 1);
+      __syncwarp();
+      const bf16* sl = my_ring + (consumed % S) * kSliceElems;
+      const int ks = warp + kConsumerWarps * cc.u;
+      const bf16* xk = xs + ks * kSliceK;
+      if (kind == 3) {  // each expert's products weighted by its routing weight
+        const float wj = wts_s[ks / kSlicesDown];
+        if (MMA) {
+          float t[4] = {0.f, 0.f, 0.f, 0.f};
+          bench_ring::slice_mma(t, sl, xk, lane / 4, lane % 4);
+#pragma unroll
+          for (int i = 0; i < 4; ++i) c4[i] = fmaf(wj, t[i], c4[i]);
+        } else {
+          float t = 0.f;
+          bench_ring::slice_dot(t, sl, xk, r, h2);
+          acc = fmaf(wj, t, acc);
+        }
+      } else if (MMA) {
+        bench_ring::slice_mma(c4, sl, xk, lane / 4, lane % 4);
+      } else {
+        bench_ring::slice_dot(acc, sl, xk, r, h2);
+      }
+      Cursor item;
+      if (!bench_ring::release_slice(consumed, issue, cc, advance, item)) continue;
+      if (MMA) bench_ring::stash_warp_rows_mma(c4, partial, warp, lane);
+      else bench_ring::stash_warp_rows(acc, partial, warp, r, h2);
+      if (threadIdx.x < kRb) out(item.rb * kRb + int(threadIdx.x), bench_ring::warp_rows_sum(partial, threadIdx.x));
+      __syncthreads();
+      if (threadIdx.x == 0) count_add(cnt);
+    }
+  };
+  for (int l = 0; l < L; ++l) {
+    unsigned* cnt = p.cnt + l * kStages;
+    const float* h = p.h + size_t(l) * kH;
+    const float* o = p.o + size_t(l) * kORows;
+    const int op0 = kOpsLayer * l;
+    // q/k/v
+    if (cc.op == op0) {
+      if (l > 0) wait_for(p.cnt + (l - 1) * kStages + kStDown, op_rbs(3));
+      stage_norm(h, nullptr, xs, red);
+      stamp(l, kStQkv, 0);
+      consume_op(op0, cnt + kStQkv, [&](int n, float y) { p.qkv[size_t(l) * kQkv + n] = y; });
+      stamp(l, kStQkv, 1);
+    }
+    // attention: the part's cached keys and values loaded before the wait for q/k/v
+    if (c < kAttnCtas) {
+      const size_t off = ((size_t(l) * kKvHeads + c / kParts) * kCtx + (c % kParts) * kKeysPart) * kDim;
+      constexpr int kChunks = kKeysPart * kDim / 8;  // 16-byte chunks of K (and of V): 256, one a thread
+      static_assert(kChunks == kConsumers, "one K and one V chunk a thread");
+      const uint4 kr = ld_early(p.kc + off + threadIdx.x * 8), vr = ld_early(p.vc + off + threadIdx.x * 8);
+      wait_for(cnt + kStQkv, op_rbs(0));
+      reinterpret_cast<uint4*>(kv)[threadIdx.x] = kr;
+      reinterpret_cast<uint4*>(kv)[kChunks + threadIdx.x] = vr;
+      stamp(l, kStAttn, 0);
+      attention_part(p, l, c, kv, kv + kKeysPart * kDim, q_s, newk, newv);
+      __syncthreads();
+      if (threadIdx.x == 0) count_add(cnt + kStAttn);
+      stamp(l, kStAttn, 1);
+      wait_for(cnt + kStAttn, kAttnCtas);
+      stamp(l, kStMerge, 0);
+      attention_merge(p, l, c);
+      __syncthreads();
+      if (threadIdx.x == 0) count_add(cnt + kStMerge);
+      stamp(l, kStMerge, 1);
+    }
+    // o_proj (+ the router rows)
+    if (cc.op == op0 + 1) {
+      wait_for(cnt + kStMerge, kAttnCtas);
+      for (int i = threadIdx.x; i < kQ / 8; i += kConsumers)
+        reinterpret_cast<uint4*>(xs)[i] = __ldcg(reinterpret_cast<const uint4*>(p.attn + size_t(l) * kQ) + i);
+      __syncthreads();
+      stamp(l, kStO, 0);
+      consume_op(op0 + 1, cnt + kStO, [&](int n, float y) { p.o[size_t(l) * kORows + n] = y; });
+      stamp(l, kStO, 1);
+    }
+    // route, then the experts' gate/up (every block has some of its 768 row blocks: G <= 768)
+    wait_for(cnt + kStO, op_rbs(1));
+    route_top8(p, l, c, o, ids_s, wts_s, &routed);
+    stage_norm(h, o, xs, red);  // (its barriers also publish the routing to every warp)
+    while (issue()) {
+    }  // the experts' rows may go now
+    stamp(l, kStGu, 0);
+    consume_op(op0 + 2, cnt + kStGu, [&](int n, float y) { p.gu[size_t(l) * kTopK * kGu + n] = y; });
+    stamp(l, kStGu, 1);
+    // down, weighted by the routing, plus the residual and o_proj's output
+    if (cc.op == op0 + 3) {
+      wait_for(cnt + kStGu, op_rbs(2));
+      stage_act(p, l, xs);
+      __syncthreads();
+      stamp(l, kStDown, 0);
+      consume_op(op0 + 3, cnt + kStDown, [&](int n, float y) {
+        p.h[size_t(l + 1) * kH + n] = __ldcg(h + n) + __ldcg(o + n) + y;
+      });
+      stamp(l, kStDown, 1);
+    }
+  }
+  moe_ptx::cp_async_wait<0>();
+}
+}  // namespace v2
 
 float bf2f(uint16_t b) { return moeserve::bf16_to_f32(b); }
 float bf16_round(float x) { return moeserve::bf16_to_f32(moeserve::f32_to_bf16(x)); }  // as __float2bfloat16_rn
@@ -576,10 +830,16 @@ std::vector<float> cpu_norm(const std::vector<float>& a, const float* b) {
 
 }  // namespace
 
+static const char* const kUsage =
+    "usage: gpu_layer_persistent [--layers 8] [--reps 20] [--d-slots 8] [--e-slots 16] [--no-check] [--no-deps] "
+    "[--no-hint] [--interleave] [--no-compute] [--producer-sleep NS] | [--v2 [--stages 4|8|12] [--per-sm 1|2] [--core]]";
+
 static int run(int argc, char** argv) {
   int layers = 8, reps = 20, d_slots = 8, e_slots = 16;
   bool check = true;
   int no_deps = 0, hint = 1, interleave = 0, no_compute = 0, producer_sleep = 0;
+  bool use_v2 = false, v2_core = false;
+  int v2_stages = 8, v2_per_sm = 1;
   for (int i = 1; i < argc; ++i) {
     const std::string s = argv[i];
     if (s == "--layers" && i + 1 < argc) layers = std::atoi(argv[++i]);
@@ -592,8 +852,12 @@ static int run(int argc, char** argv) {
     else if (s == "--interleave") interleave = 1;
     else if (s == "--no-compute") no_compute = 1;
     else if (s == "--producer-sleep" && i + 1 < argc) producer_sleep = std::atoi(argv[++i]);
+    else if (s == "--v2") use_v2 = true;
+    else if (s == "--stages" && i + 1 < argc) v2_stages = std::atoi(argv[++i]);
+    else if (s == "--per-sm" && i + 1 < argc) v2_per_sm = std::atoi(argv[++i]);
+    else if (s == "--core") v2_core = true;
     else {
-      std::fprintf(stderr, "usage: gpu_layer_persistent [--layers 8] [--reps 20] [--d-slots 8] [--e-slots 16] [--no-check] [--no-deps] [--no-hint] [--interleave] [--no-compute] [--producer-sleep NS]\n");
+      std::fprintf(stderr, "%s\n", kUsage);
       return 2;
     }
   }
@@ -602,6 +866,12 @@ static int run(int argc, char** argv) {
       d_slots + e_slots > 32) {
     std::fprintf(stderr, "--layers 1..%d, --reps >= 1, --d-slots / --e-slots multiples of 8 up to %d, 32 together\n", kMaxLayers,
                  kMaxRing);
+    return 2;
+  }
+  if (use_v2 && ((v2_stages != 4 && v2_stages != 8 && v2_stages != 12) || v2_per_sm < 1 || v2_per_sm > 2 || no_deps ||
+                 no_compute || interleave || producer_sleep || !hint)) {
+    std::fprintf(stderr, "--v2 takes --stages 4, 8 or 12 and --per-sm 1 or 2 (--no-deps, --no-compute, --interleave, "
+                         "--producer-sleep and --no-hint are v1's)\n");
     return 2;
   }
   int dev = 0, sms = 0;
@@ -647,8 +917,9 @@ static int run(int argc, char** argv) {
   p.ids = static_cast<int*>(alloc(L * kTopK * 4));
   p.wts = static_cast<float*>(alloc(L * kTopK * 4));
   p.cnt = static_cast<unsigned*>(alloc(L * kStages * 4));
-  p.clocks = static_cast<unsigned long long*>(alloc(size_t(sms) * L * kStages * 2 * 8));
-  MS_CUDA_CHECK(cudaMemsetAsync(p.clocks, 0, size_t(sms) * L * kStages * 2 * 8, st));
+  const size_t max_grid = size_t(sms) * std::max(1, v2_per_sm);
+  p.clocks = static_cast<unsigned long long*>(alloc(max_grid * L * kStages * 2 * 8));
+  MS_CUDA_CHECK(cudaMemsetAsync(p.clocks, 0, max_grid * L * kStages * 2 * 8, st));
   p.item_clocks = static_cast<unsigned long long*>(alloc(2 * kMaxE * 8));
   MS_CUDA_CHECK(cudaMemsetAsync(p.item_clocks, 0, 2 * kMaxE * 8, st));
   MS_CUDA_CHECK(cudaMemsetAsync(p.cnt, 0, L * kStages * 4, st));
@@ -663,18 +934,32 @@ static int run(int argc, char** argv) {
   if (no_compute) check = false;
   if (no_deps) check = false;  // the stages then read inputs not yet written
 
-  const size_t smem = size_t(d_slots + e_slots) * kSlot + kXsElems * 4;
   static_assert(kGroup * kDim + 2 * kDim <= kXsElems, "the attention's staging lives in xs");
-  MS_CHECK(mc::raise_dynamic_smem(reinterpret_cast<const void*>(layer_kernel), smem),
-           "{} + {} slots of 8 KB do not fit in shared memory", d_slots, e_slots);
+  // The kernel, its block size, grid and shared memory: v1 one CTA an SM with the two slot rings; v2 `v2_per_sm`
+  // CTAs an SM with a ring of `v2_stages` 2 KB slices a warp.
+  const void* kernel = reinterpret_cast<const void*>(layer_kernel);
+  size_t smem = size_t(d_slots + e_slots) * kSlot + kXsElems * 4;
+  int threads = kThreads, grid = sms;
+  if (use_v2) {
+    using KernelFn = void (*)(Params);
+    KernelFn k2 = nullptr;
+    if (v2_stages == 4) k2 = v2_core ? v2::layer_kernel<4, false> : v2::layer_kernel<4, true>;
+    else if (v2_stages == 8) k2 = v2_core ? v2::layer_kernel<8, false> : v2::layer_kernel<8, true>;
+    else k2 = v2_core ? v2::layer_kernel<12, false> : v2::layer_kernel<12, true>;
+    kernel = reinterpret_cast<const void*>(k2);
+    smem = v2::smem_bytes(v2_stages);
+    threads = kConsumers;
+    grid = sms * v2_per_sm;
+  }
+  MS_CHECK(mc::raise_dynamic_smem(kernel, smem), "{} bytes of shared memory a CTA do not fit", smem);
   int per_sm = 0;
-  MS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, layer_kernel, kThreads, smem));
-  MS_CHECK(per_sm >= 1, "the kernel does not fit an SM with {} bytes of shared memory", smem);
+  MS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
+  MS_CHECK(per_sm >= grid / sms, "{} CTAs an SM do not fit with {} bytes of shared memory each ({} do)", grid / sms,
+           smem, per_sm);
   auto once = [&] {
     ++p.epoch;
     void* args[] = {&p};
-    MS_CUDA_CHECK(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(layer_kernel), dim3(unsigned(sms)),
-                                              dim3(kThreads), args, smem, st));
+    MS_CUDA_CHECK(cudaLaunchCooperativeKernel(kernel, dim3(unsigned(grid)), dim3(unsigned(threads)), args, smem, st));
   };
   // Bytes a step reads: q/k/v, o (+ router stand-in), the 8 experts' gate/up and down rows, the keys and values.
   const double bytes =
@@ -683,26 +968,40 @@ static int run(int argc, char** argv) {
   const double floor_s = bytes / (kReadTBs * 1e12);
   moeserve::bench::GpuTimer t;
   const double s = t.best(reps, once, st);
-  std::printf("%s, %d SMs: %d layers, D ring %d x 8 KB, E ring %d x 8 KB (%zu bytes of shared memory)%s%s%s%s\n",
-              prop.name, sms, layers, d_slots, e_slots, smem, no_deps ? ", no dependencies" : "",
-              hint ? "" : ", no L2 hint", interleave ? ", interleaved slots" : "", no_compute ? ", no products" : "");
+  if (use_v2)
+    std::printf("%s, %d SMs: %d layers, v2: %d CTAs an SM, %d-stage rings of 2 KB a warp, %s products (%zu bytes of "
+                "shared memory a CTA)\n",
+                prop.name, sms, layers, v2_per_sm, v2_stages, v2_core ? "CUDA-core" : "tensor-core", smem);
+  else
+    std::printf("%s, %d SMs: %d layers, D ring %d x 8 KB, E ring %d x 8 KB (%zu bytes of shared memory)%s%s%s%s\n",
+                prop.name, sms, layers, d_slots, e_slots, smem, no_deps ? ", no dependencies" : "",
+                hint ? "" : ", no L2 hint", interleave ? ", interleaved slots" : "", no_compute ? ", no products" : "");
   if (producer_sleep > 0) std::printf("producer lanes back off %d ns when they cannot issue\n", producer_sleep);
   std::printf("step %.1f us, %.2f us a layer, %.1f MB read: %.3f TB/s, %.2f x the floor (%.1f us at %.1f TB/s)\n",
               s * 1e6, s * 1e6 / layers, bytes * 1e-6, bytes / s * 1e-12, s / floor_s, floor_s * 1e6, kReadTBs);
   {  // every CTA's stage starts and work-done times of the last run, layers 1.. (layer 0 starts cold)
-    const auto ck = down_load(p.clocks, size_t(sms) * L * kStages * 2);
+    const auto ck = down_load(p.clocks, size_t(grid) * L * kStages * 2);
     auto at = [&](int cta, int l, int st2, int k) { return ck[((size_t(cta) * L + size_t(l)) * kStages + size_t(st2)) * 2 + size_t(k)]; };
     const char* names[kStages] = {"qkv", "attn", "merge", "o", "route+gu", "down"};
-    std::printf("us a layer (mean over layers%s): stage, work (start -> done) mean / max over CTAs, then from the last "
-                "CTA's done to the mean start of the next stage\n", layers > 1 ? " 1.." : "");
+    std::printf("us a layer (mean over layers%s): stage, work (%s -> done) mean / max over CTAs, then from the last "
+                "CTA's done to the mean start of the next stage, and the span (the stage's last done after the stage "
+                "before's)\n", layers > 1 ? " 1.." : "", use_v2 ? "input staged" : "start");
+    auto last_done_of = [&](int l, int st2) {
+      unsigned long long d = 0;
+      for (int cta = 0; cta < grid; ++cta) d = std::max(d, at(cta, l, st2, 1));
+      return d;
+    };
     for (int st2 = 0; st2 < kStages; ++st2) {
-      double work = 0, wmax = 0, gap = 0;
-      int n = 0, nl = 0;
+      double work = 0, wmax = 0, gap = 0, span = 0;
+      int n = 0, nl = 0, ns = 0;
       for (int l = layers > 1 ? 1 : 0; l < layers; ++l) {
         unsigned long long last_done = 0;
         double next = 0;
         int nn = 0;
-        for (int cta = 0; cta < sms; ++cta) {
+        const unsigned long long before = st2 > 0 ? last_done_of(l, st2 - 1) : last_done_of(l - 1, kStages - 1);
+        if (const unsigned long long d = last_done_of(l, st2); before != 0 && d > before)
+          span += double(d - before) * 1e-3, ++ns;
+        for (int cta = 0; cta < grid; ++cta) {
           const unsigned long long a = at(cta, l, st2, 0), d = at(cta, l, st2, 1);
           if (a == 0 || d < a) continue;  // a stage this CTA has no part in
           work += double(d - a) * 1e-3, wmax = std::max(wmax, double(d - a) * 1e-3), ++n;
@@ -710,15 +1009,15 @@ static int run(int argc, char** argv) {
         }
         const int nst = st2 + 1 < kStages ? st2 + 1 : 0, nlay = st2 + 1 < kStages ? l : l + 1;
         if (nlay >= layers) continue;
-        for (int cta = 0; cta < sms; ++cta)
+        for (int cta = 0; cta < grid; ++cta)
           if (const unsigned long long a = at(cta, nlay, nst, 0); a != 0) next += double(a), ++nn;
         if (nn) gap += (next / nn - double(last_done)) * 1e-3, ++nl;
       }
-      std::printf("  %-9s work %6.2f / %6.2f   to the next stage %6.2f\n", names[st2], n ? work / n : 0.0, wmax,
-                  nl ? gap / nl : 0.0);
+      std::printf("  %-9s work %6.2f / %6.2f   to the next stage %6.2f   span %6.2f\n", names[st2], n ? work / n : 0.0,
+                  wmax, nl ? gap / nl : 0.0, ns ? span / ns : 0.0);
     }
   }
-  {  // CTA 0's expert items of layer 1: issue and landing times from the first issue (us)
+  if (!use_v2) {  // CTA 0's expert items of layer 1: issue and landing times from the first issue (us)
     const auto ic = down_load(p.item_clocks, size_t(2 * kMaxE));
     const unsigned long long t0 = ic[0];
     std::printf("CTA 0, layer %d's expert items, us from the first issue: issued / landed (latency)\n ",
