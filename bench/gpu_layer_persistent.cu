@@ -28,9 +28,10 @@
 // ranges far apart; --no-compute: the consumers wait for each slot and release it without its products (the copy
 // side's own rate); --producer-sleep NS: a producer lane that cannot issue backs off NS ns instead of spinning.
 //   gpu_layer_persistent [--layers 8] [--reps 20] [--d-slots 8] [--e-slots 16] [--no-check] [--no-deps] [--no-hint] [--interleave] [--no-compute] [--producer-sleep NS]
-// --v2 [--stages 4|8|12] [--per-sm 1|2] [--core] (session 67): the same layer and check with the served kernels'
-// streaming instead (see v2 below): every warp its own cp.async ring of S 2 KB slices, whole-K row blocks of 16 rows,
-// tensor-core products (--core: CUDA-core), 1 or 2 CTAs an SM (2: S 4 only fits).
+// --v2 [--stages 4|8|12] [--per-sm 1|2] [--core] [--early-route] (session 67): the same layer and check with the served
+// kernels' streaming instead (see v2 below): every warp its own cp.async ring of S 2 KB slices, whole-K row blocks of
+// 16 rows, tensor-core products (--core: CUDA-core), 1 or 2 CTAs an SM (2: S 4 only fits); --early-route: a block
+// routes once the router rows are complete, so the experts' rows stream while o_proj completes.
 // Prints the step time, us a layer, TB/s over the bytes read, x the read floor (4.6 TB/s), each stage's work (start
 // to done) over the CTAs, CTA 0's expert copies of layer 1 (issue, landing), and checks every stage of every layer
 // against the CPU (from the GPU's own inputs to the stage). A benchmark, not a test: the figures go to docs/PERF.md.
@@ -81,8 +82,8 @@ constexpr int kMaxRing = 24, kMaxD = 48, kMaxE = 96, kMaxLayers = 48, kOwnRowsMa
 constexpr int kRowsQkv = kSlot / (kH * 2), kRowsO = kSlot / (kQ * 2), kRowsGu = kSlot / (kH * 2),
               kRowsDown = kSlot / (kI * 2);  // 2, 1, 2, 5 rows a slot
 constexpr int kRowsMax = kRowsDown;
-constexpr int kStages = 6;
-enum Stage { kStQkv, kStAttn, kStMerge, kStO, kStGu, kStDown };
+constexpr int kStages = 7;
+enum Stage { kStQkv, kStAttn, kStMerge, kStRouter, kStO, kStGu, kStDown };  // (kStRouter: v2's; v1's o has it)
 enum Kind : short { kKindQkv, kKindKv, kKindO, kKindGu, kKindDown };
 constexpr int kXsElems = kTopK * kI;  // the largest staged input: the 8 experts' activations
 constexpr double kReadTBs = 4.6;      // bench/gpu_read_bw, H200 (session 20)
@@ -107,6 +108,7 @@ struct Params {
   unsigned long long* item_clocks;             // [2][kMaxE]: CTA 0's issue and landing time of layer 1's E items
   int hint;                                    // 1: weight copies with the L2 evict_first policy
   unsigned epoch;
+  int early_route;  // v2: a block routes as soon as the router rows are complete, during o_proj (else after it)
 };
 
 struct SlotDesc {
@@ -576,9 +578,13 @@ using bench_ring::kSliceElems;
 using bench_ring::kSliceK;
 constexpr int kRb = bench_ring::kRows;  // 16 rows a row block
 static_assert(bench_ring::kWarps == kConsumerWarps, "v2 runs the ring's 8 warps as the consumers");
-constexpr int kOpsLayer = 4;  // q/k/v, o_proj (+ router rows), the experts' gate/up, their down (K: 8 experts x 768)
-__host__ __device__ constexpr int op_rows(int k) { return k == 0 ? kQkv : k == 1 ? kORows : k == 2 ? kTopK * kGu : kH; }
-__host__ __device__ constexpr int op_k(int k) { return k == 0 ? kH : k == 1 ? kQ : k == 2 ? kH : kTopK * kI; }
+// The ops of a layer: q/k/v, the router rows (o_proj's rows 2048.., the router stand-in), o_proj, the experts' gate/up,
+// their down (K: 8 experts x 768).
+enum Kind2 { kOpQkv, kOpRouter, kOpO, kOpGu, kOpDown, kOpsLayer };
+__host__ __device__ constexpr int op_rows(int k) {
+  return k == kOpQkv ? kQkv : k == kOpRouter ? kORows - kH : k == kOpO ? kH : k == kOpGu ? kTopK * kGu : kH;
+}
+__host__ __device__ constexpr int op_k(int k) { return k == kOpQkv || k == kOpGu ? kH : k == kOpDown ? kTopK * kI : kQ; }
 __host__ __device__ constexpr int op_rbs(int k) { return op_rows(k) / kRb; }
 __host__ __device__ constexpr int op_prefix(int k) { return k == 0 ? 0 : op_prefix(k - 1) + op_rbs(k - 1); }
 constexpr int kLayerRbs = op_prefix(kOpsLayer);  // 1,352
@@ -642,14 +648,15 @@ __global__ void __launch_bounds__(kConsumers, S <= 5 ? 2 : 1) layer_kernel(const
   auto issue = [&]() -> bool {
     if (pc.op >= end_op || issued - consumed >= S) return false;
     const int l = pc.op / kOpsLayer, kind = pc.op % kOpsLayer, ks = warp + kConsumerWarps * pc.u;
-    if (kind >= 2 && *reinterpret_cast<volatile int*>(&routed) != l + 1) return false;
+    if (kind >= kOpGu && *reinterpret_cast<volatile int*>(&routed) != l + 1) return false;
     const bf16* src;
     int ld = kH;
-    if (kind == 0) {
+    if (kind == kOpQkv) {
       src = p.wqkv + (size_t(l) * kQkv + pc.rb * kRb) * kH + ks * kSliceK;
-    } else if (kind == 1) {
-      src = p.wo + (size_t(l) * kORows + pc.rb * kRb) * kQ + ks * kSliceK, ld = kQ;
-    } else if (kind == 2) {  // row block rb: rows [16 (rb % 96), +16) of expert slot rb / 96's gate/up
+    } else if (kind == kOpRouter || kind == kOpO) {
+      const int row0 = (kind == kOpRouter ? kH : 0) + pc.rb * kRb;
+      src = p.wo + (size_t(l) * kORows + row0) * kQ + ks * kSliceK, ld = kQ;
+    } else if (kind == kOpGu) {  // row block rb: rows [16 (rb % 96), +16) of expert slot rb / 96's gate/up
       const int j = pc.rb / (kGu / kRb), row0 = pc.rb % (kGu / kRb) * kRb;
       src = p.wgu + ((size_t(l) * kExperts + ids_s[j]) * kGu + row0) * kH + ks * kSliceK;
     } else {  // k slice ks: slice ks % 12 of expert slot ks / 12's down rows
@@ -668,17 +675,21 @@ __global__ void __launch_bounds__(kConsumers, S <= 5 ? 2 : 1) layer_kernel(const
   auto stamp = [&](int l, int s, int what) {
     if (threadIdx.x == 0) clock_at(l, s)[what] = global_ns();
   };
+  // Waits until `cnt` has `units` this run; a wait of over 2 s traps (a broken count fails the launch, never hangs).
   auto wait_for = [&](const unsigned* cnt, int units) {
-    if (threadIdx.x == 0)
-      while (ld_acquire(cnt) < p.epoch * unsigned(units)) {
-      }
+    if (threadIdx.x == 0) {
+      const unsigned long long t0 = global_ns();
+      while (ld_acquire(cnt) < p.epoch * unsigned(units))
+        if (global_ns() - t0 > 2000000000ull) __trap();
+    }
     __syncthreads();
   };
   Cursor cc = first_item(0);
   float acc = 0.f, c4[4] = {0.f, 0.f, 0.f, 0.f};
   const int r = lane >> 1, h2 = lane & 1;
-  // This block's row blocks of op `op`: each row's sum to out(row, sum), each row block counted on `cnt`.
-  auto consume_op = [&](int op, unsigned* cnt, auto out) {
+  // This block's row blocks of op `op`: each row's sum to out(row, sum), each row block counted on `cnt`, then
+  // after_rb() (the same in every thread).
+  auto consume_op = [&](int op, unsigned* cnt, auto out, auto after_rb) {
     const int kind = op % kOpsLayer;
     while (cc.op == op) {
       if (issued <= consumed) __trap();  // (a slice consumed before it was issued: a broken schedule, made loud)
@@ -687,7 +698,7 @@ __global__ void __launch_bounds__(kConsumers, S <= 5 ? 2 : 1) layer_kernel(const
       const bf16* sl = my_ring + (consumed % S) * kSliceElems;
       const int ks = warp + kConsumerWarps * cc.u;
       const bf16* xk = xs + ks * kSliceK;
-      if (kind == 3) {  // each expert's products weighted by its routing weight
+      if (kind == kOpDown) {  // each expert's products weighted by its routing weight
         const float wj = wts_s[ks / kSlicesDown];
         if (MMA) {
           float t[4] = {0.f, 0.f, 0.f, 0.f};
@@ -711,7 +722,25 @@ __global__ void __launch_bounds__(kConsumers, S <= 5 ? 2 : 1) layer_kernel(const
       if (threadIdx.x < kRb) out(item.rb * kRb + int(threadIdx.x), bench_ring::warp_rows_sum(partial, threadIdx.x));
       __syncthreads();
       if (threadIdx.x == 0) count_add(cnt);
+      after_rb();
     }
+  };
+  auto nothing = [] {};
+  __shared__ int router_done;  // thread 0's view of the router rows' count, for the whole block
+  // Routes layer l unless this block already has: when `poll` only if the router rows are complete (no wait).
+  auto route = [&](int l, const unsigned* router_cnt, bool poll) {
+    if (routed == l + 1) return;
+    if (poll) {
+      if (threadIdx.x == 0) router_done = ld_acquire(router_cnt) >= p.epoch * unsigned(op_rbs(kOpRouter));
+      __syncthreads();
+      if (!router_done) return;
+    } else {
+      wait_for(router_cnt, op_rbs(kOpRouter));
+    }
+    route_top8(p, l, c, p.o + size_t(l) * kORows, ids_s, wts_s, &routed);
+    __syncthreads();
+    while (issue()) {
+    }  // the experts' rows may go now
   };
   for (int l = 0; l < L; ++l) {
     unsigned* cnt = p.cnt + l * kStages;
@@ -720,10 +749,10 @@ __global__ void __launch_bounds__(kConsumers, S <= 5 ? 2 : 1) layer_kernel(const
     const int op0 = kOpsLayer * l;
     // q/k/v
     if (cc.op == op0) {
-      if (l > 0) wait_for(p.cnt + (l - 1) * kStages + kStDown, op_rbs(3));
+      if (l > 0) wait_for(p.cnt + (l - 1) * kStages + kStDown, op_rbs(kOpDown));
       stage_norm(h, nullptr, xs, red);
       stamp(l, kStQkv, 0);
-      consume_op(op0, cnt + kStQkv, [&](int n, float y) { p.qkv[size_t(l) * kQkv + n] = y; });
+      consume_op(op0, cnt + kStQkv, [&](int n, float y) { p.qkv[size_t(l) * kQkv + n] = y; }, nothing);
       stamp(l, kStQkv, 1);
     }
     // attention: the part's cached keys and values loaded before the wait for q/k/v
@@ -732,7 +761,7 @@ __global__ void __launch_bounds__(kConsumers, S <= 5 ? 2 : 1) layer_kernel(const
       constexpr int kChunks = kKeysPart * kDim / 8;  // 16-byte chunks of K (and of V): 256, one a thread
       static_assert(kChunks == kConsumers, "one K and one V chunk a thread");
       const uint4 kr = ld_early(p.kc + off + threadIdx.x * 8), vr = ld_early(p.vc + off + threadIdx.x * 8);
-      wait_for(cnt + kStQkv, op_rbs(0));
+      wait_for(cnt + kStQkv, op_rbs(kOpQkv));
       reinterpret_cast<uint4*>(kv)[threadIdx.x] = kr;
       reinterpret_cast<uint4*>(kv)[kChunks + threadIdx.x] = vr;
       stamp(l, kStAttn, 0);
@@ -747,34 +776,50 @@ __global__ void __launch_bounds__(kConsumers, S <= 5 ? 2 : 1) layer_kernel(const
       if (threadIdx.x == 0) count_add(cnt + kStMerge);
       stamp(l, kStMerge, 1);
     }
-    // o_proj (+ the router rows)
-    if (cc.op == op0 + 1) {
+    // the router rows, then o_proj; with early_route the block routes as soon as the router rows are complete (at
+    // the start of o_proj or after any of its row blocks), so that the experts' rows stream while o_proj completes
+    // (top-k is scale-free: a real router's ids come from logits before the norm's scale, known once o_proj is)
+    bool staged = false;
+    auto stage_attn = [&] {
       wait_for(cnt + kStMerge, kAttnCtas);
       for (int i = threadIdx.x; i < kQ / 8; i += kConsumers)
         reinterpret_cast<uint4*>(xs)[i] = __ldcg(reinterpret_cast<const uint4*>(p.attn + size_t(l) * kQ) + i);
       __syncthreads();
+      staged = true;
+    };
+    if (cc.op == op0 + kOpRouter) {
+      stage_attn();
+      stamp(l, kStRouter, 0);
+      consume_op(op0 + kOpRouter, cnt + kStRouter, [&](int n, float y) { p.o[size_t(l) * kORows + kH + n] = y; },
+                 nothing);
+      stamp(l, kStRouter, 1);
+    }
+    auto try_route = [&] {
+      if (p.early_route) route(l, cnt + kStRouter, true);
+    };
+    if (cc.op == op0 + kOpO) {
+      if (!staged) stage_attn();
       stamp(l, kStO, 0);
-      consume_op(op0 + 1, cnt + kStO, [&](int n, float y) { p.o[size_t(l) * kORows + n] = y; });
+      try_route();
+      consume_op(op0 + kOpO, cnt + kStO, [&](int n, float y) { p.o[size_t(l) * kORows + n] = y; }, try_route);
       stamp(l, kStO, 1);
     }
-    // route, then the experts' gate/up (every block has some of its 768 row blocks: G <= 768)
-    wait_for(cnt + kStO, op_rbs(1));
-    route_top8(p, l, c, o, ids_s, wts_s, &routed);
-    stage_norm(h, o, xs, red);  // (its barriers also publish the routing to every warp)
-    while (issue()) {
-    }  // the experts' rows may go now
+    // the experts' gate/up (every block has some of their 768 row blocks: G <= 768), routed by now
+    route(l, cnt + kStRouter, false);
+    wait_for(cnt + kStO, op_rbs(kOpO));
+    stage_norm(h, o, xs, red);
     stamp(l, kStGu, 0);
-    consume_op(op0 + 2, cnt + kStGu, [&](int n, float y) { p.gu[size_t(l) * kTopK * kGu + n] = y; });
+    consume_op(op0 + kOpGu, cnt + kStGu, [&](int n, float y) { p.gu[size_t(l) * kTopK * kGu + n] = y; }, nothing);
     stamp(l, kStGu, 1);
     // down, weighted by the routing, plus the residual and o_proj's output
-    if (cc.op == op0 + 3) {
-      wait_for(cnt + kStGu, op_rbs(2));
+    if (cc.op == op0 + kOpDown) {
+      wait_for(cnt + kStGu, op_rbs(kOpGu));
       stage_act(p, l, xs);
       __syncthreads();
       stamp(l, kStDown, 0);
-      consume_op(op0 + 3, cnt + kStDown, [&](int n, float y) {
-        p.h[size_t(l + 1) * kH + n] = __ldcg(h + n) + __ldcg(o + n) + y;
-      });
+      consume_op(
+          op0 + kOpDown, cnt + kStDown,
+          [&](int n, float y) { p.h[size_t(l + 1) * kH + n] = __ldcg(h + n) + __ldcg(o + n) + y; }, nothing);
       stamp(l, kStDown, 1);
     }
   }
@@ -832,13 +877,14 @@ std::vector<float> cpu_norm(const std::vector<float>& a, const float* b) {
 
 static const char* const kUsage =
     "usage: gpu_layer_persistent [--layers 8] [--reps 20] [--d-slots 8] [--e-slots 16] [--no-check] [--no-deps] "
-    "[--no-hint] [--interleave] [--no-compute] [--producer-sleep NS] | [--v2 [--stages 4|8|12] [--per-sm 1|2] [--core]]";
+    "[--no-hint] [--interleave] [--no-compute] [--producer-sleep NS] | [--v2 [--stages 4|8|12] [--per-sm 1|2] [--core] "
+    "[--early-route]]";
 
 static int run(int argc, char** argv) {
   int layers = 8, reps = 20, d_slots = 8, e_slots = 16;
   bool check = true;
   int no_deps = 0, hint = 1, interleave = 0, no_compute = 0, producer_sleep = 0;
-  bool use_v2 = false, v2_core = false;
+  bool use_v2 = false, v2_core = false, early_route = false;
   int v2_stages = 8, v2_per_sm = 1;
   for (int i = 1; i < argc; ++i) {
     const std::string s = argv[i];
@@ -856,6 +902,7 @@ static int run(int argc, char** argv) {
     else if (s == "--stages" && i + 1 < argc) v2_stages = std::atoi(argv[++i]);
     else if (s == "--per-sm" && i + 1 < argc) v2_per_sm = std::atoi(argv[++i]);
     else if (s == "--core") v2_core = true;
+    else if (s == "--early-route") early_route = true;
     else {
       std::fprintf(stderr, "%s\n", kUsage);
       return 2;
@@ -866,6 +913,10 @@ static int run(int argc, char** argv) {
       d_slots + e_slots > 32) {
     std::fprintf(stderr, "--layers 1..%d, --reps >= 1, --d-slots / --e-slots multiples of 8 up to %d, 32 together\n", kMaxLayers,
                  kMaxRing);
+    return 2;
+  }
+  if (early_route && !use_v2) {
+    std::fprintf(stderr, "--early-route is v2's\n");
     return 2;
   }
   if (use_v2 && ((v2_stages != 4 && v2_stages != 8 && v2_stages != 12) || v2_per_sm < 1 || v2_per_sm > 2 || no_deps ||
@@ -931,6 +982,7 @@ static int run(int argc, char** argv) {
   MS_CUDA_CHECK(cudaStreamSynchronize(st));
   p.layers = layers, p.d_slots = d_slots, p.e_slots = e_slots, p.no_deps = no_deps, p.hint = hint;
   p.interleave = interleave, p.no_compute = no_compute, p.producer_sleep = std::max(0, producer_sleep);
+  p.early_route = early_route ? 1 : 0;
   if (no_compute) check = false;
   if (no_deps) check = false;  // the stages then read inputs not yet written
 
@@ -969,9 +1021,10 @@ static int run(int argc, char** argv) {
   moeserve::bench::GpuTimer t;
   const double s = t.best(reps, once, st);
   if (use_v2)
-    std::printf("%s, %d SMs: %d layers, v2: %d CTAs an SM, %d-stage rings of 2 KB a warp, %s products (%zu bytes of "
-                "shared memory a CTA)\n",
-                prop.name, sms, layers, v2_per_sm, v2_stages, v2_core ? "CUDA-core" : "tensor-core", smem);
+    std::printf("%s, %d SMs: %d layers, v2: %d CTAs an SM, %d-stage rings of 2 KB a warp, %s products, %s route (%zu "
+                "bytes of shared memory a CTA)\n",
+                prop.name, sms, layers, v2_per_sm, v2_stages, v2_core ? "CUDA-core" : "tensor-core",
+                early_route ? "early" : "late", smem);
   else
     std::printf("%s, %d SMs: %d layers, D ring %d x 8 KB, E ring %d x 8 KB (%zu bytes of shared memory)%s%s%s%s\n",
                 prop.name, sms, layers, d_slots, e_slots, smem, no_deps ? ", no dependencies" : "",
@@ -982,7 +1035,7 @@ static int run(int argc, char** argv) {
   {  // every CTA's stage starts and work-done times of the last run, layers 1.. (layer 0 starts cold)
     const auto ck = down_load(p.clocks, size_t(grid) * L * kStages * 2);
     auto at = [&](int cta, int l, int st2, int k) { return ck[((size_t(cta) * L + size_t(l)) * kStages + size_t(st2)) * 2 + size_t(k)]; };
-    const char* names[kStages] = {"qkv", "attn", "merge", "o", "route+gu", "down"};
+    const char* names[kStages] = {"qkv", "attn", "merge", "router", "o", use_v2 ? "gu" : "route+gu", "down"};
     std::printf("us a layer (mean over layers%s): stage, work (%s -> done) mean / max over CTAs, then from the last "
                 "CTA's done to the mean start of the next stage, and the span (the stage's last done after the stage "
                 "before's)\n", layers > 1 ? " 1.." : "", use_v2 ? "input staged" : "start");
@@ -998,7 +1051,8 @@ static int run(int argc, char** argv) {
         unsigned long long last_done = 0;
         double next = 0;
         int nn = 0;
-        const unsigned long long before = st2 > 0 ? last_done_of(l, st2 - 1) : last_done_of(l - 1, kStages - 1);
+        unsigned long long before = 0;  // the last done of the latest stage before with clocks (v1 has no router)
+        for (int b = st2 - 1; b >= -1 && before == 0; --b) before = b >= 0 ? last_done_of(l, b) : last_done_of(l - 1, kStages - 1);
         if (const unsigned long long d = last_done_of(l, st2); before != 0 && d > before)
           span += double(d - before) * 1e-3, ++ns;
         for (int cta = 0; cta < grid; ++cta) {
