@@ -29,12 +29,15 @@ struct Cursor {
   int op, rb, u;
 };
 
-// One warp's 64-k slice of 16 rows (row r at src + r K) into its ring stage, swizzled; !ok: a zero fill.
-__device__ __forceinline__ void load_slice(bf16* dst, const bf16* src, int ld, bool ok, int lane, const bf16* any) {
+// One warp's 64-k slice of 16 rows (row r at src + r K) into its ring stage, swizzled; !ok: a zero fill. hint: the
+// copies with the L2 policy `policy` (moe_ptx::l2_evict_first_policy(), as the served weight streams), else none.
+__device__ __forceinline__ void load_slice(bf16* dst, const bf16* src, int ld, bool ok, int lane, const bf16* any,
+                                           bool hint = false, unsigned long long policy = 0) {
 #pragma unroll
   for (int m = 0; m < 4; ++m) {
     const int id = lane + 32 * m, r = id >> 3, c = id & 7;
-    cp_async16(dst + r * kSliceK + ((c ^ (r & 7)) << 3), ok ? src + int64_t(r) * ld + 8 * c : any, ok);
+    moe_ptx::cp_async16_hint(dst + r * kSliceK + ((c ^ (r & 7)) << 3), ok ? src + int64_t(r) * ld + 8 * c : any, ok,
+                             hint, policy);
   }
   cp_async_commit();
 }

@@ -31,7 +31,8 @@
 // --v2 [--stages 4|8|12] [--per-sm 1|2] [--core] [--early-route] (session 67): the same layer and check with the served
 // kernels' streaming instead (see v2 below): every warp its own cp.async ring of S 2 KB slices, whole-K row blocks of
 // 16 rows, tensor-core products (--core: CUDA-core), 1 or 2 CTAs an SM (2: S 4 only fits); --early-route: a block
-// routes once the router rows are complete, so the experts' rows stream while o_proj completes.
+// routes once the router rows are complete, so the experts' rows stream while o_proj completes; --no-hint: the weight
+// copies without the L2 evict_first policy (the served streams' default, v2's too).
 // Prints the step time, us a layer, TB/s over the bytes read, x the read floor (4.6 TB/s), each stage's work (start
 // to done) over the CTAs, CTA 0's expert copies of layer 1 (issue, landing), and checks every stage of every layer
 // against the CPU (from the GPU's own inputs to the stage). A benchmark, not a test: the figures go to docs/PERF.md.
@@ -643,6 +644,7 @@ __global__ void __launch_bounds__(kConsumers, S <= 5 ? 2 : 1) layer_kernel(const
   };
   Cursor pc = first_item(0);  // the warp's next slice to issue
   int issued = 0, consumed = 0;
+  const unsigned long long policy = moe_ptx::l2_evict_first_policy();  // (the served weight streams' hint)
   // Issues the warp's next slice; false when the ring is full, all is issued, or the slice is an expert's of a layer
   // this block has not routed yet.
   auto issue = [&]() -> bool {
@@ -663,7 +665,7 @@ __global__ void __launch_bounds__(kConsumers, S <= 5 ? 2 : 1) layer_kernel(const
       const int j = ks / kSlicesDown;
       src = p.wd + ((size_t(l) * kExperts + ids_s[j]) * kH + pc.rb * kRb) * kI + ks % kSlicesDown * kSliceK, ld = kI;
     }
-    bench_ring::load_slice(my_ring + (issued % S) * kSliceElems, src, ld, true, lane, src);
+    bench_ring::load_slice(my_ring + (issued % S) * kSliceElems, src, ld, true, lane, src, p.hint != 0, policy);
     ++issued;
     advance(pc);
     return true;
@@ -920,9 +922,9 @@ static int run(int argc, char** argv) {
     return 2;
   }
   if (use_v2 && ((v2_stages != 4 && v2_stages != 8 && v2_stages != 12) || v2_per_sm < 1 || v2_per_sm > 2 || no_deps ||
-                 no_compute || interleave || producer_sleep || !hint)) {
-    std::fprintf(stderr, "--v2 takes --stages 4, 8 or 12 and --per-sm 1 or 2 (--no-deps, --no-compute, --interleave, "
-                         "--producer-sleep and --no-hint are v1's)\n");
+                 no_compute || interleave || producer_sleep)) {
+    std::fprintf(stderr, "--v2 takes --stages 4, 8 or 12 and --per-sm 1 or 2 (--no-deps, --no-compute, --interleave "
+                         "and --producer-sleep are v1's)\n");
     return 2;
   }
   int dev = 0, sms = 0;
@@ -1021,10 +1023,10 @@ static int run(int argc, char** argv) {
   moeserve::bench::GpuTimer t;
   const double s = t.best(reps, once, st);
   if (use_v2)
-    std::printf("%s, %d SMs: %d layers, v2: %d CTAs an SM, %d-stage rings of 2 KB a warp, %s products, %s route (%zu "
-                "bytes of shared memory a CTA)\n",
+    std::printf("%s, %d SMs: %d layers, v2: %d CTAs an SM, %d-stage rings of 2 KB a warp, %s products, %s route%s "
+                "(%zu bytes of shared memory a CTA)\n",
                 prop.name, sms, layers, v2_per_sm, v2_stages, v2_core ? "CUDA-core" : "tensor-core",
-                early_route ? "early" : "late", smem);
+                early_route ? "early" : "late", hint ? "" : ", no L2 hint", smem);
   else
     std::printf("%s, %d SMs: %d layers, D ring %d x 8 KB, E ring %d x 8 KB (%zu bytes of shared memory)%s%s%s%s\n",
                 prop.name, sms, layers, d_slots, e_slots, smem, no_deps ? ", no dependencies" : "",
