@@ -32,7 +32,8 @@
 // kernels' streaming instead (see v2 below): every warp its own cp.async ring of S 2 KB slices, whole-K row blocks of
 // 16 rows, tensor-core products (--core: CUDA-core), 1 or 2 CTAs an SM (2: S 4 only fits); --early-route: a block
 // routes once the router rows are complete, so the experts' rows stream while o_proj completes; --no-hint: the weight
-// copies without the L2 evict_first policy (the served streams' default, v2's too).
+// copies without the L2 evict_first policy (the served streams' default, v2's too); --graph: each run a CUDA graph
+// replay (a memset node zeroing the counters, the kernel as a captured cooperative launch), as an engine would run it.
 // Prints the step time, us a layer, TB/s over the bytes read, x the read floor (4.6 TB/s), each stage's work (start
 // to done) over the CTAs, CTA 0's expert copies of layer 1 (issue, landing), and checks every stage of every layer
 // against the CPU (from the GPU's own inputs to the stage). A benchmark, not a test: the figures go to docs/PERF.md.
@@ -880,13 +881,13 @@ std::vector<float> cpu_norm(const std::vector<float>& a, const float* b) {
 static const char* const kUsage =
     "usage: gpu_layer_persistent [--layers 8] [--reps 20] [--d-slots 8] [--e-slots 16] [--no-check] [--no-deps] "
     "[--no-hint] [--interleave] [--no-compute] [--producer-sleep NS] | [--v2 [--stages 4|8|12] [--per-sm 1|2] [--core] "
-    "[--early-route]]";
+    "[--early-route] [--graph]]";
 
 static int run(int argc, char** argv) {
   int layers = 8, reps = 20, d_slots = 8, e_slots = 16;
   bool check = true;
   int no_deps = 0, hint = 1, interleave = 0, no_compute = 0, producer_sleep = 0;
-  bool use_v2 = false, v2_core = false, early_route = false;
+  bool use_v2 = false, v2_core = false, early_route = false, use_graph = false;
   int v2_stages = 8, v2_per_sm = 1;
   for (int i = 1; i < argc; ++i) {
     const std::string s = argv[i];
@@ -905,6 +906,7 @@ static int run(int argc, char** argv) {
     else if (s == "--per-sm" && i + 1 < argc) v2_per_sm = std::atoi(argv[++i]);
     else if (s == "--core") v2_core = true;
     else if (s == "--early-route") early_route = true;
+    else if (s == "--graph") use_graph = true;
     else {
       std::fprintf(stderr, "%s\n", kUsage);
       return 2;
@@ -917,8 +919,8 @@ static int run(int argc, char** argv) {
                  kMaxRing);
     return 2;
   }
-  if (early_route && !use_v2) {
-    std::fprintf(stderr, "--early-route is v2's\n");
+  if ((early_route || use_graph) && !use_v2) {
+    std::fprintf(stderr, "--early-route and --graph are v2's\n");
     return 2;
   }
   if (use_v2 && ((v2_stages != 4 && v2_stages != 8 && v2_stages != 12) || v2_per_sm < 1 || v2_per_sm > 2 || no_deps ||
@@ -1015,18 +1017,45 @@ static int run(int argc, char** argv) {
     void* args[] = {&p};
     MS_CUDA_CHECK(cudaLaunchCooperativeKernel(kernel, dim3(unsigned(grid)), dim3(unsigned(threads)), args, smem, st));
   };
+  // --graph (v2): the step as a served step would run it - a CUDA graph of a memset node that zeroes the counters and
+  // the kernel as a cooperative kernel node (cudaLaunchKernelEx with the cooperative attribute, captured), epoch 1.
+  cudaGraphExec_t graph_exec = nullptr;
+  if (use_graph) {
+    p.epoch = 1;
+    cudaGraph_t g = nullptr;
+    MS_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    MS_CUDA_CHECK(cudaMemsetAsync(p.cnt, 0, L * kStages * 4, st));
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(unsigned(grid));
+    cfg.blockDim = dim3(unsigned(threads));
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st;
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeCooperative;
+    attr.val.cooperative = 1;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    void* args[] = {&p};
+    const cudaError_t launched = cudaLaunchKernelExC(&cfg, kernel, args);
+    const cudaError_t ended = cudaStreamEndCapture(st, &g);
+    MS_CUDA_CHECK(launched);
+    MS_CUDA_CHECK(ended);
+    MS_CUDA_CHECK(cudaGraphInstantiate(&graph_exec, g, 0));
+    MS_CUDA_CHECK(cudaGraphDestroy(g));
+  }
+  auto replay = [&] { MS_CUDA_CHECK(cudaGraphLaunch(graph_exec, st)); };
   // Bytes a step reads: q/k/v, o (+ router stand-in), the 8 experts' gate/up and down rows, the keys and values.
   const double bytes =
       double(layers) * 2.0 * (double(kQkv) * kH + double(kORows) * kQ + kTopK * (double(kGu) * kH + double(kH) * kI) +
                               2.0 * kKvHeads * kCtx * kDim);
   const double floor_s = bytes / (kReadTBs * 1e12);
   moeserve::bench::GpuTimer t;
-  const double s = t.best(reps, once, st);
+  const double s = use_graph ? t.best(reps, replay, st) : t.best(reps, once, st);
   if (use_v2)
     std::printf("%s, %d SMs: %d layers, v2: %d CTAs an SM, %d-stage rings of 2 KB a warp, %s products, %s route%s "
-                "(%zu bytes of shared memory a CTA)\n",
+                "(%zu bytes of shared memory a CTA)%s\n",
                 prop.name, sms, layers, v2_per_sm, v2_stages, v2_core ? "CUDA-core" : "tensor-core",
-                early_route ? "early" : "late", hint ? "" : ", no L2 hint", smem);
+                early_route ? "early" : "late", hint ? "" : ", no L2 hint", smem, use_graph ? ", graph replays" : "");
   else
     std::printf("%s, %d SMs: %d layers, D ring %d x 8 KB, E ring %d x 8 KB (%zu bytes of shared memory)%s%s%s%s\n",
                 prop.name, sms, layers, d_slots, e_slots, smem, no_deps ? ", no dependencies" : "",
@@ -1173,6 +1202,7 @@ static int run(int argc, char** argv) {
     std::printf("check against the CPU: %d of %d values out of tolerance\n", ck.bad, ck.total);
     failures += ck.bad > 0;
   }
+  if (graph_exec != nullptr) cudaGraphExecDestroy(graph_exec);
   for (void* q : bufs) cudaFree(q);
   cudaStreamDestroy(st);
   if (failures) std::printf("FAILED\n");
