@@ -33,7 +33,8 @@
 // 16 rows, tensor-core products (--core: CUDA-core), 1 or 2 CTAs an SM (2: S 4 only fits); --early-route: a block
 // routes once the router rows are complete, so the experts' rows stream while o_proj completes; --no-hint: the weight
 // copies without the L2 evict_first policy (the served streams' default, v2's too); --graph: each run a CUDA graph
-// replay (a memset node zeroing the counters, the kernel as a captured cooperative launch), as an engine would run it.
+// replay (a memset node zeroing the counters, the kernel as a captured cooperative launch), as an engine would run it;
+// --no-compute: each slice waited for and released without its products (the loads' own rate in the layer; no check).
 // Prints the step time, us a layer, TB/s over the bytes read, x the read floor (4.6 TB/s), each stage's work (start
 // to done) over the CTAs, CTA 0's expert copies of layer 1 (issue, landing), and checks every stage of every layer
 // against the CPU (from the GPU's own inputs to the stage). A benchmark, not a test: the figures go to docs/PERF.md.
@@ -701,7 +702,8 @@ __global__ void __launch_bounds__(kConsumers, S <= 5 ? 2 : 1) layer_kernel(const
       const bf16* sl = my_ring + (consumed % S) * kSliceElems;
       const int ks = warp + kConsumerWarps * cc.u;
       const bf16* xk = xs + ks * kSliceK;
-      if (kind == kOpDown) {  // each expert's products weighted by its routing weight
+      if (p.no_compute) {  // (the loads' own rate: the slice is waited for and released, no products)
+      } else if (kind == kOpDown) {  // each expert's products weighted by its routing weight
         const float wj = wts_s[ks / kSlicesDown];
         if (MMA) {
           float t[4] = {0.f, 0.f, 0.f, 0.f};
@@ -924,9 +926,9 @@ static int run(int argc, char** argv) {
     return 2;
   }
   if (use_v2 && ((v2_stages != 4 && v2_stages != 8 && v2_stages != 12) || v2_per_sm < 1 || v2_per_sm > 2 || no_deps ||
-                 no_compute || interleave || producer_sleep)) {
-    std::fprintf(stderr, "--v2 takes --stages 4, 8 or 12 and --per-sm 1 or 2 (--no-deps, --no-compute, --interleave "
-                         "and --producer-sleep are v1's)\n");
+                 interleave || producer_sleep)) {
+    std::fprintf(stderr, "--v2 takes --stages 4, 8 or 12 and --per-sm 1 or 2 (--no-deps, --interleave and "
+                         "--producer-sleep are v1's)\n");
     return 2;
   }
   int dev = 0, sms = 0;
@@ -1054,8 +1056,9 @@ static int run(int argc, char** argv) {
   if (use_v2)
     std::printf("%s, %d SMs: %d layers, v2: %d CTAs an SM, %d-stage rings of 2 KB a warp, %s products, %s route%s "
                 "(%zu bytes of shared memory a CTA)%s\n",
-                prop.name, sms, layers, v2_per_sm, v2_stages, v2_core ? "CUDA-core" : "tensor-core",
-                early_route ? "early" : "late", hint ? "" : ", no L2 hint", smem, use_graph ? ", graph replays" : "");
+                prop.name, sms, layers, v2_per_sm, v2_stages,
+                no_compute ? "no" : v2_core ? "CUDA-core" : "tensor-core", early_route ? "early" : "late",
+                hint ? "" : ", no L2 hint", smem, use_graph ? ", graph replays" : "");
   else
     std::printf("%s, %d SMs: %d layers, D ring %d x 8 KB, E ring %d x 8 KB (%zu bytes of shared memory)%s%s%s%s\n",
                 prop.name, sms, layers, d_slots, e_slots, smem, no_deps ? ", no dependencies" : "",
