@@ -23,6 +23,7 @@ class Handler final : public nlohmann::json_sax<json> {
   bool binary(binary_t&) override { return fail("binary data is not JSON"); }
 
   bool start_object(std::size_t) override {
+    if (skip_ > 0) return ++skip_, true;  // inside a skipped entry: only counted
     if (mode_ != Mode::kDom) return nested("an object");
     if (model_field("vocab")) {
       out_.has_vocab = true;
@@ -45,6 +46,7 @@ class Handler final : public nlohmann::json_sax<json> {
     return close();
   }
   bool start_array(std::size_t) override {
+    if (skip_ > 0) return ++skip_, true;  // inside a skipped entry (a list there is no merge pair: fuzz_tokenizer_json)
     if (mode_ == Mode::kMerges) {
       mode_ = Mode::kMergePair;
       pair_.clear();
@@ -143,6 +145,7 @@ class Handler final : public nlohmann::json_sax<json> {
     return true;
   }
   bool close() {
+    MS_CHECK(!stack_.empty(), "tokenizer.json loader: a container closed that was never opened");
     stack_.pop_back();
     keys_.pop_back();
     return true;

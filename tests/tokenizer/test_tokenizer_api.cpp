@@ -220,6 +220,20 @@ TEST(Errors, BadFilesAreUserErrorsThatSayWhatIsWrong) {
   e = error_of([&] { Tokenizer::from_json_string(j.dump()); });
   EXPECT_TRUE(has(e, "non-integer id")) << e;
 
+  // Entries of the wrong kind with containers inside them are skipped whole (a list inside an object inside
+  // model.merges once unbalanced the loader's stack: fuzz_tokenizer_json), and the first one is reported.
+  for (const char* merges : {R"([{"version": "1.0", "added_tokens": [{"id": 0}], "more": [[1], {"a": [2]}]}])",
+                             R"(["a b", [["a"], "b"], "c d"])", R"([[{"x": [1, [2]]}, "b"]])"}) {
+    j = byte_tokenizer(nlohmann::json::array());
+    j["model"]["merges"] = nlohmann::json::parse(merges);
+    e = error_of([&] { Tokenizer::from_json_string(j.dump()); });
+    EXPECT_TRUE(has(e, "model.merges: an entry is")) << merges << ": " << e;
+  }
+  j = byte_tokenizer(nlohmann::json::array());
+  j["model"]["vocab"]["x"] = {{"ids", {1, {2, 3}}}, {"more", {{"a", {4}}}}};
+  e = error_of([&] { Tokenizer::from_json_string(j.dump()); });
+  EXPECT_TRUE(has(e, "model.vocab: an entry is an object")) << e;
+
   j = byte_tokenizer(nlohmann::json::array());
   j["normalizer"] = {{"type", "BertNormalizer"}};
   e = error_of([&] { Tokenizer::from_json_string(j.dump()); });
