@@ -146,12 +146,29 @@ Tensor SafetensorsFile::get(const std::string& name) const {
   return t;
 }
 
+namespace {
+// Whether `p` exists; a path the file system cannot even look up (a name too long, a loop of links, no permission
+// on a folder) is the user's error too, said with `what` and the system's reason (fs::exists itself would throw
+// filesystem_error).
+bool path_exists(const fs::path& p, const std::string& what) {
+  std::error_code ec;
+  const bool found = fs::exists(p, ec);
+  if (ec) throw_user("{}: cannot look up '{}': {}", what, p.string(), ec.message());
+  return found;
+}
+}  // namespace
+
 Checkpoint Checkpoint::open(const std::string& dir) {
   Checkpoint c;
   c.dir_ = dir;
-  if (!fs::is_directory(dir)) throw_user("model path '{}' is not a directory", dir);
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) {
+    if (ec && ec != std::errc::no_such_file_or_directory)
+      throw_user("model path '{}' cannot be looked up: {}", dir, ec.message());
+    throw_user("model path '{}' is not a directory", dir);
+  }
   fs::path index = fs::path(dir) / "model.safetensors.index.json";
-  if (fs::exists(index)) {
+  if (path_exists(index, "model folder")) {
     std::ifstream in(index);
     const json j = read_json_file(in, index.string());
     if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
@@ -160,13 +177,13 @@ Checkpoint Checkpoint::open(const std::string& dir) {
     for (auto& [name, file] : j["weight_map"].items()) {
       if (!file.is_string()) throw_user("{}: weight_map['{}'] must be a file name", index.string(), name);
       std::string fname = file.get<std::string>();
-      if (fname.find('/') != std::string::npos || fname == "..")
+      if (fname.find('/') != std::string::npos || fname.empty() || fname == "." || fname == "..")
         throw_user("{}: weight_map['{}'] names '{}', which is not a file in the model folder", index.string(),
                    name, fname);
       auto& f = files[fname];
       if (!f) {
         fs::path p = fs::path(dir) / fname;
-        if (!fs::exists(p))
+        if (!path_exists(p, fmt::format("{}: the shard of '{}'", index.string(), name)))
           throw_user("{}: shard '{}' (holding '{}') is missing from {}", index.string(), fname, name, dir);
         f = SafetensorsFile::open(p.string());
       }
@@ -178,7 +195,7 @@ Checkpoint Checkpoint::open(const std::string& dir) {
     return c;
   }
   fs::path single = fs::path(dir) / "model.safetensors";
-  if (!fs::exists(single))
+  if (!path_exists(single, "model folder"))
     throw_user("no weights in {}: expected model.safetensors or model.safetensors.index.json", dir);
   auto f = SafetensorsFile::open(single.string());
   for (auto& [name, t] : f->tensors()) c.where_[name] = f;

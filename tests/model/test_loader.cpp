@@ -96,6 +96,21 @@ TEST(Safetensors, ShardedCheckpointWithIndex) {
   // A shard the index names is missing.
   fs::remove(d / files[1]);
   EXPECT_USER_ERROR(Checkpoint::open(d.string()), "missing", files[1].c_str());
+
+  // Shard names the file system cannot look up, or that name no file, are the user's errors (a 300-character name
+  // made fs::exists throw filesystem_error: fuzz_safetensors).
+  const fs::path index = d / "model.safetensors.index.json";
+  json j = json::parse(std::ifstream(index));
+  for (const std::string& bad : {std::string(300, 'x') + ".safetensors", std::string(), std::string(".")}) {
+    json k = j;
+    k["weight_map"]["t0"] = bad;
+    std::ofstream(index) << k.dump();
+    if (bad.size() > 255)
+      EXPECT_USER_ERROR(Checkpoint::open(d.string()), "cannot look up", "t0");  // (the path, then the reason)
+    else
+      EXPECT_USER_ERROR(Checkpoint::open(d.string()), "not a file in the model folder");
+  }
+  EXPECT_USER_ERROR(Checkpoint::open(std::string(5000, 'd')), "cannot be looked up");
 }
 
 TEST(Safetensors, CorruptFilesAreClearErrors) {
