@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 
 #include "tokenizer/unicode.h"
 
@@ -14,12 +15,15 @@ class Skimmer {
  public:
   explicit Skimmer(std::string_view s) : p_(s.data()), end_(s.data() + s.size()) {}
 
+  // A key this reads given twice declines: which one counts is the full parser's to decide (nlohmann::json keeps
+  // the last; the sglang_event fuzz target found a second meta_info read as the first).
   bool event(SglangEventFields& out) {
     ws();
+    bool text = false, meta = false, error = false;
     if (!object([&](std::string_view key) {
-          if (key == "text") return string_value(&out.text_bytes);
-          if (key == "meta_info") return meta_info(out);
-          if (key == "error") return null_or_decline();
+          if (key == "text") return once(text) && string_value(&out.text_bytes);
+          if (key == "meta_info") return once(meta) && meta_info(out);
+          if (key == "error") return once(error) && null_or_decline();
           return skip_value();
         }))
       return false;
@@ -30,13 +34,17 @@ class Skimmer {
  private:
   bool meta_info(SglangEventFields& out) {
     if (peek() == 'n') return skip_value();  // null
+    bool completion = false, prompt = false, finish = false;
     return object([&](std::string_view key) {
-      if (key == "completion_tokens") return integer(&out.completion_tokens);
-      if (key == "prompt_tokens") return integer(&out.prompt_tokens);
-      if (key == "finish_reason") return null_or_decline();
+      if (key == "completion_tokens") return once(completion) && integer(&out.completion_tokens);
+      if (key == "prompt_tokens") return once(prompt) && integer(&out.prompt_tokens);
+      if (key == "finish_reason") return once(finish) && null_or_decline();
       return skip_value();
     });
   }
+
+  // The first sight of a key (true), or a repeat (false: decline).
+  static bool once(bool& seen) { return !std::exchange(seen, true); }
 
   // { "key": value, ... } with on_member(key) consuming the value.
   template <typename F>

@@ -325,6 +325,15 @@ TEST(EventSkim, AgreesWithTheJsonParser) {
     EXPECT_TRUE(json::parse(declined, nullptr, false).is_discarded() || declined.find("\\u0078") != std::string::npos)
         << declined << ": the full parser accepts it, so the skimmer should not decline it";
   }
+  // A key the skimmer reads given twice: which one counts is the full parser's choice (it keeps the last), so the
+  // skimmer declines (found by the sglang_event fuzz target: a second meta_info without prompt_tokens).
+  for (const char* declined :
+       {R"({"meta_info":{"prompt_tokens":12},"meta_info":{"my":0.5}})", R"({"text":"a","text":"bc"})",
+        R"({"meta_info":{"completion_tokens":1,"completion_tokens":2}})", R"({"meta_info":{"prompt_tokens":1,"prompt_tokens":1}})",
+        R"({"error":null,"error":null})", R"({"meta_info":{"finish_reason":null,"finish_reason":null}})"})
+    EXPECT_FALSE(skim_sglang_event(declined, f)) << declined;
+  EXPECT_TRUE(skim_sglang_event(R"({"w":1,"w":2,"meta_info":{"x":1,"x":2,"prompt_tokens":4}})", f));  // others may repeat
+  EXPECT_EQ(f.prompt_tokens, 4);
   const char* accepted = R"({"w":[0, -0, 1e-400, 1.5E+3, 123456789012345678901234567890]})";  // both parsers
   EXPECT_TRUE(skim_sglang_event(accepted, f));
   EXPECT_FALSE(json::parse(accepted, nullptr, false).is_discarded());
