@@ -22,7 +22,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -75,16 +77,29 @@ inline http::Server& fuzz_server() {
   return *s;
 }
 
+// Each connection from the next of 250 loopback source addresses (127.0.1.1 ..): the server closes first, so every
+// exchange leaves its 4-tuple in TIME_WAIT for a minute, and from one source address the ~28 k ephemeral ports ran
+// out after ~29 k inputs ("cannot connect": EADDRNOTAVAIL).
 inline int connect_local(int port) {
+  static unsigned next_source = 0;
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   FUZZ_CHECK(fd >= 0, "socket() failed");
+  sockaddr_in src{};
+  src.sin_family = AF_INET;
+  src.sin_addr.s_addr = htonl((127u << 24) | (1u << 8) | (1u + next_source++ % 250u));
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&src), sizeof src) != 0) {
+    const int e = errno;
+    ::close(fd);
+    FUZZ_CHECK(false, "cannot bind a loopback source address: {}", std::strerror(e));
+  }
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_port = htons(uint16_t(port));
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    const int e = errno;
     ::close(fd);
-    FUZZ_CHECK(false, "cannot connect to the server on port {}", port);
+    FUZZ_CHECK(false, "cannot connect to the server on port {}: {}", port, std::strerror(e));
   }
   const int one = 1;
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
