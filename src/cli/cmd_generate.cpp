@@ -6,6 +6,7 @@
 #include "cli/commands.h"
 #include "cli/flags.h"
 #include "core/error.h"
+#include "core/fs_lookup.h"
 #include "core/log.h"
 #include "core/threadpool.h"
 #include "executor/model_runner.h"
@@ -64,7 +65,7 @@ int cmd_generate(const std::vector<std::string>& args) {
   if (model_path.empty()) model_path = ensure_demo_model();
   // The tokenizer is optional: without one, output is token ids only.
   std::unique_ptr<tok::Tokenizer> tokenizer;
-  if (std::filesystem::exists(model_path + "/tokenizer.json")) tokenizer = tok::Tokenizer::from_file(model_path + "/tokenizer.json");
+  if (path_exists(model_path + "/tokenizer.json", "--model-path")) tokenizer = tok::Tokenizer::from_file(model_path + "/tokenizer.json");
   if (!prompt.empty()) {
     if (!tokenizer) throw_user("--prompt needs {}/tokenizer.json; use --input-ids", model_path);
     for (int32_t id : tokenizer->encode(prompt, true)) input_ids.push_back(id);

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "core/fs_lookup.h"
 #include "core/json_depth.h"
 #include "core/json_int.h"
 
@@ -312,7 +313,7 @@ json read_json_file(std::istream& in, const std::string& path) {
 
 ModelConfig ModelConfig::from_file(const std::string& path) {
   std::ifstream in(path);
-  if (!in) throw_user("cannot open {}: {}", path, std::filesystem::exists(path) ? "permission denied" : "no such file");
+  if (!in) throw_user("cannot open {}: {}", path, path_exists(path, "config") ? "permission denied" : "no such file");
   return from_json(read_json_file(in, path), path);
 }
 

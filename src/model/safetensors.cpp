@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "core/fs_lookup.h"
 #include "core/json_depth.h"
 #include "core/threadpool.h"
 #include "model/config.h"
@@ -146,27 +147,10 @@ Tensor SafetensorsFile::get(const std::string& name) const {
   return t;
 }
 
-namespace {
-// Whether `p` exists; a path the file system cannot even look up (a name too long, a loop of links, no permission
-// on a folder) is the user's error too, said with `what` and the system's reason (fs::exists itself would throw
-// filesystem_error).
-bool path_exists(const fs::path& p, const std::string& what) {
-  std::error_code ec;
-  const bool found = fs::exists(p, ec);
-  if (ec) throw_user("{}: cannot look up '{}': {}", what, p.string(), ec.message());
-  return found;
-}
-}  // namespace
-
 Checkpoint Checkpoint::open(const std::string& dir) {
   Checkpoint c;
   c.dir_ = dir;
-  std::error_code ec;
-  if (!fs::is_directory(dir, ec)) {
-    if (ec && ec != std::errc::no_such_file_or_directory)
-      throw_user("model path '{}' cannot be looked up: {}", dir, ec.message());
-    throw_user("model path '{}' is not a directory", dir);
-  }
+  if (!path_is_directory(dir, "model path")) throw_user("model path '{}' is not a directory", dir);
   fs::path index = fs::path(dir) / "model.safetensors.index.json";
   if (path_exists(index, "model folder")) {
     std::ifstream in(index);

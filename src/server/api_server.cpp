@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "core/env.h"
+#include "core/fs_lookup.h"
 #include "core/log.h"
 #include "http/server.h"
 #include "launch/launch.h"
@@ -262,7 +263,7 @@ void bring_up(App& app) {
   ro.page_size = o.page_size > 0 ? o.page_size : 16;
   ro.chunked_prefill_size = o.chunked_prefill_size > 0 ? o.chunked_prefill_size : 512;
   ro.max_total_tokens = o.max_total_tokens;
-  if (!std::filesystem::is_directory(o.model_path))
+  if (!path_is_directory(o.model_path, "--model-path"))
     throw_user("--model-path '{}' is not a directory (expected a Hugging Face checkpoint folder)", o.model_path);
   ModelConfig cfg = ModelConfig::from_file(o.model_path + "/config.json");
   const std::string device = resolve_device(o.device);

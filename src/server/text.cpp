@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "core/fs_lookup.h"
 #include "core/log.h"
 
 namespace moeserve::server {
@@ -22,7 +23,7 @@ TextLayer::TextLayer(const std::string& model_dir, const std::string& tokenizer_
   if (skip) return;
   std::string dir = tokenizer_dir.empty() ? model_dir : tokenizer_dir;
   fs::path tj = fs::path(dir) / "tokenizer.json";
-  if (!fs::exists(tj))
+  if (!path_exists(tj, "tokenizer folder"))
     throw_user("no tokenizer.json in {}: pass --tokenizer-path DIR, or --skip-tokenizer-init to serve token ids only",
                dir);
   tok_ = tok::Tokenizer::from_file(tj.string());
