@@ -1,6 +1,6 @@
 // What the benchmark programs' hand-written kernels share (gpu_read_bw, gpu_chain, gpu_layer_persistent): mbarrier
-// rings filled by 1-D bulk copies, a gpu-scope acquire load for counters between CTAs, the CUDA-core bf16 dot product
-// of the GEMV prototypes, and the hashed fill of their random weights.
+// rings filled by 1-D bulk copies, a gpu-scope acquire load and release add for counters between CTAs, the CUDA-core
+// bf16 dot product of the GEMV prototypes, and the hashed fill of their random weights.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -71,6 +71,12 @@ __device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
   unsigned v;
   asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
   return v;
+}
+
+// *p += n with release semantics at gpu scope: what this thread (and, behind a block barrier, its block) wrote before
+// is visible to whoever reads the count with ld_acquire. The counters between the persistent kernels' stages.
+__device__ __forceinline__ void red_release_add(unsigned* p, unsigned n = 1) {
+  asm volatile("red.release.gpu.global.add.u32 [%0], %1;\n" ::"l"(p), "r"(n) : "memory");
 }
 
 // Eight bf16 products summed in f32.

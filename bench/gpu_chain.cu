@@ -196,7 +196,7 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(const __grid_constant__
     }
     __syncthreads();
     if (persistent && threadIdx.x == 0) {
-      if (RELEASE) asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(a.done + item.op) : "memory");
+      if (RELEASE) bench_ptx::red_release_add(a.done + item.op);
       else atomicAdd(a.done + item.op, 1u);
     }
     stamp(a, item.op, 2);  // (the block's last row block of the op leaves its time)
@@ -280,7 +280,7 @@ __global__ void __launch_bounds__(kThreads) chain_split_kernel(const __grid_cons
   auto count_done = [&](int op) {
     __syncthreads();
     if (persistent && threadIdx.x == 0 && mine > 0) {
-      asm volatile("red.release.gpu.global.add.u32 [%0], %1;\n" ::"l"(a.done + op), "r"(unsigned(mine)) : "memory");
+      bench_ptx::red_release_add(a.done + op, unsigned(mine));
     }
     mine = 0;
   };

@@ -607,10 +607,6 @@ __device__ __forceinline__ uint4 ld_early(const void* p) {
   return v;
 }
 
-__device__ __forceinline__ void count_add(unsigned* cnt) {
-  asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(cnt) : "memory");
-}
-
 template <int S, bool MMA>
 __global__ void __launch_bounds__(kConsumers, S <= 5 ? 2 : 1) layer_kernel(const __grid_constant__ Params p) {
   extern __shared__ __align__(128) unsigned char smem[];
@@ -726,7 +722,7 @@ __global__ void __launch_bounds__(kConsumers, S <= 5 ? 2 : 1) layer_kernel(const
       else bench_ring::stash_warp_rows(acc, partial, warp, r, h2);
       if (threadIdx.x < kRb) out(item.rb * kRb + int(threadIdx.x), bench_ring::warp_rows_sum(partial, threadIdx.x));
       __syncthreads();
-      if (threadIdx.x == 0) count_add(cnt);
+      if (threadIdx.x == 0) red_release_add(cnt);
       after_rb();
     }
   };
@@ -772,13 +768,13 @@ __global__ void __launch_bounds__(kConsumers, S <= 5 ? 2 : 1) layer_kernel(const
       stamp(l, kStAttn, 0);
       attention_part(p, l, c, kv, kv + kKeysPart * kDim, q_s, newk, newv);
       __syncthreads();
-      if (threadIdx.x == 0) count_add(cnt + kStAttn);
+      if (threadIdx.x == 0) red_release_add(cnt + kStAttn);
       stamp(l, kStAttn, 1);
       wait_for(cnt + kStAttn, kAttnCtas);
       stamp(l, kStMerge, 0);
       attention_merge(p, l, c);
       __syncthreads();
-      if (threadIdx.x == 0) count_add(cnt + kStMerge);
+      if (threadIdx.x == 0) red_release_add(cnt + kStMerge);
       stamp(l, kStMerge, 1);
     }
     // the router rows, then o_proj; with early_route the block routes as soon as the router rows are complete (at
@@ -1082,18 +1078,17 @@ static int run(int argc, char** argv) {
       double work = 0, wmax = 0, gap = 0, span = 0;
       int n = 0, nl = 0, ns = 0;
       for (int l = layers > 1 ? 1 : 0; l < layers; ++l) {
-        unsigned long long last_done = 0;
+        const unsigned long long last_done = last_done_of(l, st2);
         double next = 0;
         int nn = 0;
         unsigned long long before = 0;  // the last done of the latest stage before with clocks (v1 has no router)
-        for (int b = st2 - 1; b >= -1 && before == 0; --b) before = b >= 0 ? last_done_of(l, b) : last_done_of(l - 1, kStages - 1);
-        if (const unsigned long long d = last_done_of(l, st2); before != 0 && d > before)
-          span += double(d - before) * 1e-3, ++ns;
+        for (int b = st2 - 1; b >= -1 && before == 0; --b)
+          before = b >= 0 ? last_done_of(l, b) : last_done_of(l - 1, kStages - 1);
+        if (before != 0 && last_done > before) span += double(last_done - before) * 1e-3, ++ns;
         for (int cta = 0; cta < grid; ++cta) {
           const unsigned long long a = at(cta, l, st2, 0), d = at(cta, l, st2, 1);
           if (a == 0 || d < a) continue;  // a stage this CTA has no part in
           work += double(d - a) * 1e-3, wmax = std::max(wmax, double(d - a) * 1e-3), ++n;
-          last_done = std::max(last_done, d);
         }
         const int nst = st2 + 1 < kStages ? st2 + 1 : 0, nlay = st2 + 1 < kStages ? l : l + 1;
         if (nlay >= layers) continue;
