@@ -41,6 +41,9 @@
 // Session 31 on the H200: correct, 65.9-74.0 us a layer against the served launch chain's ~48.5 (a CTA's bulk
 // copies arrive at ~27 GB/s, the CUDA-core products cost 2-5 us a stage, and the attention / routing phases leave
 // HBM idle): the design as it stands does not pay; docs/PERF.md says what a next form would need.
+// Session 68 on an H100: v2 correct on 8 and 48 layers, 76-81 us a layer against the served chain's 57 on the same
+// machine, 73.5 with no products at all (the rings fill and stop at every dependency point): the persistent decode
+// layer is not built into the engine (docs/PERF.md, session 68). Kept as the record and for re-measurement.
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
