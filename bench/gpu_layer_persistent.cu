@@ -44,29 +44,23 @@
 // Session 68 on an H100: v2 correct on 8 and 48 layers, 76-81 us a layer against the served chain's 57 on the same
 // machine, 73.5 with no products at all (the rings fill and stop at every dependency point): the persistent decode
 // layer is not built into the engine (docs/PERF.md, session 68). Kept as the record and for re-measurement.
-#include <cooperative_groups.h>
-#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <exception>
 #include <string>
 #include <vector>
 
-#include "bench_ptx.cuh"
-#include "bench_ring.cuh"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "cuda/common.h"
 #include "cuda/device.h"
-#include "cuda/kernels/kernel_utils.cuh"
-#include "gpu_timer.h"
 #include "gpu_layer_persistent_v1.cuh"
 #include "gpu_layer_persistent_v2.cuh"
+#include "gpu_timer.h"
 
 namespace mc = moeserve::cuda;
 

@@ -1,27 +1,15 @@
 // gpu_layer_persistent: the layer's shapes, parameters and the device helpers v1 and v2 share (see gpu_layer_persistent.cu).
 #pragma once
 
-#include <cooperative_groups.h>
 #include <cuda_bf16.h>
-#include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cmath>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <exception>
-#include <string>
-#include <vector>
+#include <cstddef>
+#include <cstdint>
 
 #include "bench_ptx.cuh"
 #include "bench_ring.cuh"
-#include "core/dtype.h"
-#include "core/error.h"
-#include "cuda/common.h"
-#include "cuda/device.h"
 #include "cuda/kernels/kernel_utils.cuh"
-#include "gpu_timer.h"
 
 namespace {
 
